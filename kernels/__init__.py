@@ -1,0 +1,133 @@
+"""difftape: a differentiable kernel language for Python, compiled through LLVM.
+
+``import difftape as ti`` and write Taichi-style programs: fields, ``@ti.kernel``, ``@ti.func``.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from . import math  # noqa: E402
+from . import types  # noqa: E402
+from .errors import (  # noqa: E402
+    ArgumentError,
+    CompileError,
+    DifftapeError,
+    GradientRuleError,
+    KernelAssertionError,
+    ShapeError,
+)
+from .frontend.annotations import template  # noqa: E402
+from .frontend.decorators import func, kernel, pyfunc, real_func  # noqa: E402
+from .frontend.matrix import Matrix, Vector  # noqa: E402
+from .frontend.ops import (  # noqa: E402
+    abs,
+    acos,
+    asin,
+    atan,
+    atan2,
+    atomic_add,
+    atomic_and,
+    atomic_max,
+    atomic_min,
+    atomic_or,
+    atomic_sub,
+    atomic_xor,
+    cast,
+    ceil,
+    cos,
+    exp,
+    floor,
+    log,
+    logical_and,
+    logical_not,
+    logical_or,
+    max,
+    min,
+    pow,
+    random,
+    round,
+    rsqrt,
+    select,
+    sin,
+    sqrt,
+    stop_grad,
+    tan,
+    tanh,
+)
+from .frontend.transformer import Grouped, NdRange, loop_config, static  # noqa: E402
+from .runtime.field import Field, i, ij, ijk, ijkl, j, k, l, root  # noqa: E402, E741
+from .runtime.field import make_field as field  # noqa: E402
+from .runtime.ndarray import Ndarray, ndarray  # noqa: E402
+from .runtime.program import (  # noqa: E402
+    arm64,
+    cpu,
+    cuda,
+    gpu,
+    init,
+    metal,
+    opengl,
+    remote,
+    reset,
+    vulkan,
+    x64,
+)
+from .types import (  # noqa: E402
+    f16,
+    f32,
+    f64,
+    float16,
+    float32,
+    float64,
+    i8,
+    i16,
+    i32,
+    i64,
+    int8,
+    int16,
+    int32,
+    int64,
+    u8,
+    u16,
+    u32,
+    u64,
+    uint8,
+    uint16,
+    uint32,
+    uint64,
+)
+
+
+def ndrange(*dims) -> NdRange:
+    """``ti.ndrange``: a multi-dimensional range (extents or (begin, end) pairs)."""
+    return NdRange(*dims)
+
+
+def grouped(x) -> Grouped:
+    """``ti.grouped``: iterate with one vector index ``I``."""
+    return Grouped(x)
+
+
+def sync() -> None:
+    """``ti.sync``: kernels run synchronously on the CPU, so there is nothing to wait for."""
+
+
+def svd(A, dt=None):
+    """``ti.svd(A)`` -> (U, S, V) with A = U @ S @ V.T (2x2 or 3x3), inside kernels."""
+    from . import linalg
+
+    return linalg.svd(A, dt)
+
+
+def polar_decompose(A, dt=None):
+    """``ti.polar_decompose(A)`` -> (U, P) with A = U @ P (2x2 or 3x3), inside kernels."""
+    from . import linalg
+
+    return linalg.polar_decompose(A, dt)
+
+
+def is_active(*_args) -> int:
+    return 1
+
+
+__all__ = [n for n in dir() if not n.startswith("_")]

@@ -1,0 +1,50 @@
+"""The launch context: one array of 64-bit slots shared by the launcher and the generated code.
+
+Buffers' base pointers, ndarray extents, scalar arguments, temps (kernel-level variables shared
+between tasks), return values, the error report and the random-state pointer each have a slot.
+Floats travel as f64 bit patterns and integers as i64, so the Python side writes every scalar
+with one NumPy store and the layout does not depend on argument types.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..ir.nodes import KernelIR
+
+
+@dataclass
+class CtxLayout:
+    buffer_ptr: list[int] = field(default_factory=list)
+    buffer_extent: dict[tuple[int, int], int] = field(default_factory=dict)
+    params: list[int] = field(default_factory=list)
+    temps: int = 0
+    returns: list[int] = field(default_factory=list)
+    err_code: int = 0
+    err_value: int = 0
+    rng: int = 0
+    size: int = 0
+
+
+def ctx_layout(ir: KernelIR) -> CtxLayout:
+    lay = CtxLayout()
+    n = 0
+    for _ in ir.buffers:
+        lay.buffer_ptr.append(n)
+        n += 1
+    for slot, buf in enumerate(ir.buffers):
+        for axis, extent in enumerate(buf.shape):
+            if extent is None:
+                lay.buffer_extent[(slot, axis)] = n
+                n += 1
+    for _ in ir.params:
+        lay.params.append(n)
+        n += 1
+    lay.temps = n
+    n += ir.num_temps
+    for _ in ir.returns:
+        lay.returns.append(n)
+        n += 1
+    lay.err_code, lay.err_value, lay.rng = n, n + 1, n + 2
+    lay.size = n + 3
+    return lay

@@ -1,0 +1,628 @@
+"""Shared lowering of offloaded difftape IR to LLVM IR text.
+
+Every target (CPU now, CUDA next) uses this module; a target supplies only what differs: the
+triple and data layout, how transcendental math is called (libmvec variants on the CPU,
+libdevice on NVIDIA GPUs) and how tasks are wrapped. We write LLVM IR as text rather than
+through ``llvmlite.ir`` so that call-site attributes, fast-math flags and metadata are exactly
+what we mean.
+
+Each task becomes ``void @<kernel>_task<k>(ptr %ctx, i64 %begin, i64 %end, i32 %tid)``; a range
+task also gets ``void @<kernel>_bounds<k>(ptr %ctx, ptr %out)`` that computes its index range.
+Locals are allocas in the entry block (LLVM's mem2reg turns them into registers).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+from ..ir.nodes import Block, KernelIR, Stmt, Task
+from ..types import DType
+from .layout import CtxLayout
+
+
+def ll_type(t: DType) -> str:
+    if t.is_float:
+        return {16: "half", 32: "float", 64: "double"}[t.bits]
+    return f"i{t.bits}"
+
+
+def ll_const(value, t: DType) -> str:
+    if t.is_float:
+        if t.bits == 32:
+            value = struct.unpack("<f", struct.pack("<f", float(value)))[0]
+        bits = struct.unpack("<Q", struct.pack("<d", float(value)))[0]
+        return f"0x{bits:016X}"
+    return str(int(value))
+
+
+def assert_messages(ir: KernelIR) -> list[str]:
+    """The distinct assertion messages of a kernel; message k has error code k + 1."""
+    from ..ir.nodes import task_blocks, walk
+
+    out: list[str] = []
+    for t in ir.tasks or []:
+        for blk in task_blocks(t):
+            for s in walk(blk):
+                if s.op == "assert" and s.attr not in out:
+                    out.append(s.attr)
+    return out
+
+
+@dataclass
+class _Loop:
+    cont: str
+    brk: str
+
+
+@dataclass
+class FunctionText:
+    """One LLVM function being written: entry allocas kept apart so they stay in entry."""
+
+    header: str
+    allocas: list[str] = field(default_factory=list)
+    body: list[str] = field(default_factory=list)
+    counter: int = 0
+    terminated: bool = False
+
+    def name(self, hint: str = "v") -> str:
+        self.counter += 1
+        return f"%{hint}{self.counter}"
+
+    def label(self, hint: str) -> str:
+        self.counter += 1
+        return f"{hint}{self.counter}"
+
+    def ins(self, text: str, hint: str = "v") -> str:
+        if self.terminated:
+            self.start_block(self.label("dead"))
+        n = self.name(hint)
+        self.body.append(f"  {n} = {text}")
+        return n
+
+    def void(self, text: str) -> None:
+        if self.terminated:
+            self.start_block(self.label("dead"))
+        self.body.append(f"  {text}")
+
+    def term(self, text: str) -> None:
+        if not self.terminated:
+            self.body.append(f"  {text}")
+        self.terminated = True
+
+    def start_block(self, label: str) -> None:
+        if not self.terminated:
+            self.body.append(f"  br label %{label}")
+        self.body.append(f"{label}:")
+        self.terminated = False
+
+    def alloca(self, ty: str) -> str:
+        n = self.name("a")
+        self.allocas.append(f"  {n} = alloca {ty}")
+        return n
+
+    def text(self) -> str:
+        return "\n".join([self.header + " {", "entry:", *self.allocas, "  br label %start",
+                          "start:", *self.body, "}"])
+
+
+_INT_BIN = {"add": "add", "sub": "sub", "mul": "mul", "bit_and": "and", "bit_or": "or",
+            "bit_xor": "xor", "shl": "shl"}
+_FLOAT_BIN = {"add": "fadd", "sub": "fsub", "mul": "fmul", "div": "fdiv"}
+_ICMP = {"lt": "slt", "le": "sle", "gt": "sgt", "ge": "sge", "eq": "eq", "ne": "ne"}
+_UCMP = {"lt": "ult", "le": "ule", "gt": "ugt", "ge": "uge", "eq": "eq", "ne": "ne"}
+_FCMP = {"lt": "olt", "le": "ole", "gt": "ogt", "ge": "oge", "eq": "oeq", "ne": "une"}
+_FLOAT_INTRINSIC = {"sqrt": "sqrt", "abs": "fabs", "floor": "floor", "ceil": "ceil",
+                    "round": "round", "min": "minnum", "max": "maxnum"}
+TRANSCENDENTAL = ("sin", "cos", "tan", "asin", "acos", "atan", "tanh", "exp", "log", "pow",
+                  "atan2")
+FAST = "contract"  # allow FMA formation, as Taichi does; results stay within rounding
+
+
+class Lowering:
+    """Writes one module for a kernel's tasks."""
+
+    def __init__(self, ir: KernelIR, layout: CtxLayout, target) -> None:
+        self.ir = ir
+        self.layout = layout
+        self.target = target
+        self.declarations: set[str] = set()
+        self.functions: list[str] = []
+        self.symbol = ir.name
+        self.messages = {m: k + 1 for k, m in enumerate(assert_messages(ir))}
+        self.attribute_groups: dict[str, int] = {"nounwind": 0}
+
+    def attribute_group(self, text: str) -> str:
+        """``#N`` for an attribute set; the module trailer defines them all."""
+        if text not in self.attribute_groups:
+            self.attribute_groups[text] = len(self.attribute_groups)
+        return f"#{self.attribute_groups[text]}"
+
+    # ------------------------------------------------------------------ module
+    def module(self) -> str:
+        for k, task in enumerate(self.ir.tasks):
+            self.functions.append(self._task(k, task))
+            if task.kind == "range":
+                self.functions.append(self._bounds(k, task))
+        head = [f'target triple = "{self.target.triple}"']
+        if self.target.datalayout:
+            head.append(f'target datalayout = "{self.target.datalayout}"')
+        trailer = self.target.module_trailer(self)
+        groups = [f"attributes #{n} = {{ {text} }}" for text, n in self.attribute_groups.items()]
+        return "\n".join(head + sorted(self.declarations) + self.functions + trailer +
+                         groups) + "\n"
+
+    def task_name(self, k: int) -> str:
+        return f"{self.symbol}_task{k}"
+
+    def bounds_name(self, k: int) -> str:
+        return f"{self.symbol}_bounds{k}"
+
+    def declare(self, text: str) -> None:
+        self.declarations.add(text)
+
+    # ------------------------------------------------------------------ functions
+    def _new_function(self, header: str) -> FunctionText:
+        self.fn = FunctionText(header)
+        self.values: dict[Stmt, str] = {}
+        self.allocas: dict[Stmt, str] = {}
+        self.loop_index: dict[int, str] = {}
+        self.loops: list[_Loop] = []
+        self.buffer_bases: dict[int, str] = {}
+        self.extents: dict[tuple[int, int], str] = {}
+        return self.fn
+
+    def _task(self, k: int, task: Task) -> str:
+        self.serial = task.kind == "serial"
+        fn = self._new_function(
+            f"define void @{self.task_name(k)}(ptr noalias %ctx, i64 %begin, i64 %end, "
+            f"i32 %tid) #0")
+        if task.kind == "serial":
+            self.block(task.body)
+        else:
+            self.block(task.prologue)
+            idx = fn.alloca("i32")
+            self.loop_index[task.loop_id] = idx
+            b32 = fn.ins("trunc i64 %begin to i32")
+            e32 = fn.ins("trunc i64 %end to i32")
+            fn.void(f"store i32 {b32}, ptr {idx}")
+            cond, body, latch, exit_ = (fn.label("cond"), fn.label("body"), fn.label("latch"),
+                                        fn.label("exit"))
+            fn.start_block(cond)
+            i = fn.ins(f"load i32, ptr {idx}")
+            c = fn.ins(f"icmp slt i32 {i}, {e32}")
+            fn.term(f"br i1 {c}, label %{body}, label %{exit_}")
+            fn.start_block(body)
+            self.loops.append(_Loop(latch, exit_))
+            self.block(task.body)
+            self.loops.pop()
+            fn.start_block(latch)
+            i2 = fn.ins(f"load i32, ptr {idx}")
+            n = fn.ins(f"add nsw i32 {i2}, 1")
+            fn.void(f"store i32 {n}, ptr {idx}")
+            fn.term(f"br label %{cond}")
+            fn.start_block(exit_)
+            self.block(task.epilogue)
+        fn.term("ret void")
+        return fn.text()
+
+    def _bounds(self, k: int, task: Task) -> str:
+        fn = self._new_function(f"define void @{self.bounds_name(k)}(ptr noalias %ctx, "
+                                "ptr noalias %out) #0")
+        self.serial = True
+        self.block(task.bounds)
+        for pos, s in enumerate((task.begin, task.end)):
+            v = self.values[s]
+            w = fn.ins(f"sext {ll_type(s.dtype)} {v} to i64")
+            p = fn.ins(f"getelementptr i64, ptr %out, i64 {pos}")
+            fn.void(f"store i64 {w}, ptr {p}")
+        fn.term("ret void")
+        return fn.text()
+
+    # ------------------------------------------------------------------ ctx access
+    def ctx_slot(self, slot: int) -> str:
+        return self.fn.ins(f"getelementptr i64, ptr %ctx, i64 {slot}", "p")
+
+    def load_scalar(self, slot: int, t: DType) -> str:
+        p = self.ctx_slot(slot)
+        if t.is_float:
+            d = self.fn.ins(f"load double, ptr {p}")
+            return d if t.bits == 64 else self.fn.ins(f"fptrunc double {d} to {ll_type(t)}")
+        w = self.fn.ins(f"load i64, ptr {p}")
+        return w if t.bits == 64 else self.fn.ins(f"trunc i64 {w} to {ll_type(t)}")
+
+    def store_scalar(self, slot: int, t: DType, v: str) -> None:
+        p = self.ctx_slot(slot)
+        if t.is_float:
+            d = v if t.bits == 64 else self.fn.ins(f"fpext {ll_type(t)} {v} to double")
+            self.fn.void(f"store double {d}, ptr {p}")
+        else:
+            ext = "sext" if t.is_signed else "zext"
+            w = v if t.bits == 64 else self.fn.ins(f"{ext} {ll_type(t)} {v} to i64")
+            self.fn.void(f"store i64 {w}, ptr {p}")
+
+    def _entry_load(self, text: str) -> str:
+        n = self.fn.name("e")
+        self.fn.allocas.append(f"  {n} = {text}")
+        return n
+
+    def buffer_base(self, slot: int) -> str:
+        if slot not in self.buffer_bases:
+            p = self._entry_load(f"getelementptr i64, ptr %ctx, i64 "
+                                 f"{self.layout.buffer_ptr[slot]}")
+            self.buffer_bases[slot] = self._entry_load(f"load ptr, ptr {p}")
+        return self.buffer_bases[slot]
+
+    def extent(self, slot: int, axis: int) -> str:
+        """An axis extent as i64: a constant for fields, a ctx slot for ndarrays."""
+        e = self.ir.buffers[slot].shape[axis]
+        if e is not None:
+            return str(e)
+        key = (slot, axis)
+        if key not in self.extents:
+            p = self._entry_load(f"getelementptr i64, ptr %ctx, i64 "
+                                 f"{self.layout.buffer_extent[key]}")
+            self.extents[key] = self._entry_load(f"load i64, ptr {p}")
+        return self.extents[key]
+
+    def address(self, slot: int, indices: tuple[Stmt, ...]) -> str:
+        buf = self.ir.buffers[slot]
+        linear = None
+        for axis, ix in enumerate(indices):
+            v = self.values[ix]
+            w = v if ix.op == "const" else self.fn.ins(f"sext i32 {v} to i64")
+            if ix.op == "const":
+                w = str(ix.attr)
+            if linear is None:
+                linear = w
+            else:
+                scaled = self.fn.ins(f"mul nsw i64 {linear}, {self.extent(slot, axis)}")
+                linear = self.fn.ins(f"add nsw i64 {scaled}, {w}")
+        base = self.buffer_base(slot)
+        if linear is None:
+            return base
+        return self.fn.ins(f"getelementptr inbounds {ll_type(buf.dtype)}, ptr {base}, "
+                           f"i64 {linear}", "p")
+
+    # ------------------------------------------------------------------ statements
+    def block(self, block: Block) -> None:
+        for s in block:
+            handler = getattr(self, "op_" + s.op, None)
+            if handler is not None:
+                v = handler(s)
+            else:
+                kind = s.info.kind
+                v = getattr(self, "kind_" + kind)(s)
+            if v is not None:
+                self.values[s] = v
+
+    def op_const(self, s: Stmt) -> str:
+        # Constants are SSA immediates; a no-op add keeps one name per statement.
+        t = ll_type(s.dtype)
+        c = ll_const(s.attr, s.dtype)
+        if s.dtype.is_float:
+            return self.fn.ins(f"fadd {t} {c}, {ll_const(-0.0, s.dtype)}")
+        return self.fn.ins(f"add {t} {c}, 0")
+
+    def op_arg(self, s: Stmt) -> str:
+        return self.load_scalar(self.layout.params[s.attr], s.dtype)
+
+    def op_buf_shape(self, s: Stmt) -> str:
+        slot, axis = s.attr
+        e = self.extent(slot, axis)
+        return self.fn.ins(f"trunc i64 {e} to i32") if not e.isdigit() else \
+            self.fn.ins(f"add i32 {e}, 0")
+
+    def op_loop_index(self, s: Stmt) -> str:
+        return self.fn.ins(f"load i32, ptr {self.loop_index[s.attr]}")
+
+    def op_stop_grad(self, s: Stmt) -> str:
+        return self.values[s.args[0]]
+
+    def op_cast(self, s: Stmt) -> str:
+        src, dst = s.args[0].dtype, s.dtype
+        v = self.values[s.args[0]]
+        a, b = ll_type(src), ll_type(dst)
+        if src == dst:
+            return v
+        if src.is_float and dst.is_float:
+            op = "fpext" if dst.bits > src.bits else "fptrunc"
+        elif src.is_float:
+            op = "fptosi" if dst.is_signed else "fptoui"
+        elif dst.is_float:
+            op = "sitofp" if src.is_signed else "uitofp"
+        elif dst.bits > src.bits:
+            op = "sext" if src.is_signed else "zext"
+        elif dst.bits < src.bits:
+            op = "trunc"
+        else:
+            return v
+        return self.fn.ins(f"{op} {a} {v} to {b}")
+
+    def op_select(self, s: Stmt) -> str:
+        c, a, b = (self.values[x] for x in s.args)
+        ct = ll_type(s.args[0].dtype)
+        ci = self.fn.ins(f"icmp ne {ct} {c}, 0")
+        t = ll_type(s.dtype)
+        return self.fn.ins(f"select i1 {ci}, {t} {a}, {t} {b}")
+
+    def kind_unary(self, s: Stmt) -> str:
+        x = self.values[s.args[0]]
+        t = s.dtype
+        ty = ll_type(t)
+        op = s.op
+        if op == "neg":
+            return self.fn.ins(f"fneg {ty} {x}") if t.is_float else \
+                self.fn.ins(f"sub {ty} 0, {x}")
+        if op == "logical_not":
+            c = self.fn.ins(f"icmp eq {ll_type(s.args[0].dtype)} {x}, 0")
+            return self.fn.ins(f"zext i1 {c} to i32")
+        if op == "bit_not":
+            return self.fn.ins(f"xor {ty} {x}, -1")
+        if op == "abs" and t.is_int:
+            return self.intrinsic("abs", t, [x], extra=", i1 false")
+        if op == "rsqrt":
+            r = self.intrinsic("sqrt", t, [x])
+            return self.fn.ins(f"fdiv {FAST} {ty} {ll_const(1.0, t)}, {r}")
+        if op in _FLOAT_INTRINSIC:
+            return self.intrinsic(_FLOAT_INTRINSIC[op], t, [x])
+        if op in TRANSCENDENTAL:
+            return self.target.math_call(self, op, t, [x])
+        raise NotImplementedError(f"no lowering for unary {op}")  # guarded by a test over OPS
+
+    def intrinsic(self, name: str, t: DType, args: list[str], extra: str = "") -> str:
+        ty = ll_type(t)
+        suffix = ll_type(t).replace("float", "f32").replace("double", "f64").replace(
+            "half", "f16")
+        decl_args = ", ".join([ty] * len(args)) + (", i1" if extra else "")
+        self.declare(f"declare {ty} @llvm.{name}.{suffix}({decl_args})")
+        call_args = ", ".join(f"{ty} {a}" for a in args) + extra
+        return self.fn.ins(f"call {ty} @llvm.{name}.{suffix}({call_args})")
+
+    def kind_binary(self, s: Stmt) -> str:
+        a, b = (self.values[x] for x in s.args)
+        t = s.args[0].dtype
+        ty = ll_type(t)
+        op = s.op
+        fast = "reassoc nsz contract" if s.attr == "reassoc" else FAST
+        if op in ("logical_and", "logical_or"):
+            ca = self.fn.ins(f"icmp ne {ty} {a}, 0")
+            cb = self.fn.ins(f"icmp ne {ty} {b}, 0")
+            r = self.fn.ins(f"{'and' if op == 'logical_and' else 'or'} i1 {ca}, {cb}")
+            return self.fn.ins(f"zext i1 {r} to i32")
+        if t.is_float:
+            if op in _FLOAT_BIN:
+                return self.fn.ins(f"{_FLOAT_BIN[op]} {fast} {ty} {a}, {b}")
+            if op in ("min", "max"):
+                return self.intrinsic(_FLOAT_INTRINSIC[op], t, [a, b])
+            if op == "floordiv":
+                q = self.fn.ins(f"fdiv {ty} {a}, {b}")
+                return self.intrinsic("floor", t, [q])
+            if op == "mod":  # Python semantics: the result has the divisor's sign
+                q = self.fn.ins(f"fdiv {ty} {a}, {b}")
+                f = self.intrinsic("floor", t, [q])
+                m = self.fn.ins(f"fmul {ty} {f}, {b}")
+                return self.fn.ins(f"fsub {ty} {a}, {m}")
+            if op in ("pow", "atan2"):
+                return self.target.math_call(self, op, t, [a, b])
+        else:
+            signed = t.is_signed
+            if op in _INT_BIN:
+                return self.fn.ins(f"{_INT_BIN[op]} {ty} {a}, {b}")
+            if op == "shr":
+                return self.fn.ins(f"{'ashr' if signed else 'lshr'} {ty} {a}, {b}")
+            if op in ("min", "max"):
+                name = ("s" if signed else "u") + op
+                return self.intrinsic(name, t, [a, b])
+            if op in ("floordiv", "mod"):
+                return self._int_floordiv_mod(op, t, a, b)
+            if op == "div":
+                return self.fn.ins(f"{'sdiv' if signed else 'udiv'} {ty} {a}, {b}")
+            if op == "pow":
+                return self._int_pow(t, a, b)
+        raise NotImplementedError(f"no lowering for {op} on {t}")  # guarded by a test over OPS
+
+    def _int_floordiv_mod(self, op: str, t: DType, a: str, b: str) -> str:
+        ty = ll_type(t)
+        if not t.is_signed:
+            return self.fn.ins(f"{'udiv' if op == 'floordiv' else 'urem'} {ty} {a}, {b}")
+        # Division by zero gives 0 instead of trapping the whole process.
+        zero = self.fn.ins(f"icmp eq {ty} {b}, 0")
+        safe_b = self.fn.ins(f"select i1 {zero}, {ty} 1, {ty} {b}")
+        q = self.fn.ins(f"sdiv {ty} {a}, {safe_b}")
+        r = self.fn.ins(f"srem {ty} {a}, {safe_b}")
+        rnz = self.fn.ins(f"icmp ne {ty} {r}, 0")
+        x = self.fn.ins(f"xor {ty} {r}, {safe_b}")
+        neg = self.fn.ins(f"icmp slt {ty} {x}, 0")
+        fix = self.fn.ins(f"and i1 {rnz}, {neg}")
+        if op == "floordiv":
+            q1 = self.fn.ins(f"sub {ty} {q}, 1")
+            out = self.fn.ins(f"select i1 {fix}, {ty} {q1}, {ty} {q}")
+        else:
+            r1 = self.fn.ins(f"add {ty} {r}, {safe_b}")
+            out = self.fn.ins(f"select i1 {fix}, {ty} {r1}, {ty} {r}")
+        return self.fn.ins(f"select i1 {zero}, {ty} 0, {ty} {out}")
+
+    def _int_pow(self, t: DType, a: str, b: str) -> str:
+        ty = ll_type(t)
+        fname = f"dt_ipow_{ty}"
+        self.declare(
+            f"define internal {ty} @{fname}({ty} %base, {ty} %exp) alwaysinline {{\n"
+            f"entry:\n  br label %loop\nloop:\n"
+            f"  %r = phi {ty} [1, %entry], [%r2, %loop]\n"
+            f"  %b = phi {ty} [%base, %entry], [%b2, %loop]\n"
+            f"  %e = phi {ty} [%exp, %entry], [%e2, %loop]\n"
+            f"  %done = icmp sle {ty} %e, 0\n"
+            f"  br i1 %done, label %out, label %step\n"
+            f"step:\n  %odd = and {ty} %e, 1\n  %isodd = icmp ne {ty} %odd, 0\n"
+            f"  %rm = mul {ty} %r, %b\n"
+            f"  %r2 = select i1 %isodd, {ty} %rm, {ty} %r\n"
+            f"  %b2 = mul {ty} %b, %b\n  %e2 = ashr {ty} %e, 1\n  br label %loop\n"
+            f"out:\n  ret {ty} %r\n}}")
+        return self.fn.ins(f"call {ty} @{fname}({ty} {a}, {ty} {b})")
+
+    def kind_cmp(self, s: Stmt) -> str:
+        a, b = (self.values[x] for x in s.args)
+        t = s.args[0].dtype
+        ty = ll_type(t)
+        if t.is_float:
+            c = self.fn.ins(f"fcmp {_FCMP[s.op]} {ty} {a}, {b}")
+        else:
+            table = _ICMP if t.is_signed else _UCMP
+            c = self.fn.ins(f"icmp {table[s.op]} {ty} {a}, {b}")
+        return self.fn.ins(f"zext i1 {c} to i32")
+
+    # ------------------------------------------------------------------ memory
+    def op_load(self, s: Stmt) -> str:
+        p = self.address(s.attr, s.args)
+        return self.fn.ins(f"load {ll_type(s.dtype)}, ptr {p}")
+
+    def op_store(self, s: Stmt) -> None:
+        p = self.address(s.attr, s.args[:-1])
+        v = s.args[-1]
+        self.fn.void(f"store {ll_type(v.dtype)} {self.values[v]}, ptr {p}")
+
+    def op_atomic(self, s: Stmt) -> str:
+        slot, kind = s.attr
+        p = self.address(slot, s.args[:-1])
+        v = self.values[s.args[-1]]
+        t = s.dtype
+        ty = ll_type(t)
+        if self.serial:  # one thread: a plain read-modify-write vectorizes and is exact
+            old = self.fn.ins(f"load {ty}, ptr {p}")
+            new = self._combine(kind, t, old, v)
+            self.fn.void(f"store {ty} {new}, ptr {p}")
+            return old
+        if t.is_float:
+            op = {"add": "fadd", "sub": "fsub", "min": "fmin", "max": "fmax"}.get(kind)
+        else:
+            op = {"add": "add", "sub": "sub", "bit_and": "and", "bit_or": "or",
+                  "bit_xor": "xor", "min": "min" if t.is_signed else "umin",
+                  "max": "max" if t.is_signed else "umax"}.get(kind)
+        if op is None:
+            raise NotImplementedError(f"atomic {kind} on {t}")  # frontend only emits the above
+        return self.fn.ins(f"atomicrmw {op} ptr {p}, {ty} {v} monotonic")
+
+    def _combine(self, kind: str, t: DType, a: str, b: str) -> str:
+        fake = Stmt(kind, t, (Stmt("const", t), Stmt("const", t)))
+        self.values[fake.args[0]], self.values[fake.args[1]] = a, b
+        return self.kind_binary(fake)
+
+    def op_alloca(self, s: Stmt) -> None:
+        self.allocas[s] = self.fn.alloca(ll_type(s.dtype))
+
+    def op_local_load(self, s: Stmt) -> str:
+        return self.fn.ins(f"load {ll_type(s.dtype)}, ptr {self.allocas[s.args[0]]}")
+
+    def op_local_store(self, s: Stmt) -> None:
+        v = s.args[1]
+        self.fn.void(f"store {ll_type(v.dtype)} {self.values[v]}, ptr {self.allocas[s.args[0]]}")
+
+    def op_temp_load(self, s: Stmt) -> str:
+        return self.load_scalar(self.layout.temps + s.attr, s.dtype)
+
+    def op_temp_store(self, s: Stmt) -> None:
+        v = s.args[0]
+        self.store_scalar(self.layout.temps + s.attr, v.dtype, self.values[v])
+
+    def op_return(self, s: Stmt) -> None:
+        v = s.args[0]
+        self.store_scalar(self.layout.returns[s.attr], v.dtype, self.values[v])
+
+    def op_random(self, s: Stmt) -> str:
+        fn = self.fn
+        base_p = self.ctx_slot(self.layout.rng)
+        base = fn.ins(f"load ptr, ptr {base_p}")
+        tid = fn.ins("sext i32 %tid to i64")
+        sp = fn.ins(f"getelementptr i64, ptr {base}, i64 {tid}", "p")
+        x0 = fn.ins(f"load i64, ptr {sp}")
+        a = fn.ins(f"lshr i64 {x0}, 12")
+        x1 = fn.ins(f"xor i64 {x0}, {a}")
+        b = fn.ins(f"shl i64 {x1}, 25")
+        x2 = fn.ins(f"xor i64 {x1}, {b}")
+        c = fn.ins(f"lshr i64 {x2}, 27")
+        x3 = fn.ins(f"xor i64 {x2}, {c}")
+        fn.void(f"store i64 {x3}, ptr {sp}")
+        r = fn.ins(f"mul i64 {x3}, 2685821657736338717")
+        t = s.dtype
+        if t.is_float:
+            if t.bits == 64:
+                m = fn.ins(f"lshr i64 {r}, 11")
+                f = fn.ins(f"uitofp i64 {m} to double")
+                return fn.ins(f"fmul double {f}, {ll_const(2.0 ** -53, t)}")
+            m = fn.ins(f"lshr i64 {r}, 40")
+            f = fn.ins(f"uitofp i64 {m} to {ll_type(t)}")
+            return fn.ins(f"fmul {ll_type(t)} {f}, {ll_const(2.0 ** -24, t)}")
+        hi = fn.ins(f"lshr i64 {r}, 32")
+        return hi if t.bits == 64 else fn.ins(f"trunc i64 {hi} to {ll_type(t)}")
+
+    # ------------------------------------------------------------------ control flow
+    def op_if(self, s: Stmt) -> None:
+        fn = self.fn
+        c = self.values[s.args[0]]
+        ci = fn.ins(f"icmp ne {ll_type(s.args[0].dtype)} {c}, 0")
+        then, other, merge = fn.label("then"), fn.label("else"), fn.label("endif")
+        fn.term(f"br i1 {ci}, label %{then}, label %{other}")
+        fn.start_block(then)
+        self.block(s.blocks[0])
+        fn.term(f"br label %{merge}")
+        fn.start_block(other)
+        self.block(s.blocks[1])
+        fn.term(f"br label %{merge}")
+        fn.start_block(merge)
+
+    def op_range_for(self, s: Stmt) -> None:
+        fn = self.fn
+        loop_id = s.attr[0]
+        idx = fn.alloca("i32")
+        self.loop_index[loop_id] = idx
+        begin, end = (self.values[a] for a in s.args)
+        fn.void(f"store i32 {begin}, ptr {idx}")
+        cond, body, latch, exit_ = (fn.label("cond"), fn.label("body"), fn.label("latch"),
+                                    fn.label("exit"))
+        fn.start_block(cond)
+        i = fn.ins(f"load i32, ptr {idx}")
+        c = fn.ins(f"icmp slt i32 {i}, {end}")
+        fn.term(f"br i1 {c}, label %{body}, label %{exit_}")
+        fn.start_block(body)
+        self.loops.append(_Loop(latch, exit_))
+        self.block(s.blocks[0])
+        self.loops.pop()
+        fn.start_block(latch)
+        i2 = fn.ins(f"load i32, ptr {idx}")
+        n = fn.ins(f"add nsw i32 {i2}, 1")
+        fn.void(f"store i32 {n}, ptr {idx}")
+        fn.term(f"br label %{cond}")
+        fn.start_block(exit_)
+
+    def op_while(self, s: Stmt) -> None:
+        fn = self.fn
+        head, exit_ = fn.label("while"), fn.label("wend")
+        fn.start_block(head)
+        self.loops.append(_Loop(head, exit_))
+        self.block(s.blocks[0])
+        self.loops.pop()
+        fn.term(f"br label %{head}")
+        fn.start_block(exit_)
+
+    def op_break(self, s: Stmt) -> None:
+        self.fn.term(f"br label %{self.loops[-1].brk}")
+
+    def op_continue(self, s: Stmt) -> None:
+        self.fn.term(f"br label %{self.loops[-1].cont}")
+
+    def op_assert(self, s: Stmt) -> None:
+        fn = self.fn
+        c = self.values[s.args[0]]
+        ok = fn.ins(f"icmp ne {ll_type(s.args[0].dtype)} {c}, 0")
+        fail, cont = fn.label("assert_fail"), fn.label("assert_ok")
+        fn.term(f"br i1 {ok}, label %{cont}, label %{fail}")
+        fn.start_block(fail)
+        code = self.messages[s.attr]
+        p = self.ctx_slot(self.layout.err_code)
+        fn.void(f"store i64 {code}, ptr {p}")
+        if len(s.args) > 1:
+            v = s.args[1]
+            self.store_scalar(self.layout.err_value, v.dtype, self.values[v])
+        fn.term("ret void")
+        fn.start_block(cont)

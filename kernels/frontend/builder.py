@@ -1,0 +1,108 @@
+"""The compile context the frontend emits IR into.
+
+While a kernel is being compiled, exactly one :class:`Builder` is current (per thread). The
+value classes (``Expr``, refs, ``Matrix``) and the math functions emit through it, which is why
+``ti.sin(x)`` or ``v.norm()`` need no builder argument: the same Python code computes numbers in
+Python scope and emits IR inside a kernel.
+"""
+
+from __future__ import annotations
+
+import itertools
+import linecache
+import threading
+from contextlib import contextmanager
+from typing import Any
+
+from ..errors import CompileError
+from ..ir.nodes import Block, Buffer, Param, Stmt
+from ..types import DType
+
+_state = threading.local()
+
+
+def current() -> Builder | None:
+    """The builder of the kernel being compiled on this thread, or None in Python scope."""
+    return getattr(_state, "builder", None)
+
+
+def require() -> Builder:
+    b = current()
+    if b is None:
+        raise CompileError("this operation is only valid inside a difftape kernel or func")
+    return b
+
+
+class Builder:
+    """Accumulates the IR of one kernel: parameters, buffers and nested blocks."""
+
+    def __init__(self, kernel_name: str, file: str, *,
+                 default_fp: DType, default_ip: DType, debug: bool) -> None:
+        self.kernel_name = kernel_name
+        self.file = file
+        self.default_fp = default_fp
+        self.default_ip = default_ip
+        self.debug = debug
+        self.params: list[Param] = []
+        self.buffers: list[Buffer] = []
+        self._buffer_slots: dict[tuple, int] = {}
+        self.returns: list[DType] = []
+        self.body: Block = []
+        self._blocks: list[Block] = [self.body]
+        self.loc: tuple[str, int] | None = None
+        self.loop_ids = itertools.count()
+        self.loop_stack: list[tuple[str, int | None]] = []  # ("range"|"while", loop id)
+        self.pending_loop_config: dict | None = None  # set by ti.loop_config for the next loop
+        self.return_type: DType | list[DType] | None = None
+
+    # -- emission ------------------------------------------------------------------------------
+    def emit(self, op: str, dtype: DType | None, args: tuple = (), attr: Any = None,
+             blocks: tuple = ()) -> Stmt:
+        s = Stmt(op, dtype, args, attr, blocks, self.loc)
+        self._blocks[-1].append(s)
+        return s
+
+    @contextmanager
+    def block(self):
+        """Emit into a fresh block for the duration of the ``with``; yields the block."""
+        blk: Block = []
+        self._blocks.append(blk)
+        try:
+            yield blk
+        finally:
+            self._blocks.pop()
+
+    @property
+    def at_top_level(self) -> bool:
+        return len(self._blocks) == 1
+
+    # -- tables --------------------------------------------------------------------------------
+    def buffer_slot(self, buf: Buffer) -> int:
+        slot = self._buffer_slots.get(buf.key)
+        if slot is None:
+            slot = len(self.buffers)
+            self.buffers.append(buf)
+            self._buffer_slots[buf.key] = slot
+        return slot
+
+    def add_param(self, name: str, dtype: DType) -> int:
+        self.params.append(Param(name, dtype))
+        return len(self.params) - 1
+
+    # -- errors --------------------------------------------------------------------------------
+    def error(self, message: str, cls: type[CompileError] = CompileError) -> CompileError:
+        line = self.loc[1] if self.loc else None
+        file = self.loc[0] if self.loc else self.file
+        text = linecache.getline(file, line) if line else ""
+        return cls(message, kernel=self.kernel_name, file=file, line=line,
+                   source_line=text or None)
+
+
+@contextmanager
+def activate(builder: Builder):
+    prev = current()
+    _state.builder = builder
+    try:
+        yield builder
+    finally:
+        _state.builder = prev

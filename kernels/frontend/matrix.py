@@ -1,0 +1,556 @@
+"""Vectors and matrices, unrolled to scalars at compile time.
+
+A :class:`Matrix` is a small row-major list of entries. In Python scope the entries are
+numbers; inside a kernel they are kernel values (or places, for a local matrix variable or a
+field element), and every method is plain Python over the entries, so the IR it produces is a
+fixed set of scalar statements that LLVM sees through and autodiff differentiates entry by entry.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from .. import types as T
+from . import builder as _b
+from . import ops
+from .values import Ref, Value
+
+
+class Matrix:
+    """``ti.Matrix``: an n x m matrix (``ndim == 2``) or, via :class:`Vector`, an n-vector."""
+
+    ndim = 2
+
+    def __init__(self, arr, dt=None) -> None:
+        if isinstance(arr, Matrix):
+            rows = arr.to_list()
+        elif isinstance(arr, np.ndarray):
+            rows = arr.tolist()
+        else:
+            rows = list(arr)
+        if rows and isinstance(rows[0], list | tuple | np.ndarray | Matrix):
+            rows = [list(r.to_list() if isinstance(r, Matrix) else r) for r in rows]
+            n, m = len(rows), len(rows[0])
+            if any(len(r) != m for r in rows):
+                raise ops._err("ti.Matrix rows must all have the same length")
+            entries = [e for r in rows for e in r]
+            self._init(entries, n, m, 2, dt)
+        else:
+            # A flat list: a column vector (Taichi treats ti.Matrix([1, 2]) as a vector).
+            self._init(rows, len(rows), 1, 1, dt)
+
+    def _init(self, entries, n, m, ndim, dt=None) -> None:
+        if dt is not None:
+            entries = [ops.cast(e, dt) for e in entries]
+        elif _b.current() is not None:
+            entries = [e.expr() if isinstance(e, Ref) else e for e in entries]
+        self.entries = list(entries)
+        self.n, self.m, self.ndim = n, m, ndim
+
+    @classmethod
+    def _from_entries(cls, entries, n: int, m: int, ndim: int) -> Matrix:
+        obj = object.__new__(Vector if ndim == 1 else Matrix)
+        obj.entries, obj.n, obj.m, obj.ndim = list(entries), n, m, ndim
+        return obj
+
+    # ------------------------------------------------------------------ shape and access
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        if self.ndim == 1:
+            return iter(self.entries)
+        return iter(self._row(i) for i in range(self.n))
+
+    def _row(self, i: int) -> Vector:
+        return Matrix._from_entries(self.entries[i * self.m:(i + 1) * self.m], self.m, 1, 1)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.n,) if self.ndim == 1 else (self.n, self.m)
+
+    def _flat_index(self, index) -> int | Value:
+        if not isinstance(index, tuple):
+            index = (index,)
+        if self.ndim == 1:
+            if len(index) != 1:
+                raise ops._err(f"a vector takes one index, got {len(index)}")
+            return index[0]
+        if len(index) == 1:
+            return index[0]  # row access handled by caller
+        if len(index) != 2:
+            raise ops._err(f"a matrix takes two indices, got {len(index)}")
+        i, j = index
+        if _static(i) and _static(j):
+            return int(i) * self.m + int(j)
+        return ops.binary("add", ops.binary("mul", i, self.m), j)
+
+    def __getitem__(self, index):
+        if self.ndim == 2 and not (isinstance(index, tuple) and len(index) == 2):
+            i = index[0] if isinstance(index, tuple) else index
+            if _static(i):
+                return self._row(int(i))
+            rows = [self._row(r) for r in range(self.n)]
+            return _dynamic_pick(rows, i)
+        k = self._flat_index(index)
+        if _static(k):
+            k = int(k)
+            if not -len(self.entries) <= k < len(self.entries):
+                raise ops._err(f"index {index} out of range for a {self._shape_text()}")
+            return self.entries[k]
+        return _dynamic_pick(self.entries, k)
+
+    def __setitem__(self, index, value) -> None:
+        if self.ndim == 2 and not (isinstance(index, tuple) and len(index) == 2):
+            i = index[0] if isinstance(index, tuple) else index
+            row = value.entries if isinstance(value, Matrix) else list(value)
+            for j in range(self.m):
+                self[i, j] = row[j]
+            return
+        k = self._flat_index(index)
+        if _static(k):
+            self._assign_entry(int(k), value)
+            return
+        for slot in range(len(self.entries)):  # dynamic index: guarded write to every entry
+            self._assign_entry(slot, ops.select(ops.binary("eq", k, slot), value,
+                                                self.entries[slot]))
+
+    def _assign_entry(self, k: int, value) -> None:
+        e = self.entries[k]
+        if isinstance(e, Ref):
+            e.store(value)
+        elif _b.current() is not None:
+            raise ops._err("this matrix is a value, not a variable: assign it to a name first")
+        else:
+            self.entries[k] = value
+
+    def _shape_text(self) -> str:
+        return f"{self.n}-vector" if self.ndim == 1 else f"{self.n}x{self.m} matrix"
+
+    # component access .x .y .z .w (and setters on variables)
+    def _component(self, k: int):
+        if self.ndim != 1 and self.m != 1:
+            raise ops._err("component access (.x/.y/.z/.w) is for vectors")
+        return self.entries[k]
+
+    x = property(lambda s: s._component(0), lambda s, v: s._assign_entry(0, v))
+    y = property(lambda s: s._component(1), lambda s, v: s._assign_entry(1, v))
+    z = property(lambda s: s._component(2), lambda s, v: s._assign_entry(2, v))
+    w = property(lambda s: s._component(3), lambda s, v: s._assign_entry(3, v))
+    r, g, b, a = x, y, z, w
+
+    def to_list(self) -> list:
+        if self.ndim == 1:
+            return list(self.entries)
+        return [self.entries[i * self.m:(i + 1) * self.m] for i in range(self.n)]
+
+    def to_numpy(self, dtype=None) -> np.ndarray:
+        arr = np.array(self.to_list())
+        return arr.astype(dtype) if dtype is not None else arr
+
+    def __array__(self, dtype=None, copy=None):
+        return self.to_numpy(dtype)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.to_list()})"
+
+    def _values(self) -> Matrix:
+        """A copy whose entries are values (places loaded)."""
+        return Matrix._from_entries([e.expr() if isinstance(e, Ref) else e for e in self.entries],
+                                    self.n, self.m, self.ndim)
+
+    # ------------------------------------------------------------------ arithmetic
+    def __add__(self, o):
+        return ops.binary("add", self, _coerce(o))
+
+    def __radd__(self, o):
+        return ops.binary("add", _coerce(o), self)
+
+    def __sub__(self, o):
+        return ops.binary("sub", self, _coerce(o))
+
+    def __rsub__(self, o):
+        return ops.binary("sub", _coerce(o), self)
+
+    def __mul__(self, o):
+        return ops.binary("mul", self, _coerce(o))
+
+    def __rmul__(self, o):
+        return ops.binary("mul", _coerce(o), self)
+
+    def __truediv__(self, o):
+        return ops.binary("div", self, _coerce(o))
+
+    def __rtruediv__(self, o):
+        return ops.binary("div", _coerce(o), self)
+
+    def __floordiv__(self, o):
+        return ops.binary("floordiv", self, _coerce(o))
+
+    def __mod__(self, o):
+        return ops.binary("mod", self, _coerce(o))
+
+    def __pow__(self, o):
+        return ops.pow(self, _coerce(o))
+
+    def __neg__(self):
+        return ops.unary("neg", self)
+
+    def __pos__(self):
+        return self
+
+    def __abs__(self):
+        return ops.unary("abs", self)
+
+    def __lt__(self, o):
+        return ops.binary("lt", self, _coerce(o))
+
+    def __le__(self, o):
+        return ops.binary("le", self, _coerce(o))
+
+    def __gt__(self, o):
+        return ops.binary("gt", self, _coerce(o))
+
+    def __ge__(self, o):
+        return ops.binary("ge", self, _coerce(o))
+
+    def __eq__(self, o):  # type: ignore[override]
+        return ops.binary("eq", self, _coerce(o))
+
+    def __ne__(self, o):  # type: ignore[override]
+        return ops.binary("ne", self, _coerce(o))
+
+    __hash__ = object.__hash__
+
+    def __matmul__(self, o):
+        o = _coerce(o)
+        if not isinstance(o, Matrix):
+            raise ops._err("@ needs a matrix or vector on both sides")
+        a_rows, a_cols = (self.n, self.m) if self.ndim == 2 else (1, self.n)
+        if o.ndim == 1:
+            b_rows, b_cols = o.n, 1
+        else:
+            b_rows, b_cols = o.n, o.m
+        if self.ndim == 1 and o.ndim == 2:
+            a_rows, a_cols = 1, self.n
+        if a_cols != b_rows:
+            raise ops._err(f"@ shape mismatch: {self._shape_text()} @ {o._shape_text()}")
+        out = []
+        for i in range(a_rows):
+            for j in range(b_cols):
+                acc = None
+                for k in range(a_cols):
+                    term = ops.binary("mul", self.entries[i * a_cols + k],
+                                      o.entries[k * b_cols + j])
+                    acc = term if acc is None else ops.binary("add", acc, term)
+                out.append(acc)
+        if o.ndim == 1 or (self.ndim == 1):
+            return Matrix._from_entries(out, len(out), 1, 1)
+        return Matrix._from_entries(out, a_rows, b_cols, 2)
+
+    # ------------------------------------------------------------------ linear algebra
+    def transpose(self) -> Matrix:
+        if self.ndim == 1:
+            return Matrix._from_entries(self.entries, 1, self.n, 2)
+        return Matrix._from_entries([self.entries[i * self.m + j] for j in range(self.m)
+                                     for i in range(self.n)], self.m, self.n, 2)
+
+    @property
+    def T(self) -> Matrix:  # noqa: N802
+        return self.transpose()
+
+    def sum(self):
+        acc = self.entries[0]
+        for e in self.entries[1:]:
+            acc = ops.binary("add", acc, e)
+        return acc
+
+    def max(self):
+        return ops.max(*self.entries)
+
+    def min(self):
+        return ops.min(*self.entries)
+
+    def any(self):
+        acc = ops.binary("ne", self.entries[0], 0)
+        for e in self.entries[1:]:
+            acc = ops.binary("logical_or", acc, ops.binary("ne", e, 0))
+        return acc
+
+    def all(self):
+        acc = ops.binary("ne", self.entries[0], 0)
+        for e in self.entries[1:]:
+            acc = ops.binary("logical_and", acc, ops.binary("ne", e, 0))
+        return acc
+
+    def dot(self, o):
+        o = _coerce(o)
+        if len(self.entries) != len(o.entries):
+            raise ops._err("dot of vectors of different lengths")
+        return ops.binary("mul", self, o).sum()
+
+    def cross(self, o):
+        o = _coerce(o)
+        a, b = self.entries, o.entries
+        if len(a) == 2 and len(b) == 2:
+            return ops.binary("sub", ops.binary("mul", a[0], b[1]), ops.binary("mul", a[1], b[0]))
+        if len(a) != 3 or len(b) != 3:
+            raise ops._err("cross product needs two 2-vectors or two 3-vectors")
+
+        def c(i, j):
+            return ops.binary("sub", ops.binary("mul", a[i], b[j]), ops.binary("mul", a[j], b[i]))
+
+        return Vector([c(1, 2), c(2, 0), c(0, 1)])
+
+    def outer_product(self, o):
+        o = _coerce(o)
+        return Matrix._from_entries([ops.binary("mul", a, b) for a in self.entries
+                                     for b in o.entries], len(self.entries), len(o.entries), 2)
+
+    def norm_sqr(self):
+        return self.dot(self)
+
+    def norm(self, eps=0):
+        s = self.norm_sqr()
+        if not (_static(eps) and eps == 0):
+            s = ops.binary("add", s, eps)
+        return ops.sqrt(s)
+
+    def norm_inv(self, eps=0):
+        s = self.norm_sqr()
+        if not (_static(eps) and eps == 0):
+            s = ops.binary("add", s, eps)
+        return ops.rsqrt(s)
+
+    def normalized(self, eps=0):
+        return ops.binary("mul", self, self.norm_inv(eps))
+
+    def trace(self):
+        return Matrix._from_entries([self.entries[i * self.m + i] for i in range(self.n)],
+                                    self.n, 1, 1).sum()
+
+    def _square(self, what: str) -> int:
+        if self.ndim != 2 or self.n != self.m:
+            raise ops._err(f"{what} needs a square matrix, got a {self._shape_text()}")
+        return self.n
+
+    def _minor(self, i: int, j: int) -> Matrix:
+        n = self.n
+        return Matrix._from_entries([self.entries[r * n + c] for r in range(n) if r != i
+                                     for c in range(n) if c != j], n - 1, n - 1, 2)
+
+    def determinant(self):
+        n = self._square("determinant")
+        e = self.entries
+        if n == 1:
+            return e[0]
+        if n == 2:
+            return ops.binary("sub", ops.binary("mul", e[0], e[3]), ops.binary("mul", e[1], e[2]))
+        acc = None
+        for j in range(n):
+            term = ops.binary("mul", e[j], self._minor(0, j).determinant())
+            if acc is None:
+                acc = term
+            else:
+                acc = ops.binary("add" if j % 2 == 0 else "sub", acc, term)
+        return acc
+
+    def inverse(self):
+        """Closed-form inverse (adjugate over determinant) for n <= 4."""
+        n = self._square("inverse")
+        if n > 4:
+            raise ops._err("inverse is supported up to 4x4")
+        det = self.determinant()
+        inv_det = ops.binary("div", 1.0, det)
+        if n == 1:
+            return Matrix._from_entries([inv_det], 1, 1, 2)
+        out = []
+        for i in range(n):
+            for j in range(n):
+                cof = self._minor(j, i).determinant()
+                if (i + j) % 2:
+                    cof = ops.unary("neg", cof)
+                out.append(ops.binary("mul", cof, inv_det))
+        return Matrix._from_entries(out, n, n, 2)
+
+    def cast(self, dtype):
+        return ops.cast(self, dtype)
+
+    def fill(self, value):
+        for k in range(len(self.entries)):
+            self._assign_entry(k, value)
+
+    # ------------------------------------------------------------------ constructors
+    @staticmethod
+    def identity(dt, n: int) -> Matrix:
+        return Matrix._from_entries([ops.cast(1 if i == j else 0, dt) for i in range(n)
+                                     for j in range(n)], n, n, 2)
+
+    @staticmethod
+    def zero(dt, n: int, m: int | None = None) -> Matrix:
+        if m is None:
+            return Matrix._from_entries([ops.cast(0, dt)] * n, n, 1, 1)
+        return Matrix._from_entries([ops.cast(0, dt)] * (n * m), n, m, 2)
+
+    @staticmethod
+    def one(dt, n: int, m: int | None = None) -> Matrix:
+        if m is None:
+            return Matrix._from_entries([ops.cast(1, dt)] * n, n, 1, 1)
+        return Matrix._from_entries([ops.cast(1, dt)] * (n * m), n, m, 2)
+
+    @staticmethod
+    def diag(dim: int, val) -> Matrix:
+        return Matrix._from_entries([val if i == j else 0 for i in range(dim)
+                                     for j in range(dim)], dim, dim, 2)
+
+    @staticmethod
+    def rows(rows) -> Matrix:
+        return Matrix([list(r) for r in rows])
+
+    @staticmethod
+    def cols(cols) -> Matrix:
+        return Matrix([list(c) for c in cols]).transpose()
+
+    @classmethod
+    def field(cls, n: int, m: int, dtype, shape=None, needs_grad: bool = False,
+              needs_dual: bool = False, name: str = "", layout=None, offset=None):
+        from ..runtime.field import make_field
+
+        return make_field(dtype, shape, element_shape=(n, m), needs_grad=needs_grad,
+                          needs_dual=needs_dual, name=name)
+
+    @classmethod
+    def ndarray(cls, n: int, m: int, dtype, shape, needs_grad: bool = False):
+        from ..runtime.ndarray import Ndarray
+
+        return Ndarray(dtype, shape, element_shape=(n, m), needs_grad=needs_grad)
+
+
+class Vector(Matrix):
+    """``ti.Vector``: an n-vector."""
+
+    ndim = 1
+
+    def __init__(self, arr, dt=None) -> None:
+        if isinstance(arr, numbers.Number | Value):
+            arr = [arr]
+        entries = arr.entries if isinstance(arr, Matrix) else list(
+            arr.tolist() if isinstance(arr, np.ndarray) else arr)
+        self._init(entries, len(entries), 1, 1, dt)
+
+    @classmethod
+    def field(cls, n: int, dtype, shape=None, needs_grad: bool = False,  # type: ignore[override]
+              needs_dual: bool = False, name: str = "", layout=None, offset=None):
+        from ..runtime.field import make_field
+
+        return make_field(dtype, shape, element_shape=(n,), needs_grad=needs_grad,
+                          needs_dual=needs_dual, name=name)
+
+    @classmethod
+    def ndarray(cls, n: int, dtype, shape, needs_grad: bool = False):  # type: ignore[override]
+        from ..runtime.ndarray import Ndarray
+
+        return Ndarray(dtype, shape, element_shape=(n,), needs_grad=needs_grad)
+
+    @staticmethod
+    def zero(dt, n: int) -> Vector:  # type: ignore[override]
+        return Matrix._from_entries([ops.cast(0, dt)] * n, n, 1, 1)
+
+    @staticmethod
+    def one(dt, n: int) -> Vector:  # type: ignore[override]
+        return Matrix._from_entries([ops.cast(1, dt)] * n, n, 1, 1)
+
+    @staticmethod
+    def unit(n: int, i: int, dt=None) -> Vector:
+        dt = dt or float
+        return Matrix._from_entries([ops.cast(1 if k == i else 0, dt) for k in range(n)],
+                                    n, 1, 1)
+
+
+class MatrixType:
+    """A vector/matrix type such as ``ti.math.vec3`` or ``ti.types.matrix(2, 2, ti.f32)``:
+    callable to construct values, usable as a field or ndarray dtype and as an annotation."""
+
+    def __init__(self, n: int, m: int, ndim: int, dtype) -> None:
+        self.n, self.m, self.ndim, self.dtype = n, m, ndim, dtype
+
+    @property
+    def element_shape(self) -> tuple[int, ...]:
+        return (self.n,) if self.ndim == 1 else (self.n, self.m)
+
+    @property
+    def scalar_dtype(self):
+        return ops.resolve_dtype(self.dtype if self.dtype is not None else float)
+
+    def __call__(self, *args):
+        dt = self.scalar_dtype
+        flat: list = []
+        for a in args:
+            if isinstance(a, Matrix):
+                flat.extend(a.entries)
+            elif isinstance(a, list | tuple | np.ndarray):
+                flat.extend(np.asarray(a).ravel().tolist() if isinstance(a, np.ndarray)
+                            else _flatten(a))
+            else:
+                flat.append(a)
+        size = self.n * (self.m if self.ndim == 2 else 1)
+        if len(flat) == 1:
+            flat = flat * size
+        if len(flat) != size:
+            raise ops._err(f"{self!r} takes {size} values, got {len(flat)}")
+        flat = [ops.cast(e, dt) for e in flat]
+        return Matrix._from_entries(flat, self.n, self.m if self.ndim == 2 else 1, self.ndim)
+
+    def field(self, shape=None, needs_grad: bool = False, needs_dual: bool = False, **kw):
+        from ..runtime.field import make_field
+
+        return make_field(self.scalar_dtype, shape, element_shape=self.element_shape,
+                          needs_grad=needs_grad, needs_dual=needs_dual)
+
+    def __repr__(self) -> str:
+        if self.ndim == 1:
+            return f"vector({self.n}, {self.dtype})"
+        return f"matrix({self.n}, {self.m}, {self.dtype})"
+
+
+def _flatten(xs) -> list:
+    out: list = []
+    for x in xs:
+        if isinstance(x, list | tuple):
+            out.extend(_flatten(x))
+        elif isinstance(x, Matrix):
+            out.extend(x.entries)
+        else:
+            out.append(x)
+    return out
+
+
+def _static(x) -> bool:
+    return isinstance(x, numbers.Integral | np.integer)
+
+
+def _coerce(o):
+    if isinstance(o, list | tuple):
+        return Matrix(o) if o and isinstance(o[0], list | tuple) else Vector(list(o))
+    return o
+
+
+def _dynamic_pick(options: list, index):
+    """``options[index]`` for a runtime index: a chain of selects (no memory, differentiable)."""
+    result = options[-1]
+    for k in range(len(options) - 2, -1, -1):
+        result = ops.select(ops.binary("eq", index, k), options[k], result)
+    return result
+
+
+def vector(n: int, dtype=None) -> MatrixType:
+    return MatrixType(n, 1, 1, dtype)
+
+
+def matrix(n: int, m: int, dtype=None) -> MatrixType:
+    return MatrixType(n, m, 2, dtype)
+
+
+__all__ = ["Matrix", "Vector", "MatrixType", "vector", "matrix", "T"]

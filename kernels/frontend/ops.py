@@ -1,0 +1,400 @@
+"""The language's operations, one definition for Python scope and kernel scope.
+
+Each function accepts Python numbers, kernel values (``Value``) and matrices. Numbers give
+numbers (so ``ti.sqrt(2.0)`` works anywhere and compile-time arithmetic folds in the frontend);
+kernel values emit typed IR with Taichi's promotion rules; matrices apply elementwise.
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+import numbers
+
+import numpy as np
+
+from .. import types as T
+from ..types import DType
+from . import builder as _b
+from .values import Expr, Ref, Value
+
+# ----------------------------------------------------------------------------------- helpers
+
+
+def _is_matrix(x) -> bool:
+    from .matrix import Matrix
+
+    return isinstance(x, Matrix)
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, numbers.Number | np.generic) and not isinstance(x, np.ndarray)
+
+
+def const(value, dtype: DType) -> Expr:
+    """A constant of the given type."""
+    if dtype.is_float:
+        value = float(value)
+    else:
+        value = int(value)
+        bits = dtype.bits
+        value &= (1 << bits) - 1
+        if dtype.is_signed and value >= 1 << (bits - 1):
+            value -= 1 << bits
+    return Expr(_b.require().emit("const", dtype, (), value))
+
+
+def literal_dtype(value) -> DType:
+    """The type a Python literal takes in a kernel: Taichi's default_fp / default_ip."""
+    b = _b.require()
+    if isinstance(value, np.generic):
+        return T.from_numpy(value.dtype)
+    if isinstance(value, bool):
+        return T.i32
+    if isinstance(value, numbers.Integral):
+        return b.default_ip
+    return b.default_fp
+
+
+def to_expr(x, dtype: DType | None = None) -> Expr:
+    """A kernel value from a number or value, cast to ``dtype`` when given."""
+    if isinstance(x, Value):
+        e = x.expr()
+    elif _is_number(x):
+        return const(x, dtype or literal_dtype(x))
+    elif _is_matrix(x):
+        raise _b.require().error(
+            f"expected a scalar but got a {x.n}x{x.m} matrix/vector" if x.ndim == 2 else
+            f"expected a scalar but got a vector of {x.n} entries")
+    else:
+        raise _b.require().error(f"expected a number or kernel value, got {type(x).__name__}")
+    if dtype is not None and e.dtype != dtype:
+        e = _cast_expr(e, dtype)
+    return e
+
+
+def _cast_expr(e: Expr, dtype: DType) -> Expr:
+    if e.dtype == dtype:
+        return e
+    if e.stmt.op == "const":
+        return const(e.stmt.attr, dtype)
+    return Expr(_b.require().emit("cast", dtype, (e.stmt,)))
+
+
+def _elementwise(fn, *xs):
+    from .matrix import Matrix
+
+    shape = next(x for x in xs if _is_matrix(x))
+    for x in xs:
+        if _is_matrix(x) and (x.n, x.m) != (shape.n, shape.m):
+            raise _err(f"matrix shapes differ: {x.n}x{x.m} vs {shape.n}x{shape.m}")
+    entries = [fn(*[x.entries[k] if _is_matrix(x) else x for x in xs])
+               for k in range(len(shape.entries))]
+    return Matrix._from_entries(entries, shape.n, shape.m, shape.ndim)
+
+
+def _err(msg: str):
+    b = _b.current()
+    return b.error(msg) if b else TypeError(msg)
+
+
+# ----------------------------------------------------------------------------------- casts
+
+
+def cast(x, dtype):
+    """``ti.cast(x, dtype)``: float to int truncates toward zero, as in C and Taichi."""
+    dtype = resolve_dtype(dtype)
+    if _is_matrix(x):
+        return _elementwise(lambda e: cast(e, dtype), x)
+    if _is_number(x):
+        if _b.current() is not None:
+            return const(int(x) if dtype.is_int else float(x), dtype)
+        return dtype.np.type(int(x) if dtype.is_int else x)
+    return to_expr(x, dtype)
+
+
+def resolve_dtype(dtype) -> DType:
+    """Accept difftape dtypes, Python ``int``/``float`` and NumPy dtypes."""
+    if isinstance(dtype, DType):
+        return dtype
+    b = _b.current()
+    if dtype is float:
+        return b.default_fp if b else _default("fp")
+    if dtype is int:
+        return b.default_ip if b else _default("ip")
+    try:
+        return T.from_numpy(np.dtype(dtype))
+    except TypeError:
+        raise _err(f"not a scalar dtype: {dtype!r}") from None
+
+
+def _default(which: str) -> DType:
+    from ..runtime import program
+
+    cfg = program.get().config
+    return cfg.default_fp if which == "fp" else cfg.default_ip
+
+
+# ----------------------------------------------------------------------------------- binary
+
+_PY_BINARY = {
+    "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
+    "div": lambda a, b: a / b, "floordiv": lambda a, b: a // b, "mod": lambda a, b: a % b,
+    "min": builtins.min, "max": builtins.max, "atan2": math.atan2,
+    "bit_and": lambda a, b: a & b, "bit_or": lambda a, b: a | b, "bit_xor": lambda a, b: a ^ b,
+    "shl": lambda a, b: a << b, "shr": lambda a, b: a >> b,
+    "lt": lambda a, b: int(a < b), "le": lambda a, b: int(a <= b), "gt": lambda a, b: int(a > b),
+    "ge": lambda a, b: int(a >= b), "eq": lambda a, b: int(a == b), "ne": lambda a, b: int(a != b),
+    "logical_and": lambda a, b: int(bool(a) and bool(b)),
+    "logical_or": lambda a, b: int(bool(a) or bool(b)),
+}
+_COMPARE = ("lt", "le", "gt", "ge", "eq", "ne")
+
+
+def binary(op: str, a, b):
+    """Apply a binary op with Taichi's typing. Numbers fold at compile time."""
+    if _is_matrix(a) or _is_matrix(b):
+        return _elementwise(lambda x, y: binary(op, x, y), a, b)
+    if _is_number(a) and _is_number(b):
+        return _PY_BINARY[op](a, b)
+    if not isinstance(a, Value | numbers.Number | np.generic) or \
+            not isinstance(b, Value | numbers.Number | np.generic):
+        raise _err(f"unsupported operand types for {op}: {type(a).__name__} and "
+                   f"{type(b).__name__}")
+    bld = _b.require()
+    ea, eb = _typed_pair(a, b)
+    t = T.promote(ea.dtype, eb.dtype)
+    if op == "div" and t.is_int:
+        t = bld.default_fp
+    elif op == "atan2" and t.is_int:
+        t = bld.default_fp
+    elif op in ("bit_and", "bit_or", "bit_xor", "shl", "shr") and t.is_float:
+        raise bld.error(f"bitwise operation '{op}' needs integer operands, got {t}")
+    if op in ("shl", "shr"):
+        t = ea.dtype
+    ea, eb = _cast_expr(ea, t), _cast_expr(eb, t)
+    out_t = T.i32 if op in _COMPARE or op.startswith("logical_") else t
+    return Expr(bld.emit(op, out_t, (ea.stmt, eb.stmt)))
+
+
+def _typed_pair(a, b) -> tuple[Expr, Expr]:
+    """Literals take their type from Taichi's defaults; then ordinary promotion applies."""
+    ea = a.expr() if isinstance(a, Value) else None
+    eb = b.expr() if isinstance(b, Value) else None
+    if ea is None:
+        ea = const(a, literal_dtype(a))
+    if eb is None:
+        eb = const(b, literal_dtype(b))
+    return ea, eb
+
+
+def pow(a, b):  # noqa: A001 - mirrors ti.pow
+    """``a ** b``. Small constant integer exponents become multiplications, which is both
+    faster and exact, and differentiates cleanly at x = 0."""
+    if _is_matrix(a) or _is_matrix(b):
+        return _elementwise(pow, a, b)
+    if _is_number(a) and _is_number(b):
+        return a**b
+    if isinstance(b, numbers.Integral) and not isinstance(b, bool) and builtins.abs(b) <= 16:
+        ea = to_expr(a)
+        if b == 0:
+            return const(1, ea.dtype)
+        result = _pow_by_squaring(ea, builtins.abs(b))
+        if b < 0:
+            if ea.dtype.is_int:
+                raise _b.require().error(
+                    "negative integer power of an integer; cast the base to float first")
+            return binary("div", 1.0, result)
+        return result
+    bld = _b.require()
+    ea, eb = _typed_pair(a, b)
+    t = T.promote(ea.dtype, eb.dtype)
+    ea, eb = _cast_expr(ea, t), _cast_expr(eb, t)
+    return Expr(bld.emit("pow", t, (ea.stmt, eb.stmt)))
+
+
+def _pow_by_squaring(x: Expr, n: int) -> Expr:
+    result = None
+    base = x
+    while n:
+        if n & 1:
+            result = base if result is None else binary("mul", result, base)
+        n >>= 1
+        if n:
+            base = binary("mul", base, base)
+    return result
+
+
+# ----------------------------------------------------------------------------------- unary
+
+_PY_UNARY = {
+    "sin": math.sin, "cos": math.cos, "tan": math.tan, "asin": math.asin, "acos": math.acos,
+    "atan": math.atan, "tanh": math.tanh, "exp": math.exp, "log": math.log, "sqrt": math.sqrt,
+    "rsqrt": lambda x: 1.0 / math.sqrt(x), "floor": math.floor, "ceil": math.ceil,
+    "round": lambda x: math.floor(x + 0.5), "neg": lambda x: -x, "abs": builtins.abs,
+    "logical_not": lambda x: int(not x), "bit_not": lambda x: ~x,
+}
+_FLOAT_ONLY = ("sin", "cos", "tan", "asin", "acos", "atan", "tanh", "exp", "log", "sqrt",
+               "rsqrt")
+
+
+def unary(op: str, x):
+    if _is_matrix(x):
+        return _elementwise(lambda e: unary(op, e), x)
+    if _is_number(x):
+        return _PY_UNARY[op](x)
+    if isinstance(x, np.ndarray):
+        raise _err(f"{op} of a NumPy array: use NumPy in Python scope")
+    bld = _b.require()
+    e = to_expr(x)
+    if op in _FLOAT_ONLY and e.dtype.is_int:
+        e = _cast_expr(e, bld.default_fp)
+    if op in ("floor", "ceil", "round") and e.dtype.is_int:
+        return e
+    if op == "logical_not":
+        return Expr(bld.emit("logical_not", T.i32, (e.stmt,)))
+    if op == "bit_not" and e.dtype.is_float:
+        raise bld.error("bitwise not (~) needs an integer operand")
+    return Expr(bld.emit(op, e.dtype, (e.stmt,)))
+
+
+def _unary_fn(op: str):
+    def fn(x):
+        return unary(op, x)
+
+    fn.__name__ = op
+    fn.__doc__ = f"Elementwise ``{op}``; numbers in Python scope, IR inside kernels."
+    return fn
+
+
+sin = _unary_fn("sin")
+cos = _unary_fn("cos")
+tan = _unary_fn("tan")
+asin = _unary_fn("asin")
+acos = _unary_fn("acos")
+atan = _unary_fn("atan")
+tanh = _unary_fn("tanh")
+exp = _unary_fn("exp")
+log = _unary_fn("log")
+sqrt = _unary_fn("sqrt")
+rsqrt = _unary_fn("rsqrt")
+floor = _unary_fn("floor")
+ceil = _unary_fn("ceil")
+round = _unary_fn("round")  # noqa: A001
+abs = _unary_fn("abs")  # noqa: A001
+
+
+def floor_to(x, dtype=None):
+    return floor(x) if dtype is None else cast(floor(x), dtype)
+
+
+def atan2(y, x):
+    return binary("atan2", y, x)
+
+
+def min(*xs):  # noqa: A001
+    if len(xs) == 1:
+        xs = tuple(xs[0])
+    out = xs[0]
+    for x in xs[1:]:
+        out = binary("min", out, x)
+    return out
+
+
+def max(*xs):  # noqa: A001
+    if len(xs) == 1:
+        xs = tuple(xs[0])
+    out = xs[0]
+    for x in xs[1:]:
+        out = binary("max", out, x)
+    return out
+
+
+def clamp(x, lo, hi):
+    return min(max(x, lo), hi)
+
+
+def select(cond, a, b):
+    """``ti.select(cond, a, b)``: both sides are evaluated; no branch."""
+    if _is_matrix(cond) or _is_matrix(a) or _is_matrix(b):
+        return _elementwise(select, cond, a, b)
+    if _is_number(cond):
+        return a if cond else b
+    bld = _b.require()
+    c = to_expr(cond)
+    ea, eb = _typed_pair(a, b)
+    t = T.promote(ea.dtype, eb.dtype)
+    return Expr(bld.emit("select", t, (c.stmt, _cast_expr(ea, t).stmt, _cast_expr(eb, t).stmt)))
+
+
+def logical_and(a, b):
+    return binary("logical_and", a, b)
+
+
+def logical_or(a, b):
+    return binary("logical_or", a, b)
+
+
+def logical_not(a):
+    return unary("logical_not", a)
+
+
+def stop_grad(x):
+    """The value of ``x`` with no gradient flowing through it."""
+    if _is_matrix(x):
+        return _elementwise(stop_grad, x)
+    if _is_number(x):
+        return x
+    e = to_expr(x)
+    return Expr(_b.require().emit("stop_grad", e.dtype, (e.stmt,)))
+
+
+def random(dtype=float):
+    """``ti.random(dtype=float)``: uniform in [0, 1) for floats, uniform bits for ints."""
+    bld = _b.current()
+    dtype = resolve_dtype(dtype)
+    if bld is None:
+        import random as _pyrandom
+
+        return _pyrandom.random() if dtype.is_float else _pyrandom.getrandbits(31)
+    return Expr(bld.emit("random", dtype))
+
+
+# ----------------------------------------------------------------------------------- atomics
+
+
+def atomic(kind: str, ref, value):
+    """Atomic read-modify-write on a place; returns the old value."""
+    if _is_matrix(ref):
+        return _elementwise(lambda r, v: atomic(kind, r, v), ref, value)
+    if not isinstance(ref, Ref):
+        raise _err(f"ti.atomic_{kind} needs a field element or a local variable as its target")
+    return ref.atomic(kind, value)
+
+
+def atomic_add(ref, value):
+    return atomic("add", ref, value)
+
+
+def atomic_sub(ref, value):
+    return atomic("sub", ref, value)
+
+
+def atomic_min(ref, value):
+    return atomic("min", ref, value)
+
+
+def atomic_max(ref, value):
+    return atomic("max", ref, value)
+
+
+def atomic_and(ref, value):
+    return atomic("bit_and", ref, value)
+
+
+def atomic_or(ref, value):
+    return atomic("bit_or", ref, value)
+
+
+def atomic_xor(ref, value):
+    return atomic("bit_xor", ref, value)

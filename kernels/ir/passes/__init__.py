@@ -1,0 +1,51 @@
+"""The compilation pipeline, top to bottom. Each pass takes a KernelIR and returns it.
+
+Set ``DIFFTAPE_PRINT_IR=1`` to print the IR after every pass, ``DIFFTAPE_VERIFY_IR=1`` to run
+the verifier between passes (the test suite does).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from ..nodes import KernelIR
+from ..printer import format_kernel
+from ..verify import verify
+from .bounds import insert_bounds_checks
+from .dce import dead_code_elimination, eliminate_blocks
+from .fold import constant_fold
+from .offload import offload
+from .reduce import privatize_reductions
+
+
+def _task_dce(ir: KernelIR) -> KernelIR:
+    for t in ir.tasks or []:
+        t.bounds, t.prologue, t.body, t.epilogue = eliminate_blocks(
+            [t.bounds, t.prologue, t.body, t.epilogue],
+            roots=tuple(x for x in (t.begin, t.end) if x is not None))
+    return ir
+
+
+PIPELINE = [
+    constant_fold,
+    dead_code_elimination,
+    insert_bounds_checks,
+    offload,
+    privatize_reductions,
+    _task_dce,
+]
+
+
+def run_pipeline(ir: KernelIR, passes=PIPELINE) -> KernelIR:
+    show = os.environ.get("DIFFTAPE_PRINT_IR") == "1"
+    check = os.environ.get("DIFFTAPE_VERIFY_IR") == "1"
+    if check:
+        verify(ir)
+    for p in passes:
+        ir = p(ir)
+        if show:
+            print(f"--- after {p.__name__.lstrip('_')} ---\n{format_kernel(ir)}", file=sys.stderr)
+        if check:
+            verify(ir)
+    return ir

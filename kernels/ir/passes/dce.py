@@ -1,0 +1,77 @@
+"""Dead-code elimination: drop pure statements nobody uses, locals never read, empty ifs."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from ..nodes import Block, KernelIR, Stmt, walk
+
+
+def _uses(blocks: list[Block]) -> Counter:
+    uses: Counter = Counter()
+    for blk in blocks:
+        for s in walk(blk):
+            for a in s.args:
+                uses[a] += 1
+    return uses
+
+
+def _sweep(block: Block, uses: Counter, dead_allocas: set) -> tuple[Block, bool]:
+    changed = False
+    out: Block = []
+    for s in reversed(block):
+        if s.blocks:
+            new_blocks = []
+            for b in s.blocks:
+                nb, c = _sweep(b, uses, dead_allocas)
+                new_blocks.append(nb)
+                changed |= c
+            s.blocks = tuple(new_blocks)
+        removable = (s.info.pure and uses[s] == 0) or \
+            (s.op == "alloca" and s in dead_allocas) or \
+            (s.op == "local_store" and s.args[0] in dead_allocas) or \
+            (s.op == "if" and not s.blocks[0] and not s.blocks[1])
+        if removable:
+            for a in s.args:
+                uses[a] -= 1
+            changed = True
+            continue
+        out.append(s)
+    out.reverse()
+    return out, changed
+
+
+def _dead_allocas(blocks: list[Block]) -> set[Stmt]:
+    loaded = set()
+    allocas = set()
+    for blk in blocks:
+        for s in walk(blk):
+            if s.op == "alloca":
+                allocas.add(s)
+            elif s.op == "local_load":
+                loaded.add(s.args[0])
+    return allocas - loaded
+
+
+def eliminate_blocks(blocks: list[Block], roots: tuple[Stmt, ...] = ()) -> list[Block]:
+    """DCE over a group of blocks that see each other's values (e.g. a task's parts);
+    ``roots`` are statements used from outside the blocks (a task's loop bounds)."""
+    changed = True
+    while changed:
+        uses = _uses(blocks)
+        for r in roots:
+            uses[r] += 1
+        dead = _dead_allocas(blocks)
+        changed = False
+        new = []
+        for b in blocks:
+            nb, c = _sweep(b, uses, dead)
+            new.append(nb)
+            changed |= c
+        blocks = new
+    return blocks
+
+
+def dead_code_elimination(ir: KernelIR) -> KernelIR:
+    (ir.body,) = eliminate_blocks([ir.body])
+    return ir

@@ -1,0 +1,117 @@
+"""IR <-> plain JSON-able data: the compile-cache key and the wire format of the service.
+
+Statements are numbered in program order and operands refer to numbers, so the encoding is
+deterministic (same kernel, same bytes) and needs no pickle. ``decode`` rebuilds the objects.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from .. import types as T
+from .nodes import Block, Buffer, KernelIR, Param, Stmt, Task
+
+
+def _enc_attr(a):
+    if isinstance(a, tuple):
+        return {"t": [_enc_attr(x) for x in a]}
+    return a
+
+
+def _dec_attr(a):
+    if isinstance(a, dict) and "t" in a:
+        return tuple(_dec_attr(x) for x in a["t"])
+    return a
+
+
+class _Encoder:
+    def __init__(self) -> None:
+        self.ids: dict[Stmt, int] = {}
+
+    def block(self, block: Block) -> list:
+        out = []
+        for s in block:
+            self.ids[s] = len(self.ids)
+            out.append([s.op, s.dtype.name if s.dtype else None,
+                        [self.ids[a] for a in s.args], _enc_attr(s.attr),
+                        [self.block(b) for b in s.blocks]])
+        return out
+
+    def ref(self, s: Stmt | None):
+        return None if s is None else self.ids[s]
+
+
+def encode(ir: KernelIR) -> dict:
+    enc = _Encoder()
+    data = {
+        "name": ir.name,
+        "params": [[p.name, p.dtype.name] for p in ir.params],
+        "buffers": [[_enc_attr(b.key), b.dtype.name, list(b.shape), b.name, b.element_ndim]
+                    for b in ir.buffers],
+        "returns": [t.name for t in ir.returns],
+        "debug": ir.debug,
+    }
+    if ir.tasks is None:
+        data["body"] = enc.block(ir.body)
+    else:
+        tasks = []
+        for t in ir.tasks:
+            tasks.append({"kind": t.kind, "loop_id": t.loop_id, "bounds": enc.block(t.bounds),
+                          "begin": enc.ref(t.begin), "end": enc.ref(t.end),
+                          "prologue": enc.block(t.prologue), "body": enc.block(t.body),
+                          "epilogue": enc.block(t.epilogue), "weight": t.weight})
+        data["tasks"] = tasks
+        data["num_temps"] = ir.num_temps
+    return data
+
+
+class _Decoder:
+    def __init__(self) -> None:
+        self.stmts: list[Stmt] = []
+
+    def block(self, data: list) -> Block:
+        out = []
+        for op, dtype, args, attr, blocks in data:
+            # Operands precede uses, except that nested blocks are decoded after their owner
+            # is numbered; number the owner first, then decode its blocks.
+            s = Stmt(op, T.by_name(dtype) if dtype else None,
+                     tuple(self.stmts[a] for a in args), _dec_attr(attr))
+            self.stmts.append(s)
+            s.blocks = tuple(self.block(b) for b in blocks)
+            out.append(s)
+        return out
+
+
+def decode(data: dict) -> KernelIR:
+    dec = _Decoder()
+    ir = KernelIR(
+        name=data["name"],
+        params=[Param(n, T.by_name(t)) for n, t in data["params"]],
+        buffers=[Buffer(_dec_attr(k), T.by_name(t), tuple(shape), name, endim)
+                 for k, t, shape, name, endim in data["buffers"]],
+        body=[], returns=[T.by_name(t) for t in data["returns"]], debug=data["debug"])
+    if "body" in data:
+        ir.body = dec.block(data["body"])
+    else:
+        ir.tasks = []
+        for t in data["tasks"]:
+            bounds = dec.block(t["bounds"])
+            begin = dec.stmts[t["begin"]] if t["begin"] is not None else None
+            end = dec.stmts[t["end"]] if t["end"] is not None else None
+            task = Task(t["kind"], [], t["loop_id"], bounds, begin, end,
+                        weight=t["weight"])
+            task.prologue = dec.block(t["prologue"])
+            task.body = dec.block(t["body"])
+            task.epilogue = dec.block(t["epilogue"])
+            ir.tasks.append(task)
+        ir.num_temps = data["num_temps"]
+    return ir
+
+
+def fingerprint(ir: KernelIR, *extra: str) -> str:
+    """A stable hash of the IR plus whatever else selects the compiled code."""
+    h = hashlib.sha256(json.dumps(encode(ir), sort_keys=True, separators=(",", ":")).encode())
+    for e in extra:
+        h.update(b"\0" + e.encode())
+    return h.hexdigest()

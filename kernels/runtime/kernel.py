@@ -1,0 +1,375 @@
+"""Kernels: specialization, compilation (through the cache) and launching.
+
+``Kernel.__call__`` is the hot path. It finds the compiled instance for the argument kinds,
+writes scalar arguments into the launch context (a NumPy view over one ctypes array), and calls
+the compiled tasks: serial ones and small ranges inline on the calling thread, large ranges in
+chunks on the thread pool. Nothing per element happens in Python.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import inspect
+import numbers
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import __version__
+from .. import types as T
+from ..codegen.layout import CtxLayout, ctx_layout
+from ..codegen.llvm_lowering import Lowering, assert_messages
+from ..errors import ArgumentError, CompileError, KernelAssertionError
+from ..frontend import builder as _b
+from ..frontend.annotations import NdarrayType, Template
+from ..frontend.matrix import Matrix, MatrixType
+from ..frontend.transformer import build_kernel_body, parse_function
+from ..ir import serialize
+from ..ir.nodes import KernelIR
+from ..ir.passes import run_pipeline
+from . import cache, program
+from .ndarray import Ndarray
+
+TASK_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int32)
+BOUNDS_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
+# Below this many (iterations x statements) a range runs on the calling thread: waking the
+# pool costs tens of microseconds, more than small loops take.
+INLINE_WORK = 1 << 15
+
+
+@dataclass
+class _Param:
+    name: str
+    annotation: object
+
+
+@dataclass
+class CompileStats:
+    frontend_s: float = 0.0
+    passes_s: float = 0.0
+    llvm_s: float = 0.0
+    load_s: float = 0.0
+    cache_hit: bool = False
+
+
+class Kernel:
+    """A ``@ti.kernel``: compiled on first call for each kind of argument, then launched."""
+
+    def __init__(self, pyfunc) -> None:
+        self.pyfunc = pyfunc
+        self.name = pyfunc.__name__
+        self.__doc__ = pyfunc.__doc__
+        self.__name__ = self.name
+        self.__wrapped__ = pyfunc
+        sig = inspect.signature(pyfunc)
+        self.params = [_Param(p.name, _resolve_annotation(p.annotation, pyfunc))
+                       for p in sig.parameters.values()]
+        self.return_annotation = _resolve_annotation(sig.return_annotation, pyfunc)
+        self._instances: dict = {}
+        self._generation = -1
+        self._fast: CompiledKernel | None = None
+        self._simple = all(not isinstance(p.annotation, Template | NdarrayType)
+                           for p in self.params)
+        self.last_compile: CompileStats | None = None
+        self.grad = None  # the adjoint kernel arrives with reverse-mode autodiff
+
+    def __call__(self, *args, **kwargs):
+        if kwargs:
+            args = self._bind_kwargs(args, kwargs)
+        prog = program.get()
+        if prog.generation != self._generation:
+            self._instances.clear()
+            self._fast = None
+            self._generation = prog.generation
+        if self._simple:
+            inst = self._fast
+            if inst is None:
+                inst = self._fast = self._compile(prog, args, ())
+            return inst.launch(args)
+        key, spec = self._specialize(args)
+        inst = self._instances.get(key)
+        if inst is None:
+            inst = self._instances[key] = self._compile(prog, args, spec)
+        return inst.launch(args)
+
+    def _bind_kwargs(self, args: tuple, kwargs: dict) -> tuple:
+        names = [p.name for p in self.params]
+        out = list(args) + [None] * (len(names) - len(args))
+        for k, v in kwargs.items():
+            if k not in names:
+                raise ArgumentError(f"kernel '{self.name}' has no parameter '{k}'",
+                                    kernel=self.name)
+            out[names.index(k)] = v
+        return tuple(out)
+
+    def _specialize(self, args: tuple) -> tuple[tuple, tuple]:
+        if len(args) != len(self.params):
+            raise self._arg_count_error(args)
+        key = []
+        spec = []
+        for p, a in zip(self.params, args, strict=True):
+            ann = p.annotation
+            if isinstance(ann, Template):
+                k = ("t", id(a)) if not isinstance(a, numbers.Number | str | tuple) else ("v", a)
+                key.append(k)
+                spec.append(a)
+            elif isinstance(ann, NdarrayType):
+                desc = _ndarray_desc(self.name, p.name, ann, a)
+                key.append(desc)
+                spec.append(desc)
+            else:
+                key.append(None)
+                spec.append(None)
+        return tuple(key), tuple(spec)
+
+    def _arg_count_error(self, args: tuple) -> ArgumentError:
+        names = ", ".join(p.name for p in self.params)
+        return ArgumentError(f"kernel '{self.name}' takes {len(self.params)} argument(s) "
+                             f"({names}) but {len(args)} were given", kernel=self.name)
+
+    # ------------------------------------------------------------------ compilation
+    def build_ir(self, prog, spec: tuple) -> KernelIR:
+        """The kernel's IR for one specialization, before the pass pipeline."""
+        cfg = prog.config
+        parsed = parse_function(self.pyfunc)
+        bld = _b.Builder(self.name, parsed.file, default_fp=cfg.default_fp,
+                         default_ip=cfg.default_ip, debug=cfg.debug)
+        rt = self.return_annotation
+        if rt is not None:
+            if isinstance(rt, MatrixType):
+                bld.return_type = [rt.scalar_dtype] * (rt.n * (rt.m if rt.ndim == 2 else 1))
+            else:
+                bld.return_type = _scalar_dtype(rt, cfg)
+        if not self._simple and len(spec) != len(self.params):
+            raise self._arg_count_error(spec)
+        with _b.activate(bld):
+            build_kernel_body(bld, self, spec if spec else (None,) * len(self.params))
+        returns = bld.return_type if isinstance(bld.return_type, list) else (
+            [bld.return_type] if bld.return_type is not None else [])
+        return KernelIR(self.name, bld.params, bld.buffers, bld.body, returns=returns,
+                        file=parsed.file, debug=cfg.debug)
+
+    def _compile(self, prog, args: tuple, spec: tuple) -> CompiledKernel:
+        if self._simple and len(args) != len(self.params):
+            raise self._arg_count_error(args)
+        stats = CompileStats()
+        t0 = time.perf_counter()
+        ir = self.build_ir(prog, spec)
+        t1 = time.perf_counter()
+        ir = run_pipeline(ir)
+        t2 = time.perf_counter()
+        inst = compile_ir(ir, prog, stats, [p.name for p in self.params])
+        stats.frontend_s, stats.passes_s = t1 - t0, t2 - t1
+        self.last_compile = stats
+        return inst
+
+    def __repr__(self) -> str:
+        return f"<difftape kernel {self.name}>"
+
+
+def compile_ir(ir: KernelIR, prog, stats: CompileStats | None = None,
+               arg_names: list[str] | None = None) -> CompiledKernel:
+    """Object code for offloaded IR (from the cache when possible), loaded and ready."""
+    from ..codegen.cpu import get_target
+
+    stats = stats or CompileStats()
+    target = get_target()
+    layout = ctx_layout(ir)
+    key = serialize.fingerprint(ir, target.fingerprint, __version__)
+    directory = cache.cache_dir(prog.config.offline_cache_file_path) \
+        if prog.config.offline_cache else None
+    low = Lowering(ir, layout, target)
+    names = []
+    for k, t in enumerate(ir.tasks):
+        names.append(low.task_name(k))
+        if t.kind == "range":
+            names.append(low.bounds_name(k))
+    t0 = time.perf_counter()
+    obj = cache.load(key, directory)
+    if obj is None:
+        text = low.module()
+        try:
+            obj = target.compile(text)
+        except RuntimeError as e:  # LLVM rejected our IR: a compiler bug, show the module
+            raise CompileError(f"internal error: LLVM rejected the generated code: {e}",
+                               kernel=ir.name) from e
+        cache.store(key, obj, directory)
+    else:
+        stats.cache_hit = True
+    t1 = time.perf_counter()
+    engine, addresses = target.load(obj, names)
+    stats.llvm_s, stats.load_s = t1 - t0, time.perf_counter() - t1
+    return CompiledKernel(ir, layout, engine, addresses, low, prog, arg_names)
+
+
+class CompiledKernel:
+    """One loaded specialization: a launch context and the task entry points."""
+
+    def __init__(self, ir: KernelIR, layout: CtxLayout, engine, addresses: dict, low,
+                 prog, arg_names: list[str] | None = None) -> None:
+        self.ir = ir
+        self.layout = layout
+        self._engine = engine  # keeps the code alive
+        self.prog = prog
+        self.ctx = (ctypes.c_int64 * max(1, layout.size))()
+        self.ctx_addr = ctypes.addressof(self.ctx)
+        self.ctx_i64 = np.frombuffer(self.ctx, dtype=np.int64)
+        self.ctx_f64 = self.ctx_i64.view(np.float64)
+        self.tasks = []
+        for k, t in enumerate(ir.tasks):
+            fn = TASK_FN(addresses[low.task_name(k)])
+            bounds = BOUNDS_FN(addresses[low.bounds_name(k)]) if t.kind == "range" else None
+            self.tasks.append((t.kind == "range", fn, bounds, max(1, t.weight)))
+        self.bounds_out = (ctypes.c_int64 * 2)()
+        self.bounds_addr = ctypes.addressof(self.bounds_out)
+        self.messages = assert_messages(ir)
+        self.ctx_i64[layout.rng] = prog.rng_state.ctypes.data
+        self._ndarray_slots = []
+        for slot, buf in enumerate(ir.buffers):
+            if buf.key[0] == "field":
+                f = prog.fields.get(buf.key[1])
+                if f is None:
+                    raise CompileError(f"field '{buf.name}' does not belong to the current "
+                                       "program (was it created before ti.init/ti.reset?)",
+                                       kernel=ir.name)
+                storage = f if buf.key[2] == "primal" else getattr(f, buf.key[2])
+                if storage is None:
+                    raise CompileError(f"'{buf.name}' is used but was never allocated: create "
+                                       f"the field with needs_{buf.key[2]}=True",
+                                       kernel=ir.name)
+                self.ctx_i64[layout.buffer_ptr[slot]] = storage.arr.ctypes.data
+            else:
+                extents = [layout.buffer_extent.get((slot, a)) for a in range(buf.ndim)]
+                self._ndarray_slots.append((slot, buf.key[1], buf.key[2], extents,
+                                            buf.dtype.np))
+        self._writers = []
+        for k, p in enumerate(ir.params):
+            self._writers.append((layout.params[k], p.dtype.is_float))
+        self._arg_map = _param_arg_map(ir, arg_names or [p.name for p in ir.params])
+
+    def launch(self, args: tuple):
+        ctx_f64, ctx_i64 = self.ctx_f64, self.ctx_i64
+        for (slot, is_float), (arg_index, comp) in zip(self._writers, self._arg_map,
+                                                     strict=True):
+            v = args[arg_index]
+            if comp is not None:
+                v = _component(v, comp)
+            try:
+                if is_float:
+                    ctx_f64[slot] = v
+                else:
+                    ctx_i64[slot] = v
+            except (TypeError, ValueError, OverflowError):
+                raise ArgumentError(f"kernel '{self.ir.name}': argument {arg_index + 1} must be "
+                                    f"a number, got {type(v).__name__} ({v!r:.40})",
+                                    kernel=self.ir.name) from None
+        keep = []
+        for slot, arg_index, role, extents, np_dtype in self._ndarray_slots:
+            arr = _ndarray_storage(args[arg_index], role)
+            keep.append(arr)
+            ctx_i64[self.layout.buffer_ptr[slot]] = arr.ctypes.data
+            for axis, s in enumerate(extents):
+                if s is not None:
+                    ctx_i64[s] = arr.shape[axis]
+        ctx = self.ctx_addr
+        pool = None
+        for is_range, fn, bounds, weight in self.tasks:
+            if is_range:
+                bounds(ctx, self.bounds_addr)
+                begin, end = self.bounds_out[0], self.bounds_out[1]
+                if end <= begin:
+                    continue
+                if (end - begin) * weight < INLINE_WORK or self.prog.num_threads == 1:
+                    fn(ctx, begin, end, 0)
+                else:
+                    pool = pool or self.prog.pool
+                    pool.run(fn, ctx, begin, end)
+            else:
+                fn(ctx, 0, 0, 0)
+            if ctx_i64[self.layout.err_code]:
+                self._raise_assertion()
+        if self.ir.returns:
+            out = []
+            for t, slot in zip(self.ir.returns, self.layout.returns, strict=True):
+                out.append(float(ctx_f64[slot]) if t.is_float else int(ctx_i64[slot]))
+            return out[0] if len(out) == 1 else out
+        return None
+
+    def _raise_assertion(self) -> None:
+        code = int(self.ctx_i64[self.layout.err_code])
+        value = int(self.ctx_i64[self.layout.err_value])
+        self.ctx_i64[self.layout.err_code] = 0
+        msg = self.messages[code - 1] if 0 < code <= len(self.messages) else "assertion failed"
+        raise KernelAssertionError(msg.replace("{}", str(value), 1))
+
+
+def _param_arg_map(ir: KernelIR, arg_names: list[str]) -> list[tuple[int, int | None]]:
+    """For each scalar param: (kernel argument index, vector component or None). Vector
+    arguments are flattened into params named ``v[0]``, ``v[1]``..."""
+    out = []
+    for p in ir.params:
+        base, _, comp = p.name.partition("[")
+        out.append((arg_names.index(base), int(comp[:-1]) if comp else None))
+    return out
+
+
+def _component(v, k: int):
+    if isinstance(v, Matrix):
+        return v.entries[k]
+    return np.asarray(v).ravel()[k]
+
+
+def _ndarray_storage(a, role: str) -> np.ndarray:
+    if isinstance(a, Ndarray):
+        a = a if role == "primal" else getattr(a, role)
+        return a.arr
+    return a
+
+
+def _ndarray_desc(kernel: str, name: str, ann: NdarrayType, a) -> tuple:
+    if isinstance(a, Ndarray):
+        arr, esh, has_grad = a.arr, a.element_shape, a.grad is not None
+    elif isinstance(a, np.ndarray):
+        arr, esh, has_grad = a, (), False
+        if isinstance(ann.dtype, MatrixType):
+            esh = ann.dtype.element_shape
+    else:
+        raise ArgumentError(f"kernel '{kernel}': argument '{name}' must be a NumPy array or a "
+                            f"ti.ndarray, got {type(a).__name__}", kernel=kernel)
+    if not arr.flags.c_contiguous:
+        raise ArgumentError(f"kernel '{kernel}': argument '{name}' must be C-contiguous "
+                            "(use np.ascontiguousarray); difftape passes arrays without copying",
+                            kernel=kernel)
+    dtype = T.from_numpy(arr.dtype)
+    ndim = arr.ndim - len(esh)
+    if ann.ndim is not None and ann.ndim != ndim:
+        raise ArgumentError(f"kernel '{kernel}': argument '{name}' must have ndim={ann.ndim}, "
+                            f"got {ndim}", kernel=kernel)
+    return (dtype, ndim, tuple(esh), has_grad)
+
+
+def _scalar_dtype(ann, cfg):
+    if ann is float:
+        return cfg.default_fp
+    if ann is int:
+        return cfg.default_ip
+    if isinstance(ann, T.DType):
+        return ann
+    raise CompileError(f"unsupported return annotation {ann!r}")
+
+
+def _resolve_annotation(ann, fn):
+    if ann is inspect.Parameter.empty or ann is inspect.Signature.empty:
+        return None
+    if isinstance(ann, str):
+        try:
+            ann = eval(ann, fn.__globals__)  # noqa: S307 - the user's own annotation text
+        except Exception as e:
+            raise CompileError(f"cannot evaluate annotation {ann!r} of '{fn.__name__}': {e}") \
+                from None
+    if ann is None:
+        return None
+    if isinstance(ann, type) and issubclass(ann, NdarrayType):
+        return NdarrayType()
+    return ann

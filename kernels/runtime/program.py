@@ -1,0 +1,132 @@
+"""Process-wide runtime state: the configuration from ``ti.init`` and what lives under it.
+
+There is one current :class:`Program`. ``ti.reset()`` drops it (fields, compiled kernels,
+thread pool); the next ``ti.init`` or first use makes a new one. Kernels key their compiled
+instances by the program's generation so nothing compiled under an old program is reused.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import types as T
+from ..types import DType
+
+
+@dataclass(frozen=True)
+class Arch:
+    name: str
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+cpu = x64 = arm64 = Arch("cpu")
+cuda = Arch("cuda")
+gpu = Arch("gpu")
+vulkan = Arch("vulkan")
+metal = Arch("metal")
+opengl = Arch("opengl")
+remote = Arch("remote")
+
+
+@dataclass
+class Config:
+    arch: Arch = cpu
+    default_fp: DType = T.f32
+    default_ip: DType = T.i32
+    debug: bool = False
+    random_seed: int = 0
+    cpu_max_num_threads: int = 0
+    offline_cache: bool = True
+    offline_cache_file_path: str | None = None
+    print_ir: bool = False
+    extra: dict = field(default_factory=dict)
+
+
+_generations = itertools.count(1)
+
+
+class Program:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.generation = next(_generations)
+        self.fields: dict[int, object] = {}
+        self.unplaced: list = []
+        nthreads = config.cpu_max_num_threads or os.cpu_count() or 1
+        self.num_threads = max(1, nthreads)
+        # One 64-bit random state per worker thread (and the caller), seeded from random_seed.
+        seeds = np.random.SeedSequence(config.random_seed).generate_state(self.num_threads * 2)
+        self.rng_state = seeds.view(np.uint64).copy()
+        self.rng_state[self.rng_state == 0] = 0x9E3779B97F4A7C15
+        self._pool = None
+
+    @property
+    def pool(self):
+        if self._pool is None:
+            from .parallel import ThreadPool
+
+            self._pool = ThreadPool(self.num_threads)
+        return self._pool
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+
+_current: Program | None = None
+
+
+def get() -> Program:
+    """The current program, created with default settings on first use (as Taichi does)."""
+    global _current
+    if _current is None:
+        _current = Program(Config())
+    return _current
+
+
+def init(arch: Arch | None = None, *, default_fp=None, default_ip=None, debug: bool = False,
+         random_seed: int = 0, cpu_max_num_threads: int = 0, offline_cache: bool = True,
+         offline_cache_file_path: str | None = None, **kwargs) -> None:
+    """``ti.init``: start a fresh program with this configuration (fields and kernels of the
+    previous one are dropped)."""
+    global _current
+    from .. import types as _t
+
+    reset()
+    arch = arch or cpu
+    if arch in (cuda, gpu, vulkan, metal, opengl):
+        warnings.warn(f"difftape: arch={arch} has no backend here yet; falling back to the CPU",
+                      stacklevel=2)
+        arch = cpu
+    if arch == remote:
+        from ..errors import DifftapeError
+
+        raise DifftapeError("arch=ti.remote is not available yet: the difftape service and "
+                            "client have not landed; use arch=ti.cpu")
+    cfg = Config(arch=arch, debug=bool(debug), random_seed=int(random_seed),
+                 cpu_max_num_threads=int(cpu_max_num_threads),
+                 offline_cache=bool(offline_cache),
+                 offline_cache_file_path=offline_cache_file_path,
+                 print_ir=bool(kwargs.pop("print_ir", False)), extra=kwargs)
+    if default_fp is not None:
+        cfg.default_fp = default_fp if isinstance(default_fp, DType) else (
+            _t.f64 if default_fp is float else _t.from_numpy(default_fp))
+    if default_ip is not None:
+        cfg.default_ip = default_ip if isinstance(default_ip, DType) else (
+            _t.i32 if default_ip is int else _t.from_numpy(default_ip))
+    _current = Program(cfg)
+
+
+def reset() -> None:
+    """``ti.reset``: drop the current program."""
+    global _current
+    if _current is not None:
+        _current.close()
+    _current = None

@@ -1,0 +1,111 @@
+"""Scalar data types and Taichi's promotion rules.
+
+A :class:`DType` is an immutable value shared by the frontend, the IR, the code generators and
+the wire format (by name), so one object describes a type everywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class DType:
+    """A scalar type: ``f32``, ``f64``, ``i8``..``i64``, ``u8``..``u64``."""
+
+    name: str
+    kind: str  # "f" float, "i" signed int, "u" unsigned int
+    bits: int
+
+    @property
+    def is_float(self) -> bool:
+        return self.kind == "f"
+
+    @property
+    def is_int(self) -> bool:
+        return self.kind in "iu"
+
+    @property
+    def is_signed(self) -> bool:
+        return self.kind in "fi"
+
+    @property
+    def np(self) -> np.dtype:
+        return np.dtype(f"{'f' if self.is_float else self.kind}{self.bits // 8}")
+
+    def __repr__(self) -> str:
+        return self.name
+
+    def __call__(self, value):
+        """``ti.f32(x)`` casts, as in Taichi (works in kernels and in Python scope)."""
+        from .frontend import ops
+
+        return ops.cast(value, self)
+
+
+f16 = DType("f16", "f", 16)
+f32 = DType("f32", "f", 32)
+f64 = DType("f64", "f", 64)
+i8 = DType("i8", "i", 8)
+i16 = DType("i16", "i", 16)
+i32 = DType("i32", "i", 32)
+i64 = DType("i64", "i", 64)
+u8 = DType("u8", "u", 8)
+u16 = DType("u16", "u", 16)
+u32 = DType("u32", "u", 32)
+u64 = DType("u64", "u", 64)
+
+ALL = {t.name: t for t in (f16, f32, f64, i8, i16, i32, i64, u8, u16, u32, u64)}
+float16, float32, float64 = f16, f32, f64
+int8, int16, int32, int64 = i8, i16, i32, i64
+uint8, uint16, uint32, uint64 = u8, u16, u32, u64
+
+
+def by_name(name: str) -> DType:
+    try:
+        return ALL[name]
+    except KeyError:
+        raise ValueError(f"unknown dtype {name!r}; known: {', '.join(ALL)}") from None
+
+
+def from_numpy(dt: np.dtype) -> DType:
+    dt = np.dtype(dt)
+    if dt.kind == "b":
+        return u8
+    if dt.kind not in "fiu":
+        raise TypeError(f"difftape arrays hold numbers; got numpy dtype {dt}")
+    return by_name(f"{dt.kind}{dt.itemsize * 8}")
+
+
+def promote(a: DType, b: DType) -> DType:
+    """Taichi's binary promotion: floats beat ints, wider beats narrower, signed beats unsigned
+    at equal width."""
+    if a == b:
+        return a
+    if a.is_float or b.is_float:
+        if a.is_float and b.is_float:
+            return a if a.bits >= b.bits else b
+        return a if a.is_float else b
+    if a.bits != b.bits:
+        return a if a.bits > b.bits else b
+    return a if a.is_signed else b
+
+
+def __getattr__(name: str):
+    """``ti.types.vector/matrix/ndarray/template`` live in the frontend; resolved lazily
+    because the frontend itself imports this module."""
+    if name in ("vector", "matrix"):
+        from .frontend import matrix as _m
+
+        return getattr(_m, name)
+    if name == "ndarray":
+        from .frontend.annotations import ndarray_type
+
+        return ndarray_type
+    if name == "template":
+        from .frontend.annotations import template
+
+        return template
+    raise AttributeError(f"module 'difftape.types' has no attribute {name!r}")

@@ -1,0 +1,1 @@
+"""Language tests: each checks kernel results against NumPy computed independently."""

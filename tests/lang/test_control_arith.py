@@ -1,0 +1,278 @@
+"""Branches, selects, augmented assignment, local typing, int/float promotion and casts.
+
+Integer operands here come from kernel arguments or fields on purpose: Taichi 1.7.4 folds
+``//`` and ``%`` on *compile-time constant* negative integers with C semantics (-7 // 2 == -3),
+but evaluates them at run time with Python's floor semantics (-7 // 2 == -4). Only the run-time
+(Python) semantics is a contract.
+"""
+
+import numpy as np
+import pytest
+
+
+def test_if_elif_else_per_element(ti, fp, rtol):
+    n = 21
+    x = ti.field(float, shape=n)
+    y = ti.field(float, shape=n)
+
+    @ti.kernel
+    def classify():
+        for i in x:
+            v = x[i]
+            if v < -1.0:
+                y[i] = -v
+            elif v < 0.0:
+                y[i] = v * v
+            elif v == 0.0:
+                y[i] = 42.0
+            else:
+                y[i] = ti.sqrt(v)
+
+    xs = np.linspace(-2, 2, n)
+    x.from_numpy(xs)
+    classify()
+    want = np.select([xs < -1, xs < 0, xs == 0], [-xs, xs * xs, 42.0], np.sqrt(np.abs(xs)))
+    np.testing.assert_allclose(y.to_numpy(), want, rtol=rtol, atol=rtol)
+
+
+def test_conditional_expression_and_select(ti, fp, rtol):
+    n = 11
+    x = ti.field(float, shape=n)
+    a = ti.field(float, shape=n)
+    b = ti.field(float, shape=n)
+    c = ti.Vector.field(2, float, shape=n)
+
+    @ti.kernel
+    def run():
+        for i in x:
+            v = x[i]
+            a[i] = v * 2 if v > 0.3 else -v
+            b[i] = ti.select(v > 0.3, v * 2, -v)
+            c[i] = ti.select(v > 0.3, ti.Vector([v, 1.0]), ti.Vector([0.0, -v]))
+
+    xs = np.linspace(-1, 1, n)
+    x.from_numpy(xs)
+    run()
+    want = np.where(xs > 0.3, xs * 2, -xs)
+    np.testing.assert_allclose(a.to_numpy(), want, rtol=rtol)
+    np.testing.assert_allclose(b.to_numpy(), want, rtol=rtol)
+    want_c = np.where(
+        (xs > 0.3)[:, None], np.stack([xs, np.ones(n)], 1), np.stack([0 * xs, -xs], 1)
+    )
+    np.testing.assert_allclose(c.to_numpy(), want_c, rtol=rtol)
+
+
+def test_comparisons_and_logic(ti):
+    @ti.kernel
+    def run(a: ti.i32, b: ti.i32) -> ti.types.vector(7, ti.i32):
+        return ti.Vector(
+            [0 < a < b, a == b, a != b, a >= b, not a, (a > 0) and (b > 0), (a > 0) or (b > 9)]
+        )
+
+    for a, b in [(3, 5), (0, 5), (5, 5), (-1, 2), (7, 2)]:
+        want = [0 < a < b, a == b, a != b, a >= b, not a, a > 0 and b > 0, a > 0 or b > 9]
+        np.testing.assert_array_equal(run(a, b), np.array(want, dtype=np.int32))
+
+
+def test_and_or_on_integers_return_an_operand_like_python(ti):
+    @ti.kernel
+    def run(a: ti.i32, b: ti.i32) -> ti.types.vector(2, ti.i32):
+        return ti.Vector([a and b, a or b])
+
+    for a, b in [(3, 5), (0, 5), (3, 0), (0, 0)]:
+        np.testing.assert_array_equal(run(a, b), [a and b, a or b])
+
+
+def test_integer_augmented_assignments(ti):
+    @ti.kernel
+    def run(a: ti.i32, b: ti.i32) -> ti.types.vector(11, ti.i32):
+        r0 = a
+        r0 += b
+        r1 = a
+        r1 -= b
+        r2 = a
+        r2 *= b
+        r3 = a
+        r3 //= b
+        r4 = a
+        r4 %= b
+        r5 = a
+        r5 &= b
+        r6 = a
+        r6 |= b
+        r7 = a
+        r7 ^= b
+        r8 = a
+        r8 <<= 2
+        r9 = a
+        r9 >>= 1
+        r10 = a
+        r10 **= 3
+        return ti.Vector([r0, r1, r2, r3, r4, r5, r6, r7, r8, r9, r10])
+
+    for a, b in [(17, 5), (-17, 5), (17, -5), (-17, -5), (6, 3)]:
+        want = [a + b, a - b, a * b, a // b, a % b, a & b, a | b, a ^ b, a << 2, a >> 1, a**3]
+        np.testing.assert_array_equal(run(a, b), want)
+
+
+def test_float_augmented_assignments(ti, fp, npfp, rtol):
+    @ti.kernel
+    def run(a: float, b: float) -> ti.types.vector(7, float):
+        r0 = a
+        r0 += b
+        r1 = a
+        r1 -= b
+        r2 = a
+        r2 *= b
+        r3 = a
+        r3 /= b
+        r4 = a
+        r4 //= b
+        r5 = a
+        r5 %= b
+        r6 = ti.abs(a)
+        r6 **= b
+        return ti.Vector([r0, r1, r2, r3, r4, r5, r6])
+
+    for a, b in [(7.5, 2.0), (-7.5, 2.0), (7.5, -2.0), (-7.25, -0.5), (2.0, 0.5)]:
+        want = [a + b, a - b, a * b, a / b, a // b, a % b, abs(a) ** b]
+        np.testing.assert_allclose(run(a, b), want, rtol=rtol)
+
+
+def test_augmented_assignment_on_field_elements(ti):
+    x = ti.field(ti.i32, shape=6)
+
+    @ti.kernel
+    def run(a: ti.i32, b: ti.i32):
+        x[0] = a
+        x[0] += b
+        x[1] = a
+        x[1] -= b
+        x[2] = a
+        x[2] *= b
+        x[3] = a
+        x[3] //= b
+        x[4] = a
+        x[4] %= b
+        x[5] = a
+        x[5] <<= b
+
+    run(-7, 2)
+    np.testing.assert_array_equal(x.to_numpy(), [-5, -9, -14, -4, 1, -28])
+
+
+def test_local_type_is_fixed_at_first_assignment(ti, fp):
+    @ti.kernel
+    def int_local(a: float) -> float:
+        x = 0  # i32
+        x = a  # truncated toward zero (Taichi warns about precision loss)
+        return x
+
+    @ti.kernel
+    def int_local_aug(a: float) -> ti.i32:
+        x = 1
+        x += a  # computed in float, then truncated back to the int local
+        y = 10
+        y *= a
+        return x * 1000 + y
+
+    @ti.kernel
+    def float_local(a: ti.i32) -> float:
+        x = 0.0
+        x = a
+        return x / 2
+
+    assert int_local(2.7) == 2.0
+    assert int_local(-2.7) == -2.0
+    assert int_local_aug(2.75) == 3 * 1000 + 27
+    assert float_local(7) == 3.5
+
+
+def test_int_float_promotion(ti, fp, npfp):
+    @ti.kernel
+    def run(a: ti.i32, b: ti.f32) -> ti.types.vector(3, ti.f64):
+        c = a + b  # i32 + f32 -> f32
+        d = a / 4  # true division -> default float type
+        e = a * 0.1  # i32 * float literal -> default float type
+        return ti.Vector([c, d, e])
+
+    got = run(1, 0.1)
+    assert got[0] == float(np.float32(1) + np.float32(0.1))
+    assert got[1] == 0.25
+    assert got[2] == float(npfp(0.1))
+
+
+def test_integer_true_division_gives_float(ti, fp, rtol):
+    @ti.kernel
+    def div(a: ti.i32, b: ti.i32) -> float:
+        return a / b
+
+    for a, b in [(7, 2), (-7, 2), (1, 3), (10, -4), (0, 5)]:
+        np.testing.assert_allclose(div(a, b), a / b, rtol=rtol)
+
+
+@pytest.mark.parametrize("a,b", [(7, 2), (-7, 2), (7, -2), (-7, -2), (6, 3), (-6, 4), (0, -3)])
+def test_integer_floor_division_and_modulo_follow_python(ti, a, b):
+    @ti.kernel
+    def run(a: ti.i32, b: ti.i32) -> ti.types.vector(2, ti.i32):
+        return ti.Vector([a // b, a % b])
+
+    np.testing.assert_array_equal(run(a, b), [a // b, a % b])
+
+
+def test_float_floor_division_and_modulo_follow_python(ti, fp, rtol):
+    @ti.kernel
+    def run(a: float, b: float) -> ti.types.vector(2, float):
+        return ti.Vector([a // b, a % b])
+
+    for a, b in [(7.5, 2.0), (-7.5, 2.0), (7.5, -2.0), (-7.5, -2.0), (5.25, 0.5)]:
+        np.testing.assert_allclose(run(a, b), [a // b, a % b], rtol=rtol)
+
+
+def test_i32_arithmetic_wraps_around(ti):
+    @ti.kernel
+    def run(a: ti.i32) -> ti.types.vector(2, ti.i32):
+        return ti.Vector([a * 2, a + 1])
+
+    np.testing.assert_array_equal(run(2**30), [-(2**31), 2**30 + 1])
+    np.testing.assert_array_equal(run(2**31 - 1), [-2, -(2**31)])
+
+
+def test_shifts_are_arithmetic(ti):
+    @ti.kernel
+    def run(a: ti.i32) -> ti.types.vector(2, ti.i32):
+        return ti.Vector([a >> 2, a << 3])
+
+    np.testing.assert_array_equal(run(-16), [-4, -128])
+    np.testing.assert_array_equal(run(37), [9, 296])
+
+
+def test_cast_and_int_float_builtins(ti):
+    @ti.kernel
+    def run(a: ti.f64) -> ti.types.vector(5, ti.f64):
+        return ti.Vector(
+            [ti.cast(a, ti.f32), ti.cast(a, ti.i32), int(a), float(int(a)), ti.cast(a, ti.i64)]
+        )
+
+    for a in [0.1, -3.7, 2.5, -2.5, 1e10]:
+        got = run(a)
+        assert got[0] == float(np.float32(a))
+        if abs(a) < 2**31:
+            assert got[1] == np.trunc(a)
+            assert got[2] == np.trunc(a)
+            assert got[3] == np.trunc(a)
+        assert got[4] == np.trunc(a)
+
+
+def test_cast_between_integer_widths_and_to_f32(ti):
+    @ti.kernel
+    def narrow(a: ti.i64) -> ti.i32:
+        return ti.cast(a, ti.i32)  # keeps the low 32 bits
+
+    @ti.kernel
+    def to_f32(a: ti.i64) -> ti.f32:
+        return ti.cast(a, ti.f32)
+
+    assert narrow(2**32 + 5) == 5
+    assert narrow(2**31) == -(2**31)
+    assert to_f32(2**32 + 5) == float(np.float32(2**32 + 5))

@@ -1,0 +1,187 @@
+"""difftape's own error types (Taichi raises different classes, so these are difftape-only).
+
+Every error difftape raises derives from ``difftape.DifftapeError``. Compile-time problems are
+``difftape.CompileError`` and say where they are: the kernel's name, the file, the line number
+and the offending source line. Out-of-range indices under ``ti.init(debug=True)`` raise
+``difftape.KernelAssertionError``.
+"""
+
+import os
+import re
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.difftape_only
+
+with open(__file__, encoding="utf-8") as _source:
+    _LINES = _source.read().splitlines()
+
+
+def _line_of(key):
+    """1-based number of the only line in this file that ends with ``# marker: <key>``."""
+    tag = f"# marker: {key}"
+    hits = [n for n, text in enumerate(_LINES, 1) if text.rstrip().endswith(tag)]
+    assert len(hits) == 1, f"{tag!r} must end exactly one line: {hits}"
+    return hits[0]
+
+
+def _assert_points_at(error, kernel_name, key):
+    """The message names the kernel, this file and line, and quotes the offending line."""
+    message = str(error)
+    line = _line_of(key)
+    assert kernel_name in message, message
+    assert os.path.basename(__file__) in message, message
+    assert re.search(rf"\b{line}\b", message), f"line {line} missing from: {message}"
+    assert _LINES[line - 1].strip() in message, message
+
+
+def test_error_hierarchy(ti):
+    for name in ("CompileError", "KernelAssertionError"):
+        cls = getattr(ti, name)
+        assert issubclass(cls, ti.DifftapeError)
+    assert issubclass(ti.DifftapeError, Exception)
+
+
+def test_lambda_in_kernel_is_a_compile_error(ti):
+    @ti.kernel
+    def uses_lambda() -> ti.i32:
+        f = lambda a: a + 1  # marker: lambda
+        return f(1)
+
+    with pytest.raises(ti.CompileError) as info:
+        uses_lambda()
+    _assert_points_at(info.value, "uses_lambda", "lambda")
+
+
+def test_try_in_kernel_is_a_compile_error(ti):
+    x = ti.field(ti.i32, shape=2)
+
+    @ti.kernel
+    def uses_try():
+        try:  # marker: try
+            x[0] = 1
+        except IndexError:
+            x[1] = 1
+
+    with pytest.raises(ti.CompileError) as info:
+        uses_try()
+    _assert_points_at(info.value, "uses_try", "try")
+
+
+def test_with_in_kernel_is_a_compile_error(ti):
+    x = ti.field(ti.i32, shape=2)
+
+    @ti.kernel
+    def uses_with():
+        with open(__file__):  # marker: with
+            x[0] = 1
+
+    with pytest.raises(ti.CompileError) as info:
+        uses_with()
+    _assert_points_at(info.value, "uses_with", "with")
+
+
+def test_error_inside_a_func_points_at_the_func_line(ti):
+    @ti.func
+    def helper(v):
+        return (lambda a: a)(v)  # marker: lambda in func
+
+    @ti.kernel
+    def calls_helper() -> ti.i32:
+        return helper(3)
+
+    with pytest.raises(ti.CompileError) as info:
+        calls_helper()
+    message = str(info.value)
+    assert "helper" in message, message
+    assert re.search(rf"\b{_line_of('lambda in func')}\b", message), message
+
+
+def test_float_index_is_a_compile_error(ti):
+    x = ti.field(ti.f32, shape=4)
+
+    @ti.kernel
+    def float_index(i: ti.f32):
+        x[i] = 1.0  # marker: float index
+
+    with pytest.raises(ti.CompileError) as info:
+        float_index(1.5)
+    _assert_points_at(info.value, "float_index", "float index")
+
+
+def test_unknown_function_is_a_compile_error(ti):
+    x = ti.field(ti.f32, shape=4)
+
+    @ti.kernel
+    def calls_unknown():
+        x[0] = no_such_function(1.0)  # noqa: F821 # marker: unknown
+
+    with pytest.raises(ti.CompileError) as info:
+        calls_unknown()
+    _assert_points_at(info.value, "calls_unknown", "unknown")
+    assert "no_such_function" in str(info.value)
+
+
+def test_assigning_to_a_kernel_argument_is_a_compile_error(ti):
+    @ti.kernel
+    def mutates_arg(n: ti.i32) -> ti.i32:
+        n = n + 1  # marker: arg assignment
+        return n
+
+    with pytest.raises(ti.CompileError) as info:
+        mutates_arg(1)
+    _assert_points_at(info.value, "mutates_arg", "arg assignment")
+
+
+def test_wrong_number_of_kernel_arguments(ti):
+    x = ti.field(ti.f32, shape=())
+
+    @ti.kernel
+    def two_args(a: ti.i32, b: ti.f32):
+        x[None] = a + b
+
+    with pytest.raises(ti.DifftapeError) as info:
+        two_args(1)
+    assert "two_args" in str(info.value) and "b" in str(info.value)
+    with pytest.raises(ti.DifftapeError) as info:
+        two_args(1, 2.0, 3)
+    assert "two_args" in str(info.value)
+    two_args(1, 2.0)  # the kernel itself is fine
+    assert x[None] == 3.0
+
+
+def test_wrong_kernel_argument_type(ti):
+    @ti.kernel
+    def takes_int(a: ti.i32) -> ti.i32:
+        return a
+
+    with pytest.raises(ti.DifftapeError) as info:
+        takes_int("three")
+    message = str(info.value)
+    assert "takes_int" in message and "a" in message and "str" in message, message
+
+
+def test_from_numpy_shape_mismatch(ti):
+    x = ti.field(ti.f32, shape=(2, 3))
+    with pytest.raises(ti.DifftapeError) as info:
+        x.from_numpy(np.zeros((3, 2), dtype=np.float32))
+    message = str(info.value)
+    assert "(2, 3)" in message and "(3, 2)" in message, message
+
+
+def test_debug_mode_out_of_range_index(ti):
+    ti.init(arch=ti.cpu, debug=True)
+    x = ti.field(ti.f32, shape=4)
+
+    @ti.kernel
+    def store(i: ti.i32):
+        x[i] = 1.0  # marker: out of range
+
+    store(3)
+    assert x[3] == 1.0
+    for bad in (4, -1):
+        with pytest.raises(ti.KernelAssertionError) as info:
+            store(bad)
+        _assert_points_at(info.value, "store", "out of range")
+        assert str(bad) in str(info.value)

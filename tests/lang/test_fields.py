@@ -1,0 +1,198 @@
+"""Fields, SNode layouts, Python-scope access, NumPy interop, and ndarrays."""
+
+import numpy as np
+import pytest
+
+
+def test_field_shape_dtype_and_zero_initialisation(ti, fp, npfp):
+    x = ti.field(float, shape=(3, 4))
+    n = ti.field(ti.i32, shape=7)
+    s = ti.field(ti.f64, shape=())
+    assert x.shape == (3, 4) and n.shape == (7,) and s.shape == ()
+    assert x.dtype == fp and n.dtype == ti.i32 and s.dtype == ti.f64
+    np.testing.assert_array_equal(x.to_numpy(), np.zeros((3, 4)))
+    assert x.to_numpy().dtype == npfp
+    assert n.to_numpy().dtype == np.int32
+    assert s[None] == 0.0
+
+
+def test_field_with_needs_grad_has_a_zeroed_grad_field(ti, fp):
+    x = ti.field(float, shape=5, needs_grad=True)
+    assert x.grad.shape == (5,) and x.grad.dtype == fp
+    x.from_numpy(np.arange(5.0))
+    np.testing.assert_array_equal(x.grad.to_numpy(), np.zeros(5))
+    x.grad[2] = 3.0  # the grad field is an ordinary field too
+    np.testing.assert_array_equal(x.grad.to_numpy(), [0, 0, 3, 0, 0])
+    np.testing.assert_array_equal(x.to_numpy(), np.arange(5.0))
+
+
+def test_dense_layouts(ti):
+    a = ti.field(ti.i32)
+    ti.root.dense(ti.i, 6).place(a)
+    b = ti.field(ti.i32)
+    c = ti.field(ti.f32)
+    ti.root.dense(ti.ij, (3, 5)).place(b, c)
+    d = ti.field(ti.i32)
+    ti.root.dense(ti.i, 4).dense(ti.j, 4).place(d)
+    s = ti.field(ti.f32)
+    ti.root.place(s)
+    assert a.shape == (6,)
+    assert b.shape == (3, 5) and c.shape == (3, 5)
+    assert d.shape == (4, 4)
+    assert s.shape == ()
+
+    @ti.kernel
+    def fill():
+        for i in a:
+            a[i] = i * i
+        for i, j in b:
+            b[i, j] = i * 10 + j
+            c[i, j] = i - j * 0.5
+        for i, j in d:
+            d[i, j] = i * 4 + j
+        s[None] = 2.5
+
+    fill()
+    np.testing.assert_array_equal(a.to_numpy(), np.arange(6) ** 2)
+    i, j = np.indices((3, 5))
+    np.testing.assert_array_equal(b.to_numpy(), i * 10 + j)
+    np.testing.assert_array_equal(c.to_numpy(), (i - j * 0.5).astype(np.float32))
+    np.testing.assert_array_equal(d.to_numpy(), np.arange(16).reshape(4, 4))
+    assert s[None] == 2.5
+
+
+def test_python_scope_element_access(ti, fp):
+    x = ti.field(float, shape=4)
+    g = ti.field(ti.i32, shape=(2, 3))
+    s = ti.field(float, shape=())
+    x[1] = 2.5
+    x[3] = -1
+    g[1, 2] = 7
+    s[None] = 0.75
+    assert x[1] == 2.5 and x[3] == -1.0 and x[0] == 0.0
+    assert g[1, 2] == 7 and g[0, 2] == 0
+    assert s[None] == 0.75
+    np.testing.assert_array_equal(x.to_numpy(), [0, 2.5, 0, -1])
+
+    @ti.kernel
+    def read_back() -> float:
+        return x[1] + x[3] + g[1, 2] + s[None]
+
+    assert read_back() == 2.5 - 1 + 7 + 0.75
+
+
+def test_python_scope_vector_and_matrix_elements(ti, fp, rtol):
+    v = ti.Vector.field(3, float, shape=2)
+    m = ti.Matrix.field(2, 2, float, shape=())
+    v[0] = [1.0, 2.0, 3.0]
+    v[1] = ti.Vector([4.0, 5.0, 6.0])
+    m[None] = [[1.0, 2.0], [3.0, 4.0]]
+
+    @ti.kernel
+    def run() -> float:
+        return (m[None] @ ti.Vector([v[0].x, v[1].z]))[1]
+
+    np.testing.assert_allclose(run(), 3.0 * 1.0 + 4.0 * 6.0, rtol=rtol)
+    np.testing.assert_allclose(np.asarray(v[1]), [4.0, 5.0, 6.0], rtol=rtol)
+    np.testing.assert_allclose(np.asarray(m[None]), [[1, 2], [3, 4]], rtol=rtol)
+
+
+def test_from_numpy_to_numpy_round_trip(ti, fp, npfp):
+    x = ti.field(float, shape=(4, 3))
+    v = ti.Vector.field(2, ti.i32, shape=5)
+    m = ti.Matrix.field(2, 3, float, shape=4)
+    data = np.random.default_rng(0).standard_normal((4, 3)).astype(npfp)
+    vdata = np.arange(10, dtype=np.int32).reshape(5, 2)
+    mdata = np.random.default_rng(1).standard_normal((4, 2, 3)).astype(npfp)
+    x.from_numpy(data)
+    v.from_numpy(vdata)
+    m.from_numpy(mdata)
+    np.testing.assert_array_equal(x.to_numpy(), data)
+    np.testing.assert_array_equal(v.to_numpy(), vdata)
+    np.testing.assert_array_equal(m.to_numpy(), mdata)
+    # to_numpy returns a copy, not a view
+    out = x.to_numpy()
+    out[0, 0] = 1234.0
+    assert x[0, 0] == data[0, 0]
+
+
+def test_from_numpy_converts_dtype(ti):
+    x = ti.field(ti.i32, shape=3)
+    y = ti.field(ti.f32, shape=3)
+    x.from_numpy(np.array([2.7, -2.7, 5.0]))  # float64 into i32 truncates toward zero
+    y.from_numpy(np.array([1, 2, 3], dtype=np.int64))
+    np.testing.assert_array_equal(x.to_numpy(), [2, -2, 5])
+    np.testing.assert_array_equal(y.to_numpy(), np.array([1, 2, 3], dtype=np.float32))
+
+
+def test_from_numpy_rejects_a_shape_mismatch(ti):
+    x = ti.field(ti.i32, shape=(2, 3))
+    with pytest.raises(ValueError):
+        x.from_numpy(np.zeros((3, 2), dtype=np.int32))
+
+
+def test_fill(ti, fp):
+    x = ti.field(float, shape=(2, 3))
+    v = ti.Vector.field(2, ti.i32, shape=3)
+    x.fill(1.25)
+    v.fill(-4)
+    np.testing.assert_array_equal(x.to_numpy(), np.full((2, 3), 1.25))
+    np.testing.assert_array_equal(v.to_numpy(), np.full((3, 2), -4))
+
+    @ti.kernel
+    def bump():
+        for idx in ti.grouped(x):
+            x[idx] += 1
+
+    bump()
+    x.fill(0)
+    np.testing.assert_array_equal(x.to_numpy(), np.zeros((2, 3)))
+
+
+def test_taichi_ndarray_is_passed_by_reference(ti):
+    a = ti.ndarray(ti.f32, shape=(5,))
+    assert a.shape == (5,) and a.dtype == ti.f32
+    a.from_numpy(np.arange(5, dtype=np.float32))
+    a[4] = 10.0
+
+    @ti.kernel
+    def scale(arr: ti.types.ndarray(), s: ti.f32):
+        for i in arr:
+            arr[i] = arr[i] * s + 1
+
+    scale(a, 2.0)
+    scale(a, 0.5)
+    np.testing.assert_array_equal(a.to_numpy(), [1.5, 2.5, 3.5, 4.5, 11.5])
+    assert a[4] == 11.5
+
+
+def test_2d_taichi_ndarray_and_numpy_array_share_a_kernel(ti):
+    @ti.kernel
+    def transpose_add(src: ti.types.ndarray(), dst: ti.types.ndarray()):
+        for i, j in ti.ndrange(src.shape[0], src.shape[1]):
+            dst[j, i] += src[i, j]
+
+    src = ti.ndarray(ti.i32, shape=(2, 3))
+    src.from_numpy(np.arange(6, dtype=np.int32).reshape(2, 3))
+    dst = np.ones((3, 2), dtype=np.int32)
+    transpose_add(src, dst)
+    np.testing.assert_array_equal(dst, np.arange(6).reshape(2, 3).T + 1)
+
+
+def test_fields_and_ndarrays_together(ti, fp, npfp, rtol):
+    weights = ti.field(float, shape=4)
+    weights.from_numpy(np.array([0.5, 1.0, 2.0, 4.0]))
+
+    @ti.kernel
+    def weighted(a: ti.types.ndarray(), out: ti.types.ndarray()):
+        for i in range(a.shape[0]):
+            s = 0.0
+            for k in range(4):
+                s += a[i, k] * weights[k]
+            out[i] = s
+
+    a = np.random.default_rng(2).standard_normal((6, 4)).astype(npfp)
+    out = np.zeros(6, dtype=npfp)
+    weighted(a, out)
+    want = a.astype(np.float64) @ [0.5, 1.0, 2.0, 4.0]
+    np.testing.assert_allclose(out, want, rtol=10 * rtol, atol=10 * rtol)

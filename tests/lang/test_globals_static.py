@@ -1,0 +1,207 @@
+"""Python values captured by kernels at compile time, and ti.static."""
+
+import numpy as np
+
+SCALE = 3.0
+OFFSETS = (1, 10, 100)
+WEIGHTS = (0.5, 0.25, 2.0)
+ENABLE_BONUS = True
+_global_field = None  # assigned by a test, read by a kernel as a module-level global
+
+
+def triple_plus_one(v):
+    return v * SCALE + 1
+
+
+triple_plus_one_func = None  # wrapped with ti.func by the test that needs it
+
+
+def test_module_level_numbers_and_tuples(ti):
+    @ti.kernel
+    def run() -> ti.f32:
+        s = SCALE * OFFSETS[2]
+        for k in ti.static(range(3)):
+            s += WEIGHTS[k] * OFFSETS[k]
+        return s
+
+    want = 3.0 * 100 + 0.5 * 1 + 0.25 * 10 + 2.0 * 100
+    assert run() == want
+
+
+def test_global_number_is_frozen_at_first_compile(ti):
+    global SCALE
+
+    @ti.kernel
+    def run() -> ti.f32:
+        return SCALE * 2
+
+    old = SCALE
+    try:
+        assert run() == 6.0
+        SCALE = 100.0
+        assert run() == 6.0  # already compiled: the captured constant does not change
+    finally:
+        SCALE = old
+
+
+def test_module_level_field(ti):
+    global _global_field
+    _global_field = ti.field(ti.i32, shape=6)
+
+    @ti.kernel
+    def fill():
+        for i in _global_field:
+            _global_field[i] = i * OFFSETS[1]
+
+    try:
+        fill()
+        np.testing.assert_array_equal(_global_field.to_numpy(), np.arange(6) * 10)
+    finally:
+        _global_field = None
+
+
+def test_module_level_func(ti):
+    global triple_plus_one_func
+    triple_plus_one_func = ti.func(triple_plus_one)
+
+    @ti.kernel
+    def run(v: ti.f32) -> ti.f32:
+        return triple_plus_one_func(v)
+
+    try:
+        assert run(2.0) == 7.0
+    finally:
+        triple_plus_one_func = None
+
+
+def test_closure_variables_of_kernels_made_in_a_function(ti):
+    def make(coefficient, field):
+        @ti.kernel
+        def k(v: ti.i32) -> ti.i32:
+            field[None] += v
+            return coefficient * v + field[None]
+
+        return k
+
+    a = ti.field(ti.i32, shape=())
+    b = ti.field(ti.i32, shape=())
+    twice = make(2, a)
+    tenfold = make(10, b)
+    assert twice(5) == 15
+    assert tenfold(5) == 55
+    assert twice(1) == 2 + 6
+    assert (a[None], b[None]) == (6, 5)
+
+
+def test_closure_func_and_tuple(ti):
+    offsets = (3, -1)
+
+    @ti.func
+    def shifted(v):
+        return v + offsets[0] + offsets[1]
+
+    @ti.kernel
+    def run(v: ti.i32) -> ti.i32:
+        return shifted(shifted(v))
+
+    assert run(1) == 5
+
+
+def test_static_if_selects_branch_at_compile_time(ti):
+    def make(flag):
+        @ti.kernel
+        def k() -> ti.i32:
+            r = 0
+            if ti.static(flag):
+                r = 1
+            else:
+                r = 2
+            return r
+
+        return k
+
+    assert make(True)() == 1
+    assert make(False)() == 2
+
+
+def test_static_if_does_not_compile_the_dead_branch(ti):
+    @ti.kernel
+    def k() -> ti.i32:
+        r = 7
+        if ti.static(not ENABLE_BONUS):
+            r = this_name_does_not_exist(r)  # noqa: F821 - never compiled
+        elif ti.static(ENABLE_BONUS):
+            r += 1
+        return r
+
+    assert k() == 8
+
+
+def test_static_range_is_unrolled_with_constant_index(ti, fp, rtol):
+    v = ti.Vector.field(4, float, shape=())
+
+    @ti.kernel
+    def run() -> float:
+        s = 0.0
+        for i in ti.static(range(4)):
+            v[None][i] = i * i + 0.5
+            s += v[None][i] * (i + 1)
+        return s
+
+    got = run()
+    want = sum((i * i + 0.5) * (i + 1) for i in range(4))
+    np.testing.assert_allclose(got, want, rtol=rtol)
+    np.testing.assert_allclose(v[None].to_numpy(), [0.5, 1.5, 4.5, 9.5], rtol=rtol)
+
+
+def test_static_loop_over_tuple_of_fields(ti):
+    a = ti.field(ti.i32, shape=4)
+    b = ti.field(ti.i32, shape=4)
+    c = ti.field(ti.i32, shape=4)
+
+    @ti.kernel
+    def run():
+        for i in range(4):
+            for f in ti.static((a, b, c)):
+                f[i] += i
+        for k, f in ti.static(enumerate((a, b, c))):
+            for i in range(4):
+                f[i] *= k + 1
+
+    run()
+    base = np.arange(4)
+    np.testing.assert_array_equal(a.to_numpy(), base)
+    np.testing.assert_array_equal(b.to_numpy(), base * 2)
+    np.testing.assert_array_equal(c.to_numpy(), base * 3)
+
+
+def test_template_int_argument_drives_static_range(ti):
+    @ti.kernel
+    def power_sum(n: ti.template(), base: ti.i32) -> ti.i32:
+        s = 0
+        p = 1
+        for _ in ti.static(range(n)):
+            p *= base
+            s += p
+        return s
+
+    assert power_sum(3, 2) == 2 + 4 + 8
+    assert power_sum(5, 3) == 3 + 9 + 27 + 81 + 243
+
+
+def test_list_comprehension_is_unrolled_at_compile_time(ti, fp, rtol):
+    x = ti.field(float, shape=4)
+
+    @ti.kernel
+    def run(a: float) -> float:
+        v = ti.Vector([a * i for i in range(3)])
+        s = v[0] + v[1] * 10 + v[2] * 100
+        for j in range(4):
+            w = ti.Vector([x[(j + i) % 4] for i in range(2)])
+            s += w[0] * 1000 + w[1]
+        return s
+
+    xs = np.array([0.5, 1.0, 2.0, 4.0])
+    x.from_numpy(xs)
+    want = 2.0 * 10 + 4.0 * 100 + sum(xs[j] * 1000 + xs[(j + 1) % 4] for j in range(4))
+    np.testing.assert_allclose(run(2.0), want, rtol=rtol)

@@ -1,0 +1,266 @@
+"""@ti.kernel / @ti.func: argument kinds, return values, inlined and nested funcs."""
+
+import numpy as np
+
+
+def test_kernel_writes_field_from_index(ti, fp, npfp, rtol):
+    n = 16
+    x = ti.field(float, shape=n)
+
+    @ti.kernel
+    def fill():
+        for i in range(n):
+            x[i] = ti.sin(i * 0.25) + i * 0.5
+
+    fill()
+    i = np.arange(n, dtype=np.float64)
+    np.testing.assert_allclose(x.to_numpy(), np.sin(i * 0.25) + i * 0.5, rtol=rtol, atol=rtol)
+    assert x.to_numpy().dtype == npfp
+
+
+def test_func_is_inlined_and_returns_value(ti, fp, rtol):
+    @ti.func
+    def square(v):
+        return v * v
+
+    @ti.func
+    def poly(v):
+        # funcs calling funcs, several levels deep
+        return square(v) + 2.0 * v + 1.0
+
+    @ti.func
+    def poly_of_poly(v):
+        return poly(poly(v)) - square(v)
+
+    n = 10
+    x = ti.field(float, shape=n)
+    y = ti.field(float, shape=n)
+
+    @ti.kernel
+    def run():
+        for i in x:
+            y[i] = poly_of_poly(x[i])
+
+    xs = np.linspace(-2.0, 2.0, n)
+    x.from_numpy(xs)
+    run()
+    p = xs**2 + 2 * xs + 1
+    np.testing.assert_allclose(y.to_numpy(), p**2 + 2 * p + 1 - xs**2, rtol=10 * rtol, atol=rtol)
+
+
+def test_func_with_several_arguments_and_local_state(ti):
+    @ti.func
+    def clamp_sum(a, b, hi):
+        s = a + b
+        if s > hi:
+            s = hi
+        return s
+
+    @ti.kernel
+    def run(a: ti.i32, b: ti.i32) -> ti.i32:
+        return clamp_sum(a, b, 10) * 100 + clamp_sum(b, a, 1000)
+
+    assert run(3, 4) == 7 * 100 + 7
+    assert run(30, 4) == 10 * 100 + 34
+
+
+def test_func_without_return_mutates_field(ti):
+    x = ti.field(ti.i32, shape=5)
+
+    @ti.func
+    def bump(i, amount):
+        x[i] += amount
+
+    @ti.kernel
+    def run():
+        for i in range(5):
+            bump(i, i * i)
+            bump(i, 1)
+
+    run()
+    np.testing.assert_array_equal(x.to_numpy(), np.arange(5) ** 2 + 1)
+
+
+def test_scalar_argument_types_keep_their_precision(ti):
+    @ti.kernel
+    def combine(a: ti.i32, b: ti.i64, c: ti.f32, d: ti.f64) -> ti.f64:
+        return ti.cast(a, ti.f64) + ti.cast(b, ti.f64) + ti.cast(c, ti.f64) + d
+
+    big = 3 * 2**40
+    got = combine(-7, big, 0.1, 1e-9)
+    assert got == -7 + big + float(np.float32(0.1)) + 1e-9
+
+    @ti.kernel
+    def echo_i64(b: ti.i64) -> ti.i64:
+        return b + 1
+
+    assert echo_i64(2**40) == 2**40 + 1
+
+    @ti.kernel
+    def echo_f64(d: ti.f64) -> ti.f64:
+        return d
+
+    assert echo_f64(1.0 + 1e-15) == 1.0 + 1e-15
+
+    @ti.kernel
+    def echo_f32(c: ti.f32) -> ti.f64:
+        return c
+
+    assert echo_f32(0.1) == float(np.float32(0.1))
+
+
+def test_python_float_and_int_annotations_follow_default_types(ti, fp, npfp):
+    @ti.kernel
+    def echo_float(a: float) -> float:
+        return a
+
+    @ti.kernel
+    def echo_int(a: int) -> int:
+        return a * 3
+
+    assert echo_float(0.1) == float(npfp(0.1))
+    assert echo_int(-41) == -123
+
+
+def test_kernel_return_types(ti):
+    @ti.kernel
+    def ret_f32(a: ti.f32) -> ti.f32:
+        return a * 0.5
+
+    @ti.kernel
+    def ret_float(a: ti.f32) -> float:
+        return a + 0.25
+
+    @ti.kernel
+    def ret_i32(a: ti.i32, b: ti.i32) -> ti.i32:
+        return a * b - 1
+
+    r = ret_f32(3.0)
+    assert r == 1.5 and isinstance(r, float)
+    assert ret_float(1.0) == 1.25
+    r = ret_i32(6, 7)
+    assert r == 41 and isinstance(r, int)
+
+
+def test_return_value_is_converted_to_declared_type(ti):
+    @ti.kernel
+    def float_to_int(a: ti.f32) -> ti.i32:
+        return a  # truncated toward zero
+
+    @ti.kernel
+    def int_to_float(a: ti.i32) -> ti.f32:
+        return a
+
+    assert float_to_int(2.7) == 2
+    assert float_to_int(-2.7) == -2
+    r = int_to_float(7)
+    assert r == 7.0 and isinstance(r, float)
+
+
+def test_kernel_with_serial_top_level_code_and_return(ti, fp, rtol):
+    @ti.kernel
+    def harmonic(n: ti.i32) -> float:
+        s = 0.0
+        k = 1
+        while k <= n:
+            s += 1.0 / k
+            k += 1
+        return s
+
+    for n in (1, 10, 100):
+        want = sum(1.0 / k for k in range(1, n + 1))
+        np.testing.assert_allclose(harmonic(n), want, rtol=10 * rtol)
+
+
+def test_template_argument_accepts_different_fields(ti, fp, npfp, rtol):
+    a = ti.field(float, shape=8)
+    b = ti.field(float, shape=(3, 4))
+
+    @ti.kernel
+    def scale(f: ti.template(), s: float):
+        for idx in ti.grouped(f):
+            f[idx] = f[idx] * s + 1.0
+
+    a_np = np.linspace(0, 1, 8)
+    b_np = np.arange(12, dtype=np.float64).reshape(3, 4)
+    a.from_numpy(a_np)
+    b.from_numpy(b_np)
+    scale(a, 2.0)
+    scale(b, -0.5)
+    scale(a, 3.0)
+    np.testing.assert_allclose(a.to_numpy(), (a_np * 2 + 1) * 3 + 1, rtol=rtol)
+    np.testing.assert_allclose(b.to_numpy(), b_np * -0.5 + 1.0, rtol=rtol)
+
+
+def test_template_argument_in_func(ti):
+    x = ti.field(ti.i32, shape=4)
+    y = ti.field(ti.i32, shape=4)
+
+    @ti.func
+    def total(f: ti.template()) -> ti.i32:
+        s = 0
+        for i in range(4):
+            s += f[i]
+        return s
+
+    @ti.kernel
+    def run() -> ti.i32:
+        return total(x) * 10 + total(y)
+
+    x.from_numpy(np.array([1, 2, 3, 4], dtype=np.int32))
+    y.from_numpy(np.array([5, 0, 0, 1], dtype=np.int32))
+    assert run() == 106
+
+
+def test_ndarray_argument_is_modified_in_place(ti, fp, npfp, rtol):
+    @ti.kernel
+    def axpy(a: float, x: ti.types.ndarray(), y: ti.types.ndarray()):
+        for i in range(x.shape[0]):
+            y[i] += a * x[i]
+
+    x = np.linspace(-1, 1, 7).astype(npfp)
+    y = np.arange(7).astype(npfp)
+    y_before = y.copy()
+    y_id = id(y)
+    axpy(2.5, x, y)
+    assert id(y) == y_id
+    np.testing.assert_allclose(y, y_before + 2.5 * x.astype(np.float64), rtol=rtol)
+    np.testing.assert_array_equal(x, np.linspace(-1, 1, 7).astype(npfp))
+
+
+def test_ndarray_argument_2d_int_and_shape(ti):
+    @ti.kernel
+    def mark(a: ti.types.ndarray()) -> ti.i32:
+        count = 0
+        for i, j in ti.ndrange(a.shape[0], a.shape[1]):
+            a[i, j] = i * 100 + j
+            count += 1
+        return count
+
+    arr = np.zeros((3, 5), dtype=np.int32)
+    assert mark(arr) == 15
+    i, j = np.meshgrid(np.arange(3), np.arange(5), indexing="ij")
+    np.testing.assert_array_equal(arr, i * 100 + j)
+
+
+def test_ndarray_argument_with_dtype_and_ndim(ti):
+    @ti.kernel
+    def double(a: ti.types.ndarray(dtype=ti.f32, ndim=1)):
+        for i in a:
+            a[i] *= 2.0
+
+    arr = np.array([1.5, -2.0, 3.25], dtype=np.float32)
+    double(arr)
+    np.testing.assert_array_equal(arr, np.array([3.0, -4.0, 6.5], dtype=np.float32))
+
+
+def test_same_kernel_called_repeatedly_with_new_arguments(ti):
+    acc = ti.field(ti.i32, shape=())
+
+    @ti.kernel
+    def add(v: ti.i32):
+        acc[None] += v
+
+    for v in range(1, 11):
+        add(v)
+    assert acc[None] == 55

@@ -1,0 +1,193 @@
+"""Scalar math builtins, powers, rounding, min/max/clamp, compared with NumPy."""
+
+import numpy as np
+import pytest
+
+UNARY = {
+    # ti.<name>: (NumPy reference, input range)
+    "sin": (np.sin, (-4.0, 4.0)),
+    "cos": (np.cos, (-4.0, 4.0)),
+    "tan": (np.tan, (-1.4, 1.4)),
+    "asin": (np.arcsin, (-0.99, 0.99)),
+    "acos": (np.arccos, (-0.99, 0.99)),
+    "tanh": (np.tanh, (-5.0, 5.0)),
+    "exp": (np.exp, (-10.0, 10.0)),
+    "log": (np.log, (1e-3, 1e3)),
+    "sqrt": (np.sqrt, (0.0, 100.0)),
+    "rsqrt": (lambda x: 1.0 / np.sqrt(x), (1e-2, 100.0)),
+    "abs": (np.abs, (-3.0, 3.0)),
+}
+
+N = 257
+
+
+@pytest.mark.parametrize("name", sorted(UNARY))
+def test_unary_math_function(ti, fp, npfp, rtol, name):
+    reference, (lo, hi) = UNARY[name]
+    op = getattr(ti, name)
+    x = ti.field(float, shape=N)
+    y = ti.field(float, shape=N)
+
+    @ti.kernel
+    def run():
+        for i in x:
+            y[i] = op(x[i])
+
+    xs = np.linspace(lo, hi, N).astype(npfp)
+    x.from_numpy(xs)
+    run()
+    want = reference(xs.astype(np.float64))
+    # rsqrt may be an approximation; everything else should be within a few ulp
+    scale = 100 if name == "rsqrt" else 4
+    np.testing.assert_allclose(y.to_numpy(), want, rtol=scale * rtol, atol=scale * rtol)
+
+
+def test_atan2_covers_all_quadrants(ti, fp, rtol):
+    n = 64
+    y = ti.field(float, shape=n)
+    x = ti.field(float, shape=n)
+    out = ti.field(float, shape=n)
+
+    @ti.kernel
+    def run():
+        for i in out:
+            out[i] = ti.atan2(y[i], x[i])
+
+    angles = np.linspace(-np.pi + 0.01, np.pi - 0.01, n)
+    radii = np.linspace(0.5, 3.0, n)
+    y_np, x_np = radii * np.sin(angles), radii * np.cos(angles)
+    y.from_numpy(y_np)
+    x.from_numpy(x_np)
+    run()
+    np.testing.assert_allclose(out.to_numpy(), np.arctan2(y_np, x_np), rtol=4 * rtol, atol=rtol)
+
+
+def test_float_powers(ti, fp, rtol):
+    @ti.kernel
+    def run(a: float, n: ti.i32, e: float) -> ti.types.vector(5, float):
+        return ti.Vector([a**n, a**e, ti.pow(a, n), a**-2, a**3])
+
+    cases = [(2.0, 10, 0.5), (1.5, -3, 2.5), (-2.0, 3, 2.0), (-2.0, 2, 0.5), (3.0, -1, -0.5)]
+    for a, n, e in cases:
+        # a negative base with a fractional exponent gives NaN, as in C and NumPy
+        with np.errstate(invalid="ignore"):
+            want = [a**n, np.power(a, e), a**n, a**-2, a**3]
+        np.testing.assert_allclose(run(a, n, e), want, rtol=4 * rtol)
+    assert np.isnan(run(-2.0, 2, 0.5)[1])
+
+
+def test_integer_powers_stay_integer(ti):
+    @ti.kernel
+    def run(a: ti.i32, n: ti.i32) -> ti.types.vector(3, ti.i32):
+        return ti.Vector([a**n, a**2, ti.pow(a, n)])
+
+    for a, n in [(3, 4), (-2, 3), (7, 0), (2, 30), (-1, 7)]:
+        np.testing.assert_array_equal(run(a, n), [a**n, a**2, a**n])
+
+    @ti.kernel
+    def int_base_float_exponent(a: ti.i32) -> float:
+        return a**-1.0
+
+    assert int_base_float_exponent(4) == 0.25
+
+
+def test_floor_ceil_round(ti, fp):
+    xs = [-2.5, -1.5, -0.5, -0.49, 0.0, 0.49, 0.5, 1.5, 2.5, 2.51, 3.7, -3.7]
+
+    @ti.kernel
+    def run(a: float) -> ti.types.vector(3, float):
+        return ti.Vector([ti.floor(a), ti.ceil(a), ti.round(a)])
+
+    @ti.kernel
+    def run_int(a: float) -> ti.types.vector(3, ti.i32):
+        return ti.Vector([ti.floor(a, ti.i32), ti.ceil(a, ti.i32), ti.round(a, ti.i32)])
+
+    for a in xs:
+        # ti.round rounds half away from zero (C round()), unlike Python's round-half-to-even
+        half_away = np.sign(a) * np.floor(abs(a) + 0.5)
+        want = [np.floor(a), np.ceil(a), half_away]
+        np.testing.assert_array_equal(run(a), want)
+        np.testing.assert_array_equal(run_int(a), want)
+
+
+def test_round_does_not_add_one_half(ti):
+    @ti.kernel
+    def run(a: ti.f32) -> ti.f32:
+        return ti.round(a)
+
+    # the largest f32 below 0.5: floor(a + 0.5) would give 1 here
+    assert run(float(np.nextafter(np.float32(0.5), np.float32(0)))) == 0.0
+
+
+def test_min_max_with_two_and_more_arguments(ti, fp, rtol):
+    @ti.kernel
+    def run(a: float, b: float, c: float) -> ti.types.vector(6, float):
+        return ti.Vector(
+            [ti.min(a, b), ti.max(a, b), ti.min(a, b, c), ti.max(a, b, c), min(a, c), max(b, c)]
+        )
+
+    for a, b, c in [(1.0, 2.0, 3.0), (-1.5, -2.5, 0.25), (5.0, 5.0, -5.0), (0.0, -0.0, 1e-3)]:
+        want = [min(a, b), max(a, b), min(a, b, c), max(a, b, c), min(a, c), max(b, c)]
+        np.testing.assert_allclose(run(a, b, c), want, rtol=rtol)
+
+
+def test_min_max_integers_and_mixed_types(ti, fp):
+    @ti.kernel
+    def ints(a: ti.i32, b: ti.i32) -> ti.types.vector(3, ti.i32):
+        return ti.Vector([ti.max(a, b), ti.min(a, b, 0), max(a, b, 100)])
+
+    @ti.kernel
+    def mixed(a: ti.i32, b: float) -> float:
+        return ti.max(a, b)  # promoted to float
+
+    @ti.kernel
+    def builtin_abs(a: ti.i32, b: float) -> float:
+        return abs(a) * 10 + abs(b)
+
+    np.testing.assert_array_equal(ints(3, -4), [3, -4, 100])
+    np.testing.assert_array_equal(ints(-7, 200), [200, -7, 200])
+    assert mixed(3, 2.5) == 3.0
+    assert mixed(2, 2.5) == 2.5
+    assert builtin_abs(-3, -0.5) == 30.5
+
+
+def test_clamp(ti, fp, rtol):
+    x = ti.field(float, shape=41)
+    y = ti.field(float, shape=41)
+
+    @ti.kernel
+    def run():
+        for i in x:
+            y[i] = ti.math.clamp(x[i], -0.5, 0.75)
+
+    xs = np.linspace(-2, 2, 41)
+    x.from_numpy(xs)
+    run()
+    np.testing.assert_allclose(y.to_numpy(), np.clip(xs, -0.5, 0.75), rtol=rtol)
+
+    @ti.kernel
+    def clamp_int(a: ti.i32) -> ti.i32:
+        return ti.math.clamp(a, 0, 10)
+
+    assert [clamp_int(v) for v in (-3, 0, 4, 10, 12)] == [0, 0, 4, 10, 10]
+
+
+def test_math_on_vectors_is_elementwise(ti, fp, rtol):
+    v = ti.Vector.field(4, float, shape=())
+    out = ti.Vector.field(4, float, shape=6)
+
+    @ti.kernel
+    def run():
+        a = v[None]
+        out[0] = ti.sin(a)
+        out[1] = ti.exp(a) * 2
+        out[2] = ti.sqrt(abs(a))
+        out[3] = ti.floor(a * 3)
+        out[4] = ti.max(a, 0.1)
+        out[5] = a**2
+
+    a = np.array([-1.2, -0.1, 0.4, 2.3])
+    v.from_numpy(a)
+    run()
+    want = [np.sin(a), np.exp(a) * 2, np.sqrt(np.abs(a)), np.floor(a * 3), np.maximum(a, 0.1), a**2]
+    np.testing.assert_allclose(out.to_numpy(), want, rtol=4 * rtol)

@@ -1,0 +1,264 @@
+"""ti.Vector / ti.Matrix / ti.math vector types: construction, indexing and linear algebra."""
+
+import numpy as np
+
+
+def _rand(shape, seed=0):
+    return np.random.default_rng(seed).uniform(-1.0, 1.0, shape)
+
+
+def test_vector_construction_indexing_and_components(ti, fp, rtol):
+    out = ti.Vector.field(4, float, shape=3)
+
+    @ti.kernel
+    def run(a: float, b: float):
+        v = ti.Vector([a, b, a + b, a * b])
+        out[0] = v
+        out[1] = ti.Vector([v.x, v.y, v.z, v.w]) * 2
+        w = ti.math.vec4(0.0)
+        w[0] = v[3]
+        w.y = v[2]
+        w.z = v.y
+        w[3] = v[0]
+        out[2] = w
+
+    run(1.5, -0.25)
+    v = np.array([1.5, -0.25, 1.25, -0.375])
+    np.testing.assert_allclose(out.to_numpy(), [v, 2 * v, v[::-1]], rtol=rtol)
+
+
+def test_math_vector_and_matrix_types(ti, fp, rtol):
+    out_v = ti.Vector.field(4, float, shape=4)
+    out_m = ti.Matrix.field(4, 4, float, shape=3)
+
+    @ti.kernel
+    def run():
+        out_v[0] = ti.math.vec4(ti.math.vec2(1, 2), 3, 4)
+        out_v[1] = ti.math.vec4(ti.math.vec3(5, 6, 7), 8)
+        out_v[2] = ti.math.vec4(2.5)
+        out_v[3] = ti.math.vec4(ti.math.vec3(1.0).x, 0, 0, 1)
+        m2 = ti.math.mat2([[1, 2], [3, 4]])
+        m3 = ti.math.mat3([[1, 2, 3], [4, 5, 6], [7, 8, 10]])
+        m4 = ti.math.mat4(0.0)
+        for i in ti.static(range(2)):
+            for j in ti.static(range(2)):
+                m4[i, j] = m2[i, j]
+        out_m[0] = m4
+        for i, j in ti.static(ti.ndrange(3, 3)):
+            m4[i, j] = m3[i, j]
+        out_m[1] = m4
+        out_m[2] = ti.math.mat4(1.0)
+
+    run()
+    np.testing.assert_allclose(
+        out_v.to_numpy(), [[1, 2, 3, 4], [5, 6, 7, 8], [2.5] * 4, [1, 0, 0, 1]], rtol=rtol
+    )
+    m = out_m.to_numpy()
+    want0 = np.zeros((4, 4))
+    want0[:2, :2] = [[1, 2], [3, 4]]
+    want1 = want0.copy()
+    want1[:3, :3] = [[1, 2, 3], [4, 5, 6], [7, 8, 10]]
+    np.testing.assert_allclose(m[0], want0, rtol=rtol)
+    np.testing.assert_allclose(m[1], want1, rtol=rtol)
+    np.testing.assert_allclose(m[2], np.ones((4, 4)), rtol=rtol)
+
+
+def test_matrix_indexing_with_runtime_indices(ti, fp, rtol):
+    a = ti.Matrix.field(3, 3, float, shape=())
+    out = ti.field(float, shape=(3, 3))
+
+    @ti.kernel
+    def run():
+        m = a[None]
+        for i, j in ti.ndrange(3, 3):
+            out[i, j] = m[i, j] * 10 + m[j, i]
+
+    a_np = _rand((3, 3))
+    a.from_numpy(a_np)
+    run()
+    np.testing.assert_allclose(out.to_numpy(), a_np * 10 + a_np.T, rtol=rtol, atol=rtol)
+
+
+def test_matmul_transpose_and_elementwise(ti, fp, rtol):
+    a = ti.Matrix.field(3, 2, float, shape=())
+    b = ti.Matrix.field(2, 4, float, shape=())
+    v = ti.Vector.field(2, float, shape=())
+    prod = ti.Matrix.field(3, 4, float, shape=())
+    at = ti.Matrix.field(2, 3, float, shape=())
+    av = ti.Vector.field(3, float, shape=())
+    ew = ti.Matrix.field(3, 2, float, shape=5)
+
+    @ti.kernel
+    def run():
+        prod[None] = a[None] @ b[None]
+        at[None] = a[None].transpose()
+        av[None] = a[None] @ v[None]
+        m = a[None]
+        ew[0] = m * 2 + 1
+        ew[1] = m + m * m
+        ew[2] = -m - 0.5
+        ew[3] = abs(m) / 4
+        ew[4] = ti.sin(m) + ti.exp(m) ** 2
+
+    a_np, b_np, v_np = _rand((3, 2), 1), _rand((2, 4), 2), _rand(2, 3)
+    a.from_numpy(a_np)
+    b.from_numpy(b_np)
+    v.from_numpy(v_np)
+    run()
+    np.testing.assert_allclose(prod.to_numpy(), a_np @ b_np, rtol=rtol, atol=rtol)
+    np.testing.assert_allclose(at.to_numpy(), a_np.T, rtol=rtol)
+    np.testing.assert_allclose(av.to_numpy(), a_np @ v_np, rtol=rtol, atol=rtol)
+    want = [
+        a_np * 2 + 1,
+        a_np + a_np * a_np,
+        -a_np - 0.5,
+        np.abs(a_np) / 4,
+        np.sin(a_np) + np.exp(a_np) ** 2,
+    ]
+    np.testing.assert_allclose(ew.to_numpy(), want, rtol=10 * rtol, atol=rtol)
+
+
+def test_vector_products_and_norms(ti, fp, rtol):
+    a = ti.Vector.field(3, float, shape=())
+    b = ti.Vector.field(3, float, shape=())
+    scalars = ti.field(float, shape=5)
+    cross = ti.Vector.field(3, float, shape=())
+    unit = ti.Vector.field(3, float, shape=())
+    outer = ti.Matrix.field(3, 3, float, shape=())
+
+    @ti.kernel
+    def run():
+        u, w = a[None], b[None]
+        scalars[0] = u.dot(w)
+        scalars[1] = u.norm()
+        scalars[2] = u.norm(1e-3)
+        scalars[3] = u.norm_sqr()
+        scalars[4] = ti.Vector([u.x, u.y]).cross(ti.Vector([w.x, w.y]))
+        cross[None] = u.cross(w)
+        unit[None] = u.normalized()
+        outer[None] = u.outer_product(w)
+
+    a_np, b_np = np.array([0.3, -1.2, 2.0]), np.array([1.5, 0.25, -0.75])
+    a.from_numpy(a_np)
+    b.from_numpy(b_np)
+    run()
+    want = [
+        a_np @ b_np,
+        np.linalg.norm(a_np),
+        np.sqrt(a_np @ a_np + 1e-3),
+        a_np @ a_np,
+        a_np[0] * b_np[1] - a_np[1] * b_np[0],
+    ]
+    np.testing.assert_allclose(scalars.to_numpy(), want, rtol=rtol)
+    np.testing.assert_allclose(cross.to_numpy(), np.cross(a_np, b_np), rtol=rtol)
+    np.testing.assert_allclose(unit.to_numpy(), a_np / np.linalg.norm(a_np), rtol=rtol)
+    np.testing.assert_allclose(outer.to_numpy(), np.outer(a_np, b_np), rtol=rtol)
+
+
+def test_determinant_inverse_trace(ti, fp, rtol):
+    m2 = ti.Matrix.field(2, 2, float, shape=())
+    m3 = ti.Matrix.field(3, 3, float, shape=())
+    m4 = ti.Matrix.field(4, 4, float, shape=())
+    dets = ti.field(float, shape=3)
+    traces = ti.field(float, shape=3)
+    inv2 = ti.Matrix.field(2, 2, float, shape=())
+    inv3 = ti.Matrix.field(3, 3, float, shape=())
+    inv4 = ti.Matrix.field(4, 4, float, shape=())
+
+    @ti.kernel
+    def run():
+        dets[0] = m2[None].determinant()
+        dets[1] = m3[None].determinant()
+        dets[2] = m4[None].determinant()
+        traces[0] = m2[None].trace()
+        traces[1] = m3[None].trace()
+        traces[2] = m4[None].trace()
+        inv2[None] = m2[None].inverse()
+        inv3[None] = m3[None].inverse()
+        inv4[None] = m4[None].inverse()
+
+    # well-conditioned inputs: identity plus a perturbation
+    mats = [np.eye(n) * 2 + _rand((n, n), n) for n in (2, 3, 4)]
+    for field, value in zip((m2, m3, m4), mats, strict=True):
+        field.from_numpy(value)
+    run()
+    loose = 100 * rtol
+    np.testing.assert_allclose(dets.to_numpy(), [np.linalg.det(m) for m in mats], rtol=loose)
+    np.testing.assert_allclose(traces.to_numpy(), [np.trace(m) for m in mats], rtol=rtol)
+    for field, value in zip((inv2, inv3, inv4), mats, strict=True):
+        np.testing.assert_allclose(field.to_numpy(), np.linalg.inv(value), rtol=loose, atol=loose)
+
+
+def test_diag_identity_zero(ti, fp, rtol):
+    out = ti.Matrix.field(3, 3, float, shape=3)
+    z = ti.Matrix.field(2, 3, float, shape=())
+
+    @ti.kernel
+    def run(s: float):
+        out[0] = ti.Matrix.diag(3, s)
+        out[1] = ti.Matrix.identity(float, 3) * 2 + ti.Matrix.diag(3, 1.0)
+        out[2] = ti.Matrix.zero(float, 3, 3) + 7
+        z[None] = ti.Matrix.zero(float, 2, 3)
+
+    z.from_numpy(np.ones((2, 3)))
+    run(-1.5)
+    np.testing.assert_allclose(
+        out.to_numpy(), [np.eye(3) * -1.5, np.eye(3) * 3, np.full((3, 3), 7)]
+    )
+    np.testing.assert_array_equal(z.to_numpy(), np.zeros((2, 3)))
+
+
+def test_vector_and_matrix_fields_layout(ti, fp, npfp, rtol):
+    n = 6
+    pos = ti.Vector.field(3, float, shape=n)
+    mats = ti.Matrix.field(2, 2, float, shape=(2, n))
+    assert pos.shape == (n,) and mats.shape == (2, n)
+    assert pos.n == 3 and mats.n == 2 and mats.m == 2
+
+    @ti.kernel
+    def run():
+        for i in pos:
+            pos[i] = ti.Vector([i, i * 2, i * 3]) * 0.5
+        for k, i in mats:
+            mats[k, i] = ti.Matrix([[i, k], [-k, i + 1.0]])
+
+    run()
+    p = pos.to_numpy()
+    assert p.shape == (n, 3) and p.dtype == npfp
+    i = np.arange(n)
+    np.testing.assert_allclose(p, np.stack([i, 2 * i, 3 * i], 1) * 0.5, rtol=rtol)
+    m = mats.to_numpy()
+    assert m.shape == (2, n, 2, 2)
+    for k in range(2):
+        for j in range(n):
+            np.testing.assert_allclose(m[k, j], [[j, k], [-k, j + 1.0]], rtol=rtol)
+
+
+def test_vector_field_python_scope_access(ti):
+    v = ti.Vector.field(3, ti.i32, shape=4)
+    m = ti.Matrix.field(2, 2, ti.i32, shape=2)
+    v[1] = [1, 2, 3]
+    v[2][0] = 9
+    m[0] = [[1, 2], [3, 4]]
+    m[1][0, 1] = 7
+    assert list(v[1]) == [1, 2, 3]
+    assert v[1][2] == 3 and v[2][0] == 9
+    assert m[0][1, 0] == 3 and m[1][0, 1] == 7
+    want_v = np.zeros((4, 3), dtype=np.int32)
+    want_v[1] = [1, 2, 3]
+    want_v[2, 0] = 9
+    np.testing.assert_array_equal(v.to_numpy(), want_v)
+    np.testing.assert_array_equal(m.to_numpy(), [[[1, 2], [3, 4]], [[0, 7], [0, 0]]])
+
+
+def test_kernel_returns_vector_and_matrix(ti, fp, rtol):
+    @ti.kernel
+    def vec(a: float) -> ti.types.vector(3, float):
+        return ti.Vector([a, a * 2, a * 3])
+
+    @ti.kernel
+    def mat(a: float) -> ti.types.matrix(2, 2, float):
+        return ti.Matrix([[a, 1.0], [2.0, a * a]])
+
+    np.testing.assert_allclose(np.asarray(vec(1.5)), [1.5, 3.0, 4.5], rtol=rtol)
+    np.testing.assert_allclose(np.asarray(mat(3.0)), [[3.0, 1.0], [2.0, 9.0]], rtol=rtol)
