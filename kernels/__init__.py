@@ -115,15 +115,17 @@ def sync() -> None:
 def svd(A, dt=None):
     """``ti.svd(A)`` -> (U, S, V) with A = U @ S @ V.T (2x2 or 3x3), inside kernels."""
     from . import linalg
+    from .frontend.ops import resolve_dtype
 
-    return linalg.svd(A, dt)
+    return linalg.svd(A, resolve_dtype(dt if dt is not None else float))
 
 
 def polar_decompose(A, dt=None):
     """``ti.polar_decompose(A)`` -> (U, P) with A = U @ P (2x2 or 3x3), inside kernels."""
     from . import linalg
+    from .frontend.ops import resolve_dtype
 
-    return linalg.polar_decompose(A, dt)
+    return linalg.polar_decompose(A, resolve_dtype(dt if dt is not None else float))
 
 
 def is_active(*_args) -> int:

@@ -33,9 +33,7 @@ class CPUTarget:
         llvm.initialize_native_asmprinter()
         self.cpu = llvm.get_host_cpu_name()
         self.features = llvm.get_host_cpu_features().flatten()
-        target = llvm.Target.from_default_triple()
-        self.tm = target.create_target_machine(cpu=self.cpu, features=self.features, opt=3,
-                                               jit=True)
+        self.tm = self._new_tm()
         self.triple = llvm.get_process_triple()
         self.datalayout = str(self.tm.target_data)
         self.isa, self.lanes = self._vector_isa()
@@ -44,6 +42,11 @@ class CPUTarget:
         self._bind_scalar_symbols()
 
     # ------------------------------------------------------------------ setup
+    def _new_tm(self):
+        target = llvm.Target.from_default_triple()
+        return target.create_target_machine(cpu=self.cpu, features=self.features, opt=3,
+                                            jit=True)
+
     def _vector_isa(self) -> tuple[str | None, dict[int, int]]:
         feats = set(self.features.split(","))
         if "+avx512f" in feats:
@@ -137,7 +140,8 @@ class CPUTarget:
         return str(mod)
 
     def load(self, obj: bytes, names: list[str]) -> tuple[object, dict[str, int]]:
-        engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), self.tm)
+        # The engine takes ownership of (and later frees) its target machine: give it its own.
+        engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), self._new_tm())
         engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
         engine.finalize_object()
         return engine, {n: engine.get_function_address(n) for n in names}

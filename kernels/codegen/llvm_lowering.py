@@ -449,9 +449,9 @@ class Lowering:
         self.declare(
             f"define internal {ty} @{fname}({ty} %base, {ty} %exp) alwaysinline {{\n"
             f"entry:\n  br label %loop\nloop:\n"
-            f"  %r = phi {ty} [1, %entry], [%r2, %loop]\n"
-            f"  %b = phi {ty} [%base, %entry], [%b2, %loop]\n"
-            f"  %e = phi {ty} [%exp, %entry], [%e2, %loop]\n"
+            f"  %r = phi {ty} [1, %entry], [%r2, %step]\n"
+            f"  %b = phi {ty} [%base, %entry], [%b2, %step]\n"
+            f"  %e = phi {ty} [%exp, %entry], [%e2, %step]\n"
             f"  %done = icmp sle {ty} %e, 0\n"
             f"  br i1 %done, label %out, label %step\n"
             f"step:\n  %odd = and {ty} %e, 1\n  %isodd = icmp ne {ty} %odd, 0\n"

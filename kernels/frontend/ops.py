@@ -231,7 +231,7 @@ _PY_UNARY = {
     "sin": math.sin, "cos": math.cos, "tan": math.tan, "asin": math.asin, "acos": math.acos,
     "atan": math.atan, "tanh": math.tanh, "exp": math.exp, "log": math.log, "sqrt": math.sqrt,
     "rsqrt": lambda x: 1.0 / math.sqrt(x), "floor": math.floor, "ceil": math.ceil,
-    "round": lambda x: math.floor(x + 0.5), "neg": lambda x: -x, "abs": builtins.abs,
+    "round": lambda x: math.copysign(math.floor(builtins.abs(x) + 0.5), x), "neg": lambda x: -x, "abs": builtins.abs,
     "logical_not": lambda x: int(not x), "bit_not": lambda x: ~x,
 }
 _FLOAT_ONLY = ("sin", "cos", "tan", "asin", "acos", "atan", "tanh", "exp", "log", "sqrt",
@@ -267,6 +267,16 @@ def _unary_fn(op: str):
     return fn
 
 
+def _rounding_fn(op: str):
+    def fn(x, dtype=None):
+        r = unary(op, x)
+        return r if dtype is None else cast(r, dtype)
+
+    fn.__name__ = op
+    fn.__doc__ = f"``ti.{op}(x, dtype=None)``; with a dtype the result is cast to it."
+    return fn
+
+
 sin = _unary_fn("sin")
 cos = _unary_fn("cos")
 tan = _unary_fn("tan")
@@ -278,14 +288,10 @@ exp = _unary_fn("exp")
 log = _unary_fn("log")
 sqrt = _unary_fn("sqrt")
 rsqrt = _unary_fn("rsqrt")
-floor = _unary_fn("floor")
-ceil = _unary_fn("ceil")
-round = _unary_fn("round")  # noqa: A001
+floor = _rounding_fn("floor")
+ceil = _rounding_fn("ceil")
+round = _rounding_fn("round")  # noqa: A001
 abs = _unary_fn("abs")  # noqa: A001
-
-
-def floor_to(x, dtype=None):
-    return floor(x) if dtype is None else cast(floor(x), dtype)
 
 
 def atan2(y, x):

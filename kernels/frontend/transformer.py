@@ -115,6 +115,9 @@ _BINOPS = {
     ast.Mod: "mod", ast.Pow: "pow", ast.BitAnd: "bit_and", ast.BitOr: "bit_or",
     ast.BitXor: "bit_xor", ast.LShift: "shl", ast.RShift: "shr", ast.MatMult: "matmul",
 }
+_PY_COMPARE = {ast.Lt: lambda a, b: a < b, ast.LtE: lambda a, b: a <= b,
+               ast.Gt: lambda a, b: a > b, ast.GtE: lambda a, b: a >= b,
+               ast.Eq: lambda a, b: a == b, ast.NotEq: lambda a, b: a != b}
 _CMPOPS = {ast.Lt: "lt", ast.LtE: "le", ast.Gt: "gt", ast.GtE: "ge", ast.Eq: "eq",
            ast.NotEq: "ne"}
 
@@ -154,6 +157,7 @@ class FunctionTransformer:
         self.static_loop_depth = 0
         self.return_value: Any = None
         self.returned = False
+        self.kernel_args: set[str] = set()
 
     # ------------------------------------------------------------------ names
     def lookup(self, name: str):
@@ -252,6 +256,9 @@ class FunctionTransformer:
         self._at(target)
         if isinstance(target, ast.Name):
             var = self._find_var(target.id)
+            if target.id in self.kernel_args and var is self.scopes[0].get(target.id):
+                raise self.bld.error(f"kernel argument '{target.id}' is read-only; copy it into "
+                                     f"a local first, e.g. `{target.id}_ = {target.id}`")
             if isinstance(var, Ref | Matrix) and _is_place(var):
                 from ..runtime.field import assign
 
@@ -601,9 +608,12 @@ class FunctionTransformer:
             for v in values[1:]:
                 out = (out and v) if op == "logical_and" else (out or v)
             return out
-        out = values[0]
-        for v in values[1:]:
-            out = ops.binary(op, out, v)
+        out = _as_value(values[0])
+        for v in values[1:]:  # like Python: `a and b` is b if a else a (both evaluated)
+            v = _as_value(v)
+            truthy = ops.binary("ne", out, 0)
+            out = ops.select(truthy, v, out) if op == "logical_and" else \
+                ops.select(truthy, out, v)
         return out
 
     def expr_Compare(self, node: ast.Compare):
@@ -615,6 +625,9 @@ class FunctionTransformer:
                 r = (left is right) == isinstance(op, ast.Is)
             elif isinstance(op, ast.In | ast.NotIn):
                 r = (left in right) == isinstance(op, ast.In)
+            elif not isinstance(left, Value | Matrix) and not isinstance(right, Value | Matrix) \
+                    and not (ops._is_number(left) and ops._is_number(right)):
+                r = _PY_COMPARE[type(op)](left, right)  # compile-time objects (dtypes, ...)
             else:
                 r = ops.binary(_CMPOPS[type(op)], left, right)
             result = r if result is None else ops.binary("logical_and", result, r)
@@ -638,6 +651,34 @@ class FunctionTransformer:
             return container[index]
         except (TypeError, KeyError) as e:
             raise self.bld.error(f"cannot index a {type(container).__name__}: {e}") from None
+
+    def expr_ListComp(self, node: ast.ListComp):
+        """Unrolled at compile time: the iterables must be compile-time (range(3), tuples)."""
+        out: list = []
+        self._comprehension(node.elt, node.generators, out)
+        return out
+
+    def _comprehension(self, elt, generators, out: list) -> None:
+        if not generators:
+            out.append(self.eval(elt))
+            return
+        gen = generators[0]
+        iterable = self.eval(gen.iter)
+        if isinstance(iterable, Value) or isinstance(iterable, Matrix) and iterable.ndim == 2:
+            raise self.bld.error("comprehensions in kernels iterate at compile time; the "
+                                 "iterable must be a range/tuple of constants")
+        for item in (iterable.entries if isinstance(iterable, Matrix) else iterable):
+            self.scopes.append({})
+            self._bind_target(gen.target, item)
+            if all(self._static_truth(c) for c in gen.ifs):
+                self._comprehension(elt, generators[1:], out)
+            self.scopes.pop()
+
+    def _static_truth(self, node) -> bool:
+        v = self.eval(node)
+        if isinstance(v, Value):
+            raise self.bld.error("comprehension conditions must be compile-time")
+        return bool(v)
 
     def expr_JoinedStr(self, node: ast.JoinedStr):
         raise self.bld.error("f-strings are not supported in kernels")
@@ -790,8 +831,6 @@ def build_kernel_body(bld: _b.Builder, kernel, args: tuple) -> None:
     """Bind a kernel's parameters for one specialization and transform its body."""
     parsed = parse_function(kernel.pyfunc)
     tr = FunctionTransformer(bld, parsed, kernel.name, is_kernel=True)
-    assigned = {n.id for n in ast.walk(parsed.tree) if isinstance(n, ast.Name)
-                and isinstance(n.ctx, ast.Store)}
     bld.loc = (parsed.file, parsed.tree.lineno)
     for index, (p, value) in enumerate(zip(kernel.params, args, strict=True)):
         ann = p.annotation
@@ -803,12 +842,13 @@ def build_kernel_body(bld: _b.Builder, kernel, args: tuple) -> None:
             dt = ann.scalar_dtype
             entries = [Expr(bld.emit("arg", dt, (), bld.add_param(f"{p.name}[{k}]", dt)))
                        for k in range(ann.n * (ann.m if ann.ndim == 2 else 1))]
-            m = Matrix._from_entries(entries, ann.n, ann.m if ann.ndim == 2 else 1, ann.ndim)
-            tr.scopes[0][p.name] = tr.new_variable(m) if p.name in assigned else m
+            tr.scopes[0][p.name] = Matrix._from_entries(entries, ann.n,
+                                                        ann.m if ann.ndim == 2 else 1, ann.ndim)
+            tr.kernel_args.add(p.name)
         else:
             dt = ops.resolve_dtype(ann)
-            e = Expr(bld.emit("arg", dt, (), bld.add_param(p.name, dt)))
-            tr.scopes[0][p.name] = tr.new_variable(e) if p.name in assigned else e
+            tr.scopes[0][p.name] = Expr(bld.emit("arg", dt, (), bld.add_param(p.name, dt)))
+            tr.kernel_args.add(p.name)
     tr.run_body(parsed.tree.body)
 
 

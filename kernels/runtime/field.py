@@ -130,7 +130,7 @@ class Field:
         if _b.current() is not None:
             return kernel_element(self.buffer(), key)
         value = self.arr[key]
-        return _to_python(value, self.element_shape)
+        return _to_python(value, self.element_shape, writable=True)
 
     def __setitem__(self, key, value) -> None:
         key = self._norm_key(key)
@@ -175,14 +175,40 @@ def _index_error(msg: str):
     return b.error(msg) if b else IndexError(msg)
 
 
-def _to_python(value, element_shape):
-    from ..frontend.matrix import Matrix, Vector
+def _to_python(value, element_shape, writable: bool = False):
+    """A Python-scope element: a number, or a vector/matrix that (when ``writable``) writes
+    through to the field, so ``v[2][0] = 9`` works as in Taichi."""
+    from ..frontend.matrix import Matrix
 
     if not element_shape:
         return value.item() if isinstance(value, np.generic) else value
-    if len(element_shape) == 1:
-        return Vector(value.tolist())
-    return Matrix(value.tolist())
+    ndim = len(element_shape)
+    n, m = element_shape[0], (element_shape[1] if ndim > 1 else 1)
+    out = Matrix._from_entries(value.ravel().tolist(), n, m, ndim)
+    if writable:
+        out.__class__ = _element_classes()[ndim]
+        out._view = value
+    return out
+
+
+def _element_classes():
+    """Vector/Matrix subclasses whose entry writes also write the field element."""
+    global _ELEMENT_CLASSES
+    if _ELEMENT_CLASSES is None:
+        from ..frontend.matrix import Matrix, Vector
+
+        def _assign_entry(self, k: int, value) -> None:
+            self.entries[k] = value
+            self._view.reshape(-1)[k] = value
+
+        _ELEMENT_CLASSES = {
+            1: type("FieldVectorElement", (Vector,), {"_assign_entry": _assign_entry}),
+            2: type("FieldMatrixElement", (Matrix,), {"_assign_entry": _assign_entry}),
+        }
+    return _ELEMENT_CLASSES
+
+
+_ELEMENT_CLASSES = None
 
 
 def kernel_element(buf: Buffer, key: tuple):

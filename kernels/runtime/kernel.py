@@ -162,6 +162,8 @@ class Kernel:
         inst = compile_ir(ir, prog, stats, [p.name for p in self.params])
         stats.frontend_s, stats.passes_s = t1 - t0, t2 - t1
         self.last_compile = stats
+        if isinstance(self.return_annotation, MatrixType):
+            inst.return_type = self.return_annotation
         return inst
 
     def __repr__(self) -> str:
@@ -221,6 +223,7 @@ class CompiledKernel:
             fn = TASK_FN(addresses[low.task_name(k)])
             bounds = BOUNDS_FN(addresses[low.bounds_name(k)]) if t.kind == "range" else None
             self.tasks.append((t.kind == "range", fn, bounds, max(1, t.weight)))
+        self.return_type: MatrixType | None = None
         self.bounds_out = (ctypes.c_int64 * 2)()
         self.bounds_addr = ctypes.addressof(self.bounds_out)
         self.messages = assert_messages(ir)
@@ -293,6 +296,9 @@ class CompiledKernel:
             out = []
             for t, slot in zip(self.ir.returns, self.layout.returns, strict=True):
                 out.append(float(ctx_f64[slot]) if t.is_float else int(ctx_i64[slot]))
+            rt = self.return_type
+            if rt is not None:
+                return Matrix._from_entries(out, rt.n, rt.m, rt.ndim)
             return out[0] if len(out) == 1 else out
         return None
 

@@ -24,6 +24,7 @@ def _task_dce(ir: KernelIR) -> KernelIR:
         t.bounds, t.prologue, t.body, t.epilogue = eliminate_blocks(
             [t.bounds, t.prologue, t.body, t.epilogue],
             roots=tuple(x for x in (t.begin, t.end) if x is not None))
+    ir.tasks = [t for t in ir.tasks if t.kind == "range" or t.body]
     return ir
 
 
