@@ -7,8 +7,10 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from . import math  # noqa: E402
-from . import types  # noqa: E402
+from . import (
+    math,  # noqa: E402
+    types,  # noqa: E402
+)
 from .errors import (  # noqa: E402
     ArgumentError,
     CompileError,

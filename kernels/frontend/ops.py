@@ -231,7 +231,8 @@ _PY_UNARY = {
     "sin": math.sin, "cos": math.cos, "tan": math.tan, "asin": math.asin, "acos": math.acos,
     "atan": math.atan, "tanh": math.tanh, "exp": math.exp, "log": math.log, "sqrt": math.sqrt,
     "rsqrt": lambda x: 1.0 / math.sqrt(x), "floor": math.floor, "ceil": math.ceil,
-    "round": lambda x: math.copysign(math.floor(builtins.abs(x) + 0.5), x), "neg": lambda x: -x, "abs": builtins.abs,
+    "round": lambda x: math.copysign(math.floor(builtins.abs(x) + 0.5), x),
+    "neg": lambda x: -x, "abs": builtins.abs,
     "logical_not": lambda x: int(not x), "bit_not": lambda x: ~x,
 }
 _FLOAT_ONLY = ("sin", "cos", "tan", "asin", "acos", "atan", "tanh", "exp", "log", "sqrt",

@@ -244,8 +244,7 @@ class CompiledKernel:
                 self.ctx_i64[layout.buffer_ptr[slot]] = storage.arr.ctypes.data
             else:
                 extents = [layout.buffer_extent.get((slot, a)) for a in range(buf.ndim)]
-                self._ndarray_slots.append((slot, buf.key[1], buf.key[2], extents,
-                                            buf.dtype.np))
+                self._ndarray_slots.append((slot, buf.key[1], buf.key[2], extents))
         self._writers = []
         for k, p in enumerate(ir.params):
             self._writers.append((layout.params[k], p.dtype.is_float))
@@ -268,7 +267,7 @@ class CompiledKernel:
                                     f"a number, got {type(v).__name__} ({v!r:.40})",
                                     kernel=self.ir.name) from None
         keep = []
-        for slot, arg_index, role, extents, np_dtype in self._ndarray_slots:
+        for slot, arg_index, role, extents in self._ndarray_slots:
             arr = _ndarray_storage(args[arg_index], role)
             keep.append(arr)
             ctx_i64[self.layout.buffer_ptr[slot]] = arr.ctypes.data
