@@ -1,7 +1,6 @@
 """Scalar math builtins, powers, rounding, min/max/clamp, compared with NumPy."""
 
 import numpy as np
-import pytest
 
 UNARY = {
     # ti.<name>: (NumPy reference, input range)
@@ -18,28 +17,31 @@ UNARY = {
     "abs": (np.abs, (-3.0, 3.0)),
 }
 
-N = 257
 
-
-@pytest.mark.parametrize("name", sorted(UNARY))
-def test_unary_math_function(ti, fp, npfp, rtol, name):
-    reference, (lo, hi) = UNARY[name]
-    op = getattr(ti, name)
-    x = ti.field(float, shape=N)
-    y = ti.field(float, shape=N)
+def test_unary_math_functions(ti, fp, npfp, rtol):
+    names = tuple(UNARY)
+    ops = tuple(getattr(ti, name) for name in names)
+    n = 257
+    x = ti.field(float, shape=(len(names), n))
+    y = ti.field(float, shape=(len(names), n))
 
     @ti.kernel
     def run():
-        for i in x:
-            y[i] = op(x[i])
+        for k, op in ti.static(enumerate(ops)):
+            for i in range(n):
+                y[k, i] = op(x[k, i])
 
-    xs = np.linspace(lo, hi, N).astype(npfp)
+    xs = np.stack([np.linspace(lo, hi, n) for _, (lo, hi) in UNARY.values()]).astype(npfp)
     x.from_numpy(xs)
     run()
-    want = reference(xs.astype(np.float64))
-    # rsqrt may be an approximation; everything else should be within a few ulp
-    scale = 100 if name == "rsqrt" else 4
-    np.testing.assert_allclose(y.to_numpy(), want, rtol=scale * rtol, atol=scale * rtol)
+    got = y.to_numpy()
+    for k, (name, (reference, _)) in enumerate(UNARY.items()):
+        # rsqrt may be an approximation; everything else should be within a few ulp
+        scale = 100 if name == "rsqrt" else 4
+        want = reference(xs[k].astype(np.float64))
+        np.testing.assert_allclose(
+            got[k], want, rtol=scale * rtol, atol=scale * rtol, err_msg=f"ti.{name}"
+        )
 
 
 def test_atan2_covers_all_quadrants(ti, fp, rtol):

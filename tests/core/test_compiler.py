@@ -1,0 +1,180 @@
+"""Compiler internals: the pass pipeline, the op table, serialization, codegen properties and
+the on-disk cache. These check difftape's own machinery, so they run on difftape only."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import difftape as ti
+from difftape.codegen import llvm_lowering
+from difftape.codegen.cpu import get_target
+from difftape.codegen.layout import ctx_layout
+from difftape.ir import serialize
+from difftape.ir.nodes import OPS, walk
+from difftape.ir.passes import run_pipeline
+from difftape.ir.printer import format_kernel
+from difftape.ir.verify import verify
+from difftape.runtime import program
+
+
+@pytest.fixture
+def prog():
+    ti.init(arch=ti.cpu)
+    yield program.get()
+    ti.reset()
+
+
+def _ir(kernel, prog, spec=()):
+    return run_pipeline(kernel.build_ir(prog, spec))
+
+
+def test_every_op_has_a_lowering():
+    low = llvm_lowering.Lowering
+    handled_by_kind = {"unary", "binary", "cmp"}
+    for name, info in OPS.items():
+        assert hasattr(low, "op_" + name) or info.kind in handled_by_kind, name
+    for name in llvm_lowering.TRANSCENDENTAL:
+        assert name in OPS
+
+
+def test_pipeline_output_verifies_and_round_trips(prog):
+    x = ti.field(ti.f32, shape=64)
+    s = ti.field(ti.f32, shape=())
+
+    @ti.kernel
+    def k(a: ti.f32) -> ti.f32:
+        t = a * 2
+        for i in x:
+            v = x[i]
+            if v > t:
+                x[i] = ti.sin(v)
+            else:
+                j = 0
+                while j < 3:
+                    v += 1.0
+                    j += 1
+                x[i] = v
+        for i in x:
+            s[None] += x[i]
+        return t
+
+    ir = _ir(k, prog)
+    verify(ir)
+    kinds = [t.kind for t in ir.tasks]
+    assert kinds == ["serial", "range", "range", "serial"]  # the return is serial
+    data = serialize.encode(ir)
+    again = serialize.encode(serialize.decode(json.loads(json.dumps(data))))
+    assert again == data
+    assert "task 1 range" in format_kernel(ir)
+
+
+def test_reduction_is_privatized_and_vectorized(prog):
+    x = ti.field(ti.f32, shape=1 << 12)
+    s = ti.field(ti.f32, shape=())
+
+    @ti.kernel
+    def k():
+        for i in x:
+            s[None] += 0.5 * x[i] ** 2
+
+    ir = _ir(k, prog)
+    task = ir.tasks[-1]
+    assert not any(st.op == "atomic" for st in walk(task.body))
+    assert any(st.op == "atomic" for st in task.epilogue)
+    text = llvm_lowering.Lowering(ir, ctx_layout(ir), get_target()).module()
+    opt = get_target().optimized_ir(text)
+    assert "<4 x double>" in opt or "<8 x double>" in opt or "<2 x double>" in opt
+
+
+def test_reduction_accuracy_f32(prog):
+    n = 1 << 22
+    x = ti.field(ti.f32, shape=n)
+    s = ti.field(ti.f32, shape=())
+    rng = np.random.default_rng(0)
+    data = rng.random(n, dtype=np.float32)
+    x.from_numpy(data)
+
+    @ti.kernel
+    def k():
+        for i in x:
+            s[None] += x[i]
+
+    k()
+    exact = data.astype(np.float64).sum()
+    assert abs(s[None] - exact) / exact < 1e-6
+
+
+@pytest.mark.skipif(get_target().mvec is None, reason="no glibc libmvec on this machine")
+def test_transcendentals_call_vector_math(prog):
+    x = ti.field(ti.f32, shape=1 << 10)
+
+    @ti.kernel
+    def k():
+        for i in x:
+            x[i] = ti.sin(x[i]) * ti.exp(x[i])
+
+    ir = _ir(k, prog)
+    opt = get_target().optimized_ir(
+        llvm_lowering.Lowering(ir, ctx_layout(ir), get_target()).module())
+    assert "_ZGV" in opt and "sinf" in opt
+
+
+def test_constant_folding_and_dce(prog):
+    x = ti.field(ti.i32, shape=4)
+
+    @ti.kernel
+    def k():
+        for i in x:
+            unused = x[i] * 3  # noqa: F841 - dead on purpose
+            x[i] = ti.cast(2.5, ti.i32) * 4 + 1
+
+    ir = _ir(k, prog)
+    ops = [s.op for s in walk(ir.tasks[-1].body)]
+    assert "load" not in ops and "mul" not in ops and "cast" not in ops
+    k()
+    assert list(x.to_numpy()) == [9] * 4
+
+
+def test_big_parallel_loop_uses_the_pool_and_is_correct(prog):
+    n = 1 << 20
+    hist = ti.field(ti.i32, shape=16)
+
+    @ti.kernel
+    def k():
+        for i in range(n):
+            hist[i % 16] += 1
+
+    k()
+    assert list(hist.to_numpy()) == [n // 16] * 16
+
+
+def test_disk_cache_skips_llvm_in_a_second_process(tmp_path):
+    script = textwrap.dedent("""
+        import json, sys
+        import difftape as ti
+        ti.init(arch=ti.cpu)
+        x = ti.field(ti.f32, shape=8)
+
+        @ti.kernel
+        def k(a: ti.f32):
+            for i in x:
+                x[i] = ti.sqrt(a + i)
+
+        k(2.0)
+        st = k._fast and k.last_compile
+        print(json.dumps({"hit": st.cache_hit, "x": float(x[3])}))
+    """)
+    path = tmp_path / "prog.py"
+    path.write_text(script)
+    env = dict(os.environ, DIFFTAPE_CACHE_DIR=str(tmp_path / "cache"))
+    runs = [json.loads(subprocess.run([sys.executable, str(path)], env=env, check=True,
+                                      capture_output=True, text=True).stdout)
+            for _ in range(2)]
+    assert runs[0]["hit"] is False and runs[1]["hit"] is True
+    assert runs[0]["x"] == runs[1]["x"] == pytest.approx(np.sqrt(5.0))
+    assert list((tmp_path / "cache").rglob("*.o"))
