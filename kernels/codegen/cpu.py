@@ -118,6 +118,15 @@ class CPUTarget:
         return [f'@llvm.compiler.used = appending global [{len(vecs)} x ptr] [{items}], '
                 'section "llvm.metadata"']
 
+    def warm_up(self) -> None:
+        """Pay MCJIT's one-time start-up costs once (about 5 ms) outside any kernel call."""
+        if getattr(self, "_warm", False):
+            return
+        obj = self.compile(f'target triple = "{self.triple}"\n'
+                           "define void @dt_warm_up() {\n  ret void\n}\n")
+        self.load(obj, ["dt_warm_up"])
+        self._warm = True
+
     # ------------------------------------------------------------------ compile and load
     def compile(self, text: str) -> bytes:
         mod = llvm.parse_assembly(text)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import builtins
 import inspect
+import linecache
 import textwrap
 from dataclasses import dataclass
 from typing import Any
@@ -41,20 +42,56 @@ class ParsedFunction:
 _parse_cache: dict[Any, ParsedFunction] = {}
 
 
+_module_asts: dict[tuple[str, int], ast.Module] = {}
+
+
+def _module_ast(file: str) -> ast.Module | None:
+    """The whole file's AST, parsed once per file version (cheaper than re-tokenizing
+    each function's source with ``inspect.getsourcelines``)."""
+    lines = linecache.getlines(file)
+    if not lines:
+        return None
+    key = (file, hash(tuple(lines)))
+    tree = _module_asts.get(key)
+    if tree is None:
+        try:
+            tree = ast.parse("".join(lines), file)
+        except SyntaxError:
+            return None
+        _module_asts[key] = tree
+    return tree
+
+
+def _find_def(tree: ast.AST, fn) -> ast.FunctionDef | None:
+    first = fn.__code__.co_firstlineno
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == fn.__name__:
+            start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            if start == first or node.lineno == first:
+                return node
+    return None
+
+
 def parse_function(fn) -> ParsedFunction:
     cached = _parse_cache.get(fn)
     if cached is not None:
         return cached
-    try:
-        lines, start = inspect.getsourcelines(fn)
-        file = inspect.getsourcefile(fn) or "<unknown>"
-    except (OSError, TypeError) as e:
-        raise CompileError(f"cannot read the source of '{fn.__name__}' ({e}); difftape compiles "
-                           "kernels from their source, so define them in a file") from None
-    src = textwrap.dedent("".join(lines))
-    mod = ast.parse(src)
-    ast.increment_lineno(mod, start - 1)
-    tree = next(n for n in mod.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef))
+    file = fn.__code__.co_filename
+    tree = None
+    module = _module_ast(file)
+    if module is not None:
+        tree = _find_def(module, fn)
+    if tree is None:  # e.g. defined in a string passed to exec: fall back to inspect
+        try:
+            lines, start = inspect.getsourcelines(fn)
+            file = inspect.getsourcefile(fn) or file
+        except (OSError, TypeError) as e:
+            raise CompileError(f"cannot read the source of '{fn.__name__}' ({e}); difftape "
+                               "compiles kernels from their source, so define them in a "
+                               "file") from None
+        mod = ast.parse(textwrap.dedent("".join(lines)))
+        ast.increment_lineno(mod, start - 1)
+        tree = next(n for n in mod.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef))
     closure = {}
     if fn.__closure__:
         for name, cell in zip(fn.__code__.co_freevars, fn.__closure__, strict=True):
