@@ -24,6 +24,9 @@ import os
 import numpy as np
 import pytest
 
+# Run difftape's IR verifier between compiler passes in every test.
+os.environ.setdefault("DIFFTAPE_VERIFY_IR", "1")
+
 PEER = os.environ.get("DIFFTAPE_TEST_PEER", "difftape").strip().lower() or "difftape"
 _BACKENDS = ("difftape", "taichi")
 FP_NAMES = ("f32", "f64")
