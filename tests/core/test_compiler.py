@@ -33,11 +33,17 @@ def _ir(kernel, prog, spec=()):
     return run_pipeline(kernel.build_ir(prog, spec))
 
 
-def test_every_op_has_a_lowering():
+def test_every_op_has_a_lowering_and_a_reference_evaluation():
+    import inspect
+
+    from difftape.ir import interpret
+
     low = llvm_lowering.Lowering
     handled_by_kind = {"unary", "binary", "cmp"}
+    evaluator = inspect.getsource(interpret.Interpreter._stmt)
     for name, info in OPS.items():
         assert hasattr(low, "op_" + name) or info.kind in handled_by_kind, name
+        assert name in interpret._UN or name in interpret._BIN or f'"{name}"' in evaluator, name
     for name in llvm_lowering.TRANSCENDENTAL:
         assert name in OPS
 

@@ -1,0 +1,192 @@
+"""A reference evaluator of offloaded IR, one scalar at a time, for tests only.
+
+It runs every task serially in Python with NumPy scalars of each statement's type, so a test can
+tell a wrong lowering (compiled result differs from this) from a wrong frontend or gradient
+transform (this differs from the truth). It is deliberately simple and slow: never on a hot path.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .nodes import Block, KernelIR, Stmt
+
+
+class _Break(Exception):
+    pass
+
+
+class _Continue(Exception):
+    pass
+
+
+class InterpreterAssertion(Exception):
+    pass
+
+
+def _py(v):
+    return v.item() if isinstance(v, np.generic) else v
+
+
+def _floordiv(a, b, t):
+    if t.is_float:
+        return math.floor(a / b) if b else (math.copysign(math.inf, a) if a else math.nan)
+    return 0 if b == 0 else a // b
+
+
+def _mod(a, b, t):
+    if t.is_float:
+        return a - math.floor(a / b) * b if b else math.nan
+    return 0 if b == 0 else a % b
+
+
+_BIN = {
+    "add": lambda a, b, t: a + b, "sub": lambda a, b, t: a - b, "mul": lambda a, b, t: a * b,
+    "div": lambda a, b, t: (a / b if b else math.copysign(math.inf, a) if a else math.nan)
+    if t.is_float else (0 if b == 0 else int(a / b)),
+    "floordiv": _floordiv, "mod": _mod,
+    "pow": lambda a, b, t: a ** b if t.is_float else int(a) ** int(b),
+    "min": lambda a, b, t: min(a, b), "max": lambda a, b, t: max(a, b),
+    "atan2": lambda a, b, t: math.atan2(a, b),
+    "bit_and": lambda a, b, t: a & b, "bit_or": lambda a, b, t: a | b,
+    "bit_xor": lambda a, b, t: a ^ b, "shl": lambda a, b, t: a << b,
+    "shr": lambda a, b, t: a >> b,
+    "lt": lambda a, b, t: int(a < b), "le": lambda a, b, t: int(a <= b),
+    "gt": lambda a, b, t: int(a > b), "ge": lambda a, b, t: int(a >= b),
+    "eq": lambda a, b, t: int(a == b), "ne": lambda a, b, t: int(a != b),
+    "logical_and": lambda a, b, t: int(bool(a) and bool(b)),
+    "logical_or": lambda a, b, t: int(bool(a) or bool(b)),
+}
+_UN = {
+    "sin": math.sin, "cos": math.cos, "tan": math.tan, "asin": math.asin, "acos": math.acos,
+    "atan": math.atan, "tanh": math.tanh, "exp": math.exp, "log": math.log,
+    "sqrt": math.sqrt, "rsqrt": lambda x: 1.0 / math.sqrt(x), "floor": math.floor,
+    "ceil": math.ceil, "round": lambda x: math.copysign(math.floor(abs(x) + 0.5), x),
+    "neg": lambda x: -x, "abs": abs, "logical_not": lambda x: int(not x),
+    "bit_not": lambda x: ~x,
+}
+
+
+def _typed(v, t):
+    """Round a Python value to the statement's type (f32 rounding, integer wrap-around)."""
+    if t.is_float:
+        return float(t.np.type(v))
+    v = int(v)
+    mask = (1 << t.bits) - 1
+    v &= mask
+    if t.is_signed and v >= 1 << (t.bits - 1):
+        v -= 1 << t.bits
+    return v
+
+
+class Interpreter:
+    """Evaluates a kernel's tasks against NumPy arrays bound to its buffer slots."""
+
+    def __init__(self, ir: KernelIR, buffers: list[np.ndarray], args: list, *,
+                 random=None) -> None:
+        self.ir = ir
+        self.buffers = buffers
+        self.args = args
+        self.temps: dict[int, object] = {}
+        self.returns: dict[int, object] = {}
+        self.random = random or np.random.default_rng(0).random
+
+    def run(self) -> list:
+        for t in self.ir.tasks:
+            env: dict[Stmt, object] = {}
+            if t.kind == "serial":
+                self._block(t.body, env, {})
+                continue
+            self._block(t.bounds, env, {})
+            begin, end = int(env[t.begin]), int(env[t.end])
+            self._block(t.prologue, env, {})
+            for i in range(begin, end):
+                try:
+                    self._block(t.body, env, {t.loop_id: i})
+                except _Continue:
+                    pass
+            self._block(t.epilogue, env, {})
+        return [self.returns.get(k) for k in range(len(self.ir.returns))]
+
+    def _block(self, block: Block, env: dict, loops: dict) -> None:
+        for s in block:
+            self._stmt(s, env, loops)
+
+    def _index(self, s: Stmt, env: dict, n: int) -> tuple:
+        return tuple(int(env[a]) for a in s.args[:n])
+
+    def _stmt(self, s: Stmt, env: dict, loops: dict) -> None:  # noqa: C901 - one dispatch
+        op, t = s.op, s.dtype
+        a = [env.get(x) for x in s.args]
+        if op == "const":
+            env[s] = s.attr
+        elif op == "arg":
+            env[s] = _typed(self.args[s.attr], t)
+        elif op == "buf_shape":
+            env[s] = self.buffers[s.attr[0]].shape[s.attr[1]]
+        elif op == "loop_index":
+            env[s] = loops[s.attr]
+        elif op == "cast":
+            v = a[0]
+            env[s] = _typed(math.trunc(v) if t.is_int and isinstance(v, float) else v, t)
+        elif op == "select":
+            env[s] = _typed(a[1] if a[0] else a[2], t)
+        elif op == "stop_grad":
+            env[s] = a[0]
+        elif op == "random":
+            env[s] = _typed(self.random(), t) if t.is_float else int(self.random() * 2**31)
+        elif op in _UN:
+            env[s] = _typed(_UN[op](a[0]), t)
+        elif op in _BIN:
+            env[s] = _typed(_BIN[op](a[0], a[1], s.args[0].dtype), t)
+        elif op == "load":
+            env[s] = _py(self.buffers[s.attr][self._index(s, env, len(s.args))])
+        elif op == "store":
+            self.buffers[s.attr][self._index(s, env, len(s.args) - 1)] = a[-1]
+        elif op == "atomic":
+            slot, kind = s.attr
+            idx = self._index(s, env, len(s.args) - 1)
+            old = _py(self.buffers[slot][idx])
+            self.buffers[slot][idx] = _typed(_BIN[kind](old, a[-1], t), t)
+            env[s] = old
+        elif op == "alloca":
+            env[s] = [0]
+        elif op == "local_load":
+            env[s] = a[0][0]
+        elif op == "local_store":
+            a[0][0] = a[1]
+        elif op == "temp_load":
+            env[s] = self.temps.get(s.attr, 0)
+        elif op == "temp_store":
+            self.temps[s.attr] = a[0]
+        elif op == "return":
+            self.returns[s.attr] = a[0]
+        elif op == "assert":
+            if not a[0]:
+                raise InterpreterAssertion(s.attr.replace("{}", str(a[1]) if len(a) > 1 else "?"))
+        elif op == "if":
+            self._block(s.blocks[0] if a[0] else s.blocks[1], env, loops)
+        elif op == "range_for":
+            for i in range(int(a[0]), int(a[1])):
+                try:
+                    self._block(s.blocks[0], env, {**loops, s.attr[0]: i})
+                except _Continue:
+                    continue
+                except _Break:
+                    break
+        elif op == "while":
+            while True:
+                try:
+                    self._block(s.blocks[0], env, loops)
+                except _Continue:
+                    continue
+                except _Break:
+                    break
+        elif op == "break":
+            raise _Break
+        elif op == "continue":
+            raise _Continue
+        else:
+            raise KeyError(f"interpreter has no rule for op {op}")
