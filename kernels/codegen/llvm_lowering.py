@@ -181,27 +181,9 @@ class Lowering:
             self.block(task.body)
         else:
             self.block(task.prologue)
-            idx = fn.alloca("i32")
-            self.loop_index[task.loop_id] = idx
             b32 = fn.ins("trunc i64 %begin to i32")
             e32 = fn.ins("trunc i64 %end to i32")
-            fn.void(f"store i32 {b32}, ptr {idx}")
-            cond, body, latch, exit_ = (fn.label("cond"), fn.label("body"), fn.label("latch"),
-                                        fn.label("exit"))
-            fn.start_block(cond)
-            i = fn.ins(f"load i32, ptr {idx}")
-            c = fn.ins(f"icmp slt i32 {i}, {e32}")
-            fn.term(f"br i1 {c}, label %{body}, label %{exit_}")
-            fn.start_block(body)
-            self.loops.append(_Loop(latch, exit_))
-            self.block(task.body)
-            self.loops.pop()
-            fn.start_block(latch)
-            i2 = fn.ins(f"load i32, ptr {idx}")
-            n = fn.ins(f"add nsw i32 {i2}, 1")
-            fn.void(f"store i32 {n}, ptr {idx}")
-            fn.term(f"br label %{cond}")
-            fn.start_block(exit_)
+            self._counted_loop(task.loop_id, b32, e32, task.body)
             self.block(task.epilogue)
         fn.term("ret void")
         return fn.text()
@@ -572,11 +554,15 @@ class Lowering:
         fn.start_block(merge)
 
     def op_range_for(self, s: Stmt) -> None:
+        begin, end = (self.values[a] for a in s.args)
+        self._counted_loop(s.attr[0], begin, end, s.blocks[0])
+
+    def _counted_loop(self, loop_id: int, begin: str, end: str, body_block: Block) -> None:
+        """``for (i = begin; i < end; ++i) body`` with an i32 index in an alloca (mem2reg
+        turns it into the induction variable the vectorizer wants)."""
         fn = self.fn
-        loop_id = s.attr[0]
         idx = fn.alloca("i32")
         self.loop_index[loop_id] = idx
-        begin, end = (self.values[a] for a in s.args)
         fn.void(f"store i32 {begin}, ptr {idx}")
         cond, body, latch, exit_ = (fn.label("cond"), fn.label("body"), fn.label("latch"),
                                     fn.label("exit"))
@@ -586,7 +572,7 @@ class Lowering:
         fn.term(f"br i1 {c}, label %{body}, label %{exit_}")
         fn.start_block(body)
         self.loops.append(_Loop(latch, exit_))
-        self.block(s.blocks[0])
+        self.block(body_block)
         self.loops.pop()
         fn.start_block(latch)
         i2 = fn.ins(f"load i32, ptr {idx}")
