@@ -102,18 +102,17 @@ def _jacobi_rotate(bi, bj, vi, vj, dt):
     beta = _dot3(bj, bj)
     gamma = _dot3(bi, bj)
     tol = _ortho_tol(dt)
-    t = ti.cast(0.0, dt)
-    if gamma * gamma > tol * tol * alpha * beta:
-        zeta = (beta - alpha) / (2.0 * gamma)
-        az = ti.abs(zeta)
-        mag = ti.cast(0.0, dt)
-        if az > one:
-            # Factor az out of the square root so that az * az cannot overflow.
-            r = one / az
-            mag = one / (az * (one + ti.sqrt(one + r * r)))
-        else:
-            mag = one / (az + ti.sqrt(one + az * az))
-        t = ti.select(zeta >= 0.0, mag, -mag)
+    # Branch-free (selects only) so that the sweep loop body has no control flow to record
+    # for reverse-mode autodiff; the unused branch is kept finite by the safe denominator.
+    rotate = gamma * gamma > tol * tol * alpha * beta
+    zeta = (beta - alpha) / (2.0 * ti.select(rotate, gamma, one))
+    az = ti.abs(zeta)
+    # sqrt(1 + az^2) written as big * sqrt(1 + (small / big)^2) so that it cannot overflow.
+    big = ti.max(az, one)
+    small = ti.min(az, one)
+    ratio = small / big
+    mag = one / (az + big * ti.sqrt(one + ratio * ratio))
+    t = ti.select(rotate, ti.select(zeta >= 0.0, mag, -mag), ti.cast(0.0, dt))
     c = one / ti.sqrt(one + t * t)
     s = c * t
     bi_new = c * bi - s * bj

@@ -127,6 +127,7 @@ def init(arch: Arch | None = None, *, default_fp=None, default_ip=None, debug: b
     from ..codegen.cpu import get_target
 
     get_target().warm_up()
+    _ = _current.pool  # start the worker threads now, not in the first parallel launch
 
 
 def reset() -> None:
