@@ -604,7 +604,10 @@ class FunctionTransformer:
         return node.value
 
     def expr_Name(self, node: ast.Name):
-        return self.lookup(node.id)
+        value = self.lookup(node.id)
+        if getattr(value, "name", None) == "" and hasattr(value, "_label"):
+            value.name = node.id  # name unnamed fields after the user's variable, for messages
+        return value
 
     def expr_Attribute(self, node: ast.Attribute):
         obj = self.eval(node.value)
@@ -612,7 +615,9 @@ class FunctionTransformer:
             return getattr(obj, node.attr)
         except AttributeError:
             self._at(node)
-            raise self.bld.error(f"{type(obj).__name__} has no attribute '{node.attr}'") from None
+            owner = f"module '{obj.__name__}'" if isinstance(obj, type(ast)) else \
+                f"a {type(obj).__name__}"
+            raise self.bld.error(f"{owner} has no attribute '{node.attr}'") from None
 
     def expr_Tuple(self, node: ast.Tuple):
         return tuple(self.eval(e) for e in node.elts)

@@ -100,7 +100,8 @@ class Field:
     def buffer(self) -> Buffer:
         """The IR description of this field's storage."""
         return Buffer(("field", self.id, self.role), self.dtype, self.shape + self.element_shape,
-                      self._label() if self.role == "primal" else f"{self._label()}.{self.role}",
+                      self._label() if self.role == "primal" else
+                      f"{self.primal._label()}.{self.role}",
                       len(self.element_shape))
 
     # ------------------------------------------------------------------ indexing
