@@ -134,4 +134,11 @@ def is_active(*_args) -> int:
     return 1
 
 
+def __getattr__(name: str):
+    if name in ("ad", "Tape", "FwdMode"):
+        raise AttributeError(f"difftape.{name}: autodiff is not available in this version of "
+                             "difftape yet; kernels run forward only")
+    raise AttributeError(f"module 'difftape' has no attribute {name!r}")
+
+
 __all__ = [n for n in dir() if not n.startswith("_")]

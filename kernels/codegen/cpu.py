@@ -90,7 +90,10 @@ class CPUTarget:
     # ------------------------------------------------------------------ lowering hooks
     def math_call(self, low, name: str, t: DType, args: list[str]) -> str:
         if t.bits == 16:
-            raise NotImplementedError("f16 math")  # f16 fields are storage-only for now
+            from ..errors import CompileError
+
+            raise CompileError(f"{name} on f16 is not supported: f16 is a storage type here; "
+                               "cast to ti.f32 first", kernel=low.ir.name)
         ty = "float" if t.bits == 32 else "double"
         scalar = f"dt_{_LIBM_NAMES[name]}{'f' if t.bits == 32 else ''}"
         params = ", ".join([ty] * len(args))

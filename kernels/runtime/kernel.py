@@ -20,7 +20,7 @@ from .. import __version__
 from .. import types as T
 from ..codegen.layout import CtxLayout, ctx_layout
 from ..codegen.llvm_lowering import Lowering, assert_messages
-from ..errors import ArgumentError, CompileError, KernelAssertionError
+from ..errors import ArgumentError, CompileError, DifftapeError, KernelAssertionError
 from ..frontend import builder as _b
 from ..frontend.annotations import NdarrayType, Template
 from ..frontend.matrix import Matrix, MatrixType
@@ -72,7 +72,6 @@ class Kernel:
         self._simple = all(not isinstance(p.annotation, Template | NdarrayType)
                            for p in self.params)
         self.last_compile: CompileStats | None = None
-        self.grad = None  # the adjoint kernel arrives with reverse-mode autodiff
 
     def __call__(self, *args, **kwargs):
         if kwargs:
@@ -165,6 +164,11 @@ class Kernel:
         if isinstance(self.return_annotation, MatrixType):
             inst.return_type = self.return_annotation
         return inst
+
+    @property
+    def grad(self):
+        raise DifftapeError(f"{self.name}.grad: reverse-mode autodiff is not available in this "
+                            "version of difftape yet (kernels run forward only)")
 
     def __repr__(self) -> str:
         return f"<difftape kernel {self.name}>"

@@ -184,3 +184,14 @@ def test_disk_cache_skips_llvm_in_a_second_process(tmp_path):
     assert runs[0]["hit"] is False and runs[1]["hit"] is True
     assert runs[0]["x"] == runs[1]["x"] == pytest.approx(np.sqrt(5.0))
     assert list((tmp_path / "cache").rglob("*.o"))
+
+
+def test_missing_autodiff_is_a_clear_error(prog):
+    @ti.kernel
+    def k():
+        pass
+
+    with pytest.raises(ti.DifftapeError, match="autodiff is not available"):
+        k.grad()
+    with pytest.raises(AttributeError, match="autodiff is not available"):
+        ti.Tape  # noqa: B018 - the attribute access is the test
