@@ -21,10 +21,16 @@ from .values import Expr, Ref, Value
 # ----------------------------------------------------------------------------------- helpers
 
 
-def _is_matrix(x) -> bool:
-    from .matrix import Matrix
+_matrix_class = None
 
-    return isinstance(x, Matrix)
+
+def _is_matrix(x) -> bool:
+    global _matrix_class
+    if _matrix_class is None:  # matrix.py imports this module; resolve once, not per call
+        from .matrix import Matrix
+
+        _matrix_class = Matrix
+    return isinstance(x, _matrix_class)
 
 
 def _is_number(x) -> bool:
