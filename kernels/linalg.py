@@ -48,6 +48,10 @@ _SWEEPS = 6
 _ORTHO_TOL_F32 = 5e-7
 _ORTHO_TOL_F64 = 1e-15
 
+# Gram-Schmidt remainders with a squared length below this (relative to unit-length inputs)
+# are treated as zero, which only happens for a rank-deficient input.
+_MIN_GS_NORM2 = 1e-6
+
 
 @ti.func
 def _dot3(a, b):
@@ -87,32 +91,48 @@ def _ortho_tol(dt):
 
 
 @ti.func
+def _cast3x3(A, dt):
+    """``A`` with every entry cast to ``dt``."""
+    return ti.Matrix(
+        [
+            [ti.cast(A[0, 0], dt), ti.cast(A[0, 1], dt), ti.cast(A[0, 2], dt)],
+            [ti.cast(A[1, 0], dt), ti.cast(A[1, 1], dt), ti.cast(A[1, 2], dt)],
+            [ti.cast(A[2, 0], dt), ti.cast(A[2, 1], dt), ti.cast(A[2, 2], dt)],
+        ]
+    )
+
+
+@ti.func
 def _jacobi_rotate(bi, bj, vi, vj, dt):
     """One Hestenes (one-sided Jacobi) plane rotation of columns ``bi``/``bj`` of ``B = A V``.
 
     The rotation angle is chosen so that the rotated columns are orthogonal; the same rotation
     is applied to the matching columns ``vi``/``vj`` of ``V`` so that ``A == B @ V.T`` is kept
-    and ``V`` stays a proper rotation.  With ``alpha = |bi|^2``, ``beta = |bj|^2`` and
-    ``gamma = bi . bj``, the tangent ``t`` is the smaller root of ``t^2 + 2 zeta t - 1 = 0``
-    where ``zeta = (beta - alpha) / (2 gamma)`` (the classic stable choice, |angle| <= pi/4).
-    Columns that are already orthogonal to working precision (or zero) are left alone.
+    and ``V`` stays a proper rotation.  With ``alpha = |bi|^2``, ``beta = |bj|^2``,
+    ``gamma = bi . bj`` and ``d = (beta - alpha) / 2``, the tangent of the (smaller, at most
+    pi/4) angle is ``t = sign(d) gamma / (|d| + sqrt(d^2 + gamma^2))``.  Written this way
+    (rather than via ``zeta = d / gamma``) it is a smooth function of ``gamma`` at 0 whenever
+    the column norms differ, so exactly orthogonal inputs such as diagonal matrices still get
+    correct derivatives, and no intermediate can overflow.
+
+    A pair whose columns are orthogonal *and* of equal length to working precision is
+    degenerate (a repeated singular value): any rotation is valid, the formula would only
+    amplify rounding noise (costing accuracy and producing huge derivatives), so such pairs are
+    left alone.  Everything is branch-free (``ti.select`` with finite operands on both sides).
     """
     one = ti.cast(1.0, dt)
+    zero = ti.cast(0.0, dt)
     alpha = _dot3(bi, bi)
     beta = _dot3(bj, bj)
     gamma = _dot3(bi, bj)
     tol = _ortho_tol(dt)
-    # Branch-free (selects only) so that the sweep loop body has no control flow to record
-    # for reverse-mode autodiff; the unused branch is kept finite by the safe denominator.
-    rotate = gamma * gamma > tol * tol * alpha * beta
-    zeta = (beta - alpha) / (2.0 * ti.select(rotate, gamma, one))
-    az = ti.abs(zeta)
-    # sqrt(1 + az^2) written as big * sqrt(1 + (small / big)^2) so that it cannot overflow.
-    big = ti.max(az, one)
-    small = ti.min(az, one)
-    ratio = small / big
-    mag = one / (az + big * ti.sqrt(one + ratio * ratio))
-    t = ti.select(rotate, ti.select(zeta >= 0.0, mag, -mag), ti.cast(0.0, dt))
+    d = 0.5 * (beta - alpha)
+    h2 = d * d + gamma * gamma
+    rotate = h2 > tol * tol * alpha * beta
+    # Safe operands: when not rotating, sqrt and the division see 1 instead of (maybe) 0.
+    denom = ti.abs(d) + ti.sqrt(ti.select(rotate, h2, one))
+    t = ti.select(d >= zero, gamma, -gamma) / denom
+    t = ti.select(rotate, t, zero)
     c = one / ti.sqrt(one + t * t)
     s = c * t
     bi_new = c * bi - s * bj
@@ -145,19 +165,48 @@ def _orthonormal_to(u, dt):
 
 
 @ti.func
+def _inv_norm(n2, dt):
+    """``(sqrt(n2), 1 / sqrt(n2))``, or ``(0, 0)`` when ``n2`` is negligible."""
+    s = ti.cast(0.0, dt)
+    inv = ti.cast(0.0, dt)
+    if n2 > _TINY:
+        s = ti.sqrt(n2)
+        inv = 1.0 / s
+    return s, inv
+
+
+@ti.func
+def _lowdin_coeff(f, inv_i, inv_j, s_i, s_j, dt):
+    """Off-diagonal entry of ``(B^T B)^(-1/2)`` to first order in ``f = b_i . b_j``.
+
+    For ``B^T B = diag(s^2) + F`` the Daleckii-Krein formula for ``x -> x^(-1/2)`` gives
+    ``-f / (s_i s_j (s_i + s_j))``, which stays finite when ``s_i == s_j``.
+    """
+    k = ti.cast(0.0, dt)
+    if s_i + s_j > 0.0:
+        k = -f * inv_i * inv_j / (s_i + s_j)
+    return k
+
+
+@ti.func
 def svd3d(A, dt):
     """SVD of a 3x3 matrix: returns ``(U, S, V)`` with ``A = U @ S @ V.T``.
 
     Algorithm: one-sided (Hestenes) Jacobi.  Starting from ``B = A / max|A_ij|`` and ``V = I``,
-    a fixed number of cyclic sweeps of plane rotations makes the columns of ``B = A V``
-    mutually orthogonal.  This works on ``A`` directly instead of on ``A^T A``, so small
-    singular values keep their relative accuracy and the reconstruction error stays at
-    rounding level even for clustered or tiny singular values.  The columns are then sorted
-    by decreasing length (each swap negates one column so ``V`` stays a rotation), and ``U``
-    is built by Gram-Schmidt: ``u0 = b0 / |b0|``, ``u1`` = normalised part of ``b1``
-    orthogonal to ``u0`` (any orthogonal unit vector if that is zero, i.e. rank deficiency),
-    and ``u2 = u0 x u1`` so that ``U`` is a rotation.  The singular values are ``u_k . b_k``;
-    the last one therefore carries the sign of ``det(A)``, matching Taichi.
+    a fixed number of cyclic sweeps of plane rotations (``_jacobi_rotate``) makes the columns
+    of ``B = A V`` mutually orthogonal.  This works on ``A`` directly instead of on ``A^T A``,
+    so the reconstruction error stays at rounding level even for clustered or tiny singular
+    values.  The columns are then sorted by decreasing length (each swap negates one column
+    so ``V`` stays a rotation).
+
+    ``U`` is the orthogonal polar factor of ``B`` (columns ``b_k / |b_k|`` plus the first-order
+    symmetric correction from ``_lowdin_coeff``), re-orthonormalised by Gram-Schmidt and
+    completed by ``u2 = u0 x u1`` so that ``U`` is a rotation; rank deficiency (a zero column)
+    falls back to an arbitrary orthonormal completion.  Because ``polar(A V) = polar(A) V``
+    for any rotation ``V``, this makes ``U @ V.T`` (and hence the polar decomposition) correct,
+    with correct derivatives, even where Jacobi left a degenerate pair unrotated, e.g. at the
+    identity.  The singular values are ``u_k . b_k``; the last one therefore carries the sign
+    of ``det(A)``, matching Taichi.
     """
     zero = ti.cast(0.0, dt)
     one = ti.cast(1.0, dt)
@@ -214,25 +263,39 @@ def svd3d(A, dt):
         v2 = -tv
         n2 = tn
 
-    # Left singular vectors by Gram-Schmidt, completed to a right-handed basis.
+    # Polar factor of B to first order: c_k = sum_i b_i M_ik, M ~ (B^T B)^(-1/2).
+    s0, i0 = _inv_norm(n0, dt)
+    s1, i1 = _inv_norm(n1, dt)
+    s2, i2 = _inv_norm(n2, dt)
+    k01 = _lowdin_coeff(_dot3(b0, b1), i0, i1, s0, s1, dt)
+    k02 = _lowdin_coeff(_dot3(b0, b2), i0, i2, s0, s2, dt)
+    k12 = _lowdin_coeff(_dot3(b1, b2), i1, i2, s1, s2, dt)
+    c0 = i0 * b0 + k01 * b1 + k02 * b2
+    c1 = k01 * b0 + i1 * b1 + k12 * b2
+
+    # Exact orthonormalisation (Gram-Schmidt, projecting twice), right-handed completion.
     u0 = ti.Vector([one, zero, zero])
-    if n0 > _TINY:
-        u0 = b0 / ti.sqrt(n0)
-    w = b1 - _dot3(u0, b1) * u0
+    nc0 = _dot3(c0, c0)
+    if nc0 > _TINY:
+        u0 = c0 / ti.sqrt(nc0)
+    w = c1 - _dot3(u0, c1) * u0
+    w = w - _dot3(u0, w) * u0
     nw = _dot3(w, w)
     u1 = ti.Vector([zero, one, zero])
-    if nw > _TINY:
+    if nw > _MIN_GS_NORM2:
         u1 = w / ti.sqrt(nw)
     else:
         u1 = _orthonormal_to(u0, dt)
+    if _dot3(u1, b1) < zero:
+        u1 = -u1
     u2 = _cross3(u0, u1)
 
-    s0 = _dot3(u0, b0) * scale
-    s1 = _dot3(u1, b1) * scale
-    s2 = _dot3(u2, b2) * scale
+    sv0 = _dot3(u0, b0) * scale
+    sv1 = _dot3(u1, b1) * scale
+    sv2 = _dot3(u2, b2) * scale
 
     U = ti.Matrix([[u0[0], u1[0], u2[0]], [u0[1], u1[1], u2[1]], [u0[2], u1[2], u2[2]]])
-    S = ti.Matrix([[s0, zero, zero], [zero, s1, zero], [zero, zero, s2]])
+    S = ti.Matrix([[sv0, zero, zero], [zero, sv1, zero], [zero, zero, sv2]])
     V = ti.Matrix([[v0[0], v1[0], v2[0]], [v0[1], v1[1], v2[1]], [v0[2], v1[2], v2[2]]])
     return U, S, V
 
@@ -345,13 +408,16 @@ def polar_decompose3d(A, dt):
     """Polar decomposition ``A = U @ P`` of a 3x3 matrix via ``svd3d``.
 
     With ``A = W S V^T`` (``W``, ``V`` rotations), ``U = W V^T`` is a rotation and
-    ``P = V S V^T`` is symmetric; it is indefinite when ``det(A) < 0`` because ``S`` then has
-    a negative last entry.  This is the rotation-preserving convention Taichi uses in 3-D.
-    ``P`` is symmetrised explicitly so that it is symmetric bit for bit.
+    ``P = U^T A = V S V^T`` is symmetric; it is indefinite when ``det(A) < 0`` because ``S``
+    then has a negative last entry.  This is the rotation-preserving convention Taichi uses in
+    3-D.  ``P`` is formed as the symmetric part of ``U^T A`` (rather than ``V S V^T``) so that
+    it is symmetric bit for bit and its derivative is right even where ``V`` is arbitrary
+    (repeated singular values).
     """
     W, S, V = svd3d(A, dt)
-    P = V @ S @ V.transpose()
-    return W @ V.transpose(), 0.5 * (P + P.transpose())
+    U = W @ V.transpose()
+    P = U.transpose() @ _cast3x3(A, dt)
+    return U, 0.5 * (P + P.transpose())
 
 
 @ti.func
