@@ -895,8 +895,6 @@ def build_kernel_body(bld: _b.Builder, kernel, args: tuple) -> None:
 
 
 def _ndarray_binding(bld: _b.Builder, index: int, name: str, value) -> NdarrayArg:
-    from .values import Value as _V  # noqa: F401 - keeps import graph explicit
-
     dtype, field_ndim, esh, has_grad = value
     buf = Buffer(("ndarray", index, "primal"), dtype, (None,) * field_ndim + esh, name, len(esh))
     grad = None

@@ -9,7 +9,6 @@ kernel-level variables and other values go through *temps*, slots in the launch 
 
 from __future__ import annotations
 
-from ...types import i32
 from ..nodes import Block, KernelIR, Stmt, Task, walk
 
 _REMAT_OPS = {"const", "arg", "buf_shape", "cast", "select", "neg", "abs", "add", "sub", "mul",
@@ -179,5 +178,3 @@ def offload(ir: KernelIR) -> KernelIR:
     ir.tasks = tasks
     return ir
 
-
-__all__ = ["offload", "i32"]
