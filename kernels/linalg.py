@@ -20,31 +20,32 @@ import difftape as ti
 #   (smallest-magnitude) singular value, which is then negative.
 # * ``polar_decompose(A)`` returns ``(U, P)`` with ``A == U @ P`` and ``P`` symmetric.  In 2-D
 #   ``U`` is orthogonal (a reflection when ``det(A) < 0``) and ``P`` is positive semi-definite;
-#   in 3-D ``U = U_svd @ V.T`` is a rotation and ``P = V @ S @ V.T`` (indefinite when
-#   ``det(A) < 0``).
+#   in 3-D ``U = U_svd @ V.T`` is a rotation and ``P = U.T @ A = V @ S @ V.T`` (indefinite
+#   when ``det(A) < 0``).
 #
 # Singular vectors are only defined up to simultaneous sign flips of matching columns of ``U`` and
 # ``V`` (and up to a rotation inside repeated singular values), so results agree with Taichi's
 # up to those freedoms, not bit for bit.
 #
-# Every routine first divides the input by its largest absolute entry, so that squares of
-# entries can neither overflow nor underflow (important in f32), and rescales the result.
-#
+# Every routine first divides the input by a power of two close to its largest absolute entry
+# (exact, and derivative-free), so that squares of entries can neither overflow nor underflow
+# (important in f32), and rescales the result.
 
-# Squared norms below this are treated as zero; the input has been scaled so that its
-# largest entry is 1, so this is relative to the matrix' size.  It is far above the f32
+# Squared norms below this are treated as zero.  The input has been scaled so that its largest
+# entry is in [0.5, 2), so this is relative to the matrix' size.  It is far above the f32
 # denormal range, which keeps every sqrt/division well-conditioned in both precisions.
 _TINY = 1e-30
 
 # One-sided Jacobi sweeps (three plane rotations each) for the 3x3 SVD.  The method converges
-# quadratically: over 20k random, ill-conditioned, clustered and near-identity inputs no rotation
-# was ever applied after the 4th sweep in f32 or f64, so 6 leaves a margin.
+# quadratically: over 20k random, ill-conditioned, clustered, repeated and near-identity inputs
+# the worst column non-orthogonality reached its rounding floor after the 4th sweep in both f32
+# and f64 (worst after 3 sweeps: 2e-5 / 4e-6), so 6 leaves a margin of two sweeps.
 _SWEEPS = 6
 
-# Two columns whose cosine is below this are considered orthogonal and are not rotated
-# (roughly 8 units in the last place).  Skipping those rotations matters: for a matrix with
-# (nearly) repeated singular values, e.g. a rotation, the rotation angle would otherwise be
-# decided by rounding noise, costing accuracy and making derivatives blow up.
+# A column pair that is orthogonal *and* of equal length to this relative precision (about 8
+# units in the last place) is a repeated singular value and is not rotated.  Any rotation would
+# be valid there, but its angle would be decided by rounding noise, costing accuracy and making
+# derivatives blow up (think of the identity or a rotation matrix as input).
 _ORTHO_TOL_F32 = 5e-7
 _ORTHO_TOL_F64 = 1e-15
 
@@ -88,6 +89,38 @@ def _ortho_tol(dt):
     if ti.static(dt == ti.f32):
         tol = ti.cast(_ORTHO_TOL_F32, dt)
     return tol
+
+
+@ti.func
+def _pow2_scale(m, dt):
+    """A power of two ``c`` with ``m / c`` in ``[0.5, 2)`` (``c = 1`` when ``m == 0``).
+
+    Inputs are divided by ``c`` before decomposing, so squares of entries can neither overflow
+    nor underflow and the absolute thresholds below act as relative ones.  ``c`` is built by
+    a binary search on the exponent using only comparisons and constant factors, so (unlike
+    ``c = m``) it is exact in floating point and carries no derivative: the decompositions
+    are homogeneous, so treating ``c`` as a constant still gives the true derivative, without
+    ``1 / m^2`` intermediates that would overflow in the reverse pass for tiny inputs.
+    """
+    one = ti.cast(1.0, dt)
+    c = one
+    mm = m
+    if ti.static(dt == ti.f64):
+        for i in ti.static(range(3)):  # exponents 512, 256, 128: beyond the f32 range
+            if mm >= ti.static(2.0 ** (512 >> i)):
+                mm = mm * ti.static(2.0 ** -(512 >> i))
+                c = c * ti.static(2.0 ** (512 >> i))
+            if mm < ti.static(2.0 ** -(512 >> i)):
+                mm = mm * ti.static(2.0 ** (512 >> i))
+                c = c * ti.static(2.0 ** -(512 >> i))
+    for i in ti.static(range(7)):  # exponents 64, 32, ..., 1
+        if mm >= ti.static(2.0 ** (64 >> i)):
+            mm = mm * ti.static(2.0 ** -(64 >> i))
+            c = c * ti.static(2.0 ** (64 >> i))
+        if mm < ti.static(2.0 ** -(64 >> i)):
+            mm = mm * ti.static(2.0 ** (64 >> i))
+            c = c * ti.static(2.0 ** -(64 >> i))
+    return ti.select(m > 0.0, c, one)
 
 
 @ti.func
@@ -192,12 +225,12 @@ def _lowdin_coeff(f, inv_i, inv_j, s_i, s_j, dt):
 def svd3d(A, dt):
     """SVD of a 3x3 matrix: returns ``(U, S, V)`` with ``A = U @ S @ V.T``.
 
-    Algorithm: one-sided (Hestenes) Jacobi.  Starting from ``B = A / max|A_ij|`` and ``V = I``,
-    a fixed number of cyclic sweeps of plane rotations (``_jacobi_rotate``) makes the columns
-    of ``B = A V`` mutually orthogonal.  This works on ``A`` directly instead of on ``A^T A``,
-    so the reconstruction error stays at rounding level even for clustered or tiny singular
-    values.  The columns are then sorted by decreasing length (each swap negates one column
-    so ``V`` stays a rotation).
+    Algorithm: one-sided (Hestenes) Jacobi.  Starting from ``B = A / c`` (``c`` ~ max|A_ij|,
+    see ``_pow2_scale``) and ``V = I``, a fixed number of cyclic sweeps of plane rotations
+    (``_jacobi_rotate``) makes the columns of ``B = A V`` mutually orthogonal.  This works on
+    ``A`` directly instead of on ``A^T A``, so the reconstruction error stays at rounding level
+    even for clustered or tiny singular values.  The columns are then sorted by decreasing
+    length (each swap negates one column so ``V`` stays a rotation).
 
     ``U`` is the orthogonal polar factor of ``B`` (columns ``b_k / |b_k|`` plus the first-order
     symmetric correction from ``_lowdin_coeff``), re-orthonormalised by Gram-Schmidt and
@@ -211,8 +244,7 @@ def svd3d(A, dt):
     zero = ti.cast(0.0, dt)
     one = ti.cast(1.0, dt)
 
-    m = _max_abs3x3(A, dt)
-    scale = ti.select(m > zero, m, one)
+    scale = _pow2_scale(_max_abs3x3(A, dt), dt)
     inv = one / scale
 
     b0 = ti.Vector([ti.cast(A[0, 0], dt), ti.cast(A[1, 0], dt), ti.cast(A[2, 0], dt)]) * inv
@@ -286,7 +318,7 @@ def svd3d(A, dt):
         u1 = w / ti.sqrt(nw)
     else:
         u1 = _orthonormal_to(u0, dt)
-    if _dot3(u1, b1) < zero:
+    if _dot3(u1, b1) < zero:  # only possible for the arbitrary fallback direction
         u1 = -u1
     u2 = _cross3(u0, u1)
 
@@ -302,16 +334,16 @@ def svd3d(A, dt):
 
 @ti.func
 def _polar2d_scaled(A, dt):
-    """Closed-form 2x2 polar decomposition of ``A / m``, ``m = max|A_ij|``.
+    """Closed-form 2x2 polar decomposition of ``A / m``, ``m`` = a power of two near max|A_ij|.
 
     Returns ``(U, P, m, |det(A / m)|)`` with ``A / m == U @ P``.  For ``U`` a rotation
     ``[[c, -s], [s, c]]``, ``U^T A`` is symmetric exactly when ``(c, s)`` is proportional to
     ``(a + d, c' - b)`` (``A = [[a, b], [c', d]]``), and then ``trace(P) >= 0``; for ``U`` a
     reflection ``[[c, s], [s, -c]]`` the condition is ``(c, s) ~ (a - d, b + c')``.  Since
     ``det(P) = det(U) det(A)``, picking the rotation when ``det(A) >= 0`` and the reflection
-    otherwise makes ``P`` positive semi-definite (Taichi's 2-D convention).  After scaling,
-    the normalising length is at least ``|A|_F >= 1`` unless ``A == 0``, so no small divisor
-    can occur; ``A == 0`` gives ``U = I``.
+    otherwise makes ``P`` positive semi-definite (Taichi's 2-D convention).  The squared
+    normalising length is ``|A|_F^2 + 2 |det(A)| >= |A|_F^2 >= 1/4`` after scaling unless
+    ``A == 0``, so no small divisor can occur; ``A == 0`` gives ``U = I``.
     """
     zero = ti.cast(0.0, dt)
     one = ti.cast(1.0, dt)
@@ -320,7 +352,7 @@ def _polar2d_scaled(A, dt):
     c = ti.cast(A[1, 0], dt)
     d = ti.cast(A[1, 1], dt)
     m = ti.max(ti.max(ti.abs(a), ti.abs(b)), ti.max(ti.abs(c), ti.abs(d)))
-    scale = ti.select(m > zero, m, one)
+    scale = _pow2_scale(m, dt)
     inv = one / scale
     a = a * inv
     b = b * inv
@@ -380,7 +412,10 @@ def svd2d(A, dt):
     q = P[0, 1]
     r = P[1, 1]
     half_diff = 0.5 * (p - r)
-    h = ti.sqrt(half_diff * half_diff + q * q)
+    h2 = half_diff * half_diff + q * q
+    h = zero
+    if h2 > _TINY:  # otherwise P is a multiple of I and V = I (also keeps sqrt'(0) out of AD)
+        h = ti.sqrt(h2)
     mean = 0.5 * (p + r)
     l0 = mean + h
     l1 = zero
@@ -388,7 +423,7 @@ def svd2d(A, dt):
         l1 = ti.min(det_p / l0, l0)
     vx = one
     vy = zero
-    if h > zero:
+    if h2 > _TINY:
         ex = half_diff + h
         ey = q
         if half_diff < zero:

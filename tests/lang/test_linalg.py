@@ -66,3 +66,126 @@ def test_svd_and_polar_decompose(ti, fp, n):
     else:
         # 2-D polar: P is the positive semi-definite factor sqrt(A^T A)
         np.testing.assert_array_less(-atol, np.linalg.eigvalsh(p))
+
+
+def _edge_inputs(n):
+    rng = np.random.default_rng(10 + n)
+    q, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    q[:, 0] *= np.sign(np.linalg.det(q))  # a rotation
+    flip = np.diag([1.0] * (n - 1) + [-1.0])
+    return np.stack(
+        [
+            np.eye(n),
+            -np.eye(n),
+            np.zeros((n, n)),
+            np.ones((n, n)),  # rank 1
+            np.diag([1.0] + [0.0] * (n - 1)),  # rank 1, diagonal
+            np.diag([3.0] * (n - 1) + [0.0]),  # rank n-1, repeated singular value
+            q,  # rotation: all singular values 1
+            2.5 * q,
+            q @ flip,  # reflection
+            np.eye(n)[::-1].copy(),  # permutation
+            q @ np.diag(np.arange(n, 0, -1.0)) @ flip @ q.T,  # distinct, negative determinant
+            np.diag(np.arange(1.0, n + 1)) + 1e-4 * rng.standard_normal((n, n)),
+            rng.integers(-3, 4, (n, n)).astype(np.float64),
+        ]
+    )
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_svd_and_polar_decompose_edge_cases(ti, fp, n):
+    # Identity, zero, rank-deficient, repeated singular values, rotations and reflections, plus
+    # Taichi's sign conventions: 2-D keeps S >= 0 and V a rotation (U carries det's sign);
+    # 3-D keeps U and V rotations and puts det's sign on the last (smallest) singular value.
+    atol = 2e-5 if fp == ti.f32 else 1e-9
+    a = _edge_inputs(n)
+    batch = a.shape[0]
+    A = ti.Matrix.field(n, n, float, shape=batch)
+    U = ti.Matrix.field(n, n, float, shape=batch)
+    S = ti.Matrix.field(n, n, float, shape=batch)
+    V = ti.Matrix.field(n, n, float, shape=batch)
+    R = ti.Matrix.field(n, n, float, shape=batch)
+    P = ti.Matrix.field(n, n, float, shape=batch)
+
+    @ti.kernel
+    def decompose():
+        for i in A:
+            U[i], S[i], V[i] = ti.svd(A[i])
+            R[i], P[i] = ti.polar_decompose(A[i])
+
+    A.from_numpy(a)
+    decompose()
+    u, s, v, r, p = (f.to_numpy().astype(np.float64) for f in (U, S, V, R, P))
+    assert all(np.isfinite(x).all() for x in (u, s, v, r, p))
+    eye = np.broadcast_to(np.eye(n), a.shape)
+    scale = np.maximum(np.abs(a).max(axis=(1, 2)), 1.0)[:, None, None]
+    det_a = np.linalg.det(a)
+    nonsingular = np.abs(det_a) > 1e-6
+
+    np.testing.assert_allclose((u @ s @ _t(v)) / scale, a / scale, atol=atol)
+    np.testing.assert_allclose(u @ _t(u), eye, atol=atol)
+    np.testing.assert_allclose(v @ _t(v), eye, atol=atol)
+    diag = np.diagonal(s, axis1=1, axis2=2)
+    np.testing.assert_allclose(s, diag[:, :, None] * eye, atol=atol)
+    sv = np.abs(diag) / scale[:, :, 0]
+    np.testing.assert_array_less(sv[:, 1:] - atol, sv[:, :-1])  # decreasing magnitude
+    want_sv = np.linalg.svd(a, compute_uv=False) / scale[:, :, 0]
+    np.testing.assert_allclose(sv, want_sv, atol=atol)
+    np.testing.assert_allclose(np.linalg.det(v), 1.0, atol=atol)
+
+    np.testing.assert_allclose((r @ p) / scale, a / scale, atol=atol)
+    np.testing.assert_allclose(r @ _t(r), eye, atol=atol)
+    np.testing.assert_allclose(p / scale, _t(p) / scale, atol=atol)
+
+    if n == 2:
+        np.testing.assert_array_less(-atol, diag / scale[:, :, 0])
+        sign = np.sign(det_a[nonsingular])
+        np.testing.assert_allclose(np.linalg.det(u)[nonsingular], sign, atol=atol)
+        np.testing.assert_allclose(np.linalg.det(r)[nonsingular], sign, atol=atol)
+        np.testing.assert_array_less(-atol, np.linalg.eigvalsh(p) / scale[:, :, 0])
+    else:
+        np.testing.assert_allclose(np.linalg.det(u), 1.0, atol=atol)
+        np.testing.assert_allclose(np.linalg.det(r), 1.0, atol=atol)
+        np.testing.assert_array_equal(np.sign(diag[nonsingular, 2]), np.sign(det_a[nonsingular]))
+
+
+@pytest.mark.difftape_only
+@pytest.mark.parametrize("n", [2, 3])
+def test_svd_and_polar_decompose_extreme_scales(ti, fp, n):
+    # Inputs are rescaled by a power of two internally, so tiny and huge matrices decompose as
+    # accurately as unit-sized ones (Taichi 1.7.4 returns NaN or garbage for several of these,
+    # and its 3-D f64 SVD loses digits already at 1e-3).
+    atol = 2e-6 if fp == ti.f32 else 1e-13
+    rng = np.random.default_rng(n)
+    base = rng.standard_normal((4, n, n))
+    exps = [-30, -3, 30] if fp == ti.f32 else [-150, -30, -3, 30, 150]
+    a = np.concatenate([base * 10.0**e for e in exps])
+    batch = a.shape[0]
+    A = ti.Matrix.field(n, n, float, shape=batch)
+    U = ti.Matrix.field(n, n, float, shape=batch)
+    S = ti.Matrix.field(n, n, float, shape=batch)
+    V = ti.Matrix.field(n, n, float, shape=batch)
+    R = ti.Matrix.field(n, n, float, shape=batch)
+    P = ti.Matrix.field(n, n, float, shape=batch)
+
+    @ti.kernel
+    def decompose():
+        for i in A:
+            U[i], S[i], V[i] = ti.svd(A[i])
+            R[i], P[i] = ti.polar_decompose(A[i])
+
+    A.from_numpy(a)
+    a = A.to_numpy().astype(np.float64)  # what the kernel actually saw
+    decompose()
+    u, s, v, r, p = (f.to_numpy().astype(np.float64) for f in (U, S, V, R, P))
+    scale = np.abs(a).max(axis=(1, 2))[:, None, None]
+    eye = np.broadcast_to(np.eye(n), a.shape)
+    np.testing.assert_allclose((u @ s @ _t(v)) / scale, a / scale, atol=atol)
+    np.testing.assert_allclose((r @ p) / scale, a / scale, atol=atol)
+    np.testing.assert_allclose(u @ _t(u), eye, atol=atol)
+    np.testing.assert_allclose(v @ _t(v), eye, atol=atol)
+    np.testing.assert_allclose(r @ _t(r), eye, atol=atol)
+    want_sv = np.linalg.svd(a, compute_uv=False) / scale[:, :, 0]
+    np.testing.assert_allclose(
+        np.abs(np.diagonal(s, axis1=1, axis2=2)) / scale[:, :, 0], want_sv, atol=atol
+    )
