@@ -91,6 +91,10 @@ def _ortho_tol(dt):
     return tol
 
 
+_SCALE_EXPONENTS_F32 = (64, 32, 16, 8, 4, 2, 1)
+_SCALE_EXPONENTS_F64 = (512, 256, 128) + _SCALE_EXPONENTS_F32
+
+
 @ti.func
 def _pow2_scale(m, dt):
     """A power of two ``c`` with ``m / c`` in ``[0.5, 2)`` (``c = 1`` when ``m == 0``).
@@ -105,21 +109,14 @@ def _pow2_scale(m, dt):
     one = ti.cast(1.0, dt)
     c = one
     mm = m
-    if ti.static(dt == ti.f64):
-        for i in ti.static(range(3)):  # exponents 512, 256, 128: beyond the f32 range
-            if mm >= ti.static(2.0 ** (512 >> i)):
-                mm = mm * ti.static(2.0 ** -(512 >> i))
-                c = c * ti.static(2.0 ** (512 >> i))
-            if mm < ti.static(2.0 ** -(512 >> i)):
-                mm = mm * ti.static(2.0 ** (512 >> i))
-                c = c * ti.static(2.0 ** -(512 >> i))
-    for i in ti.static(range(7)):  # exponents 64, 32, ..., 1
-        if mm >= ti.static(2.0 ** (64 >> i)):
-            mm = mm * ti.static(2.0 ** -(64 >> i))
-            c = c * ti.static(2.0 ** (64 >> i))
-        if mm < ti.static(2.0 ** -(64 >> i)):
-            mm = mm * ti.static(2.0 ** (64 >> i))
-            c = c * ti.static(2.0 ** -(64 >> i))
+    # Exponents 512, 256, 128 only exist in f64; 64 ... 1 in both.
+    for e in ti.static(_SCALE_EXPONENTS_F64 if dt == ti.f64 else _SCALE_EXPONENTS_F32):
+        if mm >= ti.static(2.0 ** e):
+            mm = mm * ti.static(2.0 ** -e)
+            c = c * ti.static(2.0 ** e)
+        if mm < ti.static(2.0 ** -e):
+            mm = mm * ti.static(2.0 ** e)
+            c = c * ti.static(2.0 ** -e)
     return ti.select(m > 0.0, c, one)
 
 

@@ -92,20 +92,11 @@ def _edge_inputs(n):
     )
 
 
-@pytest.mark.parametrize("n", [2, 3])
-def test_svd_and_polar_decompose_edge_cases(ti, fp, n):
-    # Identity, zero, rank-deficient, repeated singular values, rotations and reflections, plus
-    # Taichi's sign conventions: 2-D keeps S >= 0 and V a rotation (U carries det's sign);
-    # 3-D keeps U and V rotations and puts det's sign on the last (smallest) singular value.
-    atol = 2e-5 if fp == ti.f32 else 1e-9
-    a = _edge_inputs(n)
-    batch = a.shape[0]
-    A = ti.Matrix.field(n, n, float, shape=batch)
-    U = ti.Matrix.field(n, n, float, shape=batch)
-    S = ti.Matrix.field(n, n, float, shape=batch)
-    V = ti.Matrix.field(n, n, float, shape=batch)
-    R = ti.Matrix.field(n, n, float, shape=batch)
-    P = ti.Matrix.field(n, n, float, shape=batch)
+def _decompose_batch(ti, a, n):
+    """Run ti.svd and ti.polar_decompose on a batch of matrices in one kernel; returns the
+    input as stored (in the field's precision) and (U, S, V, R, P), all as float64."""
+    fields = [ti.Matrix.field(n, n, float, shape=a.shape[0]) for _ in range(6)]
+    A, U, S, V, R, P = fields
 
     @ti.kernel
     def decompose():
@@ -115,7 +106,18 @@ def test_svd_and_polar_decompose_edge_cases(ti, fp, n):
 
     A.from_numpy(a)
     decompose()
-    u, s, v, r, p = (f.to_numpy().astype(np.float64) for f in (U, S, V, R, P))
+    return A.to_numpy().astype(np.float64), tuple(
+        f.to_numpy().astype(np.float64) for f in (U, S, V, R, P))
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_svd_and_polar_decompose_edge_cases(ti, fp, n):
+    # Identity, zero, rank-deficient, repeated singular values, rotations and reflections, plus
+    # Taichi's sign conventions: 2-D keeps S >= 0 and V a rotation (U carries det's sign);
+    # 3-D keeps U and V rotations and puts det's sign on the last (smallest) singular value.
+    atol = 2e-5 if fp == ti.f32 else 1e-9
+    a = _edge_inputs(n)
+    _, (u, s, v, r, p) = _decompose_batch(ti, a, n)
     assert all(np.isfinite(x).all() for x in (u, s, v, r, p))
     eye = np.broadcast_to(np.eye(n), a.shape)
     scale = np.maximum(np.abs(a).max(axis=(1, 2)), 1.0)[:, None, None]
@@ -160,24 +162,7 @@ def test_svd_and_polar_decompose_extreme_scales(ti, fp, n):
     base = rng.standard_normal((4, n, n))
     exps = [-30, -3, 30] if fp == ti.f32 else [-150, -30, -3, 30, 150]
     a = np.concatenate([base * 10.0**e for e in exps])
-    batch = a.shape[0]
-    A = ti.Matrix.field(n, n, float, shape=batch)
-    U = ti.Matrix.field(n, n, float, shape=batch)
-    S = ti.Matrix.field(n, n, float, shape=batch)
-    V = ti.Matrix.field(n, n, float, shape=batch)
-    R = ti.Matrix.field(n, n, float, shape=batch)
-    P = ti.Matrix.field(n, n, float, shape=batch)
-
-    @ti.kernel
-    def decompose():
-        for i in A:
-            U[i], S[i], V[i] = ti.svd(A[i])
-            R[i], P[i] = ti.polar_decompose(A[i])
-
-    A.from_numpy(a)
-    a = A.to_numpy().astype(np.float64)  # what the kernel actually saw
-    decompose()
-    u, s, v, r, p = (f.to_numpy().astype(np.float64) for f in (U, S, V, R, P))
+    a, (u, s, v, r, p) = _decompose_batch(ti, a, n)  # a: what the kernel actually saw
     scale = np.abs(a).max(axis=(1, 2))[:, None, None]
     eye = np.broadcast_to(np.eye(n), a.shape)
     np.testing.assert_allclose((u @ s @ _t(v)) / scale, a / scale, atol=atol)
