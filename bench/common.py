@@ -107,6 +107,18 @@ def init(ti: ModuleType, **kwargs: Any) -> None:
     ti.init(arch=ti.cpu, **kwargs)
 
 
+def offline_cache_kwargs(backend: str, cache_dir: str) -> dict[str, Any]:
+    """``ti.init`` options that point the backend's offline cache at ``cache_dir``.
+
+    Taichi takes the directory as an init argument; difftape reads ``DIFFTAPE_CACHE_DIR``
+    (set here as well, for standalone runs) and accepts ``offline_cache=True``.
+    """
+    if backend == "taichi":
+        return {"offline_cache": True, "offline_cache_file_path": cache_dir}
+    os.environ[DIFFTAPE_CACHE_ENV] = cache_dir
+    return {"offline_cache": True}
+
+
 def sync_of(ti: ModuleType | None) -> Callable[[], None]:
     """The function that waits for outstanding kernel launches (a no-op for numpy)."""
     if ti is None or not hasattr(ti, "sync"):

@@ -10,7 +10,6 @@ makes a fresh temporary cache directory and starts the cold and the warm process
 """
 
 import argparse
-import os
 import sys
 import time
 from typing import Any
@@ -19,18 +18,6 @@ import common
 
 NAME = "compile"
 N = 4096
-
-
-def _init_kwargs(backend: str, cache_dir: str) -> dict[str, Any]:
-    """Point the backend's offline cache at ``cache_dir``.
-
-    Taichi takes the directory as an init argument; difftape reads ``DIFFTAPE_CACHE_DIR``
-    (set by the driver and here, for standalone runs) and accepts ``offline_cache=True``.
-    """
-    if backend == "taichi":
-        return {"offline_cache": True, "offline_cache_file_path": cache_dir}
-    os.environ[common.DIFFTAPE_CACHE_ENV] = cache_dir
-    return {"offline_cache": True}
 
 
 def run_phase(args: argparse.Namespace) -> dict[str, Any]:
@@ -42,7 +29,7 @@ def run_phase(args: argparse.Namespace) -> dict[str, Any]:
     import_s = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    common.init(ti, **_init_kwargs(args.backend, args.cache_dir))
+    common.init(ti, **common.offline_cache_kwargs(args.backend, args.cache_dir))
     init_s = time.perf_counter() - t0
 
     t0 = time.perf_counter()

@@ -25,7 +25,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
 #: Benchmarks in the order they are run and printed.
-BENCHMARKS = ("elementwise", "reduction", "nbody", "launch", "compile")
+BENCHMARKS = (
+    "elementwise",
+    "reduction",
+    "nbody",
+    "launch",
+    "compile",
+    "ad_elementwise",
+    "ad_reduction",
+    "ad_nbody",
+    "diffmpm",
+)
 #: Benchmarks that run as cold/warm process pairs over a fresh on-disk cache directory.
 CACHE_BENCHMARKS = frozenset({"compile"})
 

@@ -134,10 +134,15 @@ def is_active(*_args) -> int:
     return 1
 
 
+from . import ad  # noqa: E402
+from .ad import Tape  # noqa: E402
+
+
 def __getattr__(name: str):
-    if name in ("ad", "Tape", "FwdMode"):
-        raise AttributeError(f"difftape.{name}: autodiff is not available in this version of "
-                             "difftape yet; kernels run forward only")
+    if name == "FwdMode":
+        raise AttributeError("difftape.FwdMode: forward-mode autodiff is not available in this "
+                             "version of difftape yet (reverse mode is: ti.ad.Tape, "
+                             "kernel.grad)")
     raise AttributeError(f"module 'difftape' has no attribute {name!r}")
 
 

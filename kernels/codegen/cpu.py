@@ -27,6 +27,9 @@ _ARITY = {"pow": 2, "atan2": 2}
 
 class CPUTarget:
     name = "cpu"
+    # The reverse-mode stack grows with libc's allocator, bound under our own names.
+    realloc_symbol = "dt_realloc"
+    free_symbol = "dt_free"
 
     def __init__(self) -> None:
         llvm.initialize_native_target()
@@ -66,6 +69,9 @@ class CPUTarget:
             return None
 
     def _bind_scalar_symbols(self) -> None:
+        libc = ctypes.CDLL(None)
+        for name in ("realloc", "free"):
+            llvm.add_symbol(f"dt_{name}", ctypes.cast(getattr(libc, name), ctypes.c_void_p).value)
         for name in _LIBM_NAMES.values():
             for suffix in ("f", ""):
                 fn = getattr(self.libm, name + suffix)

@@ -170,13 +170,18 @@ class Lowering:
         self.loops: list[_Loop] = []
         self.buffer_bases: dict[int, str] = {}
         self.extents: dict[tuple[int, int], str] = {}
+        self.stack: tuple[str, str, str] | None = None  # allocas: data, top, capacity
         return self.fn
 
     def _task(self, k: int, task: Task) -> str:
+        from ..ir.nodes import task_blocks, walk
+
         self.serial = task.kind == "serial"
         fn = self._new_function(
             f"define void @{self.task_name(k)}(ptr noalias %ctx, i64 %begin, i64 %end, "
             f"i32 %tid) #0")
+        if any(s.op == "stack_push" for b in task_blocks(task) for s in walk(b)):
+            self._stack_init()
         if task.kind == "serial":
             self.block(task.body)
         else:
@@ -185,8 +190,15 @@ class Lowering:
             e32 = fn.ins("trunc i64 %end to i32")
             self._counted_loop(task.loop_id, b32, e32, task.body)
             self.block(task.epilogue)
-        fn.term("ret void")
+        self._return()
         return fn.text()
+
+    def _return(self) -> None:
+        """Leave the task function, releasing the reverse-mode stack if it has one."""
+        if self.stack is not None:
+            p = self.fn.ins(f"load ptr, ptr {self.stack[0]}")
+            self.fn.void(f"call void @{self.target.free_symbol}(ptr {p})")
+        self.fn.term("ret void")
 
     def _bounds(self, k: int, task: Task) -> str:
         fn = self._new_function(f"define void @{self.bounds_name(k)}(ptr noalias %ctx, "
@@ -500,6 +512,65 @@ class Lowering:
         v = s.args[1]
         self.fn.void(f"store {ll_type(v.dtype)} {self.values[v]}, ptr {self.allocas[s.args[0]]}")
 
+    # ------------------------------------------------------------------ reverse-mode stack
+    def _stack_init(self) -> None:
+        fn = self.fn
+        data, top, cap = fn.alloca("ptr"), fn.alloca("i64"), fn.alloca("i64")
+        fn.allocas += [f"  store ptr null, ptr {data}", f"  store i64 0, ptr {top}",
+                       f"  store i64 0, ptr {cap}"]
+        self.declare(f"declare ptr @{self.target.realloc_symbol}(ptr, i64)")
+        self.declare(f"declare void @{self.target.free_symbol}(ptr)")
+        self.stack = (data, top, cap)
+
+    def op_stack_push(self, s: Stmt) -> None:
+        fn = self.fn
+        data, top, cap = self.stack
+        v = s.args[0]
+        bits = self._to_i64(self.values[v], v.dtype)
+        n = fn.ins(f"load i64, ptr {top}")
+        c = fn.ins(f"load i64, ptr {cap}")
+        full = fn.ins(f"icmp eq i64 {n}, {c}")
+        grow, ok = fn.label("stack_grow"), fn.label("stack_ok")
+        fn.term(f"br i1 {full}, label %{grow}, label %{ok}")
+        fn.start_block(grow)
+        dbl = fn.ins(f"shl i64 {c}, 1")
+        z = fn.ins(f"icmp eq i64 {c}, 0")
+        newcap = fn.ins(f"select i1 {z}, i64 256, i64 {dbl}")
+        nbytes = fn.ins(f"shl i64 {newcap}, 3")
+        old = fn.ins(f"load ptr, ptr {data}")
+        new = fn.ins(f"call ptr @{self.target.realloc_symbol}(ptr {old}, i64 {nbytes})")
+        fn.void(f"store ptr {new}, ptr {data}")
+        fn.void(f"store i64 {newcap}, ptr {cap}")
+        fn.start_block(ok)
+        base = fn.ins(f"load ptr, ptr {data}")
+        p = fn.ins(f"getelementptr i64, ptr {base}, i64 {n}", "p")
+        fn.void(f"store i64 {bits}, ptr {p}")
+        n1 = fn.ins(f"add i64 {n}, 1")
+        fn.void(f"store i64 {n1}, ptr {top}")
+
+    def op_stack_pop(self, s: Stmt) -> str:
+        fn = self.fn
+        data, top, _ = self.stack
+        n = fn.ins(f"load i64, ptr {top}")
+        n1 = fn.ins(f"sub i64 {n}, 1")
+        fn.void(f"store i64 {n1}, ptr {top}")
+        base = fn.ins(f"load ptr, ptr {data}")
+        p = fn.ins(f"getelementptr i64, ptr {base}, i64 {n1}", "p")
+        bits = fn.ins(f"load i64, ptr {p}")
+        return self._from_i64(bits, s.dtype)
+
+    def _to_i64(self, v: str, t: DType) -> str:
+        if t.is_float:
+            w = f"i{t.bits}"
+            v = self.fn.ins(f"bitcast {ll_type(t)} {v} to {w}")
+            return v if t.bits == 64 else self.fn.ins(f"zext {w} {v} to i64")
+        return v if t.bits == 64 else self.fn.ins(f"zext i{t.bits} {v} to i64")
+
+    def _from_i64(self, bits: str, t: DType) -> str:
+        if t.bits != 64:
+            bits = self.fn.ins(f"trunc i64 {bits} to i{t.bits}")
+        return self.fn.ins(f"bitcast i{t.bits} {bits} to {ll_type(t)}") if t.is_float else bits
+
     def op_temp_load(self, s: Stmt) -> str:
         return self.load_scalar(self.layout.temps + s.attr, s.dtype)
 
@@ -610,5 +681,5 @@ class Lowering:
         if len(s.args) > 1:
             v = s.args[1]
             self.store_scalar(self.layout.err_value, v.dtype, self.values[v])
-        fn.term("ret void")
+        self._return()
         fn.start_block(cont)

@@ -96,6 +96,7 @@ class Interpreter:
     def run(self) -> list:
         for t in self.ir.tasks:
             env: dict[Stmt, object] = {}
+            self.stack: list = []
             if t.kind == "serial":
                 self._block(t.body, env, {})
                 continue
@@ -161,6 +162,10 @@ class Interpreter:
             env[s] = self.temps.get(s.attr, 0)
         elif op == "temp_store":
             self.temps[s.attr] = a[0]
+        elif op == "stack_push":
+            self.stack.append(a[0])
+        elif op == "stack_pop":
+            env[s] = self.stack.pop()
         elif op == "return":
             self.returns[s.attr] = a[0]
         elif op == "assert":

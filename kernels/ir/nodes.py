@@ -66,6 +66,11 @@ OPS: dict[str, OpInfo] = {
     "continue": OpInfo("control", 0, False),
     "assert": OpInfo("control", None, False),  # args: cond, *values; attr: message
     "return": OpInfo("control", 1, False),  # attr: return slot
+    # The reverse-mode stack: one LIFO of 8-byte slots per task invocation, grown on demand.
+    # The adjoint of a loop pushes the loop-carried locals at each iteration and pops them
+    # when it walks the iterations backwards.
+    "stack_push": OpInfo("stack", 1, False),
+    "stack_pop": OpInfo("stack", 0, False),
 }
 for _n in UNARY_FLOAT + UNARY_ANY:
     OPS[_n] = OpInfo("unary", 1, True)

@@ -72,15 +72,17 @@ class Kernel:
         self._simple = all(not isinstance(p.annotation, Template | NdarrayType)
                            for p in self.params)
         self.last_compile: CompileStats | None = None
+        self.no_grad = False  # set by @ti.ad.no_grad: a Tape runs it but never differentiates
+        self._adjoint: AdjointKernel | None = None
 
     def __call__(self, *args, **kwargs):
         if kwargs:
             args = self._bind_kwargs(args, kwargs)
         prog = program.get()
         if prog.generation != self._generation:
-            self._instances.clear()
-            self._fast = None
-            self._generation = prog.generation
+            self._reset_instances(prog)
+        if prog.tape is not None and not self.no_grad:
+            prog.tape.record(self, args)
         if self._simple:
             inst = self._fast
             if inst is None:
@@ -91,6 +93,34 @@ class Kernel:
         if inst is None:
             inst = self._instances[key] = self._compile(prog, args, spec)
         return inst.launch(args)
+
+    def _reset_instances(self, prog) -> None:
+        self._instances.clear()
+        self._fast = None
+        if self._adjoint is not None:
+            self._adjoint.instances.clear()
+        self._generation = prog.generation
+
+    def instance(self, args: tuple, variant: str = "primal") -> CompiledKernel:
+        """The compiled ``variant`` ("primal" or "grad") for these arguments."""
+        if len(args) != len(self.params):
+            raise self._arg_count_error(args)
+        prog = program.get()
+        if prog.generation != self._generation:
+            self._reset_instances(prog)
+        key, spec = self._specialize(args)
+        if variant == "primal":
+            if self._simple:
+                if self._fast is None:
+                    self._fast = self._compile(prog, args, ())
+                return self._fast
+            table = self._instances
+        else:
+            table = self.grad.instances
+        inst = table.get(key)
+        if inst is None:
+            inst = table[key] = self._compile(prog, args, () if self._simple else spec, variant)
+        return inst
 
     def _bind_kwargs(self, args: tuple, kwargs: dict) -> tuple:
         names = [p.name for p in self.params]
@@ -128,8 +158,8 @@ class Kernel:
                              f"({names}) but {len(args)} were given", kernel=self.name)
 
     # ------------------------------------------------------------------ compilation
-    def build_ir(self, prog, spec: tuple) -> KernelIR:
-        """The kernel's IR for one specialization, before the pass pipeline."""
+    def build_ir(self, prog, spec: tuple, variant: str = "primal") -> KernelIR:
+        """The kernel's IR for one specialization and variant, before the pass pipeline."""
         cfg = prog.config
         parsed = parse_function(self.pyfunc)
         bld = _b.Builder(self.name, parsed.file, default_fp=cfg.default_fp,
@@ -146,15 +176,20 @@ class Kernel:
             build_kernel_body(bld, self, spec if spec else (None,) * len(self.params))
         returns = bld.return_type if isinstance(bld.return_type, list) else (
             [bld.return_type] if bld.return_type is not None else [])
-        return KernelIR(self.name, bld.params, bld.buffers, bld.body, returns=returns,
-                        file=parsed.file, debug=cfg.debug)
+        ir = KernelIR(self.name, bld.params, bld.buffers, bld.body, returns=returns,
+                      file=parsed.file, debug=cfg.debug)
+        if variant == "grad":
+            from ..autodiff.reverse import reverse_kernel
 
-    def _compile(self, prog, args: tuple, spec: tuple) -> CompiledKernel:
+            ir = reverse_kernel(ir, lambda buf: _has_storage(prog, spec, buf, "grad"))
+        return ir
+
+    def _compile(self, prog, args: tuple, spec: tuple, variant: str = "primal") -> CompiledKernel:
         if self._simple and len(args) != len(self.params):
             raise self._arg_count_error(args)
         stats = CompileStats()
         t0 = time.perf_counter()
-        ir = self.build_ir(prog, spec)
+        ir = self.build_ir(prog, spec, variant)
         t1 = time.perf_counter()
         ir = run_pipeline(ir)
         t2 = time.perf_counter()
@@ -166,12 +201,47 @@ class Kernel:
         return inst
 
     @property
-    def grad(self):
-        raise DifftapeError(f"{self.name}.grad: reverse-mode autodiff is not available in this "
-                            "version of difftape yet (kernels run forward only)")
+    def grad(self) -> AdjointKernel:
+        """``kernel.grad(*args)``: the adjoint kernel, built from this kernel's IR by reverse-mode
+        autodiff, compiled and cached like any kernel. It adds into the ``.grad`` of every field
+        the kernel reads, given the ``.grad`` of the fields it writes."""
+        if self._adjoint is None:
+            self._adjoint = AdjointKernel(self)
+        return self._adjoint
 
     def __repr__(self) -> str:
         return f"<difftape kernel {self.name}>"
+
+
+class AdjointKernel:
+    """The callable behind ``kernel.grad``."""
+
+    def __init__(self, primal: Kernel) -> None:
+        self.primal = primal
+        self.instances: dict = {}
+        self.__name__ = primal.name + ".grad"
+
+    def __call__(self, *args, **kwargs):
+        k = self.primal
+        if kwargs:
+            args = k._bind_kwargs(args, kwargs)
+        if k.no_grad:
+            raise DifftapeError(f"kernel '{k.name}' is marked @ti.ad.no_grad: it has no "
+                                "gradient kernel")
+        return k.instance(args, "grad").launch(args)
+
+    def __repr__(self) -> str:
+        return f"<difftape adjoint kernel {self.primal.name}.grad>"
+
+
+def _has_storage(prog, spec: tuple, buf, role: str) -> bool:
+    """Does the buffer behind ``buf`` have ``role`` ("grad"/"dual") storage allocated?"""
+    kind, ident, _ = buf.key
+    if kind == "field":
+        f = prog.fields.get(ident)
+        return f is not None and getattr(f, role, None) is not None
+    desc = spec[ident] if ident < len(spec) else None
+    return bool(desc and desc[3] if role == "grad" else False)
 
 
 def compile_ir(ir: KernelIR, prog, stats: CompileStats | None = None,

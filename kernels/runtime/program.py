@@ -65,6 +65,7 @@ class Program:
         self.rng_state = seeds.view(np.uint64).copy()
         self.rng_state[self.rng_state == 0] = 0x9E3779B97F4A7C15
         self._pool = None
+        self.tape = None  # the ti.ad.Tape recording kernel launches, if any
 
     @property
     def pool(self):

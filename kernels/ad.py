@@ -1,0 +1,269 @@
+"""``ti.ad``: the Tape, custom gradients and gradient utilities.
+
+A :class:`Tape` records the kernel launches made inside its ``with`` block (with their
+arguments) and, on exit, seeds ``loss.grad[None] = 1`` and runs the adjoint kernels in reverse
+order. Each recorded kernel's adjoint is compiled when it is first recorded, so a kernel whose
+gradient cannot be computed correctly is refused (``GradientRuleError``) before it runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .errors import DifftapeError, GradientRuleError
+from .runtime import program
+from .runtime.field import Field
+
+__all__ = ["Tape", "clear_all_gradients", "grad_for", "grad_replaced", "no_grad",
+           "GradientCheckError"]
+
+
+class GradientCheckError(DifftapeError):
+    """``Tape(grad_check=[...])`` found gradient entries that disagree with finite differences."""
+
+
+def clear_all_gradients() -> None:
+    """Zero the ``.grad`` of every field of the current program."""
+    for f in list(program.get().fields.values()):
+        if f.grad is not None:
+            f.grad.arr.fill(0)
+
+
+def no_grad(kernel):
+    """Mark a kernel as having no gradient: a Tape runs it forward and never differentiates
+    it, and ``kernel.grad()`` does nothing. For bookkeeping kernels (clearing buffers,
+    logging) inside a recorded program."""
+    kernel.no_grad = True
+    return kernel
+
+
+class _Entry:
+    """One recorded call: how to run it forward again and how to run its gradient."""
+
+    __slots__ = ("forward", "backward", "args", "kwargs", "name")
+
+    def __init__(self, forward: Callable, backward: Callable | None, args: tuple,
+                 kwargs: dict, name: str) -> None:
+        self.forward, self.backward = forward, backward
+        self.args, self.kwargs, self.name = args, kwargs, name
+
+
+class Tape:
+    """``with ti.ad.Tape(loss): ...``: record kernel launches, then back-propagate.
+
+    ``loss``: a 0-D field with ``needs_grad=True`` (or None: seed the ``.grad`` of the outputs
+    yourself). ``clear_gradients``: zero all ``.grad`` fields on entry. ``validation``: check at
+    run time, element by element, that no element a recorded kernel read is modified later in
+    the recording (the global data access rule; checks cost one flag per element).
+    ``grad_check``: a list of fields whose gradients are compared with central finite
+    differences of the recorded program after back-propagation.
+    """
+
+    def __init__(self, loss: Field | None = None, clear_gradients: bool = True,
+                 validation: bool = False, grad_check: list | None = None) -> None:
+        self.loss = loss
+        self.clear_gradients = clear_gradients
+        self.validation = validation
+        self.grad_check = list(grad_check) if grad_check else []
+        self.entries: list[_Entry] = []
+        self._suspended = 0
+        self._entered = False
+        self._evaluated = False
+        self._snapshot: dict[int, np.ndarray] | None = None
+
+    # ------------------------------------------------------------------ recording
+    def __enter__(self) -> Tape:
+        if self._entered:
+            raise DifftapeError("a ti.ad.Tape can be entered only once; make a new one")
+        prog = program.get()
+        if prog.tape is not None:
+            raise DifftapeError("ti.ad.Tape blocks cannot be nested")
+        loss = self.loss
+        if loss is not None:
+            if not isinstance(loss, Field) or loss.shape != ():
+                raise DifftapeError("ti.ad.Tape(loss): loss must be a 0-D field (shape=()); "
+                                    "for several outputs, seed their .grad and call "
+                                    "kernel.grad() yourself")
+            if loss.grad is None:
+                raise DifftapeError(f"ti.ad.Tape(loss): '{loss._label()}' has no gradient "
+                                    "storage; create it with needs_grad=True")
+        if self.grad_check and loss is None:
+            raise DifftapeError("ti.ad.Tape(grad_check=...) needs a loss to differentiate")
+        self._entered = True
+        if self.clear_gradients:
+            clear_all_gradients()
+        if self.grad_check:
+            self._snapshot = {i: f.arr.copy() for i, f in prog.fields.items()}
+        if self.validation:
+            from .runtime import validation
+
+            validation.begin(prog)
+        prog.tape = self
+        return self
+
+    def record(self, kernel, args: tuple) -> None:
+        """Called by a kernel launched inside the block (before it runs)."""
+        if self._suspended:
+            return
+        kernel.instance(args, "grad")  # compile now: refuse an undifferentiable kernel early
+        self.entries.append(_Entry(kernel, kernel.grad, args, {}, kernel.name))
+
+    def record_custom(self, forward: Callable, backward: Callable | None, args: tuple,
+                      kwargs: dict) -> None:
+        self.entries.append(_Entry(forward, backward, args, kwargs, forward.__name__))
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        prog = program.get()
+        prog.tape = None
+        if self.validation:
+            from .runtime import validation
+
+            validation.end(prog)
+        if exc_type is None:
+            self.grad()
+        return False
+
+    # ------------------------------------------------------------------ back-propagation
+    def grad(self) -> None:
+        """Seed the loss and run the recorded gradients in reverse order (done on exit)."""
+        if self._evaluated:
+            raise DifftapeError("this Tape's gradients were already computed")
+        self._evaluated = True
+        if self.loss is not None:
+            self.loss.grad.arr.fill(1)
+        for entry in reversed(self.entries):
+            if entry.backward is None:
+                raise DifftapeError(f"'{entry.name}' is decorated with @ti.ad.grad_replaced "
+                                    "but no gradient was registered with @ti.ad.grad_for")
+            entry.backward(*entry.args, **entry.kwargs)
+        if self.grad_check:
+            self._check_gradients()
+
+    # ------------------------------------------------------------------ grad_check
+    def _replay_loss(self, snapshot: dict[int, np.ndarray], field: Field, index: tuple,
+                     delta: float) -> float:
+        prog = program.get()
+        for i, arr in snapshot.items():
+            prog.fields[i].arr[...] = arr
+        field.arr[index] += delta
+        for entry in self.entries:
+            entry.forward(*entry.args, **entry.kwargs)
+        return float(self.loss.arr[()])
+
+    def _check_gradients(self) -> None:
+        prog = program.get()
+        after = {i: f.arr.copy() for i, f in prog.fields.items()}
+        grads = {i: f.grad.arr.copy() for i, f in prog.fields.items() if f.grad is not None}
+        bad: list[str] = []
+        try:
+            for field in self.grad_check:
+                bad += self._check_field(field)
+        finally:
+            for i, arr in after.items():
+                prog.fields[i].arr[...] = arr
+            for i, arr in grads.items():
+                prog.fields[i].grad.arr[...] = arr
+        if bad:
+            raise GradientCheckError("gradients disagree with central finite differences:\n  "
+                                     + "\n  ".join(bad[:20]))
+
+    def _check_field(self, field: Field) -> list[str]:
+        if field.grad is None:
+            raise DifftapeError(f"grad_check: '{field._label()}' has no gradient storage")
+        analytic = field.grad.arr.copy()
+        x0 = self._snapshot[field.id]
+        f32 = field.dtype.bits < 64
+        rel_step, tol = (1e-3, 2e-2) if f32 else (1e-6, 1e-5)
+        flat = list(np.ndindex(x0.shape))
+        if len(flat) > 32:  # a fixed, spread-out sample keeps the check affordable
+            picks = np.random.default_rng(0).choice(len(flat), 32, replace=False)
+            flat = [flat[k] for k in sorted(picks)]
+        scale = float(np.max(np.abs(analytic))) if analytic.size else 0.0
+        out = []
+        with prog_tape_off():
+            for idx in flat:
+                h = rel_step * max(1.0, abs(float(x0[idx])))
+                lp = self._replay_loss(self._snapshot, field, idx, h)
+                lm = self._replay_loss(self._snapshot, field, idx, -h)
+                fd = (lp - lm) / (2 * h)
+                an = float(analytic[idx])
+                denom = max(abs(fd), abs(an), 1e-3 * scale, 1e-12)
+                if abs(fd - an) / denom > tol:
+                    out.append(f"{field._label()}{list(idx)}: gradient {an:.6g}, finite "
+                               f"difference {fd:.6g}")
+        return out
+
+
+class prog_tape_off:
+    """Run kernels without recording them (used while re-running a recorded program)."""
+
+    def __enter__(self) -> None:
+        self.prog = program.get()
+        self.saved, self.prog.tape = self.prog.tape, None
+
+    def __exit__(self, *exc) -> None:
+        self.prog.tape = self.saved
+
+
+# ---------------------------------------------------------------------------------------------
+# custom gradients
+
+def grad_replaced(func: Callable) -> Callable:
+    """Replace the gradient of a Python function that launches kernels.
+
+    Inside a Tape, calling the decorated function runs it without recording its kernels and
+    records the function instead; on back-propagation, the function registered with
+    :func:`grad_for` runs with the same arguments. ``f.grad(*args)`` calls it directly.
+    """
+
+    def decorated(*args: Any, **kwargs: Any):
+        tape = program.get().tape
+        if tape is None or tape._suspended:
+            return func(*args, **kwargs)
+        tape._suspended += 1
+        try:
+            result = func(*args, **kwargs)
+        finally:
+            tape._suspended -= 1
+        tape.record_custom(decorated, _Backward(decorated), args, kwargs)
+        return result
+
+    decorated.__name__ = getattr(func, "__name__", "grad_replaced")
+    decorated.__doc__ = func.__doc__
+    decorated.__wrapped__ = func
+    decorated._difftape_backward = None
+    decorated.grad = _Backward(decorated)
+    return decorated
+
+
+class _Backward:
+    """Calls the gradient registered for a grad_replaced function, looked up at call time."""
+
+    def __init__(self, primal: Callable) -> None:
+        self.primal = primal
+
+    def __call__(self, *args: Any, **kwargs: Any):
+        fn = self.primal._difftape_backward
+        if fn is None:
+            raise DifftapeError(f"'{self.primal.__name__}' is decorated with "
+                                "@ti.ad.grad_replaced but no gradient was registered with "
+                                "@ti.ad.grad_for")
+        return fn(*args, **kwargs)
+
+
+def grad_for(primal: Callable) -> Callable:
+    """Register the decorated function as the gradient of a ``@ti.ad.grad_replaced`` one."""
+    if not hasattr(primal, "_difftape_backward"):
+        raise DifftapeError("@ti.ad.grad_for(f): f must be decorated with @ti.ad.grad_replaced")
+
+    def decorator(func: Callable) -> Callable:
+        primal._difftape_backward = func
+        return func
+
+    return decorator
+
+
+__all__ += ["GradientRuleError"]

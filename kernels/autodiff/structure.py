@@ -1,0 +1,214 @@
+"""Analyses and a normalisation the autodiff transforms share.
+
+* :func:`structurize_loops` removes ``break``/``continue`` from loops by turning them into flag
+  variables that guard the rest of the iteration. A reverse pass must know exactly which
+  statements of an iteration ran; with flags, that is recorded in ordinary (pushed) locals.
+  ``while`` loops keep one real exit test at the top of their body (``attr`` = the number of
+  statements of that test), so the loop still terminates.
+* :func:`activity` finds the *active* statements: floating-point values that depend on a
+  buffer with gradient storage. Only they get adjoints or tangents.
+* :func:`local_sets` computes, for each control statement, the locals declared outside it that
+  it reads or writes (restored before a region is recomputed) and those it writes (pushed per
+  loop iteration).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..ir.nodes import Block, Stmt, walk
+from ..types import i32
+from .rules import RULES
+
+_NO_DERIVATIVE = {"floor", "ceil", "round", "stop_grad", "floordiv"}
+
+
+# ---------------------------------------------------------------------------------------------
+# break / continue -> flags
+
+def _exits(block: Block) -> bool:
+    """Does the block contain a break/continue of the enclosing loop (not of an inner one)?"""
+    for s in block:
+        if s.op in ("break", "continue"):
+            return True
+        if s.op == "if" and any(_exits(b) for b in s.blocks):
+            return True
+    return False
+
+
+class _Flags:
+    def __init__(self, brk: Stmt | None, cont: Stmt | None, loc) -> None:
+        self.brk, self.cont, self.loc = brk, cont, loc
+
+    def set(self, flag: Stmt) -> Stmt:
+        one = Stmt("const", i32, (), 1, loc=self.loc)
+        return [one, Stmt("local_store", None, (flag, one), loc=self.loc)]
+
+    def clear_test(self) -> tuple[list[Stmt], Stmt]:
+        """Statements computing 'neither flag is set', and that value."""
+        out: list[Stmt] = []
+        flags = [f for f in (self.brk, self.cont) if f is not None]
+        vals = [Stmt("local_load", i32, (f,), loc=self.loc) for f in flags]
+        out += vals
+        v = vals[0]
+        for w in vals[1:]:
+            v = Stmt("bit_or", i32, (v, w), loc=self.loc)
+            out.append(v)
+        ok = Stmt("logical_not", i32, (v,), loc=self.loc)
+        out.append(ok)
+        return out, ok
+
+
+def _guard(block: Block, flags: _Flags) -> Block:
+    out: Block = []
+    for k, s in enumerate(block):
+        if s.op == "break":
+            out += flags.set(flags.brk)
+            return out
+        if s.op == "continue":
+            out += flags.set(flags.cont)
+            return out
+        if s.op == "if" and any(_exits(b) for b in s.blocks):
+            s.blocks = tuple(_guard(b, flags) for b in s.blocks)
+            out.append(s)
+            rest = _guard(block[k + 1:], flags)
+            if rest:
+                test, ok = flags.clear_test()
+                out += test
+                out.append(Stmt("if", None, (ok,), None, (rest, []), loc=s.loc))
+            return out
+        out.append(s)
+    return out
+
+
+def _zero_flag(loc) -> tuple[Stmt, list[Stmt]]:
+    flag = Stmt("alloca", i32, loc=loc)
+    zero = Stmt("const", i32, (), 0, loc=loc)
+    return flag, [flag, zero, Stmt("local_store", None, (flag, zero), loc=loc)]
+
+
+def structurize_loops(block: Block) -> Block:
+    """``block`` with every loop's break/continue turned into guarded flag updates."""
+    out: Block = []
+    for s in block:
+        for k, b in enumerate(s.blocks):
+            s.blocks = s.blocks[:k] + (structurize_loops(b),) + s.blocks[k + 1:]
+        if s.op not in ("range_for", "while"):
+            out.append(s)
+            continue
+        body = s.blocks[0]
+        exits = _exits(body)
+        has_brk = any(x.op == "break" for x in _direct(body))
+        has_cont = any(x.op == "continue" for x in _direct(body))
+        if s.op == "range_for" and not exits:
+            out.append(s)
+            continue
+        brk = cont = None
+        if has_brk or s.op == "while":
+            brk, init = _zero_flag(s.loc)
+            out += init
+        new_body: Block = []
+        if has_cont:
+            cont, init = _zero_flag(s.loc)
+            new_body += init
+        flags = _Flags(brk, cont, s.loc)
+        guarded = _guard(body, flags) if exits else body
+        if s.op == "while":
+            test = Stmt("local_load", i32, (brk,), loc=s.loc)
+            exit_if = Stmt("if", None, (test,), None, ([Stmt("break", None, loc=s.loc)], []),
+                           loc=s.loc)
+            s.blocks = ([test, exit_if] + new_body + guarded,)
+            s.attr = 2  # the exit test: the first two statements of the body
+        elif brk is not None:
+            test, ok = _Flags(brk, None, s.loc).clear_test()
+            s.blocks = (test + [Stmt("if", None, (ok,), None, (new_body + guarded, []),
+                                     loc=s.loc)],)
+        else:
+            s.blocks = (new_body + guarded,)
+        out.append(s)
+    return out
+
+
+def _direct(block: Block):
+    """Statements of a loop body outside any inner loop."""
+    for s in block:
+        yield s
+        if s.op == "if":
+            for b in s.blocks:
+                yield from _direct(b)
+
+
+# ---------------------------------------------------------------------------------------------
+# activity
+
+def activity(body: Block, differentiable: Callable[[int], bool]) -> set[Stmt]:
+    """Statements carrying derivatives: float values depending on a load from a buffer slot
+    for which ``differentiable(slot)`` holds, and the locals they are stored in."""
+    stores: dict[Stmt, list[Stmt]] = {}
+    stmts = list(walk(body))
+    for s in stmts:
+        if s.op == "local_store":
+            stores.setdefault(s.args[0], []).append(s.args[1])
+    active: set[Stmt] = set()
+    changed = True
+    while changed:
+        changed = False
+        for s in stmts:
+            if s in active or s.dtype is None or not s.dtype.is_float:
+                continue
+            if _is_active(s, active, stores, differentiable):
+                active.add(s)
+                changed = True
+    return active
+
+
+def _is_active(s: Stmt, active: set, stores: dict, differentiable) -> bool:
+    op = s.op
+    if op == "load":
+        return differentiable(s.attr)
+    if op == "alloca":
+        return any(v in active for v in stores.get(s, ()))
+    if op == "local_load":
+        return s.args[0] in active
+    if op in _NO_DERIVATIVE or op not in RULES:
+        return False
+    if op == "select":
+        return s.args[1] in active or s.args[2] in active
+    return any(a in active for a in s.args)
+
+
+# ---------------------------------------------------------------------------------------------
+# locals used by regions
+
+def local_sets(body: Block) -> tuple[dict[Stmt, list[Stmt]], dict[Stmt, list[Stmt]]]:
+    """For each control statement: (locals from outside it that it reads or writes, those it
+    writes), each in a fixed order."""
+    accessed: dict[Stmt, list[Stmt]] = {}
+    written: dict[Stmt, list[Stmt]] = {}
+
+    def visit(s: Stmt) -> tuple[set, set, set]:
+        """(declared inside, accessed, written) for s including its blocks."""
+        decl: set = set()
+        acc: set = set()
+        wr: set = set()
+        for b in s.blocks:
+            for x in b:
+                d, a, w = visit(x)
+                decl |= d
+                acc |= a
+                wr |= w
+        if s.op == "alloca":
+            decl.add(s)
+        elif s.op == "local_load":
+            acc.add(s.args[0])
+        elif s.op == "local_store":
+            acc.add(s.args[0])
+            wr.add(s.args[0])
+        if s.blocks:
+            accessed[s] = sorted(acc - decl, key=lambda x: x.uid)
+            written[s] = sorted(wr - decl, key=lambda x: x.uid)
+        return decl, acc, wr
+
+    for s in body:
+        visit(s)
+    return accessed, written
