@@ -106,6 +106,8 @@ class ReverseAD:
                                  default=0)
         self.origin: dict[Stmt, Stmt] = {}  # recomputed load -> primal load
         self._in_parallel = False
+        self._prefix = False
+        self._current: Stmt | None = None  # the statement being swept, for error messages
 
     def _add_buffer(self, b: Buffer) -> int:
         for slot, x in enumerate(self.buffers):
@@ -128,6 +130,8 @@ class ReverseAD:
                 r = r in self.grad_slot
             elif s.op == "local_store":
                 r = s.args[0] in self.active
+            elif s.op == "local_atomic":
+                r = s.args[1] in self.active
             elif s.blocks:
                 r = any(self.relevant(x) for b in s.blocks for x in b)
             else:
@@ -162,9 +166,10 @@ class ReverseAD:
             if not any(self.relevant(s) for s in stmts):
                 continue
             scope = _Scope(kernel_scope)
-            for kind2, prev in segments[:k]:
-                if kind2 == "serial":
-                    self.replay(prev, scope, out, top=False)
+            self._prefix = True  # recompute what the segment sees, reductions included
+            for _, prev in segments[:k]:
+                self.replay(prev, scope, out, top=False)
+            self._prefix = False
             if kind == "serial":
                 self.adjoint_block(stmts, scope, out, owned=frozenset())
             else:
@@ -208,7 +213,10 @@ class ReverseAD:
             e.loc = s.loc
             if op in ("store", "assert", "return"):
                 continue
-            if op == "atomic":
+            if op == "local_atomic" and self._prefix and s not in self.used:
+                out.append(s.replace(args=tuple(scope.v(a) for a in s.args)))
+                continue
+            if op in ("atomic", "local_atomic"):
                 if s in self.used:
                     raise self.error(s, "the value returned by an atomic operation cannot be "
                                      "recomputed by the reverse pass (it depends on the order "
@@ -292,15 +300,17 @@ class ReverseAD:
         return Stmt("while", None, (), s.attr, (body,), loc=s.loc)
 
     # ------------------------------------------------------------------ adjoint storage
-    def adj_alloca(self, scope: _Scope, s: Stmt) -> Stmt:
+    def adj_alloca(self, scope: _Scope, s: Stmt, read: bool = False) -> Stmt:
+        """The local holding ``s``'s adjoint (declared, zeroed, in the scope owning ``s``).
+        Parallel iterations may read a kernel-level adjoint but not accumulate into it."""
         owner = scope.owner(s)
         a = owner.adj.get(s)
+        if owner.parent is None and self._in_parallel and not read:
+            raise self.error(self._current or s, "the gradient flows from a parallel loop into a "
+                             "kernel-level variable defined outside it; difftape cannot "
+                             "yet accumulate that across threads. Compute the variable "
+                             "inside the loop, or pass it between kernels through a field")
         if a is None:
-            if owner.parent is None and self._in_parallel:
-                raise self.error(s, "the gradient flows from a parallel loop into a "
-                                 "kernel-level variable defined outside it; difftape cannot "
-                                 "yet accumulate that across threads. Compute the variable "
-                                 "inside the loop, or pass it between kernels through a field")
             a = Stmt("alloca", s.dtype, loc=s.loc)
             zero = Stmt("const", s.dtype, (), 0.0, loc=s.loc)
             owner.decls += [a, zero, Stmt("local_store", None, (a, zero), loc=s.loc)]
@@ -328,6 +338,7 @@ class ReverseAD:
         for s in reversed(block):
             if not self.relevant(s):
                 continue
+            self._current = s
             e.loc = s.loc
             op = s.op
             if op in RULES:
@@ -342,6 +353,11 @@ class ReverseAD:
                 self.accumulate(scope, s.args[0], self.adj_value(scope, s, e), e)
             elif op == "local_store":
                 a, v = s.args
+                if self._in_parallel and scope.owner(a).parent is None:
+                    raise self.error(s, "this parallel loop assigns a variable defined outside "
+                                     "it: the iterations race, so neither the value nor its "
+                                     "gradient is well defined. Use `+=` (a reduction), or "
+                                     "a field")
                 adj = self.adj_alloca(scope, a)
                 g = e.emit("local_load", a.dtype, (adj,))
                 e.emit("local_store", None, (adj, e.const(0, a.dtype)))
@@ -352,6 +368,15 @@ class ReverseAD:
                     gs = self.grad_slot[s.attr]
                     idx = tuple(scope.v(a) for a in s.args)
                     e.emit("atomic", g.dtype, idx + (g,), (gs, "add"))
+            elif op == "local_atomic":
+                a, v = s.args
+                if s.attr in ("add", "sub"):
+                    g = e.emit("local_load", a.dtype, (self.adj_alloca(scope, a, read=True),))
+                    self.accumulate(scope, v, g if s.attr == "add" else e.un("neg", g), e)
+                else:
+                    raise self.error(s, f"atomic {s.attr} of a value that needs a gradient "
+                                     "cannot be differentiated: its derivative depends on which "
+                                     "thread won")
             elif op == "store":
                 self._sweep_store(s, scope, e, s.attr, "store")
             elif op == "atomic":

@@ -163,4 +163,7 @@ def scale(e: Emitter, p: Partial, g: Stmt) -> Stmt | None:
     if isinstance(p, Where):
         zero = e.const(0, g.dtype)
         return e.select(p.cond, g, zero) if p.when else e.select(p.cond, zero, g)
-    return e.bin("mul", g, e.cast(p, g.dtype))
+    # A zero seed gives a zero contribution even where the partial is infinite or NaN: the
+    # branch a select did not take is computed too, and 0 * inf must not poison the gradient.
+    zero = e.const(0, g.dtype)
+    return e.select(e.cmp("eq", g, zero), zero, e.bin("mul", g, e.cast(p, g.dtype)))

@@ -147,7 +147,7 @@ def activity(body: Block, differentiable: Callable[[int], bool]) -> set[Stmt]:
     stores: dict[Stmt, list[Stmt]] = {}
     stmts = list(walk(body))
     for s in stmts:
-        if s.op == "local_store":
+        if s.op in ("local_store", "local_atomic"):
             stores.setdefault(s.args[0], []).append(s.args[1])
     active: set[Stmt] = set()
     changed = True
@@ -201,7 +201,7 @@ def local_sets(body: Block) -> tuple[dict[Stmt, list[Stmt]], dict[Stmt, list[Stm
             decl.add(s)
         elif s.op == "local_load":
             acc.add(s.args[0])
-        elif s.op == "local_store":
+        elif s.op in ("local_store", "local_atomic"):
             acc.add(s.args[0])
             wr.add(s.args[0])
         if s.blocks:

@@ -17,6 +17,7 @@ import struct
 from dataclasses import dataclass, field
 
 from ..ir.nodes import Block, KernelIR, Stmt, Task
+from .. import types as T
 from ..types import DType
 from .layout import CtxLayout
 
@@ -487,6 +488,10 @@ class Lowering:
             new = self._combine(kind, t, old, v)
             self.fn.void(f"store {ty} {new}, ptr {p}")
             return old
+        return self._atomic_rmw(kind, t, p, v)
+
+    def _atomic_rmw(self, kind: str, t: DType, p: str, v: str) -> str:
+        ty = ll_type(t)
         if t.is_float:
             op = {"add": "fadd", "sub": "fsub", "min": "fmin", "max": "fmax"}.get(kind)
         else:
@@ -570,6 +575,35 @@ class Lowering:
         if t.bits != 64:
             bits = self.fn.ins(f"trunc i64 {bits} to i{t.bits}")
         return self.fn.ins(f"bitcast i{t.bits} {bits} to {ll_type(t)}") if t.is_float else bits
+
+    def op_local_atomic(self, s: Stmt) -> str:
+        a, v = s.args
+        ty = ll_type(s.dtype)
+        p = self.allocas[a]
+        old = self.fn.ins(f"load {ty}, ptr {p}")
+        self.fn.void(f"store {ty} {self._combine(s.attr, s.dtype, old, self.values[v])}, "
+                     f"ptr {p}")
+        return old
+
+    def op_temp_atomic(self, s: Stmt) -> str:
+        slot, kind = s.attr
+        t = s.dtype
+        if self.serial:
+            old = self.load_scalar(self.layout.temps + slot, t)
+            self.store_scalar(self.layout.temps + slot, t,
+                              self._combine(kind, t, old, self.values[s.args[0]]))
+            return old
+        # Temps are 64-bit slots (floats as double): one atomic on the widened value.
+        wide = T.f64 if t.is_float else (T.i64 if t.is_signed else T.u64)
+        v = self.values[s.args[0]]
+        if wide != t:
+            ext = "fpext" if t.is_float else ("sext" if t.is_signed else "zext")
+            v = self.fn.ins(f"{ext} {ll_type(t)} {v} to {ll_type(wide)}")
+        old = self._atomic_rmw(kind, wide, self.ctx_slot(self.layout.temps + slot), v)
+        if wide != t:
+            op = "fptrunc" if t.is_float else "trunc"
+            old = self.fn.ins(f"{op} {ll_type(wide)} {old} to {ll_type(t)}")
+        return old
 
     def op_temp_load(self, s: Stmt) -> str:
         return self.load_scalar(self.layout.temps + s.attr, s.dtype)

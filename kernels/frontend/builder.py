@@ -54,13 +54,21 @@ class Builder:
         self.loop_stack: list[tuple[str, int | None]] = []  # ("range"|"while", loop id)
         self.pending_loop_config: dict | None = None  # set by ti.loop_config for the next loop
         self.return_type: DType | list[DType] | None = None
+        self.kernel_allocas: set[Stmt] = set()
 
     # -- emission ------------------------------------------------------------------------------
     def emit(self, op: str, dtype: DType | None, args: tuple = (), attr: Any = None,
              blocks: tuple = ()) -> Stmt:
         s = Stmt(op, dtype, args, attr, blocks, self.loc)
         self._blocks[-1].append(s)
+        if op == "alloca" and len(self._blocks) == 1:
+            self.kernel_allocas.add(s)
         return s
+
+    def is_reduction_target(self, alloca: Stmt) -> bool:
+        """Is an update of this local a reduction: a kernel-level variable updated from inside
+        a parallel loop (Taichi makes ``s += v`` there atomic)?"""
+        return alloca in self.kernel_allocas and any(k == "parallel" for k, _ in self.loop_stack)
 
     @contextmanager
     def block(self):

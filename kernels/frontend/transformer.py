@@ -347,7 +347,7 @@ class FunctionTransformer:
         if not _is_place(target):
             raise self.bld.error("the target of an augmented assignment must be a variable, "
                                  "a field element or a vector/matrix variable")
-        if op in ("add", "sub") and _is_global(target):
+        if op in ("add", "sub") and (_is_global(target) or _is_reduction(target)):
             ops.atomic(op, target, value)  # Taichi semantics: += on globals is atomic
             return
         from ..runtime.field import assign
@@ -800,6 +800,15 @@ def _is_global(x) -> bool:
     if isinstance(x, Matrix):
         return all(isinstance(e, GlobalRef) for e in x.entries)
     return isinstance(x, GlobalRef)
+
+
+def _is_reduction(x) -> bool:
+    """A kernel-level variable updated inside a parallel loop (``s += v`` is a reduction)."""
+    from .values import LocalRef
+
+    entries = x.entries if isinstance(x, Matrix) else [x]
+    bld = _b.require()
+    return all(isinstance(e, LocalRef) and bld.is_reduction_target(e.alloca) for e in entries)
 
 
 # --------------------------------------------------------------------------- ndarray args

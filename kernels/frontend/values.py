@@ -177,6 +177,13 @@ class LocalRef(Ref):
         v = _ops().to_expr(value, self.dtype)
         _b.require().emit("local_store", None, (self.alloca, v.stmt))
 
+    def atomic(self, kind: str, value) -> Expr:
+        bld = _b.require()
+        if not bld.is_reduction_target(self.alloca):
+            return super().atomic(kind, value)
+        v = _ops().to_expr(value, self.dtype)
+        return Expr(bld.emit("local_atomic", self.dtype, (self.alloca, v.stmt), kind))
+
 
 class GlobalRef(Ref):
     """One scalar element of a buffer (field, field.grad, ndarray)."""

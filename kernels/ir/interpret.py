@@ -158,6 +158,14 @@ class Interpreter:
             env[s] = a[0][0]
         elif op == "local_store":
             a[0][0] = a[1]
+        elif op == "local_atomic":
+            env[s] = a[0][0]
+            a[0][0] = _typed(_BIN[s.attr](a[0][0], a[1], t), t)
+        elif op == "temp_atomic":
+            slot, kind = s.attr
+            old = self.temps.get(slot, 0)
+            env[s] = old
+            self.temps[slot] = _typed(_BIN[kind](old, a[0], t), t)
         elif op == "temp_load":
             env[s] = self.temps.get(s.attr, 0)
         elif op == "temp_store":

@@ -57,8 +57,12 @@ OPS: dict[str, OpInfo] = {
     "alloca": OpInfo("local", 0, False),
     "local_load": OpInfo("local", 1, True),
     "local_store": OpInfo("local", 2, False),
+    # A reduction into a kernel-level variable from a parallel loop (``s += v``): args alloca,
+    # value; attr: atomic kind; returns the old value.
+    "local_atomic": OpInfo("local", 2, False),
     "temp_load": OpInfo("local", 0, True),  # attr: temp slot (kernel-level locals, offloaded)
     "temp_store": OpInfo("local", 1, False),
+    "temp_atomic": OpInfo("local", 1, False),  # attr: (temp slot, atomic kind)
     "if": OpInfo("control", 1, False, 2),
     "range_for": OpInfo("control", 2, False, 1),  # args: begin, end; attr: (loop id, flags)
     "while": OpInfo("control", 0, False, 1),

@@ -31,7 +31,7 @@ def _check_block(block: Block, visible: set[Stmt], loops: int, where: str) -> No
                 raise IRVerificationError(f"{where}: {s!r} uses {a!r} which does not dominate it")
         if s.op in ("break", "continue") and loops == 0:
             raise IRVerificationError(f"{where}: {s.op} outside a loop")
-        if s.op in ("local_load", "local_store") and s.args[0].op != "alloca":
+        if s.op in ("local_load", "local_store", "local_atomic") and s.args[0].op != "alloca":
             raise IRVerificationError(f"{where}: {s.op} of a non-alloca {s.args[0]!r}")
         if s.op in ("add", "sub", "mul", "div", "min", "max") and \
                 s.args[0].dtype != s.args[1].dtype:

@@ -48,7 +48,7 @@ def _dead_allocas(blocks: list[Block]) -> set[Stmt]:
         for s in walk(blk):
             if s.op == "alloca":
                 allocas.add(s)
-            elif s.op == "local_load":
+            elif s.op in ("local_load", "local_atomic"):
                 loaded.add(s.args[0])
     return allocas - loaded
 

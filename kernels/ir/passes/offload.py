@@ -58,7 +58,7 @@ class _Offloader:
         # 1. Kernel-level variables used by more than one task become temps.
         for t_index, t in enumerate(self.tasks):
             for s in walk(t.body):
-                if s.op in ("local_load", "local_store"):
+                if s.op in ("local_load", "local_store", "local_atomic"):
                     alloca = s.args[0]
                     if self.owner.get(alloca, t_index) != t_index:
                         self.temp_slot(alloca)
@@ -93,6 +93,8 @@ class _Offloader:
                 s.op, s.attr, s.args = "temp_load", self.temps[s.args[0]], ()
             elif s.op == "local_store" and s.args[0] in self.temps:
                 s.op, s.attr, s.args = "temp_store", self.temps[s.args[0]], (s.args[1],)
+            elif s.op == "local_atomic" and s.args[0] in self.temps:
+                s.op, s.attr, s.args = "temp_atomic", (self.temps[s.args[0]], s.attr), (s.args[1],)
             out.append(s)
         return out
 
@@ -130,7 +132,8 @@ class _Offloader:
         return out
 
     def _hoist_readonly_temps(self, t: Task) -> None:
-        written = {s.attr for s in walk(t.body) if s.op == "temp_store"}
+        written = {s.attr if s.op == "temp_store" else s.attr[0] for s in walk(t.body)
+                   if s.op in ("temp_store", "temp_atomic")}
         hoisted: dict[int, Stmt] = {s.attr: s for s in t.prologue if s.op == "temp_load"}
 
         def rewrite(block: Block) -> Block:

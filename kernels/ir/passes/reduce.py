@@ -16,12 +16,21 @@ from ...types import f32, f64
 from ..nodes import Block, KernelIR, Stmt, Task, walk
 
 
-def _slot(s: Stmt) -> int | None:
+def _slot(s: Stmt) -> tuple | None:
+    """What ``s`` accesses: ("buf", slot) or ("temp", slot) (a kernel-level variable)."""
     if s.op in ("load", "store"):
-        return s.attr
+        return ("buf", s.attr)
     if s.op == "atomic":
-        return s.attr[0]
+        return ("buf", s.attr[0])
+    if s.op in ("temp_load", "temp_store"):
+        return ("temp", s.attr)
+    if s.op == "temp_atomic":
+        return ("temp", s.attr[0])
     return None
+
+
+def _kind(s: Stmt) -> str | None:
+    return s.attr[1] if s.op in ("atomic", "temp_atomic") else None
 
 
 def _candidates(t: Task) -> dict[tuple, list[Stmt]]:
@@ -29,13 +38,15 @@ def _candidates(t: Task) -> dict[tuple, list[Stmt]]:
     for s in walk(t.body):
         used.update(s.args)
     groups: dict[tuple, list[Stmt]] = defaultdict(list)
-    disqualified: set[int] = set()
+    disqualified: set[tuple] = set()
     for s in walk(t.body):
         slot = _slot(s)
         if slot is None:
             continue
-        idx = s.args[:-1] if s.op != "load" else s.args
-        ok = (s.op == "atomic" and s.attr[1] in ("add", "sub") and s not in used
+        idx = s.args[:-1] if s.op in ("store", "atomic") else s.args
+        if s.op.startswith("temp"):
+            idx = ()
+        ok = (_kind(s) in ("add", "sub") and s not in used
               and all(a.op == "const" for a in idx))
         if not ok:
             disqualified.add(slot)
@@ -66,7 +77,7 @@ def _privatize(t: Task, key: tuple, atomics: list[Stmt]) -> None:
                 value = Stmt("cast", acc_t, (value,), loc=s.loc)
                 out.append(value)
             old = Stmt("local_load", acc_t, (acc,), loc=s.loc)
-            new = Stmt(s.attr[1], acc_t, (old, value), "reassoc", loc=s.loc)
+            new = Stmt(_kind(s), acc_t, (old, value), "reassoc", loc=s.loc)
             out += [old, new, Stmt("local_store", None, (acc, new), loc=s.loc)]
         return out
 
@@ -76,9 +87,13 @@ def _privatize(t: Task, key: tuple, atomics: list[Stmt]) -> None:
     if acc_t != dtype:
         total = Stmt("cast", dtype, (total,), loc=loc)
         t.epilogue.append(total)
+    (space, slot), _ = key
+    if space == "temp":
+        t.epilogue.append(Stmt("temp_atomic", dtype, (total,), (slot, "add"), loc=loc))
+        return
     idx = [Stmt("const", a.dtype, (), a.attr, loc=loc) for a in atomics[0].args[:-1]]
     t.epilogue += idx
-    t.epilogue.append(Stmt("atomic", dtype, tuple(idx) + (total,), (key[0], "add"), loc=loc))
+    t.epilogue.append(Stmt("atomic", dtype, tuple(idx) + (total,), (slot, "add"), loc=loc))
 
 
 def privatize_reductions(ir: KernelIR) -> KernelIR:
