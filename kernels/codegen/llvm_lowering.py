@@ -16,8 +16,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
-from ..ir.nodes import Block, KernelIR, Stmt, Task
 from .. import types as T
+from ..ir.nodes import Block, KernelIR, Stmt, Task
 from ..types import DType
 from .layout import CtxLayout
 

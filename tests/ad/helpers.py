@@ -6,8 +6,8 @@ import re
 
 import numpy as np
 
-# Fourth-order central differences: error ~ h**4 * f^(5) + eps * |f| / h, i.e. about 1e-12
-# relative with h = 1e-3 for the smooth functions used here.
+# Fourth-order central differences: error ~ h**4 * f^(5) / 30 + eps * |f| / h, i.e. about 1e-11
+# relative with h = 1e-4 for the smooth functions used here.
 _STENCIL = ((-2.0, 1.0), (-1.0, -8.0), (1.0, 8.0), (2.0, -1.0))
 
 # Finite differences are accurate to about 1e-10 relative, so f64 comparisons against them
@@ -15,7 +15,7 @@ _STENCIL = ((-2.0, 1.0), (-1.0, -8.0), (1.0, 8.0), (2.0, -1.0))
 FD_RTOL = 1e-9
 
 
-def fd_grad(f, *args, h=1e-3):
+def fd_grad(f, *args, h=1e-4):
     """Gradient of the scalar float64 function ``f(*args)`` with respect to every argument.
 
     Each argument is an array (or number) converted to float64; the result is a list of arrays
