@@ -98,7 +98,7 @@ class Tape:
         if self.grad_check:
             self._snapshot = {i: f.arr.copy() for i, f in prog.fields.items()}
         if self.validation:
-            from .runtime import validation
+            from .autodiff import validation
 
             validation.begin(prog)
         prog.tape = self
@@ -118,10 +118,6 @@ class Tape:
     def __exit__(self, exc_type, exc, tb) -> bool:
         prog = program.get()
         prog.tape = None
-        if self.validation:
-            from .runtime import validation
-
-            validation.end(prog)
         if exc_type is None:
             self.grad()
         return False

@@ -96,6 +96,11 @@ class ReverseAD:
         for slot, b in enumerate(ir.buffers):
             if b.key[2] == "primal" and has_grad(b):
                 self.grad_slot[slot] = self._add_buffer(b.with_role("grad"))
+        # Loads numbered in program order (stable across rebuilds of the same kernel), so the
+        # run-time validation can find the primal loads the adjoint depends on.
+        self.load_order = {s: k for k, s in enumerate(x for x in walk(ir.body)
+                                                      if x.op == "load")}
+        self.mattering: set[int] = set()
         ir.body = structurize_loops(ir.body)
         self.body = ir.body
         self.active = activity(self.body, lambda slot: slot in self.grad_slot)
@@ -447,6 +452,7 @@ class ReverseAD:
         from the fields as the kernel left them, so it would see the new value. Only reads
         whose recomputation survives in the adjoint (after dead-code elimination) matter."""
         mattering = {self.origin[s] for s in walk(body) if s in self.origin}
+        self.mattering = {self.load_order[s] for s in mattering}
         if not mattering:
             return
         order: dict[Stmt, int] = {}
@@ -485,8 +491,11 @@ class ReverseAD:
         rline = r.loc[1] if r.loc else "?"
         text = linecache.getline(r.loc[0], r.loc[1]).strip() if r.loc else ""
         how = "overwrites" if w.op == "store" else "modifies (atomically)"
-        return self.error(w, f"this line {how} an element of '{buf.name}' that line {rline} "
-                          f"read (`{text}`). Reverse mode recomputes the kernel's values from "
+        what = (f"this line reads an element of '{buf.name}' and then {how} it"
+                if r.loc == w.loc else
+                f"this line {how} an element of '{buf.name}' that line {rline} read "
+                f"(`{text}`)")
+        return self.error(w, f"{what}. Reverse mode recomputes the kernel's values from "
                           "the fields as the kernel left them, so its gradient would use the "
                           "new value (global data access rule #1: once read, an element must "
                           "not be modified). Fix: write the new value to another field "

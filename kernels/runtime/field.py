@@ -36,6 +36,7 @@ class Field:
         self.id = primal.id if primal is not None else next(_field_ids)
         self.grad: Field | None = None
         self.dual: Field | None = None
+        self.mark: Field | None = None  # read marks of Tape(validation=True)
         self._arr: np.ndarray | None = None
         self._shape: tuple[int, ...] | None = None
         self._program = program.get()
@@ -66,6 +67,13 @@ class Field:
         if self._shape is not None:
             f._allocate(self._shape)
         setattr(self, role, f)
+        return f
+
+    def make_mark(self) -> Field:
+        """One byte per scalar: set when a validated recording reads the element."""
+        f = Field(T.i8, None, self.element_shape, self.name, role="mark", primal=self)
+        f._allocate(self.shape)
+        self.mark = f
         return f
 
     def _label(self) -> str:

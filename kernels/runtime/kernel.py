@@ -20,7 +20,13 @@ from .. import __version__
 from .. import types as T
 from ..codegen.layout import CtxLayout, ctx_layout
 from ..codegen.llvm_lowering import Lowering, assert_messages
-from ..errors import ArgumentError, CompileError, DifftapeError, KernelAssertionError
+from ..errors import (
+    ArgumentError,
+    CompileError,
+    DifftapeError,
+    GradientRuleError,
+    KernelAssertionError,
+)
 from ..frontend import builder as _b
 from ..frontend.annotations import NdarrayType, Template
 from ..frontend.matrix import Matrix, MatrixType
@@ -74,6 +80,7 @@ class Kernel:
         self.last_compile: CompileStats | None = None
         self.no_grad = False  # set by @ti.ad.no_grad: a Tape runs it but never differentiates
         self._adjoint: AdjointKernel | None = None
+        self._variants: dict[str, dict] = {}  # other compiled variants ("validate")
 
     def __call__(self, *args, **kwargs):
         if kwargs:
@@ -82,7 +89,10 @@ class Kernel:
         if prog.generation != self._generation:
             self._reset_instances(prog)
         if prog.tape is not None and not self.no_grad:
-            prog.tape.record(self, args)
+            tape = prog.tape
+            tape.record(self, args)
+            if tape.validation and not tape._suspended:
+                return self.instance(args, "validate").launch(args)
         if self._simple:
             inst = self._fast
             if inst is None:
@@ -99,6 +109,7 @@ class Kernel:
         self._fast = None
         if self._adjoint is not None:
             self._adjoint.instances.clear()
+        self._variants.clear()
         self._generation = prog.generation
 
     def instance(self, args: tuple, variant: str = "primal") -> CompiledKernel:
@@ -115,8 +126,10 @@ class Kernel:
                     self._fast = self._compile(prog, args, ())
                 return self._fast
             table = self._instances
-        else:
+        elif variant == "grad":
             table = self.grad.instances
+        else:
+            table = self._variants.setdefault(variant, {})
         inst = table.get(key)
         if inst is None:
             inst = table[key] = self._compile(prog, args, () if self._simple else spec, variant)
@@ -182,6 +195,14 @@ class Kernel:
             from ..autodiff.reverse import reverse_kernel
 
             ir = reverse_kernel(ir, lambda buf: _has_storage(prog, spec, buf, "grad"))
+        elif variant == "validate":
+            from ..autodiff import validation
+            from ..autodiff.reverse import ReverseAD
+
+            ad = ReverseAD(self.build_ir(prog, spec), lambda buf: _has_storage(prog, spec, buf,
+                                                                               "grad"))
+            ad.build()
+            ir = validation.instrument(ir, prog, ad.mattering)
         return ir
 
     def _compile(self, prog, args: tuple, spec: tuple, variant: str = "primal") -> CompiledKernel:
@@ -380,6 +401,10 @@ class CompiledKernel:
         value = int(self.ctx_i64[self.layout.err_value])
         self.ctx_i64[self.layout.err_code] = 0
         msg = self.messages[code - 1] if 0 < code <= len(self.messages) else "assertion failed"
+        from ..autodiff.validation import RULE_MARKER
+
+        if msg.startswith(RULE_MARKER):
+            raise GradientRuleError(msg[len(RULE_MARKER):], kernel=self.ir.name)
         raise KernelAssertionError(msg.replace("{}", str(value), 1))
 
 
