@@ -32,12 +32,36 @@ def clear_all_gradients() -> None:
             f.grad.arr.fill(0)
 
 
-def no_grad(kernel):
-    """Mark a kernel as having no gradient: a Tape runs it forward and never differentiates
-    it, and ``kernel.grad()`` does nothing. For bookkeeping kernels (clearing buffers,
-    logging) inside a recorded program."""
-    kernel.no_grad = True
-    return kernel
+def no_grad(func):
+    """Give a kernel, or a Python function launching kernels, an empty gradient: a Tape runs it
+    forward and never differentiates it (and ``kernel.grad()`` does nothing). For bookkeeping
+    (clearing buffers, logging) inside a recorded program."""
+    from .runtime.kernel import Kernel
+
+    if isinstance(func, Kernel):
+        func.no_grad = True
+        return func
+
+    def decorated(*args: Any, **kwargs: Any):
+        tape = program.get().tape
+        if tape is None or tape._suspended:
+            return func(*args, **kwargs)
+        tape._suspended += 1
+        try:
+            result = func(*args, **kwargs)
+        finally:
+            tape._suspended -= 1
+        tape.record_custom(decorated, _nothing, args, kwargs)
+        return result
+
+    decorated.__name__ = getattr(func, "__name__", "no_grad")
+    decorated.__doc__ = func.__doc__
+    decorated.__wrapped__ = func
+    return decorated
+
+
+def _nothing(*_args: Any, **_kwargs: Any) -> None:
+    return None
 
 
 class _Entry:
@@ -93,8 +117,13 @@ class Tape:
         if self.grad_check and loss is None:
             raise DifftapeError("ti.ad.Tape(grad_check=...) needs a loss to differentiate")
         self._entered = True
-        if self.clear_gradients:
-            clear_all_gradients()
+        # As in Taichi: with a loss, gradients are cleared (unless asked not to) and the loss is
+        # zeroed; without one, the Tape only records, and tape.grad() back-propagates whatever
+        # .grad seeds the caller set.
+        if loss is not None:
+            if self.clear_gradients:
+                clear_all_gradients()
+            loss.fill(0)
         if self.grad_check:
             self._snapshot = {i: f.arr.copy() for i, f in prog.fields.items()}
         if self.validation:
@@ -118,7 +147,7 @@ class Tape:
     def __exit__(self, exc_type, exc, tb) -> bool:
         prog = program.get()
         prog.tape = None
-        if exc_type is None:
+        if exc_type is None and self.loss is not None:
             self.grad()
         return False
 

@@ -16,6 +16,7 @@ from .bounds import insert_bounds_checks
 from .dce import dead_code_elimination, eliminate_blocks
 from .fold import constant_fold
 from .offload import offload
+from .owned import demote_owned_atomics
 from .reduce import privatize_reductions
 
 
@@ -34,6 +35,7 @@ PIPELINE = [
     insert_bounds_checks,
     offload,
     privatize_reductions,
+    demote_owned_atomics,
     _task_dce,
 ]
 
