@@ -305,16 +305,10 @@ class ReverseAD:
         return Stmt("while", None, (), s.attr, (body,), loc=s.loc)
 
     # ------------------------------------------------------------------ adjoint storage
-    def adj_alloca(self, scope: _Scope, s: Stmt, read: bool = False) -> Stmt:
-        """The local holding ``s``'s adjoint (declared, zeroed, in the scope owning ``s``).
-        Parallel iterations may read a kernel-level adjoint but not accumulate into it."""
+    def adj_alloca(self, scope: _Scope, s: Stmt) -> Stmt:
+        """The local holding ``s``'s adjoint (declared, zeroed, in the scope owning ``s``)."""
         owner = scope.owner(s)
         a = owner.adj.get(s)
-        if owner.parent is None and self._in_parallel and not read:
-            raise self.error(self._current or s, "the gradient flows from a parallel loop into a "
-                             "kernel-level variable defined outside it; difftape cannot "
-                             "yet accumulate that across threads. Compute the variable "
-                             "inside the loop, or pass it between kernels through a field")
         if a is None:
             a = Stmt("alloca", s.dtype, loc=s.loc)
             zero = Stmt("const", s.dtype, (), 0.0, loc=s.loc)
@@ -334,6 +328,11 @@ class ReverseAD:
             return
         a = self.adj_alloca(scope, s)
         g = e.cast(g, s.dtype)
+        if self._in_parallel and scope.owner(s).parent is None:
+            # A kernel-level value read by every iteration: its adjoint is a sum over the
+            # iterations, a reduction (privatized per chunk like any other).
+            e.emit("local_atomic", s.dtype, (a, g), "add")
+            return
         cur = e.emit("local_load", s.dtype, (a,))
         e.emit("local_store", None, (a, e.bin("add", cur, g)))
 
@@ -376,7 +375,7 @@ class ReverseAD:
             elif op == "local_atomic":
                 a, v = s.args
                 if s.attr in ("add", "sub"):
-                    g = e.emit("local_load", a.dtype, (self.adj_alloca(scope, a, read=True),))
+                    g = e.emit("local_load", a.dtype, (self.adj_alloca(scope, a),))
                     self.accumulate(scope, v, g if s.attr == "add" else e.un("neg", g), e)
                 else:
                     raise self.error(s, f"atomic {s.attr} of a value that needs a gradient "
