@@ -107,15 +107,21 @@ class Tape:
             raise DifftapeError("ti.ad.Tape blocks cannot be nested")
         loss = self.loss
         if loss is not None:
-            if not isinstance(loss, Field) or loss.shape != ():
-                raise DifftapeError("ti.ad.Tape(loss): loss must be a 0-D field (shape=()); "
-                                    "for several outputs, seed their .grad and call "
-                                    "kernel.grad() yourself")
+            from .runtime.ndarray import Ndarray
+
+            if isinstance(loss, Field) and loss.shape == ():
+                label = loss._label()
+            elif isinstance(loss, Ndarray) and loss.arr.size == 1:
+                label = "the loss ndarray"
+            else:
+                raise DifftapeError("ti.ad.Tape(loss): loss must be a 0-D field (shape=()) or a "
+                                    "one-element ndarray; for several outputs, seed their .grad "
+                                    "and call kernel.grad() yourself")
             if loss.grad is None:
-                raise DifftapeError(f"ti.ad.Tape(loss): '{loss._label()}' has no gradient "
-                                    "storage; create it with needs_grad=True")
-        if self.grad_check and loss is None:
-            raise DifftapeError("ti.ad.Tape(grad_check=...) needs a loss to differentiate")
+                raise DifftapeError(f"ti.ad.Tape(loss): {label} has no gradient storage; "
+                                    "create it with needs_grad=True")
+        if self.grad_check and not isinstance(loss, Field):
+            raise DifftapeError("ti.ad.Tape(grad_check=...) needs a 0-D field as the loss")
         self._entered = True
         # As in Taichi: with a loss, gradients are cleared (unless asked not to) and the loss is
         # zeroed; without one, the Tape only records, and tape.grad() back-propagates whatever

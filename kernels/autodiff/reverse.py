@@ -41,7 +41,13 @@ from ..ir.nodes import Block, Buffer, KernelIR, Stmt, walk
 from ..ir.passes.dce import eliminate_blocks
 from ..types import i32
 from .rules import RULES, Emitter, partials, scale
-from .structure import activity, local_sets, structurize_loops
+from .structure import (
+    activity,
+    feeds_selection,
+    local_sets,
+    maybe_nonfinite,
+    structurize_loops,
+)
 
 
 class _Scope:
@@ -104,6 +110,9 @@ class ReverseAD:
         ir.body = structurize_loops(ir.body)
         self.body = ir.body
         self.active = activity(self.body, lambda slot: slot in self.grad_slot)
+        # Zero-seed guards are needed only where a selection can send a zero adjoint into an
+        # operation whose partial may be infinite or NaN.
+        self.risky = maybe_nonfinite(self.body) & feeds_selection(self.body)
         self.accessed, self.written = local_sets(self.body)
         self.used: set[Stmt] = {a for s in walk(self.body) for a in s.args}
         self._relevant: dict[Stmt, bool] = {}
@@ -350,9 +359,10 @@ class ReverseAD:
                 if g is None:
                     continue
                 ps = partials(e, s, scope.v(s), tuple(scope.v(a) for a in s.args))
+                guard = s in self.risky
                 for a, p in zip(s.args, ps, strict=True):
                     if a in self.active:
-                        self.accumulate(scope, a, scale(e, p, g), e)
+                        self.accumulate(scope, a, scale(e, p, g, guard), e)
             elif op == "local_load":
                 self.accumulate(scope, s.args[0], self.adj_value(scope, s, e), e)
             elif op == "local_store":

@@ -152,8 +152,15 @@ def partials(e: Emitter, s: Stmt, y: Stmt, xs: tuple[Stmt, ...]) -> list[Partial
     return rule(e, y, *xs)
 
 
-def scale(e: Emitter, p: Partial, g: Stmt) -> Stmt | None:
-    """``p * g``: the contribution of a seed ``g`` through partial ``p`` (None if zero)."""
+#: Ops whose value (or whose partial) can be infinite or NaN for finite operands.
+RISKY = frozenset({"div", "sqrt", "rsqrt", "log", "pow", "asin", "acos", "tan", "exp", "atan2",
+                   "mod", "floordiv"})
+
+
+def scale(e: Emitter, p: Partial, g: Stmt, guard: bool = True) -> Stmt | None:
+    """``p * g``: the contribution of a seed ``g`` through partial ``p`` (None if zero).
+    ``guard``: the partial may be infinite or NaN (see :data:`RISKY`), so a zero seed must give
+    exactly zero rather than ``0 * inf``."""
     if p is None:
         return None
     if p == ONE:
@@ -165,5 +172,7 @@ def scale(e: Emitter, p: Partial, g: Stmt) -> Stmt | None:
         return e.select(p.cond, g, zero) if p.when else e.select(p.cond, zero, g)
     # A zero seed gives a zero contribution even where the partial is infinite or NaN: the
     # branch a select did not take is computed too, and 0 * inf must not poison the gradient.
+    if not guard:
+        return e.bin("mul", g, e.cast(p, g.dtype))
     zero = e.const(0, g.dtype)
     return e.select(e.cmp("eq", g, zero), zero, e.bin("mul", g, e.cast(p, g.dtype)))

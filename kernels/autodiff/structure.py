@@ -177,6 +177,69 @@ def _is_active(s: Stmt, active: set, stores: dict, differentiable) -> bool:
     return any(a in active for a in s.args)
 
 
+def maybe_nonfinite(body: Block) -> set[Stmt]:
+    """Values that can be infinite or NaN although every field holds finite numbers: results of
+    the :data:`~.rules.RISKY` ops and everything computed from them. Only partials involving
+    these need the zero-seed guard (which costs a compare and a select per use)."""
+    from .rules import RISKY
+
+    stores: dict[Stmt, list[Stmt]] = {}
+    stmts = list(walk(body))
+    for s in stmts:
+        if s.op in ("local_store", "local_atomic"):
+            stores.setdefault(s.args[0], []).append(s.args[1])
+    risky: set[Stmt] = set()
+    changed = True
+    while changed:
+        changed = False
+        for s in stmts:
+            if s in risky or s.dtype is None or not s.dtype.is_float:
+                continue
+            if s.op == "alloca":
+                hit = any(v in risky for v in stores.get(s, ()))
+            elif s.op == "local_load":
+                hit = s.args[0] in risky
+            elif s.op in ("load", "const", "arg"):
+                hit = False
+            else:
+                hit = s.op in RISKY or any(a in risky for a in s.args)
+            if hit:
+                risky.add(s)
+                changed = True
+    return risky
+
+
+def feeds_selection(body: Block) -> set[Stmt]:
+    """Values whose adjoint can be an exact zero manufactured by a selection: those flowing
+    (through any chain of operations and locals) into an arm of ``select``/``min``/``max``. The
+    arm not taken receives a zero seed, and only there can ``0 * inf`` arise."""
+    users: dict[Stmt, list[Stmt]] = {}
+    loads: dict[Stmt, list[Stmt]] = {}
+    stmts = list(walk(body))
+    for s in stmts:
+        if s.op == "local_load":
+            loads.setdefault(s.args[0], []).append(s)
+        for a in s.args:
+            users.setdefault(a, []).append(s)
+    out: set[Stmt] = set()
+    work = [a for s in stmts if s.op in ("select", "min", "max")
+            for a in (s.args[1:] if s.op == "select" else s.args)]
+    while work:
+        s = work.pop()
+        if s in out or s.dtype is None or not s.dtype.is_float:
+            continue
+        out.add(s)
+        if s.op == "alloca":
+            continue
+        if s.op == "local_load":
+            a = s.args[0]
+            work += [st.args[1] for st in users.get(a, ()) if st.op in ("local_store",
+                                                                         "local_atomic")]
+            continue
+        work += [a for a in s.args if a.dtype is not None and a.dtype.is_float]
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # locals used by regions
 

@@ -151,7 +151,36 @@ class Lowering:
         trailer = self.target.module_trailer(self)
         groups = [f"attributes #{n} = {{ {text} }}" for text, n in self.attribute_groups.items()]
         return "\n".join(head + sorted(self.declarations) + self.functions + trailer +
-                         groups) + "\n"
+                         groups + self._alias_metadata()) + "\n"
+
+    # ------------------------------------------------------------------ alias information
+    def _field_slots(self) -> list[int]:
+        return [k for k, b in enumerate(self.ir.buffers) if b.key[0] == "field"]
+
+    def _alias_metadata(self) -> list[str]:
+        """Distinct fields (and a field's value, .grad and .dual) are distinct arrays: tell
+        LLVM, so a store to one does not force reloading another. Ndarray arguments get no
+        scope (a caller may pass one array twice)."""
+        fields = self._field_slots()
+        if len(fields) < 2:
+            return []
+        out = ['!0 = distinct !{!0, !"difftape buffers"}']
+        for k in range(len(fields)):
+            out.append(f"!{1 + k} = distinct !{{!{1 + k}, !0}}")
+        base = 1 + len(fields)
+        for k in range(len(fields)):
+            others = ", ".join(f"!{1 + o}" for o in range(len(fields)) if o != k)
+            out.append(f"!{base + 2 * k} = !{{!{1 + k}}}")
+            out.append(f"!{base + 2 * k + 1} = !{{{others}}}")
+        return out
+
+    def alias_tags(self, slot: int) -> str:
+        fields = self._field_slots()
+        if len(fields) < 2 or slot not in fields:
+            return ""
+        k = fields.index(slot)
+        base = 1 + len(fields)
+        return f", !alias.scope !{base + 2 * k}, !noalias !{base + 2 * k + 1}"
 
     def task_name(self, k: int) -> str:
         return f"{self.symbol}_task{k}"
@@ -470,12 +499,13 @@ class Lowering:
     # ------------------------------------------------------------------ memory
     def op_load(self, s: Stmt) -> str:
         p = self.address(s.attr, s.args)
-        return self.fn.ins(f"load {ll_type(s.dtype)}, ptr {p}")
+        return self.fn.ins(f"load {ll_type(s.dtype)}, ptr {p}{self.alias_tags(s.attr)}")
 
     def op_store(self, s: Stmt) -> None:
         p = self.address(s.attr, s.args[:-1])
         v = s.args[-1]
-        self.fn.void(f"store {ll_type(v.dtype)} {self.values[v]}, ptr {p}")
+        self.fn.void(f"store {ll_type(v.dtype)} {self.values[v]}, ptr {p}"
+                     f"{self.alias_tags(s.attr)}")
 
     def op_atomic(self, s: Stmt) -> str:
         slot, kind = s.attr
@@ -483,14 +513,15 @@ class Lowering:
         v = self.values[s.args[-1]]
         t = s.dtype
         ty = ll_type(t)
+        tags = self.alias_tags(slot)
         if self.serial:  # one thread: a plain read-modify-write vectorizes and is exact
-            old = self.fn.ins(f"load {ty}, ptr {p}")
+            old = self.fn.ins(f"load {ty}, ptr {p}{tags}")
             new = self._combine(kind, t, old, v)
-            self.fn.void(f"store {ty} {new}, ptr {p}")
+            self.fn.void(f"store {ty} {new}, ptr {p}{tags}")
             return old
-        return self._atomic_rmw(kind, t, p, v)
+        return self._atomic_rmw(kind, t, p, v, tags)
 
-    def _atomic_rmw(self, kind: str, t: DType, p: str, v: str) -> str:
+    def _atomic_rmw(self, kind: str, t: DType, p: str, v: str, tags: str = "") -> str:
         ty = ll_type(t)
         if t.is_float:
             op = {"add": "fadd", "sub": "fsub", "min": "fmin", "max": "fmax"}.get(kind)
@@ -500,7 +531,7 @@ class Lowering:
                   "max": "max" if t.is_signed else "umax"}.get(kind)
         if op is None:
             raise NotImplementedError(f"atomic {kind} on {t}")  # frontend only emits the above
-        return self.fn.ins(f"atomicrmw {op} ptr {p}, {ty} {v} monotonic")
+        return self.fn.ins(f"atomicrmw {op} ptr {p}, {ty} {v} monotonic{tags}")
 
     def _combine(self, kind: str, t: DType, a: str, b: str) -> str:
         fake = Stmt(kind, t, (Stmt("const", t), Stmt("const", t)))

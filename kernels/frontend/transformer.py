@@ -836,7 +836,8 @@ class NdarrayArg:
             key = (key,)
         flat: list = []
         for k in key:
-            flat.extend(k.entries if isinstance(k, Matrix) else [k])
+            if k is not None:  # x[None] indexes a 0-D ndarray, as for fields
+                flat.extend(k.entries if isinstance(k, Matrix) else [k])
         if len(flat) != self.field_ndim:
             raise _b.require().error(f"ndarray '{self.buf.name}' has {self.field_ndim} "
                                      f"dimensions but was indexed with {len(flat)}")

@@ -1,10 +1,11 @@
 """Owned-element atomics become plain read-modify-writes.
 
-In a parallel task, when every access to a buffer uses the same index expression and that
-expression contains the task's own loop index as one of its components, distinct iterations
-touch distinct elements: no other thread can race on them. Atomics there (``x.grad[i] += g``
-in adjoint kernels, ``x[i] += 1`` in primal ones) are then a plain load, add and store, which
-LLVM can vectorize; a float atomic add on x86 is a compare-exchange loop that cannot be.
+In a parallel task, when every access to a buffer has the task's own loop index as the same
+component of its index (``x.grad[f, p, c]`` with ``p`` the loop index, whatever ``f`` and ``c``
+are), distinct iterations touch distinct elements: no other thread can race on them. Atomics
+there (``x.grad[i] += g`` in adjoint kernels, ``x[i] += 1`` in primal ones) are then a plain
+load, add and store, which LLVM can vectorize; a float atomic add on x86 is a compare-exchange
+loop that cannot be.
 """
 
 from __future__ import annotations
@@ -18,32 +19,18 @@ def _index(s: Stmt) -> tuple[Stmt, ...]:
 
 
 def _owned_slots(t: Task) -> set[int]:
-    seen: dict[int, tuple[Stmt, ...] | None] = {}
+    """Buffers whose every access has the task's loop index at one fixed index position:
+    distinct iterations then touch distinct elements."""
+    positions: dict[int, set[int]] = {}
     for s in walk(t.body):
         key = _slot(s)
         if key is None or key[0] != "buf":
             continue
-        idx = _index(s)
-        prev = seen.get(key[1], idx)
-        seen[key[1]] = idx if prev is not None and _same(prev, idx) else None
-    out = set()
-    for slot, idx in seen.items():
-        if idx and any(a.op == "loop_index" and a.attr == t.loop_id for a in idx):
-            out.add(slot)
-    return out
-
-
-def _same(a: tuple[Stmt, ...], b: tuple[Stmt, ...]) -> bool:
-    return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b, strict=True))
-
-
-def _equal(x: Stmt, y: Stmt) -> bool:
-    if x is y:
-        return True
-    return (x.op == y.op and x.attr == y.attr and x.info.pure and not x.blocks
-            and x.op not in ("load", "local_load", "temp_load")
-            and len(x.args) == len(y.args)
-            and all(_equal(a, b) for a, b in zip(x.args, y.args, strict=True)))
+        here = {k for k, a in enumerate(_index(s))
+                if a.op == "loop_index" and a.attr == t.loop_id}
+        prev = positions.get(key[1])
+        positions[key[1]] = here if prev is None else prev & here
+    return {slot for slot, pos in positions.items() if pos}
 
 
 def _rewrite(block: Block, owned: set[int], mapping: dict[Stmt, Stmt]) -> Block:
