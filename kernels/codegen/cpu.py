@@ -141,7 +141,8 @@ class CPUTarget:
         mod = llvm.parse_assembly(text)
         mod.verify()
         pto = llvm.create_pipeline_tuning_options(3)
-        pto.loop_vectorization = True
+        import os
+        pto.loop_vectorization = not os.environ.get("NOVEC")
         pto.slp_vectorization = True
         pb = llvm.create_pass_builder(self.tm, pto)
         pb.getModulePassManager().run(mod, pb)
