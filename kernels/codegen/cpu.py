@@ -141,8 +141,7 @@ class CPUTarget:
         mod = llvm.parse_assembly(text)
         mod.verify()
         pto = llvm.create_pipeline_tuning_options(3)
-        import os
-        pto.loop_vectorization = not os.environ.get("NOVEC")
+        pto.loop_vectorization = True
         pto.slp_vectorization = True
         pb = llvm.create_pass_builder(self.tm, pto)
         pb.getModulePassManager().run(mod, pb)
