@@ -127,8 +127,8 @@ class Tape:
         # zeroed; without one, the Tape only records, and tape.grad() back-propagates whatever
         # .grad seeds the caller set.
         if loss is not None:
-            if self.clear_gradients:
-                clear_all_gradients()
+            if self.clear_gradients and isinstance(loss, Field):
+                clear_all_gradients()  # Taichi clears nothing for an ndarray loss
             loss.fill(0)
         if self.grad_check:
             self._snapshot = {i: f.arr.copy() for i, f in prog.fields.items()}
