@@ -27,9 +27,10 @@ class GradientCheckError(DifftapeError):
 
 def clear_all_gradients() -> None:
     """Zero the ``.grad`` of every field of the current program."""
-    for f in list(program.get().fields.values()):
+    prog = program.get()
+    for f in list(prog.fields.values()):
         if f.grad is not None:
-            f.grad.arr.fill(0)
+            prog.zero(f.grad.arr)
 
 
 def no_grad(func):

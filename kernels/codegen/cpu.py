@@ -136,6 +136,21 @@ class CPUTarget:
         self.load(obj, ["dt_warm_up"])
         self._warm = True
 
+    def zero_task(self) -> int:
+        """Address of a task-shaped ``memset``: ``(base, begin, end, tid)`` zeroes bytes
+        [begin, end) of ``base``, so the thread pool can clear large arrays on all cores."""
+        if getattr(self, "_zero", None) is None:
+            text = (f'target triple = "{self.triple}"\n'
+                    "declare void @llvm.memset.p0.i64(ptr, i8, i64, i1)\n"
+                    "define void @dt_zero(ptr %base, i64 %b, i64 %e, i32 %tid) {\n"
+                    "  %p = getelementptr i8, ptr %base, i64 %b\n"
+                    "  %n = sub i64 %e, %b\n"
+                    "  call void @llvm.memset.p0.i64(ptr %p, i8 0, i64 %n, i1 false)\n"
+                    "  ret void\n}\n")
+            self._zero_engine, names = self.load(self.compile(text), ["dt_zero"])
+            self._zero = names["dt_zero"]
+        return self._zero
+
     # ------------------------------------------------------------------ compile and load
     def compile(self, text: str) -> bytes:
         mod = llvm.parse_assembly(text)

@@ -75,6 +75,20 @@ class Program:
             self._pool = ThreadPool(self.num_threads)
         return self._pool
 
+    def zero(self, arr) -> None:
+        """Zero a contiguous array; large ones on all cores (clearing gradients between
+        iterations is memory-bound, and one core cannot saturate memory bandwidth)."""
+        if arr.nbytes < (1 << 20) or self.num_threads == 1:
+            arr.fill(0)
+            return
+        import ctypes
+
+        from ..codegen.cpu import get_target
+
+        fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                              ctypes.c_int32)(get_target().zero_task())
+        self.pool.run(fn, arr.ctypes.data, 0, arr.nbytes, chunks_per_thread=1)
+
     def close(self) -> None:
         if self._pool is not None:
             self._pool.close()
