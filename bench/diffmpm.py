@@ -15,11 +15,11 @@ and a central finite-difference check of it (f32, same backend, untimed; informa
 """
 
 import argparse
-import atexit
 import shutil
 import sys
 import tempfile
 import time
+from types import ModuleType
 from typing import Any
 
 import common
@@ -50,24 +50,26 @@ LR = 0.1  # gradient-descent step on init_v
 FD_H = 1e-2  # central finite-difference step on each component of init_v
 
 
-def _new_cache_dir() -> str:
-    """An empty offline-cache directory for this process, removed at exit.
-
-    Registered before the backend is imported so that the removal runs after the backend's
-    own exit handler (Taichi writes its offline cache when the program finalises).
-    """
-    path = tempfile.mkdtemp(prefix="bench-diffmpm-cache-")
-    atexit.register(shutil.rmtree, path, True)
-    return path
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Time the cold first iteration, check the gradient by finite differences, then time more."""
+    """Measure on a backend initialised with a fresh, empty offline-cache directory."""
     if args.backend == "numpy":
         raise common.Unsupported("no numpy version: there is no autodiff to measure")
-    cache_dir = _new_cache_dir()
-    ti = common.load_backend(args.backend)
-    common.init(ti, **common.offline_cache_kwargs(args.backend, cache_dir))
+    cache_dir = tempfile.mkdtemp(prefix="bench-diffmpm-cache-")
+    try:
+        ti = common.load_backend(args.backend)
+        common.init(ti, **common.offline_cache_kwargs(args.backend, cache_dir))
+        try:
+            return measure(ti, args)
+        finally:
+            # Taichi writes its offline cache when the program finalises (here, or else at
+            # interpreter teardown, after any atexit handler), so finalise before removing.
+            ti.reset()
+    finally:
+        shutil.rmtree(cache_dir, ignore_errors=True)
+
+
+def measure(ti: ModuleType, args: argparse.Namespace) -> dict[str, Any]:
+    """Time the cold first iteration, check the gradient by finite differences, then time more."""
 
     def vec(shape):
         return ti.Vector.field(2, dtype=ti.f32, shape=shape, needs_grad=True)
