@@ -136,6 +136,8 @@ def init(arch: Arch | None = None, *, default_fp=None, default_ip=None, debug: b
     if default_ip is not None:
         cfg.default_ip = default_ip if isinstance(default_ip, DType) else (
             _t.i32 if default_ip is int else _t.from_numpy(default_ip))
+    if _current is not None:
+        _current.close()  # its worker threads would otherwise idle on forever
     _current = Program(cfg)
     # Load LLVM and set up the CPU target now rather than inside the first kernel call, so
     # a kernel's first call costs only its own compile (or cache load).
