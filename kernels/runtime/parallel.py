@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import hashlib
 import threading
 
 import numpy as np
@@ -169,13 +170,20 @@ def _native():
     import llvmlite.binding as llvm
 
     from ..codegen.cpu import get_target
+    from . import cache
 
     target = get_target()
     libc = ctypes.CDLL(None)
     llvm.add_symbol("dt_usleep", ctypes.cast(libc.usleep, ctypes.c_void_p).value)
     llvm.add_symbol("dt_yield", ctypes.cast(libc.sched_yield, ctypes.c_void_p).value)
     text = f'target triple = "{target.triple}"\n' + _SOURCE
-    engine, names = target.load(target.compile(text), ["dt_worker", "dt_run"])
+    key = hashlib.sha256((text + target.fingerprint).encode()).hexdigest()
+    directory = cache.cache_dir()
+    obj = cache.load(key, directory)
+    if obj is None:  # compiled once per machine, then loaded from the disk cache
+        obj = target.compile(text)
+        cache.store(key, obj, directory)
+    engine, names = target.load(obj, ["dt_worker", "dt_run"])
     worker = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64)(names["dt_worker"])
     run = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                            ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
