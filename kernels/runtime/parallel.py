@@ -176,7 +176,11 @@ def _native():
     libc = ctypes.CDLL(None)
     llvm.add_symbol("dt_usleep", ctypes.cast(libc.usleep, ctypes.c_void_p).value)
     llvm.add_symbol("dt_yield", ctypes.cast(libc.sched_yield, ctypes.c_void_p).value)
-    text = f'target triple = "{target.triple}"\n' + _SOURCE
+    source = _SOURCE
+    if not target.triple.startswith(("x86_64", "i686", "i386")):  # no `pause` elsewhere
+        source = source.replace("declare void @llvm.x86.sse2.pause()\n", "").replace(
+            "  call void @llvm.x86.sse2.pause()\n", "")
+    text = f'target triple = "{target.triple}"\n' + source
     key = hashlib.sha256((text + target.fingerprint).encode()).hexdigest()
     directory = cache.cache_dir()
     obj = cache.load(key, directory)

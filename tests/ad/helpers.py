@@ -94,3 +94,15 @@ def assert_true_gradient_or_rule_error(ti, run, check, kernel_name, path, keys):
         return "error"
     check()
     return "gradient"
+
+
+def check_loss_gradient(x, loss, run, ref, rtol, args=()):
+    """Seeds ``loss.grad`` with 1, runs ``run(*args)`` and ``run.grad(*args)``, and compares
+    ``loss[None]`` with ``ref(x)`` and ``x.grad`` with the float64 finite differences of ``ref``,
+    both at ``x``'s values as float64, with relative tolerance ``rtol``."""
+    loss.grad[None] = 1
+    run(*args)
+    run.grad(*args)
+    xv = x.to_numpy().astype(np.float64)
+    close(loss[None], ref(xv), rtol=rtol)
+    close(x.grad.to_numpy(), fd_grad(ref, xv)[0], rtol=rtol)

@@ -10,7 +10,7 @@ statements with parallel loops ("Mixed usage of for-loops and statements without
 import numpy as np
 import pytest
 
-from .helpers import FD_RTOL, close, fd_grad, weights
+from .helpers import FD_RTOL, check_loss_gradient, close, fd_grad, weights
 
 
 def _tol(rtol, scale=16):
@@ -525,12 +525,7 @@ def test_grouped_loop_over_vector_field(ti, fp, npfp, rtol):
 
     xs = np.random.default_rng(16).uniform(-1, 1, (*shape, 2))
     x.from_numpy(xs.astype(npfp))
-    loss.grad[None] = 1
-    run()
-    run.grad()
-    xv = x.to_numpy().astype(np.float64)
-    close(loss[None], ref(xv), rtol=_tol(rtol))
-    close(x.grad.to_numpy(), fd_grad(ref, xv)[0], rtol=_tol(rtol))
+    check_loss_gradient(x, loss, run, ref, _tol(rtol))
 
 
 def test_neighbour_reads(ti, fp, npfp, rtol):
@@ -679,12 +674,7 @@ def test_two_parallel_loops_through_intermediate_field(ti, fp, npfp, rtol):
         return np.sum(t * np.roll(t, -1))
 
     x.from_numpy(np.linspace(-1, 1, n).astype(npfp))
-    loss.grad[None] = 1
-    run()
-    run.grad()
-    xv = x.to_numpy().astype(np.float64)
-    close(loss[None], ref(xv), rtol=_tol(rtol))
-    close(x.grad.to_numpy(), fd_grad(ref, xv)[0], rtol=_tol(rtol))
+    check_loss_gradient(x, loss, run, ref, _tol(rtol))
 
 
 # ------------------------------------------------------------------------------ difftape only
@@ -899,12 +889,7 @@ def test_serial_code_around_parallel_loop(ti, fp, npfp, rtol, hoisted):
         return s * yy[1] + np.exp(a[0])
 
     x.from_numpy((np.linspace(-1, 1, n) + 0.1).astype(npfp))
-    loss.grad[None] = 1
-    run()
-    run.grad()
-    xv = x.to_numpy().astype(np.float64)
-    close(loss[None], ref(xv), rtol=_tol(rtol))
-    close(x.grad.to_numpy(), fd_grad(ref, xv)[0], rtol=_tol(rtol))
+    check_loss_gradient(x, loss, run, ref, _tol(rtol))
 
 
 @pytest.mark.difftape_only
@@ -971,9 +956,4 @@ def test_serial_kernel_with_loop_carried_locals(ti, fp, npfp, rtol):
         return s
 
     x.from_numpy(np.linspace(-1, 1, n).astype(npfp))
-    loss.grad[None] = 1
-    run()
-    run.grad()
-    xv = x.to_numpy().astype(np.float64)
-    close(loss[None], ref(xv), rtol=_tol(rtol, 64))
-    close(x.grad.to_numpy(), fd_grad(ref, xv)[0], rtol=_tol(rtol, 64))
+    check_loss_gradient(x, loss, run, ref, _tol(rtol, 64))
