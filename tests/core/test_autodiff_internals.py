@@ -219,3 +219,15 @@ def test_adjoint_kernels_come_from_the_disk_cache(tmp_path):
             for _ in range(2)]
     assert runs[0]["hit"] is False and runs[1]["hit"] is True
     assert runs[0]["g"] == runs[1]["g"] == 1.0
+
+
+def test_the_demo_runs_and_its_autodiff_forces_match(capsys):
+    import re
+
+    from difftape import demo
+
+    assert demo.main(steps=2) == 0
+    out = capsys.readouterr().out
+    deviation = float(re.search(r"hand-written forces ([0-9.e+-]+)", out).group(1))
+    assert deviation < 1e-4
+    ti.reset()
