@@ -441,8 +441,10 @@ def _update(g: Gen) -> str:
 def _loop_body(g: Gen, var: str, depth: int, static=False, nest=0) -> None:
     for _ in range(g.draw(st.integers(1, 4))):
         options = ["update", "update", "local", "if", "out"] + ([] if static else ["exit"])
-        if depth < 1:
+        if depth < 2:  # up to three nested loops
             options += ["loop", "while"]
+        if "0.1 * k0" in g.reads:
+            options.append("count")
         what = g.pick(options)
         if what == "update":
             g.emit(_update(g))
@@ -464,6 +466,9 @@ def _loop_body(g: Gen, var: str, depth: int, static=False, nest=0) -> None:
         elif what == "out":
             g.emit(g.pick(["loss[None] += {}", f"z[(i + {var}) % n] += {{}}",
                            "y[i] += {}"]).format(g.expr(3)))
+        elif what == "count":
+            with g.block(f"if {g.cond([f'x[(i + {var}) % n] > 0.0'])}:"):
+                g.emit("k0 += 1")
         elif what == "loop":
             _range_loop(g, depth + 1)
         else:
@@ -502,6 +507,9 @@ def test_loop_gradients(f64, tmp_path_factory, data, seed, m, tape):
                  f"        for k in range(3):\n            {step}\n        return acc\n")
         g.binary.append("h({0}, {1})")
     with g.block("for i in x:", reads=TOP_READS):
+        if g.chance(0.3):  # an integer local carried by the loops, used as index and value
+            g.emit("k0 = 0")
+            g.reads += ["x[(i + k0) % n]", "0.1 * k0"]
         g.new_local(g.expr(2))
         if g.chance():
             g.new_local(g.pick(["0.0", g.expr(2)]))
@@ -616,6 +624,7 @@ class VecGen:
         self.g, self.d = g, d
         self.vecs: list[str] = []
         self.mats: list[str] = []
+        self.field_vecs = ["V[i]", "V[(i + 1) % n]"]
 
     def scalar(self) -> str:
         g = self.g
@@ -653,7 +662,7 @@ class VecGen:
         return {
             "build": lambda: "ti.Vector([{}])".format(", ".join(g.expr(2)
                                                                 for _ in range(self.d))),
-            "field": lambda: g.pick(["V[i]", "V[(i + 1) % n]"]),
+            "field": lambda: g.pick(self.field_vecs),
             "add": lambda: f"{v()} + {v()}",
             "scale": lambda: f"{v()} * ({g.expr(2)})",
             "sin": lambda: f"ti.sin({v()})",
@@ -662,6 +671,14 @@ class VecGen:
             "cross": lambda: "{}.cross({})".format(*self.g.draw(
                 st.permutations(self.vecs))[:2]),  # never v x v (norm of 0)
         }[kind]()
+
+    def mutate(self) -> str:
+        """A statement modifying a local vector in place."""
+        g = self.g
+        u = g.pick(self.vecs)
+        k = g.draw(st.integers(0, self.d - 1))
+        return g.pick([f"{u}[{k}] = {self.scalar()}", f"{u}[{k}] += {self.scalar()}",
+                       f"{u} += {self.vector()}", f"{u} = {self.vector()}"])
 
     def matrix(self) -> str:
         g = self.g
@@ -692,7 +709,7 @@ def test_vector_matrix_gradients(f64, tmp_path_factory, data, seed, d, tape):
     counter = iter(range(100))
     with g.block("for i in x:", reads=TOP_READS):
         for _ in range(g.draw(st.integers(2, 6))):
-            kind = g.pick(["vec", "vec", "mat", "scalar", "mutate"])
+            kind = g.pick(["vec", "vec", "mat", "scalar", "mutate", "loop"])
             if kind == "vec":
                 name = f"u{next(counter)}"
                 g.emit(f"{name} = {vg.vector()}")
@@ -703,11 +720,15 @@ def test_vector_matrix_gradients(f64, tmp_path_factory, data, seed, d, tape):
                 vg.mats.append(name)
             elif kind == "scalar" or not vg.vecs:
                 g.new_local(vg.scalar())
-            else:  # modify a local vector in place
-                u = g.pick(vg.vecs)
-                k = g.draw(st.integers(0, d - 1))
-                g.emit(g.pick([f"{u}[{k}] = {vg.scalar()}", f"{u}[{k}] += {vg.scalar()}",
-                               f"{u} += {vg.vector()}", f"{u} = {vg.vector()}"]))
+            elif kind == "mutate":
+                g.emit(vg.mutate())
+            else:  # a loop modifying local vectors and scalars
+                with g.block(f"for j0 in range({g.draw(st.integers(1, 3))}):",
+                             reads=["x[(i + j0) % n]"]):
+                    vg.field_vecs.append("V[(i + j0) % n]")
+                    for _ in range(g.draw(st.integers(1, 2))):
+                        g.emit(vg.mutate() if g.chance(0.7) else _update(g))
+                    vg.field_vecs.pop()
         if not vg.vecs:
             vg.vecs.append("V[i]")
         g.emit(f"Yv[i] = {vg.vector()}")
