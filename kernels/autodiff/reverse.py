@@ -260,10 +260,10 @@ class ReverseAD:
                                 loc=s.loc))
                 continue
             if op == "range_for":
-                out.append(self._replay_loop(s, scope, out, top, e))
+                out.append(self._replay_loop(s, scope, top, e))
                 continue
             if op == "while":
-                out.append(self._replay_while(s, scope, out, top, e))
+                out.append(self._replay_while(s, scope, top, e))
                 continue
             if op in ("break", "continue"):
                 out.append(Stmt(op, None, loc=s.loc))
@@ -284,7 +284,7 @@ class ReverseAD:
         for a in self.written[s]:
             be.emit("stack_push", None, (be.emit("local_load", a.dtype, (inner.v(a),)),))
 
-    def _replay_loop(self, s: Stmt, scope: _Scope, out: Block, top: bool, e: Emitter) -> Stmt:
+    def _replay_loop(self, s: Stmt, scope: _Scope, top: bool, e: Emitter) -> Stmt:
         self._save(s, scope, e, top)
         new_id = self.fresh_loop()
         inner = _Scope(scope)
@@ -296,7 +296,7 @@ class ReverseAD:
         return Stmt("range_for", None, (scope.v(s.args[0]), scope.v(s.args[1])),
                     (new_id, s.attr[1]), (body,), loc=s.loc)
 
-    def _replay_while(self, s: Stmt, scope: _Scope, out: Block, top: bool, e: Emitter) -> Stmt:
+    def _replay_while(self, s: Stmt, scope: _Scope, top: bool, e: Emitter) -> Stmt:
         self._save(s, scope, e, top)
         n_exit = s.attr or 0
         inner = _Scope(scope)

@@ -141,40 +141,49 @@ def _direct(block: Block):
 # ---------------------------------------------------------------------------------------------
 # activity
 
-def activity(body: Block, differentiable: Callable[[int], bool]) -> set[Stmt]:
-    """Statements carrying derivatives: float values depending on a load from a buffer slot
-    for which ``differentiable(slot)`` holds, and the locals they are stored in."""
+def _forward_closure(body: Block, seed: Callable[[Stmt], bool | None]) -> set[Stmt]:
+    """The float statements reached forwards from those ``seed`` accepts, through operands and
+    through locals (a local is reached when a reached value is stored into it). ``seed(s)``
+    returns True (reached), False (never reached) or None (reached if an operand is)."""
     stores: dict[Stmt, list[Stmt]] = {}
     stmts = list(walk(body))
     for s in stmts:
         if s.op in ("local_store", "local_atomic"):
             stores.setdefault(s.args[0], []).append(s.args[1])
-    active: set[Stmt] = set()
+    out: set[Stmt] = set()
     changed = True
     while changed:
         changed = False
         for s in stmts:
-            if s in active or s.dtype is None or not s.dtype.is_float:
+            if s in out or s.dtype is None or not s.dtype.is_float:
                 continue
-            if _is_active(s, active, stores, differentiable):
-                active.add(s)
+            if s.op == "alloca":
+                hit = any(v in out for v in stores.get(s, ()))
+            elif s.op == "local_load":
+                hit = s.args[0] in out
+            else:
+                hit = seed(s)
+                if hit is None:
+                    args = s.args[1:] if s.op == "select" else s.args
+                    hit = any(a in out for a in args)
+            if hit:
+                out.add(s)
                 changed = True
-    return active
+    return out
 
 
-def _is_active(s: Stmt, active: set, stores: dict, differentiable) -> bool:
-    op = s.op
-    if op == "load":
-        return differentiable(s.attr)
-    if op == "alloca":
-        return any(v in active for v in stores.get(s, ()))
-    if op == "local_load":
-        return s.args[0] in active
-    if op in _NO_DERIVATIVE or op not in RULES:
-        return False
-    if op == "select":
-        return s.args[1] in active or s.args[2] in active
-    return any(a in active for a in s.args)
+def activity(body: Block, differentiable: Callable[[int], bool]) -> set[Stmt]:
+    """Statements carrying derivatives: float values depending on a load from a buffer slot
+    for which ``differentiable(slot)`` holds, and the locals they are stored in."""
+
+    def seed(s: Stmt) -> bool | None:
+        if s.op == "load":
+            return differentiable(s.attr)
+        if s.op in _NO_DERIVATIVE or s.op not in RULES:
+            return False
+        return None
+
+    return _forward_closure(body, seed)
 
 
 def maybe_nonfinite(body: Block) -> set[Stmt]:
@@ -183,30 +192,12 @@ def maybe_nonfinite(body: Block) -> set[Stmt]:
     these need the zero-seed guard (which costs a compare and a select per use)."""
     from .rules import RISKY
 
-    stores: dict[Stmt, list[Stmt]] = {}
-    stmts = list(walk(body))
-    for s in stmts:
-        if s.op in ("local_store", "local_atomic"):
-            stores.setdefault(s.args[0], []).append(s.args[1])
-    risky: set[Stmt] = set()
-    changed = True
-    while changed:
-        changed = False
-        for s in stmts:
-            if s in risky or s.dtype is None or not s.dtype.is_float:
-                continue
-            if s.op == "alloca":
-                hit = any(v in risky for v in stores.get(s, ()))
-            elif s.op == "local_load":
-                hit = s.args[0] in risky
-            elif s.op in ("load", "const", "arg"):
-                hit = False
-            else:
-                hit = s.op in RISKY or any(a in risky for a in s.args)
-            if hit:
-                risky.add(s)
-                changed = True
-    return risky
+    def seed(s: Stmt) -> bool | None:
+        if s.op in ("load", "const", "arg"):
+            return False
+        return True if s.op in RISKY else None
+
+    return _forward_closure(body, seed)
 
 
 def feeds_selection(body: Block) -> set[Stmt]:
