@@ -12,6 +12,7 @@ import ctypes
 import inspect
 import numbers
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,7 +32,7 @@ from ..frontend.annotations import NdarrayType, Template
 from ..frontend.matrix import Matrix, MatrixType
 from ..frontend.transformer import build_kernel_body, parse_function
 from ..ir import serialize
-from ..ir.nodes import KernelIR
+from ..ir.nodes import Buffer, KernelIR
 from ..ir.passes import run_pipeline
 from . import cache, program
 from .ndarray import Ndarray
@@ -190,19 +191,15 @@ class Kernel:
             [bld.return_type] if bld.return_type is not None else [])
         ir = KernelIR(self.name, bld.params, bld.buffers, bld.body, returns=returns,
                       file=parsed.file, debug=cfg.debug)
-        if variant == "grad":
-            from ..autodiff.reverse import reverse_kernel
-
-            ir = reverse_kernel(ir, lambda buf: _has_storage(prog, spec, buf, "grad"))
-        elif variant == "validate":
+        has = lambda buf, role: _has_storage(prog, spec, buf, role)
+        if variant == "validate":
             from ..autodiff import validation
             from ..autodiff.reverse import ReverseAD
 
-            ad = ReverseAD(self.build_ir(prog, spec), lambda buf: _has_storage(prog, spec, buf,
-                                                                               "grad"))
+            ad = ReverseAD(self.build_ir(prog, spec), lambda buf: has(buf, "grad"))
             ad.build()
-            ir = validation.instrument(ir, prog, ad.mattering)
-        return ir
+            return validation.instrument(ir, prog, ad.mattering)
+        return derive(ir, variant, has)
 
     def _compile(self, prog, args: tuple, spec: tuple, variant: str = "primal") -> CompiledKernel:
         if self._simple and len(args) != len(self.params):
@@ -251,6 +248,20 @@ class AdjointKernel:
 
     def __repr__(self) -> str:
         return f"<difftape adjoint kernel {self.primal.name}.grad>"
+
+
+def derive(ir: KernelIR, variant: str, has_storage: Callable[[Buffer, str], bool]) -> KernelIR:
+    """The IR of one compiled variant of a kernel, from its frontend IR (before the pass
+    pipeline). ``has_storage(buf, role)`` says whether ``buf`` has a ``.grad``/``.dual``
+    allocated: derivatives flow only into storage that exists. This is a pure IR transform,
+    so the service runs it on IR a client sent, exactly as the local runtime does."""
+    if variant == "primal":
+        return ir
+    if variant == "grad":
+        from ..autodiff.reverse import reverse_kernel
+
+        return reverse_kernel(ir, lambda buf: has_storage(buf, "grad"))
+    raise ValueError(f"unknown kernel variant {variant!r}")
 
 
 def _has_storage(prog, spec: tuple, buf, role: str) -> bool:
