@@ -16,6 +16,7 @@ from .errors import (  # noqa: E402
     CompileError,
     DifftapeError,
     GradientRuleError,
+    IRValidationError,
     KernelAssertionError,
     ShapeError,
 )
@@ -135,15 +136,6 @@ def is_active(*_args) -> int:
 
 
 from . import ad  # noqa: E402
-from .ad import Tape  # noqa: E402
-
-
-def __getattr__(name: str):
-    if name == "FwdMode":
-        raise AttributeError("difftape.FwdMode: forward-mode autodiff is not available in this "
-                             "version of difftape yet (reverse mode is: ti.ad.Tape, "
-                             "kernel.grad)")
-    raise AttributeError(f"module 'difftape' has no attribute {name!r}")
-
+from .ad import FwdMode, Tape  # noqa: E402
 
 __all__ = [n for n in dir() if not n.startswith("_")]

@@ -141,16 +141,18 @@ def _direct(block: Block):
 # ---------------------------------------------------------------------------------------------
 # activity
 
-def _forward_closure(body: Block, seed: Callable[[Stmt], bool | None]) -> set[Stmt]:
-    """The float statements reached forwards from those ``seed`` accepts, through operands and
-    through locals (a local is reached when a reached value is stored into it). ``seed(s)``
-    returns True (reached), False (never reached) or None (reached if an operand is)."""
+def _forward_closure(body: Block, seed: Callable[[Stmt], bool | None],
+                     initial: set[Stmt] | None = None) -> set[Stmt]:
+    """The float statements reached forwards from those ``seed`` accepts (and from
+    ``initial``, values defined outside ``body``), through operands and through locals (a local
+    is reached when a reached value is stored into it). ``seed(s)`` returns True (reached),
+    False (never reached) or None (reached if an operand is)."""
     stores: dict[Stmt, list[Stmt]] = {}
     stmts = list(walk(body))
     for s in stmts:
         if s.op in ("local_store", "local_atomic"):
             stores.setdefault(s.args[0], []).append(s.args[1])
-    out: set[Stmt] = set()
+    out: set[Stmt] = set(initial or ())
     changed = True
     while changed:
         changed = False

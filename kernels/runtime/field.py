@@ -60,14 +60,28 @@ class Field:
                 self._program.unplaced.remove(self)
 
     def _make_companion(self, role: str) -> Field:
+        """Allocate ``self.<role>``. On a ``.grad`` field, ``dual`` makes ``x.grad.dual`` (the
+        tangent of the gradient: Hessian-vector products land there)."""
         if not self.dtype.is_float:
             raise DifftapeError(f"field '{self._label()}' holds {self.dtype}; only float fields "
                                 f"can have a .{role}")
-        f = Field(self.dtype, None, self.element_shape, self.name, role=role, primal=self)
+        key_role = role if self.role == "primal" else f"{self.role}_{role}"
+        f = Field(self.dtype, None, self.element_shape, self.primal.name, role=key_role,
+                  primal=self.primal)
         if self._shape is not None:
             f._allocate(self._shape)
         setattr(self, role, f)
+        self._program.storage_epoch += 1
         return f
+
+    def companion(self, role: str) -> Field | None:
+        """The storage behind a buffer role: ``primal``, ``grad``, ``dual``, ``grad_dual``
+        (``x.grad.dual``) or ``mark``; None if not allocated."""
+        if role == "primal":
+            return self
+        if role == "grad_dual":
+            return self.grad.dual if self.grad is not None else None
+        return getattr(self, role, None)
 
     def make_mark(self) -> Field:
         """One byte per scalar: set when a validated recording reads the element."""
@@ -109,7 +123,7 @@ class Field:
         """The IR description of this field's storage."""
         return Buffer(("field", self.id, self.role), self.dtype, self.shape + self.element_shape,
                       self._label() if self.role == "primal" else
-                      f"{self.primal._label()}.{self.role}",
+                      f"{self.primal._label()}.{self.role.replace('_', '.')}",
                       len(self.element_shape))
 
     # ------------------------------------------------------------------ indexing

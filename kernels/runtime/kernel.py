@@ -88,11 +88,8 @@ class Kernel:
         prog = program.get()
         if prog.generation != self._generation:
             self._reset_instances(prog)
-        if prog.tape is not None and not self.no_grad:
-            tape = prog.tape
-            tape.record(self, args)
-            if tape.validation and not tape._suspended:
-                return self.instance(args, "validate").launch(args)
+        if (prog.tape is not None or prog.fwd is not None) and not self.no_grad:
+            return self._call_differentiated(prog, args)
         if self._simple:
             inst = self._fast
             if inst is None:
@@ -104,6 +101,15 @@ class Kernel:
             inst = self._instances[key] = self._compile(prog, args, spec)
         return inst.launch(args)
 
+    def _call_differentiated(self, prog, args: tuple):
+        """A launch inside a Tape (recorded) and/or forward mode (the tangent variant)."""
+        tape = prog.tape
+        if tape is not None:
+            tape.record(self, args)
+            if tape.validation and not tape._suspended:
+                return self.instance(args, "validate").launch(args)
+        return self.instance(args, "fwd" if prog.fwd is not None else "primal").launch(args)
+
     def _reset_instances(self, prog) -> None:
         self._instances.clear()
         self._fast = None
@@ -113,7 +119,8 @@ class Kernel:
         self._generation = prog.generation
 
     def instance(self, args: tuple, variant: str = "primal") -> CompiledKernel:
-        """The compiled ``variant`` ("primal" or "grad") for these arguments."""
+        """The compiled ``variant`` for these arguments: "primal", "grad" (reverse mode),
+        "fwd" (forward mode), "grad_fwd" (forward-over-reverse) or "validate"."""
         if len(args) != len(self.params):
             raise self._arg_count_error(args)
         prog = program.get()
@@ -130,6 +137,8 @@ class Kernel:
             table = self.grad.instances
         else:
             table = self._variants.setdefault(variant, {})
+        # Derivative variants depend on which .grad/.dual storage exists when they are built.
+        key = (key, prog.storage_epoch)
         inst = table.get(key)
         if inst is None:
             inst = table[key] = self._compile(prog, args, () if self._simple else spec, variant)
@@ -244,7 +253,10 @@ class AdjointKernel:
             args = k._bind_kwargs(args, kwargs)
         if k.no_grad:  # @ti.ad.no_grad: an empty gradient, as in Taichi
             return None
-        return k.instance(args, "grad").launch(args)
+        # Under forward mode the adjoint runs with tangents: forward-over-reverse, which puts
+        # Hessian-vector products into the .grad.dual of the inputs.
+        variant = "grad_fwd" if program.get().fwd is not None else "grad"
+        return k.instance(args, variant).launch(args)
 
     def __repr__(self) -> str:
         return f"<difftape adjoint kernel {self.primal.name}.grad>"
@@ -257,21 +269,29 @@ def derive(ir: KernelIR, variant: str, has_storage: Callable[[Buffer, str], bool
     so the service runs it on IR a client sent, exactly as the local runtime does."""
     if variant == "primal":
         return ir
-    if variant == "grad":
+    if variant in ("grad", "grad_fwd"):
         from ..autodiff.reverse import reverse_kernel
 
-        return reverse_kernel(ir, lambda buf: has_storage(buf, "grad"))
+        ir = reverse_kernel(ir, lambda buf: has_storage(buf, "grad"))
+        if variant == "grad":
+            return ir
+    if variant in ("fwd", "grad_fwd"):
+        from ..autodiff.forward import forward_kernel
+
+        return forward_kernel(ir, lambda buf: has_storage(buf, "dual"))
     raise ValueError(f"unknown kernel variant {variant!r}")
 
 
 def _has_storage(prog, spec: tuple, buf, role: str) -> bool:
-    """Does the buffer behind ``buf`` have ``role`` ("grad"/"dual") storage allocated?"""
-    kind, ident, _ = buf.key
+    """Does the buffer behind ``buf`` have ``role`` ("grad"/"dual") storage allocated? For a
+    ``.grad`` buffer, "dual" asks for ``x.grad.dual``."""
+    kind, ident, base = buf.key
     if kind == "field":
         f = prog.fields.get(ident)
-        return f is not None and getattr(f, role, None) is not None
+        return f is not None and f.companion(role if base == "primal" else
+                                             f"{base}_{role}") is not None
     desc = spec[ident] if ident < len(spec) else None
-    return bool(desc and desc[3] if role == "grad" else False)
+    return bool(desc and desc[3] if role == "grad" and base == "primal" else False)
 
 
 def compile_ir(ir: KernelIR, prog, stats: CompileStats | None = None,
@@ -340,7 +360,7 @@ class CompiledKernel:
                     raise CompileError(f"field '{buf.name}' does not belong to the current "
                                        "program (was it created before ti.init/ti.reset?)",
                                        kernel=ir.name)
-                storage = f if buf.key[2] == "primal" else getattr(f, buf.key[2])
+                storage = f.companion(buf.key[2])
                 if storage is None:
                     raise CompileError(f"'{buf.name}' is used but was never allocated: create "
                                        f"the field with needs_{buf.key[2]}=True",

@@ -66,6 +66,10 @@ class Program:
         self.rng_state[self.rng_state == 0] = 0x9E3779B97F4A7C15
         self._pool = None
         self.tape = None  # the ti.ad.Tape recording kernel launches, if any
+        self.fwd = None  # the ti.ad.FwdMode (or forward-mode helper) in effect, if any
+        # Bumped whenever a field gains .grad/.dual storage: derivative variants of kernels
+        # compiled before then would not read or write it.
+        self.storage_epoch = 0
 
     @property
     def pool(self):

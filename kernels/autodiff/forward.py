@@ -1,0 +1,216 @@
+"""Forward mode: a kernel's IR -> the IR of its forward-mode (tangent) kernel.
+
+Forward mode computes each value's tangent right after the value, in program order, so the
+transform is one walk over the structured IR: no replay, no stacks, no restrictions on reading
+and then overwriting fields (derivatives are computed eagerly). For each active statement the
+tangent is ``sum(partial_k * tangent(operand_k))``, with the partials taken from the same
+derivative table as reverse mode (:mod:`.rules`), so the two modes agree by construction.
+
+Memory: a load from a buffer with dual storage also loads the tangent from its ``.dual``;
+stores and atomic adds write tangents to the ``.dual``; locals holding active values get a
+dual local. The transform works on any kernel IR, including the adjoint kernels that reverse
+mode produces: applied to an adjoint (whose ``.grad`` buffers have ``.grad.dual`` companions)
+it gives forward-over-reverse, i.e. Hessian-vector products in one pass. The reverse-mode
+stack is handled by pushing each float value's tangent after the value and popping it first.
+
+The same walk derives ``@ti.func`` derivatives at compile time (:func:`tangents_of_block`):
+the func is inlined into a scratch block whose argument values are seeded.
+"""
+
+from __future__ import annotations
+
+import linecache
+from collections.abc import Callable
+
+from ..errors import GradientRuleError
+from ..ir.nodes import Block, Buffer, KernelIR, Stmt, walk
+from .rules import RISKY, RULES, Emitter, partials, scale
+from .structure import _NO_DERIVATIVE, _forward_closure
+
+#: role of a buffer -> role of the buffer holding its tangents
+DUAL_ROLE = {"primal": "dual", "grad": "grad_dual"}
+
+
+class ForwardAD:
+    """Builds tangent code for a block. ``dual_slot``: buffer slot -> slot of its tangents.
+    ``tan``: statement -> its tangent statement (absent: the tangent is zero)."""
+
+    def __init__(self, dual_slot: dict[int, int], name: str, file: str,
+                 seeds: dict[Stmt, Stmt] | None = None) -> None:
+        self.dual_slot = dual_slot
+        self.name, self.file = name, file
+        self.tan: dict[Stmt, Stmt] = dict(seeds or {})
+        self.dual_local: dict[Stmt, Stmt] = {}
+        self.active: set[Stmt] = set()
+
+    # ------------------------------------------------------------------ analysis
+    def analyse(self, body: Block) -> None:
+        """Locals need their activity decided before the walk: a loop-carried local is read
+        at the top of an iteration before the active store further down."""
+
+        def seed(s: Stmt) -> bool | None:
+            if s.op == "load":
+                return s.attr in self.dual_slot
+            if s.op == "stack_pop":
+                return True
+            if s.op in _NO_DERIVATIVE or s.op not in RULES:
+                return False
+            return None
+
+        self.active = _forward_closure(body, seed, initial=set(self.tan))
+        self.used = {a for x in walk(body) for a in x.args}
+
+    def error(self, s: Stmt, message: str) -> GradientRuleError:
+        file, line = s.loc if s.loc else (self.file, None)
+        text = linecache.getline(file, line) if line else ""
+        return GradientRuleError(message, kernel=self.name, file=file, line=line,
+                                 source_line=text or None)
+
+    # ------------------------------------------------------------------ the walk
+    def block(self, block: Block) -> Block:
+        out: Block = []
+        e = Emitter(out)
+        for s in block:
+            e.loc = s.loc
+            if s.op == "stack_pop" and s.dtype is not None and s.dtype.is_float:
+                # Pushed as (value, tangent): the tangent comes off the stack first.
+                self.tan[s] = e.emit("stack_pop", s.dtype)
+                out.append(s)
+                continue
+            if s.blocks:
+                s.blocks = tuple(self.block(b) for b in s.blocks)
+                out.append(s)
+                continue
+            out.append(s)
+            self.tangent(s, e)
+        return out
+
+    def _t(self, s: Stmt) -> Stmt | None:
+        return self.tan.get(s)
+
+    def _t_or_zero(self, e: Emitter, s: Stmt) -> Stmt:
+        t = self.tan.get(s)
+        return t if t is not None else e.const(0, s.dtype)
+
+    def tangent(self, s: Stmt, e: Emitter) -> None:
+        op = s.op
+        if op == "load":
+            d = self.dual_slot.get(s.attr)
+            if d is not None:
+                self.tan[s] = e.emit("load", s.dtype, s.args, d)
+        elif op == "store":
+            d = self.dual_slot.get(s.attr)
+            if d is not None:
+                *idx, v = s.args
+                e.emit("store", None, (*idx, self._t_or_zero(e, v)), d)
+        elif op == "atomic":
+            self._atomic(s, e)
+        elif op == "alloca":
+            if s in self.active:
+                self.dual_local[s] = e.emit("alloca", s.dtype)
+        elif op == "local_store":
+            a, v = s.args
+            d = self.dual_local.get(a)
+            if d is not None:
+                e.emit("local_store", None, (d, self._t_or_zero(e, v)))
+        elif op == "local_load":
+            d = self.dual_local.get(s.args[0])
+            if d is not None:
+                self.tan[s] = e.emit("local_load", s.dtype, (d,))
+        elif op == "local_atomic":
+            a, v = s.args
+            d = self.dual_local.get(a)
+            if d is not None:
+                if s.attr not in ("add", "sub"):
+                    raise self.error(s, f"forward mode cannot differentiate an atomic "
+                                        f"{s.attr} of a differentiated local")
+                if s in self.used:
+                    raise self.error(s, "forward mode cannot give a derivative to the old value "
+                                        "returned by an atomic update of a differentiated local")
+                t = self._t(v)
+                if t is not None:
+                    e.emit("local_atomic", s.dtype, (d, t), s.attr)
+        elif op == "stack_push":
+            v = s.args[0]
+            if v.dtype is not None and v.dtype.is_float:
+                e.emit("stack_push", None, (self._t_or_zero(e, v),))
+        elif op in RULES and s.dtype is not None and s.dtype.is_float:
+            self._rule(s, e)
+
+    def _rule(self, s: Stmt, e: Emitter) -> None:
+        args = s.args[1:] if s.op == "select" else s.args
+        if not any(a in self.tan for a in args):
+            return
+        ps = partials(e, s, s, s.args)
+        guard = s.op in RISKY
+        total = None
+        for a, p in zip(s.args, ps, strict=True):
+            t = self.tan.get(a)
+            if t is None or p is None:
+                continue
+            if t.dtype != s.dtype:
+                t = e.cast(t, s.dtype)
+            c = scale(e, p, t, guard)
+            total = c if total is None else e.bin("add", total, c)
+        if total is not None:
+            self.tan[s] = total
+
+    def _atomic(self, s: Stmt, e: Emitter) -> None:
+        slot, kind = s.attr
+        d = self.dual_slot.get(slot)
+        if d is None:
+            return
+        *idx, v = s.args
+        if kind in ("min", "max"):
+            raise self.error(s, f"forward mode cannot differentiate atomic_{kind} into a field "
+                                "with dual storage: the tangent must follow whichever value "
+                                "wins, which an atomic cannot report. Compute the extremum in "
+                                "a separate kernel that is not differentiated, or write the "
+                                "selection with ti.select")
+        if s in self.used:
+            raise self.error(s, "forward mode cannot give a derivative to the value an atomic "
+                                "returns (the old value of a field with dual storage): another "
+                                "thread may change the element between the value and its "
+                                "tangent. Read the element in a separate kernel")
+        t = self._t(v)
+        if t is not None:
+            e.emit("atomic", s.dtype, (*idx, t), (d, kind))
+
+
+def _buffer_duals(buffers: list[Buffer], has_dual: Callable[[Buffer], bool]
+                  ) -> tuple[list[Buffer], dict[int, int]]:
+    out = list(buffers)
+    dual_slot: dict[int, int] = {}
+    for slot, b in enumerate(buffers):
+        role = DUAL_ROLE.get(b.key[2])
+        if role is None or not b.dtype.is_float or not has_dual(b):
+            continue
+        key = (b.key[0], b.key[1], role)
+        for k, x in enumerate(out):
+            if x.key == key:
+                dual_slot[slot] = k
+                break
+        else:
+            out.append(Buffer(key, b.dtype, b.shape, f"{b.name}.dual", b.element_ndim))
+            dual_slot[slot] = len(out) - 1
+    return out, dual_slot
+
+
+def forward_kernel(ir: KernelIR, has_dual: Callable[[Buffer], bool]) -> KernelIR:
+    """The forward-mode kernel: ``ir``'s computation plus the tangents of everything it
+    computes from buffers with dual storage (``has_dual``). Consumes ``ir``'s body."""
+    buffers, dual_slot = _buffer_duals(ir.buffers, has_dual)
+    fwd = ForwardAD(dual_slot, ir.name, ir.file)
+    fwd.analyse(ir.body)
+    body = fwd.block(ir.body)
+    return KernelIR(ir.name + "_fwd", ir.params, buffers, body, returns=list(ir.returns),
+                    source=ir.source, file=ir.file, debug=ir.debug)
+
+
+def tangents_of_block(block: Block, seeds: dict[Stmt, Stmt], name: str, file: str
+                      ) -> tuple[Block, dict[Stmt, Stmt]]:
+    """Tangent code for a block of kernel code (an inlined func) whose inputs ``seeds`` maps
+    to their tangents. Returns the new block and the tangent map."""
+    fwd = ForwardAD({}, name, file, seeds)
+    fwd.analyse(block)
+    return fwd.block(block), fwd.tan

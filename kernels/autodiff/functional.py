@@ -1,0 +1,218 @@
+"""Derivatives of Python programs that launch kernels: Jacobian-vector and vector-Jacobian
+products with arbitrary seeds (Dr.Jit's ``forward_to``/``backward_to``), dense Jacobians that
+pick the cheaper mode, and second order by forward-over-reverse (Hessian-vector products).
+
+``fn`` is a Python callable with no arguments that launches kernels reading the ``inputs`` and
+writing the ``outputs`` (fields). It is run once per pass: it should compute its outputs from
+scratch (clear accumulators first), as a Tape-recorded program does.
+
+Intermediate fields carry tangents only if they have ``.dual`` storage, and gradients only if
+they have ``.grad``: these functions allocate what is missing on every float field
+(``ti.root.lazy_dual()`` / ``.grad.dual``) so that every chain of kernels is differentiated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from ..errors import DifftapeError
+from ..runtime import program
+from ..runtime.field import Field, root
+
+
+class forward_mode:
+    """Kernels launched inside run their forward-mode variant (value and tangent)."""
+
+    def __init__(self, owner: object = True) -> None:
+        self.owner = owner
+
+    def __enter__(self) -> None:
+        prog = program.get()
+        if prog.fwd is not None:
+            raise DifftapeError("forward-mode blocks (ti.ad.FwdMode, jvp, hvp) cannot be nested")
+        prog.fwd = self.owner
+
+    def __exit__(self, *exc) -> None:
+        program.get().fwd = None
+
+
+def clear_all_duals() -> None:
+    """Zero the ``.dual`` (and ``.grad.dual``) of every field of the current program."""
+    prog = program.get()
+    for f in list(prog.fields.values()):
+        for d in (f.dual, f.grad.dual if f.grad is not None else None):
+            if d is not None:
+                prog.zero(d.arr)
+
+
+def _fields(xs) -> list[Field]:
+    xs = list(xs) if isinstance(xs, list | tuple) else [xs]
+    for f in xs:
+        if not isinstance(f, Field) or not f.dtype.is_float:
+            raise DifftapeError(f"expected float fields, got {f!r}")
+    return xs
+
+
+def _as_seed(f: Field, v, what: str) -> np.ndarray:
+    a = np.asarray(v, dtype=f.dtype.np)
+    shape = f.arr.shape
+    if a.size != f.arr.size:
+        raise DifftapeError(f"{what} for '{f._label()}' has {a.size} values; the field has "
+                            f"{f.arr.size} (shape {shape})")
+    return a.reshape(shape)
+
+
+def _ensure_duals() -> None:
+    root.lazy_dual()
+
+
+def _ensure_second_order() -> None:
+    root.lazy_grad()
+    root.lazy_dual()
+    for f in list(program.get().fields.values()):
+        if f.grad is not None and f.grad.dual is None:
+            f.grad._make_companion("dual")
+
+
+def jvp(fn: Callable[[], object], inputs: Sequence[Field] | Field, tangents,
+        outputs: Sequence[Field] | Field) -> list[np.ndarray]:
+    """Run ``fn`` in forward mode with ``inputs``' tangents set to ``tangents`` and return the
+    outputs' tangents (J @ t), one array per output field."""
+    ins, outs = _fields(inputs), _fields(outputs)
+    ts = tangents if isinstance(inputs, list | tuple) else [tangents]
+    if len(ts) != len(ins):
+        raise DifftapeError(f"jvp: {len(ins)} inputs but {len(ts)} tangents")
+    _ensure_duals()
+    clear_all_duals()
+    for f, t in zip(ins, ts, strict=True):
+        f.dual.arr[...] = _as_seed(f, t, "the tangent")
+    with forward_mode():
+        fn()
+    result = [o.dual.arr.copy() for o in outs]
+    clear_all_duals()
+    return result
+
+
+def _record(fn: Callable[[], object]):
+    from ..ad import Tape
+
+    root.lazy_grad()
+    tape = Tape(loss=None)
+    with tape:
+        fn()
+    return tape
+
+
+def _backward(tape) -> None:
+    for entry in reversed(tape.entries):
+        if entry.backward is None:
+            raise DifftapeError(f"'{entry.name}' has no registered gradient")
+        entry.backward(*entry.args, **entry.kwargs)
+
+
+def vjp(fn: Callable[[], object], inputs: Sequence[Field] | Field,
+        outputs: Sequence[Field] | Field, cotangents) -> list[np.ndarray]:
+    """Run ``fn`` recorded, seed ``outputs``' ``.grad`` with ``cotangents`` and back-propagate;
+    returns the inputs' gradients (J^T @ u), one array per input field."""
+    from ..ad import clear_all_gradients
+
+    ins, outs = _fields(inputs), _fields(outputs)
+    us = cotangents if isinstance(outputs, list | tuple) else [cotangents]
+    if len(us) != len(outs):
+        raise DifftapeError(f"vjp: {len(outs)} outputs but {len(us)} cotangents")
+    tape = _record(fn)
+    clear_all_gradients()
+    for f, u in zip(outs, us, strict=True):
+        f.grad.arr[...] = _as_seed(f, u, "the cotangent")
+    _backward(tape)
+    return [f.grad.arr.copy() for f in ins]
+
+
+def jacobian(fn: Callable[[], object], inputs: Sequence[Field] | Field,
+             outputs: Sequence[Field] | Field, mode: str = "auto") -> np.ndarray:
+    """The dense Jacobian d(outputs)/d(inputs), shape (output scalars, input scalars), both
+    flattened in field order. ``mode``: "forward" (one pass per input scalar), "reverse" (one
+    recording, then one backward pass per output scalar) or "auto" (fewer passes)."""
+    from ..ad import clear_all_gradients
+
+    ins, outs = _fields(inputs), _fields(outputs)
+    n_in = sum(f.arr.size for f in ins)
+    n_out = sum(f.arr.size for f in outs)
+    if mode == "auto":
+        mode = "forward" if n_in <= n_out else "reverse"
+    jac = np.zeros((n_out, n_in), dtype=np.float64)
+    if mode == "forward":
+        _ensure_duals()
+        col = 0
+        for f in ins:
+            for k in range(f.arr.size):
+                clear_all_duals()
+                f.dual.arr.reshape(-1)[k] = 1
+                with forward_mode():
+                    fn()
+                jac[:, col] = np.concatenate([o.dual.arr.reshape(-1) for o in outs])
+                col += 1
+        clear_all_duals()
+    elif mode == "reverse":
+        tape = _record(fn)
+        row = 0
+        for o in outs:
+            for k in range(o.arr.size):
+                clear_all_gradients()
+                o.grad.arr.reshape(-1)[k] = 1
+                _backward(tape)
+                jac[row] = np.concatenate([f.grad.arr.reshape(-1) for f in ins])
+                row += 1
+    else:
+        raise DifftapeError(f"jacobian: mode must be 'auto', 'forward' or 'reverse', got "
+                            f"{mode!r}")
+    return jac
+
+
+def hvp(fn: Callable[[], object], loss: Field, params: Sequence[Field] | Field, vectors
+        ) -> np.ndarray | list[np.ndarray]:
+    """The Hessian of the scalar ``loss`` with respect to ``params`` times ``vectors``, in one
+    forward-mode pass of ``fn`` and one forward-over-reverse pass of its adjoint. The gradient
+    is left in ``params``' ``.grad`` as a Tape would leave it. Returns one array per param (a
+    single array for a single param)."""
+    from ..ad import Tape
+
+    ps = _fields(params)
+    vs = vectors if isinstance(params, list | tuple) else [vectors]
+    if len(vs) != len(ps):
+        raise DifftapeError(f"hvp: {len(ps)} params but {len(vs)} vectors")
+    _ensure_second_order()
+    clear_all_duals()
+    for p, v in zip(ps, vs, strict=True):
+        p.dual.arr[...] = _as_seed(p, v, "the vector")
+    with forward_mode():
+        with Tape(loss):
+            fn()
+    out = [p.grad.dual.arr.copy() for p in ps]
+    clear_all_duals()
+    return out if isinstance(params, list | tuple) else out[0]
+
+
+def hessian(fn: Callable[[], object], loss: Field, params: Sequence[Field] | Field,
+            max_params: int = 4096) -> np.ndarray:
+    """The dense Hessian of ``loss`` with respect to ``params`` (flattened in order), one
+    Hessian-vector product per parameter scalar."""
+    ps = _fields(params)
+    n = sum(p.arr.size for p in ps)
+    if n > max_params:
+        raise DifftapeError(f"hessian: {n} parameters means {n} Hessian-vector products; "
+                            f"raise max_params (now {max_params}) if that is intended, or "
+                            "use ti.ad.hvp")
+    h = np.zeros((n, n), dtype=np.float64)
+    for col in range(n):
+        e = np.zeros(n)
+        e[col] = 1
+        vs, k = [], 0
+        for p in ps:
+            vs.append(e[k:k + p.arr.size])
+            k += p.arr.size
+        cols = hvp(fn, loss, ps, vs)
+        h[:, col] = np.concatenate([c.reshape(-1) for c in cols])
+    return h
