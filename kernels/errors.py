@@ -53,5 +53,15 @@ class ArgumentError(CompileError):
     """A kernel was called with arguments that do not match its signature."""
 
 
+class IRValidationError(DifftapeError):
+    """Kernel IR received from a client (the service's wire format) is malformed or asks for
+    something the compiler does not accept. The message starts with the path of the offending
+    value in the JSON, e.g. ``body[3].blocks[0][2]: ...``; ``path`` holds it alone."""
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+
 class ShapeError(DifftapeError, ValueError):
     """Array shapes do not match (e.g. ``from_numpy`` with the wrong shape)."""
