@@ -1,4 +1,4 @@
-"""The ``difftape`` command line: ``difftape demo`` and ``difftape info``."""
+"""The ``difftape`` command line: ``demo``, ``info``, ``serve`` and ``token create``."""
 
 from __future__ import annotations
 
@@ -26,6 +26,39 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    # Flags override DIFFTAPE_* environment variables; unset flags leave them in charge.
+    from .server.settings import Settings
+
+    overrides = {k: v for k, v in (("host", args.host), ("port", args.port),
+                                   ("arch", args.arch), ("data_dir", args.data_dir))
+                 if v is not None}
+    settings = Settings(**overrides)
+    import uvicorn
+
+    from .server.app import create_app
+
+    print(f"difftape server on http://{settings.host}:{settings.port} "
+          f"(arch {settings.arch}, data {settings.data_dir})", flush=True)
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
+                log_level=args.log_level, access_log=args.access_log)
+    return 0
+
+
+def _token_create(args: argparse.Namespace) -> int:
+    from .server.db import Database
+    from .server.settings import Settings
+
+    settings = Settings(**({"data_dir": args.data_dir} if args.data_dir else {}))
+    try:
+        token = Database(settings.db_path).create_user(args.name)
+    except ValueError as e:
+        print(f"difftape: {e}", file=sys.stderr)
+        return 1
+    print(token)  # shown once: only its hash is stored
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="difftape", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -34,6 +67,20 @@ def main(argv: list[str] | None = None) -> int:
     d.set_defaults(fn=_demo)
     i = sub.add_parser("info", help="show the compiler, CPU features and cache location")
     i.set_defaults(fn=_info)
+    s = sub.add_parser("serve", help="run the compile-and-execute service")
+    s.add_argument("--host", help="bind address (default 127.0.0.1)")
+    s.add_argument("--port", type=int, help="port (default 8000)")
+    s.add_argument("--arch", choices=["cpu", "cuda"])
+    s.add_argument("--data-dir", help="database, compiled-code cache and saved sessions")
+    s.add_argument("--log-level", default="info")
+    s.add_argument("--access-log", action="store_true")
+    s.set_defaults(fn=_serve)
+    t = sub.add_parser("token", help="manage the service's users and their tokens")
+    tsub = t.add_subparsers(dest="token_command", required=True)
+    tc = tsub.add_parser("create", help="add a user and print their token (shown once)")
+    tc.add_argument("name")
+    tc.add_argument("--data-dir", help="the server's data dir (default: DIFFTAPE_DATA_DIR)")
+    tc.set_defaults(fn=_token_create)
     args = parser.parse_args(argv)
     return args.fn(args)
 

@@ -1,0 +1,75 @@
+"""Prometheus metrics. A registry per app (tests build several apps in one process).
+
+Compile-cache figures live in the workers; the gateway asks each idle worker for its
+``stats`` at scrape time and keeps the last figures of stopped workers, so the counters stay
+monotonic across culling, crashes and deletions.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from .worker import WorkerStats
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.latency = Histogram(
+            "difftape_http_request_duration_seconds", "HTTP request latency",
+            ["method", "route", "status"], registry=self.registry,
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
+                     10, 30, 60))
+        self.launches = Counter("difftape_kernel_launches", "kernel launches run",
+                                ["variant"], registry=self.registry)
+        self.bytes_moved = Counter("difftape_bytes_moved", "field bytes moved over HTTP",
+                                   ["direction"], registry=self.registry)
+        self.jobs = Counter("difftape_jobs_finished", "jobs finished", ["state"],
+                            registry=self.registry)
+        self.workers_lost = Counter("difftape_workers_lost", "worker processes that died or "
+                                    "were killed", registry=self.registry)
+        self.queue_depth = Gauge("difftape_job_queue_depth", "jobs waiting to run",
+                                 ["device"], registry=self.registry)
+        self.retired = WorkerStats()
+        self.sessions = None  # set by the app: SessionManager
+        self.registry.register(_WorkerCollector(self))
+
+    def retire(self, stats: WorkerStats) -> None:
+        r = self.retired
+        r.launches += stats.launches
+        r.cache_hits += stats.cache_hits
+        r.cache_misses += stats.cache_misses
+        r.compile_s += stats.compile_s
+
+
+class _WorkerCollector:
+    """Counters summed over live workers' last stats plus retired ones."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.m = metrics
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        r = self.m.retired
+        hits, misses, compile_s = r.cache_hits, r.cache_misses, r.compile_s
+        mem = GaugeMetricFamily("difftape_session_field_bytes", "field memory per session",
+                                labels=["session"])
+        live = self.m.sessions.live.values() if self.m.sessions is not None else []
+        for e in live:
+            if e.worker is None:
+                continue
+            s = e.worker.stats
+            hits += s.cache_hits
+            misses += s.cache_misses
+            compile_s += s.compile_s
+            mem.add_metric([e.sid], s.field_bytes)
+        yield CounterMetricFamily("difftape_compile_cache_hits", "compiled-code cache hits",
+                                  value=hits)
+        yield CounterMetricFamily("difftape_compile_cache_misses", "kernels compiled by LLVM",
+                                  value=misses)
+        yield CounterMetricFamily("difftape_compile_seconds", "time spent compiling kernels",
+                                  value=compile_s)
+        yield mem

@@ -1,0 +1,221 @@
+"""Pydantic models of every JSON body the service reads or writes.
+
+The limits here (id ranges, list lengths, shapes) are the first line of validation: a request
+that gets past them reaches the worker, which validates the IR and the field references.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+DTypeName = Literal["f16", "f32", "f64", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64"]
+# "data" and "primal" are the same storage; "grad_dual" is x.grad.dual (forward-over-reverse).
+Role = Literal["data", "primal", "grad", "dual", "grad_dual"]
+CompanionRole = Literal["grad", "dual", "grad_dual"]
+Variant = Literal["primal", "grad", "fwd", "grad_fwd"]
+FieldId = Annotated[int, Field(ge=1, lt=2**31)]
+Dim = Annotated[int, Field(ge=1, lt=2**31)]
+Number = int | float
+# JSON has no inf/NaN: they travel as these strings (both directions).
+NonFinite = Literal["NaN", "Infinity", "-Infinity"]
+Scalarish = Number | NonFinite | list[Number | NonFinite] | list[list[Number | NonFinite]]
+KernelId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ---------------------------------------------------------------------- sessions
+class SessionCreate(Strict):
+    """Body of ``POST /v1/sessions`` (optional)."""
+
+
+class SessionInfo(BaseModel):
+    session_id: str
+    arch: str
+    state: Literal["active", "culled", "lost"]
+    field_bytes: int
+    created: float
+    last_activity: float
+    lost_reason: str | None = None
+
+
+class SessionList(BaseModel):
+    sessions: list[SessionInfo]
+
+
+# ---------------------------------------------------------------------- engine ops
+class CreateFieldOp(Strict):
+    op: Literal["create_field"] = "create_field"
+    id: FieldId
+    dtype: DTypeName
+    shape: list[Dim] = Field(max_length=8)
+    element_shape: list[Dim] = Field(default=[], max_length=2)
+    needs_grad: bool = False
+    needs_dual: bool = False
+    name: str | None = Field(default=None, max_length=200)
+
+
+class CompanionOp(Strict):
+    op: Literal["companion"] = "companion"
+    id: FieldId
+    role: CompanionRole
+
+
+class FillOp(Strict):
+    op: Literal["fill"] = "fill"
+    id: FieldId
+    role: Role = "data"
+    value: Scalarish
+
+
+class SetItemOp(Strict):
+    op: Literal["set_item"] = "set_item"
+    id: FieldId
+    role: Role = "data"
+    index: list[int] = Field(max_length=8)
+    value: Scalarish
+
+
+class GetItemOp(Strict):
+    op: Literal["get_item"] = "get_item"
+    id: FieldId
+    role: Role = "data"
+    index: list[int] = Field(max_length=8)
+
+
+class RegisterOp(Strict):
+    op: Literal["register"] = "register"
+    ir: dict[str, Any]
+
+
+class LaunchOp(Strict):
+    op: Literal["launch"] = "launch"
+    kernel_id: KernelId
+    variant: Variant = "primal"
+    args: list[Number] = Field(default=[], max_length=4096)
+
+
+class ClearGradsOp(Strict):
+    op: Literal["clear_grads"] = "clear_grads"
+
+
+class ClearDualsOp(Strict):
+    op: Literal["clear_duals"] = "clear_duals"
+
+
+BatchOp = Annotated[
+    CreateFieldOp | CompanionOp | FillOp | SetItemOp | GetItemOp | RegisterOp | LaunchOp
+    | ClearGradsOp | ClearDualsOp,
+    Field(discriminator="op"),
+]
+
+
+class FieldCreate(Strict):
+    """Body of ``POST /v1/sessions/{sid}/fields``."""
+
+    id: FieldId
+    dtype: DTypeName
+    shape: list[Dim] = Field(max_length=8)
+    element_shape: list[Dim] = Field(default=[], max_length=2)
+    needs_grad: bool = False
+    needs_dual: bool = False
+    name: str | None = Field(default=None, max_length=200)
+
+
+class FieldCreated(BaseModel):
+    id: int
+    nbytes: int
+
+
+class FillBody(Strict):
+    value: Scalarish
+
+
+class CompanionBody(Strict):
+    role: CompanionRole
+
+
+class ItemBody(Strict):
+    index: list[int] = Field(max_length=8)
+    value: Scalarish
+
+
+class ItemValue(BaseModel):
+    value: Any
+
+
+# ---------------------------------------------------------------------- kernels
+class KernelRegister(Strict):
+    """``ir``: ``difftape.ir.serialize.encode`` of the kernel's frontend IR."""
+
+    ir: dict[str, Any]
+
+
+class KernelRegistered(BaseModel):
+    kernel_id: str
+
+
+class LaunchBody(Strict):
+    variant: Variant = "primal"
+    args: list[Number] = Field(default=[], max_length=4096)
+
+
+class LaunchResult(BaseModel):
+    result: Any = None
+
+
+# ---------------------------------------------------------------------- batch and jobs
+class BatchBody(Strict):
+    ops: list[BatchOp] = Field(max_length=100_000)
+
+
+class BatchResult(BaseModel):
+    results: list[Any]
+
+
+class JobSubmit(Strict):
+    ops: list[BatchOp] = Field(min_length=1, max_length=100_000)
+    job_id: str | None = Field(default=None, min_length=1, max_length=128,
+                               pattern=r"^[A-Za-z0-9_.:-]+$",
+                               description="client-chosen id: resubmitting it runs nothing "
+                                           "new and returns the same job")
+
+
+JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+
+
+class JobInfo(BaseModel):
+    job_id: str
+    session_id: str
+    state: JobState
+    done: int
+    total: int
+    created: float
+    started: float | None = None
+    finished: float | None = None
+    problem: dict | None = None
+
+
+class JobResult(BaseModel):
+    job_id: str
+    results: list[Any]
+
+
+class Problem(BaseModel):
+    """RFC 7807 problem body of every error response."""
+
+    type: str = "about:blank"
+    title: str
+    status: int
+    detail: str
+    difftape_error: str | None = None
+    kernel: str | None = None
+
+
+class Health(BaseModel):
+    status: str
+    checks: dict[str, Any] = {}

@@ -1,0 +1,131 @@
+"""RFC 7807 problem bodies for every error, the gateway's own and the engine's.
+
+``difftape_error`` names the difftape exception class so the client can raise the same type
+the local runtime would (``difftape.errors.<name>``); ``null`` for errors with no difftape
+counterpart (authentication, routing, request validation).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+
+log = logging.getLogger("difftape.server")
+
+PROBLEM_TYPE = "application/problem+json"
+
+# Engine exception class (or an ancestor) -> HTTP status. The worker sends the class's MRO
+# names, so a new subclass (say, an IR validation error deriving from CompileError) maps
+# correctly without the gateway knowing it.
+ENGINE_STATUS = {
+    "SessionLostError": 410,
+    "QuotaExceededError": 429,
+    "KernelAssertionError": 422,
+    "ShapeError": 422,
+    "CompileError": 422,
+    "DifftapeError": 422,
+    # Plain Python errors an engine raises on malformed requests are the client's fault.
+    "ValueError": 400,
+    "TypeError": 400,
+    "KeyError": 400,
+    "IndexError": 400,
+}
+
+
+class ProblemError(Exception):
+    """Raised anywhere in the gateway; rendered as a problem response."""
+
+    def __init__(self, status: int, detail: str, *, difftape_error: str | None = None,
+                 kernel: str | None = None, title: str | None = None,
+                 headers: dict[str, str] | None = None, **extra: Any) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+        self.difftape_error = difftape_error
+        self.kernel = kernel
+        self.title = title or HTTPStatus(status).phrase
+        self.headers = headers
+        self.extra = extra
+
+    def body(self) -> dict:
+        body = {"type": "about:blank", "title": self.title, "status": self.status,
+                "detail": self.detail, "difftape_error": self.difftape_error,
+                "kernel": self.kernel}
+        body.update(self.extra)
+        return body
+
+    @classmethod
+    def from_body(cls, body: dict) -> ProblemError:
+        extra = {k: v for k, v in body.items()
+                 if k not in ("type", "title", "status", "detail", "difftape_error", "kernel")}
+        return cls(body["status"], body["detail"], difftape_error=body.get("difftape_error"),
+                   kernel=body.get("kernel"), title=body.get("title"), **extra)
+
+
+def engine_problem(err: dict) -> ProblemError:
+    """The problem for an error dict a worker sent back."""
+    names = err.get("bases") or [err.get("type", "Exception")]
+    status = 500
+    for n in names:
+        if n in ENGINE_STATUS:
+            status = ENGINE_STATUS[n]
+            break
+    is_difftape = "DifftapeError" in names
+    extra = {}
+    if err.get("index") is not None:
+        extra["index"] = err["index"]
+    if status == 500:
+        log.error("engine internal error %s: %s", err.get("type"), err.get("message"))
+    return ProblemError(status, str(err.get("message", "")),
+                        difftape_error=err.get("type") if is_difftape else None,
+                        kernel=err.get("kernel"),
+                        title=err.get("type") if is_difftape else None, **extra)
+
+
+def session_lost(detail: str) -> ProblemError:
+    return ProblemError(410, detail, difftape_error="SessionLostError", title="Session lost")
+
+
+def quota(limit: str, detail: str) -> ProblemError:
+    return ProblemError(429, detail, difftape_error="QuotaExceededError",
+                        title="Quota exceeded", limit=limit)
+
+
+def problem_response(p: ProblemError) -> Response:
+    # allow_nan: a kernel may return inf/NaN; Python's json reads them back.
+    return Response(json.dumps(p.body(), allow_nan=True), status_code=p.status,
+                    media_type=PROBLEM_TYPE, headers=p.headers)
+
+
+def install(app: FastAPI) -> None:
+    """Route FastAPI's and Starlette's own errors (404, 405, 422, 500...) through problems."""
+
+    @app.exception_handler(ProblemError)
+    async def _problem(_request: Request, exc: ProblemError) -> Response:
+        return problem_response(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_request: Request, exc: StarletteHTTPException) -> Response:
+        headers = getattr(exc, "headers", None)
+        return problem_response(ProblemError(exc.status_code, str(exc.detail), headers=headers))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_request: Request, exc: RequestValidationError) -> Response:
+        errors = []
+        for e in exc.errors():
+            loc = ".".join(str(x) for x in e.get("loc", ()))
+            errors.append({"loc": loc, "msg": e.get("msg", "")})
+        detail = "; ".join(f"{e['loc']}: {e['msg']}" for e in errors[:5]) or "invalid request"
+        return problem_response(ProblemError(422, detail, errors=errors))
+
+    @app.exception_handler(Exception)
+    async def _internal(_request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error", exc_info=exc)
+        return problem_response(ProblemError(500, "internal server error"))

@@ -1,0 +1,44 @@
+"""``/v1/sessions/{sid}/batch``: many ops in one request (a client Tape's launch list)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from ..models import BatchBody, BatchResult
+from ..problems import ProblemError
+from .deps import PROBLEM_RESPONSES, SidP, UserDep, service
+
+router = APIRouter(prefix="/v1/sessions/{sid}/batch", tags=["batch"],
+                   responses=PROBLEM_RESPONSES)
+
+
+@router.post("", response_model=BatchResult)
+async def run_batch(request: Request, user: UserDep, body: BatchBody,
+                    sid: SidP) -> BatchResult:
+    """Run the ops in order in one worker round trip; the first error stops the batch and
+    its problem carries the failing op's ``index``. The kernel time limit applies to the
+    whole batch."""
+    svc = service(request)
+    svc.sessions.row(user, sid)
+    ops = [op.model_dump() for op in body.ops]
+    created, companions, extra = svc.sessions.plan_fields(sid, ops)
+    if extra:
+        svc.sessions.check_field_quota(user, extra)
+    try:
+        result, _ = await svc.sessions.call(user, sid, {"op": "batch", "ops": ops})
+    except ProblemError as p:
+        # The ops before the failing one did run: account for the storage they made.
+        index = p.extra.get("index")
+        if isinstance(index, int) and index > 0:
+            done, comps, _ = svc.sessions.plan_fields(sid, ops[:index])
+            svc.sessions.account_fields(sid, done, comps)
+        raise
+    results = result.get("results", [])
+    if created or companions:
+        svc.sessions.account_fields(sid, created, companions)
+    svc.sessions.record_kernels(sid, ops, results)
+    for op in ops:
+        if op["op"] == "launch":
+            svc.metrics.launches.labels(op["variant"]).inc()
+    return BatchResult(results=results)
+

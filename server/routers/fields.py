@@ -1,0 +1,134 @@
+"""``/v1/sessions/{sid}/fields``: create fields, move their data as bytes, fill, items."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Request, Response
+
+from .. import npyio
+from ..models import (
+    CompanionBody,
+    FieldCreate,
+    FieldCreated,
+    FillBody,
+    ItemBody,
+    ItemValue,
+    Role,
+)
+from ..problems import ProblemError
+from ..sessions import field_nbytes
+from .deps import PROBLEM_RESPONSES, FidP, SidP, UserDep, service
+
+router = APIRouter(prefix="/v1/sessions/{sid}/fields", tags=["fields"],
+                   responses=PROBLEM_RESPONSES)
+
+_BINARY = {"schema": {"type": "string", "format": "binary"}}
+_UPLOAD = {"requestBody": {
+    "required": True,
+    "description": "`application/x-npy` (a `.npy` file, read without pickle) or "
+                   "`application/octet-stream` (C-order bytes, with `X-Dtype` and `X-Shape`)",
+    "content": {npyio.NPY: _BINARY, npyio.RAW: _BINARY}}}
+_DOWNLOAD = {200: {"description": "`.npy` by default; raw bytes with `X-Dtype`/`X-Shape` "
+                                  "headers for `Accept: application/octet-stream`",
+                   "content": {npyio.NPY: _BINARY, npyio.RAW: _BINARY}}}
+
+
+@router.post("", status_code=201, response_model=FieldCreated)
+async def create_field(request: Request, user: UserDep, body: FieldCreate,
+                       sid: SidP) -> FieldCreated:
+    svc = service(request)
+    svc.sessions.row(user, sid)
+    n = field_nbytes(body.dtype, body.shape, body.element_shape)
+    roles = ["data"] + (["grad"] if body.needs_grad else []) + (["dual"] if body.needs_dual
+                                                                 else [])
+    svc.sessions.check_field_quota(user, n * len(roles))
+    result, _ = await svc.sessions.call(user, sid, {"op": "create_field",
+                                                    **body.model_dump()})
+    svc.sessions.account_fields(sid, {body.id: (n, roles)}, [])
+    return FieldCreated(id=body.id, nbytes=int(result.get("nbytes", n)))
+
+
+@router.post("/{fid}/companions", status_code=204)
+async def add_companion(request: Request, user: UserDep, body: CompanionBody, sid: SidP,
+                        fid: FidP) -> Response:
+    """Allocate the field's ``.grad`` or ``.dual`` (``lazy_grad`` / ``lazy_dual``)."""
+    svc = service(request)
+    row = svc.sessions.row(user, sid)
+    f = json.loads(row["fields"]).get(str(fid))
+    if f is not None and body.role not in f["roles"]:
+        svc.sessions.check_field_quota(user, f["n"])
+    await svc.sessions.call(user, sid, {"op": "companion", "id": fid, "role": body.role})
+    svc.sessions.account_fields(sid, {}, [(fid, body.role)])
+    return Response(status_code=204)
+
+
+@router.put("/{fid}/{role}", status_code=204, openapi_extra=_UPLOAD)
+async def write_field(request: Request, user: UserDep, sid: SidP, fid: FidP,
+                      role: Role, content_type: Annotated[str | None, Header()] = None,
+                      x_dtype: Annotated[str | None, Header()] = None,
+                      x_shape: Annotated[str | None, Header()] = None) -> Response:
+    """Replace the field's data (or ``.grad`` / ``.dual``) with the body's array."""
+    svc = service(request)
+    svc.sessions.row(user, sid)
+    body = await request.body()
+    ctype = (content_type or npyio.NPY).split(";")[0].strip().lower()
+    if ctype == npyio.NPY:
+        data, dtype, shape = npyio.read_npy(body)
+    elif ctype == npyio.RAW:
+        data, dtype, shape = npyio.read_raw(body, x_dtype, x_shape)
+    else:
+        raise ProblemError(415, f"unsupported content type {ctype!r}; send {npyio.NPY} or "
+                                f"{npyio.RAW}")
+    await svc.sessions.call(user, sid, {"op": "write", "id": fid, "role": role,
+                                        "dtype": dtype, "shape": shape}, data)
+    svc.metrics.bytes_moved.labels("in").inc(len(data))
+    return Response(status_code=204)
+
+
+@router.get("/{fid}/{role}", responses=_DOWNLOAD, response_class=Response)
+async def read_field(request: Request, user: UserDep, sid: SidP, fid: FidP,
+                     role: Role, accept: Annotated[str | None, Header()] = None) -> Response:
+    svc = service(request)
+    result, payload = await svc.sessions.call(user, sid, {"op": "read", "id": fid,
+                                                          "role": role})
+    payload = payload or b""
+    svc.metrics.bytes_moved.labels("out").inc(len(payload))
+    shape = [int(x) for x in result["shape"]]
+    if accept and npyio.RAW in accept and npyio.NPY not in accept:
+        return Response(payload, media_type=npyio.RAW,
+                        headers={"X-Dtype": npyio.numpy_name(result["dtype"]),
+                                 "X-Shape": ",".join(str(x) for x in shape)})
+    return Response(npyio.npy_bytes(payload, result["dtype"], shape), media_type=npyio.NPY)
+
+
+@router.post("/{fid}/{role}/fill", status_code=204)
+async def fill_field(request: Request, user: UserDep, body: FillBody, sid: SidP,
+                     fid: FidP, role: Role) -> Response:
+    await service(request).sessions.call(user, sid, {"op": "fill", "id": fid, "role": role,
+                                                     "value": body.value})
+    return Response(status_code=204)
+
+
+@router.post("/{fid}/{role}/item", response_model=ItemValue)
+async def item(request: Request, user: UserDep, body: ItemBody, sid: SidP,
+               fid: FidP, role: Role) -> ItemValue:
+    """Set one element (``field[i, j] = v``)."""
+    await service(request).sessions.call(user, sid, {"op": "set_item", "id": fid,
+                                                     "role": role, "index": body.index,
+                                                     "value": body.value})
+    return ItemValue(value=body.value)
+
+
+@router.get("/{fid}/{role}/item", response_model=ItemValue)
+async def get_item(request: Request, user: UserDep, index: str, sid: SidP,
+                   fid: FidP, role: Role) -> ItemValue:
+    """Read one element; ``index`` is comma-separated (``?index=3,4``)."""
+    try:
+        idx = [int(x) for x in index.split(",") if x.strip()]
+    except ValueError:
+        raise ProblemError(400, f"bad index {index!r}; expected e.g. '3,4'") from None
+    result, _ = await service(request).sessions.call(
+        user, sid, {"op": "get_item", "id": fid, "role": role, "index": idx[:8]})
+    return ItemValue(value=result.get("value"))

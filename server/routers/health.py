@@ -1,0 +1,56 @@
+"""Liveness, readiness and Prometheus metrics."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from ..models import Health
+from .deps import UserDep, service
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/livez", response_model=Health)
+async def livez() -> Health:
+    """The gateway's event loop answers: nothing more (a restart would not fix the rest)."""
+    return Health(status="ok")
+
+
+def _cache_writable(path) -> str | None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(dir=path, prefix=".readyz-")
+        os.close(fd)
+        os.unlink(name)
+        return None
+    except OSError as e:
+        return str(e)
+
+
+@router.get("/readyz", response_model=Health, responses={503: {"model": Health}})
+async def readyz(request: Request):
+    """Ready when a worker (compiler and device) has started, the compiled-code cache is
+    writable and the database answers."""
+    svc = service(request)
+    checks = {
+        "worker": "ok" if svc.pool.started_ok else (svc.pool.start_error or "starting"),
+        "cache": _cache_writable(svc.settings.cache_dir) or "ok",
+        "database": "ok" if svc.db.ping() else "unavailable",
+    }
+    ok = all(v == "ok" for v in checks.values())
+    return JSONResponse(Health(status="ok" if ok else "unavailable", checks=checks).model_dump(),
+                        status_code=200 if ok else 503)
+
+
+@router.get("/metrics", response_class=Response,
+            responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
+async def metrics(request: Request, user: UserDep) -> Response:
+    """Prometheus text format (bearer token required, like everything but the probes)."""
+    svc = service(request)
+    await svc.refresh_all_stats()
+    return Response(generate_latest(svc.metrics.registry), media_type=CONTENT_TYPE_LATEST)

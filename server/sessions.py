@@ -1,0 +1,267 @@
+"""Sessions: which worker runs a user's fields and kernels, and their life cycle.
+
+active -> (idle for the timeout) -> culled (fields saved under the data dir, worker stopped)
+-> (any request, or POST .../resume) -> active again; a worker that dies makes its session
+lost (410 SessionLostError), and only that session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import secrets
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .db import Database, User
+from .problems import ProblemError, quota, session_lost
+from .settings import Settings
+from .worker import Worker, WorkerGone, WorkerPool
+
+log = logging.getLogger("difftape.server")
+
+ITEMSIZE = {"f16": 2, "f32": 4, "f64": 8, "i8": 1, "i16": 2, "i32": 4, "i64": 8,
+            "u8": 1, "u16": 2, "u32": 4, "u64": 8}
+
+
+def field_nbytes(dtype: str, shape: list[int], element_shape: list[int]) -> int:
+    return ITEMSIZE[dtype] * math.prod(shape) * math.prod(element_shape)
+
+
+@dataclass
+class Live:
+    """A session whose worker runs (or is being started) in this gateway."""
+
+    sid: str
+    owner: int
+    worker: Worker | None = None
+    inflight: int = 0
+    last_activity: float = field(default_factory=time.time)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # state transitions
+
+
+class SessionManager:
+    def __init__(self, settings: Settings, db: Database, pool: WorkerPool, metrics) -> None:
+        self.settings = settings
+        self.db = db
+        self.pool = pool
+        self.metrics = metrics
+        self.live: dict[str, Live] = {}
+        settings.sessions_dir.mkdir(parents=True, exist_ok=True)
+
+    # ------------------------------------------------------------------ lookup
+    def row(self, user: User, sid: str):
+        """The session's row if ``user`` owns it; 404 otherwise (never 403: a user does not
+        learn that another user's session exists)."""
+        row = self.db.session(sid)
+        if row is None or row["owner"] != user.id or row["state"] == "deleted":
+            raise ProblemError(404, f"no session {sid!r}")
+        return row
+
+    def _entry(self, sid: str, owner: int) -> Live:
+        e = self.live.get(sid)
+        if e is None:
+            e = self.live[sid] = Live(sid, owner)
+        return e
+
+    # ------------------------------------------------------------------ create / delete
+    async def create(self, user: User) -> str:
+        n = self.db.count_live_sessions(user.id)
+        if n >= self.settings.quota_sessions:
+            raise quota("sessions", f"session quota reached: {n} of "
+                                    f"{self.settings.quota_sessions} sessions in use")
+        worker = await self.pool.get()
+        sid = "s_" + secrets.token_hex(12)
+        self.db.insert_session(sid, user.id, self.settings.arch, worker.address)
+        e = self._entry(sid, user.id)
+        e.worker = worker
+        return sid
+
+    async def delete(self, user: User, sid: str) -> None:
+        row = self.row(user, sid)
+        e = self.live.pop(sid, None)
+        if e is not None and e.worker is not None:
+            await asyncio.get_running_loop().run_in_executor(None, e.worker.stop)
+        self._retire(e)
+        self.db.update_session(sid, state="deleted", field_bytes=0, fields={}, worker=None)
+        self.db.drop_kernels(sid)
+        if row["saved_path"]:
+            Path(row["saved_path"]).unlink(missing_ok=True)
+
+    def _retire(self, e: Live | None) -> None:
+        if e is not None and e.worker is not None:
+            self.metrics.retire(e.worker.stats)
+
+    # ------------------------------------------------------------------ running ops
+    @asynccontextmanager
+    async def use(self, user: User, sid: str):
+        """The session's worker, resumed if culled; counts as activity."""
+        row = self.row(user, sid)
+        e = self._entry(sid, user.id)
+        async with e.lock:
+            row = self.db.session(sid)
+            if row["state"] == "lost":
+                raise session_lost(f"session {sid} was lost: {row['lost_reason']}")
+            if row["state"] == "culled" or e.worker is None:
+                await self._resume(e, row)
+            e.inflight += 1
+            e.last_activity = time.time()
+        try:
+            yield e
+        finally:
+            e.inflight -= 1
+            e.last_activity = time.time()
+
+    async def call(self, user: User, sid: str, op: dict, payload=None):
+        async with self.use(user, sid) as e:
+            return await self.call_live(e, op, payload)
+
+    async def call_live(self, e: Live, op: dict, payload=None):
+        try:
+            return await e.worker.call(op, payload, timeout=self.settings.kernel_time_limit_s)
+        except WorkerGone as g:
+            self._lose(e, g.reason)
+            if g.timeout:
+                raise ProblemError(410, f"session {e.sid} was lost: {g.reason}",
+                                   difftape_error="KernelTimeoutError",
+                                   title="Kernel time limit exceeded") from None
+            raise session_lost(f"session {e.sid} was lost: {g.reason}") from None
+
+    def _lose(self, e: Live, reason: str) -> None:
+        log.warning("session %s lost: %s", e.sid, reason)
+        self.live.pop(e.sid, None)
+        self._retire(e)
+        if e.worker is not None:
+            e.worker.kill()
+        self.db.update_session(e.sid, state="lost", lost_reason=reason, worker=None,
+                               field_bytes=0, fields={})
+
+    # ------------------------------------------------------------------ quotas
+    def check_field_quota(self, user: User, extra: int) -> None:
+        used = self.db.field_bytes_of(user.id)
+        limit = self.settings.quota_field_bytes
+        if used + extra > limit:
+            raise quota("field_bytes", f"field memory quota exceeded: {used} bytes in use + "
+                                       f"{extra} requested > {limit} bytes")
+
+    def account_fields(self, sid: str, created: dict[int, tuple[int, list[str]]],
+                       companions: list[tuple[int, str]]) -> None:
+        """Record created fields (id -> (data bytes, roles)) and companions added later, so
+        the quota sees ``.grad``/``.dual`` storage too."""
+        row = self.db.session(sid)
+        fields = json.loads(row["fields"])
+        for fid, (nbytes, roles) in created.items():
+            fields[str(fid)] = {"n": nbytes, "roles": list(roles)}
+        for fid, role in companions:
+            f = fields.get(str(fid))
+            if f is not None and role not in f["roles"]:
+                f["roles"].append(role)
+        total = sum(f["n"] * len(f["roles"]) for f in fields.values())
+        self.db.update_session(sid, fields=fields, field_bytes=total)
+
+    def plan_fields(self, sid: str, ops: list[dict]):
+        """Storage a batch allocates: (created, companions, bytes) for the quota."""
+        created, companions, extra = {}, [], 0
+        row = self.db.session(sid)
+        known = json.loads(row["fields"]) if row is not None else {}
+        for op in ops:
+            if op["op"] == "create_field":
+                n = field_nbytes(op["dtype"], op["shape"], op["element_shape"])
+                roles = ["data"] + (["grad"] if op["needs_grad"] else []) + (
+                    ["dual"] if op["needs_dual"] else [])
+                created[op["id"]] = (n, roles)
+                extra += n * len(roles)
+            elif op["op"] == "companion":
+                companions.append((op["id"], op["role"]))
+                if op["id"] in created:
+                    extra += created[op["id"]][0]
+                elif str(op["id"]) in known and op["role"] not in known[str(op["id"])]["roles"]:
+                    extra += known[str(op["id"])]["n"]
+        return created, companions, extra
+
+    def record_kernels(self, sid: str, ops: list[dict], results: list) -> None:
+        """Remember kernels a batch registered (the session's kernel table)."""
+        for op, res in zip(ops, results, strict=False):
+            if op["op"] == "register" and isinstance(res, dict) and "kernel_id" in res:
+                self.db.add_kernel(sid, str(res["kernel_id"]), json.dumps(op["ir"]))
+
+    # ------------------------------------------------------------------ cull / resume
+    async def _resume(self, e: Live, row) -> None:
+        worker = await self.pool.get()
+        try:
+            timeout = self.settings.kernel_time_limit_s
+            if row["saved_path"]:
+                await worker.call({"op": "load", "path": row["saved_path"]}, timeout=timeout)
+            for k in self.db.kernels_of(e.sid):
+                await worker.call({"op": "register", "ir": json.loads(k["ir"])},
+                                  timeout=timeout)
+        except (ProblemError, WorkerGone) as err:
+            worker.kill()
+            reason = getattr(err, "detail", None) or getattr(err, "reason", str(err))
+            self.db.update_session(e.sid, state="lost", lost_reason=f"resume failed: {reason}")
+            self.live.pop(e.sid, None)
+            raise session_lost(f"session {e.sid} could not be resumed: {reason}") from None
+        if row["saved_path"]:
+            Path(row["saved_path"]).unlink(missing_ok=True)
+        e.worker = worker
+        # The save is consumed: after a crash the session must not come back with stale data.
+        self.db.update_session(e.sid, state="active", worker=worker.address, saved_path=None)
+        log.info("session %s resumed on %s", e.sid, worker.address)
+
+    async def resume(self, user: User, sid: str) -> None:
+        async with self.use(user, sid):
+            pass
+
+    async def cull_idle(self, now: float | None = None) -> list[str]:
+        """Save and stop sessions idle for longer than the timeout; notice dead workers."""
+        now = now or time.time()
+        culled = []
+        for e in list(self.live.values()):
+            if e.worker is not None and e.worker.gone is None and not e.worker.proc.is_alive():
+                if not e.worker.lock.locked():
+                    self._lose(e, "the session's worker process died")
+                continue
+            if (e.worker is None or e.inflight or e.worker.lock.locked()
+                    or now - e.last_activity < self.settings.idle_session_timeout_s):
+                continue
+            async with e.lock:
+                if e.inflight or e.worker is None:
+                    continue
+                await self._save_and_stop(e)
+                culled.append(e.sid)
+        for e in self.live.values():
+            self.db.update_session(e.sid, last_activity=e.last_activity)
+        return culled
+
+    async def _save_and_stop(self, e: Live) -> None:
+        path = str(self.settings.sessions_dir / f"{e.sid}.npz")
+        try:
+            await self.call_live(e, {"op": "save", "path": path})
+        except ProblemError as p:
+            log.error("could not save session %s: %s", e.sid, p.detail)
+            return
+        self.db.update_session(e.sid, state="culled", saved_path=path, worker=None,
+                               last_activity=e.last_activity)
+        self._retire(e)
+        worker, e.worker = e.worker, None
+        await asyncio.get_running_loop().run_in_executor(None, worker.stop)
+        log.info("session %s culled after %.0f s idle; fields saved to %s", e.sid,
+                 time.time() - e.last_activity, path)
+
+    async def shutdown(self) -> None:
+        """Save every session so that a restarted server can resume them."""
+        for e in list(self.live.values()):
+            if e.worker is not None and e.worker.gone is None:
+                async with e.lock:
+                    await self._save_and_stop(e)
+        self.live.clear()
+
+    def recover(self) -> None:
+        """At start-up: sessions the database calls active have no worker any more."""
+        for row in self.db.sessions_in("active"):
+            self.db.update_session(row["id"], state="lost", worker=None, field_bytes=0,
+                                   fields={}, lost_reason="the server stopped without saving it")

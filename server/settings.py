@@ -1,0 +1,86 @@
+"""Server configuration: command-line flags or ``DIFFTAPE_*`` environment variables.
+
+One pydantic-settings model so that a container (environment), a systemd unit (flags) and the
+tests (keyword arguments) configure the server the same way, with the same validation.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+def _default_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local",
+                                                            "share")
+    return Path(base) / "difftape-server"
+
+
+class Settings(BaseSettings):
+    """Everything an operator can set. Defaults are safe for one machine: loopback only,
+    modest quotas, a kernel time limit."""
+
+    model_config = SettingsConfigDict(env_prefix="DIFFTAPE_", extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    arch: Literal["cpu", "cuda"] = "cpu"
+    data_dir: Path = Field(default_factory=_default_data_dir)
+
+    # Safety limits
+    max_body_bytes: int = Field(512 * 1024 * 1024, gt=0,
+                                description="largest request body accepted (413 above it)")
+    kernel_time_limit_s: float = Field(300.0, gt=0,
+                                       description="one launch/batch/job op; the worker is "
+                                                   "killed when it runs longer")
+    idle_session_timeout_s: float = Field(3600.0, gt=0)
+    cull_interval_s: float = Field(30.0, gt=0)
+    worker_start_timeout_s: float = Field(120.0, gt=0)
+
+    # Per-user quotas
+    quota_field_bytes: int = Field(4 * 1024**3, ge=0)
+    quota_sessions: int = Field(16, ge=0)
+    quota_job_seconds: float = Field(24 * 3600.0, ge=0)
+
+    # Jobs run from one queue per device; this many at once.
+    job_concurrency: int = Field(1, ge=1)
+    # Spawned, initialised workers kept ready so that creating a session does not wait for
+    # a Python start-up and an LLVM initialisation.
+    # Threads of each worker's program (0: one per core). Many sessions on few cores
+    # oversubscribe the machine; an operator may cap this.
+    worker_threads: int = Field(0, ge=0)
+    spare_workers: int = Field(1, ge=0, le=16)
+
+    # DNS rebinding and CSRF protection. Host names are compared without the port; "*" allows
+    # any (only behind a proxy that checks Host itself).
+    allowed_hosts: Annotated[list[str], NoDecode] = ["127.0.0.1", "localhost", "::1"]
+    allowed_origins: Annotated[list[str], NoDecode] = []
+
+    # "module:Class" of the engine run in the workers. An operator setting, never a client's.
+    engine: str = "difftape.server.engine:Engine"
+
+    @field_validator("allowed_hosts", "allowed_origins", mode="before")
+    @classmethod
+    def _split(cls, v):
+        """Environment variables give comma-separated lists (``a.example,b.example``)."""
+        if isinstance(v, str):
+            return [x.strip() for x in v.split(",") if x.strip()]
+        return v
+
+    @property
+    def cache_dir(self) -> Path:
+        """Compiled code, shared by all sessions and kept across restarts."""
+        return self.data_dir / "cache"
+
+    @property
+    def sessions_dir(self) -> Path:
+        """Fields of culled sessions."""
+        return self.data_dir / "sessions"
+
+    @property
+    def db_path(self) -> Path:
+        return self.data_dir / "difftape.sqlite3"

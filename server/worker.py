@@ -1,0 +1,273 @@
+"""Engine worker processes and the gateway's handle on them.
+
+Registering and launching kernels runs native code, so it happens only here, in processes
+started with ``spawn`` (a fork would copy the gateway's threads, sockets and event loop into a
+process that then loads LLVM). A worker that crashes takes only its own session with it.
+
+Wire protocol over a ``multiprocessing`` pipe, no pickle of anything: every message is one
+JSON frame (``send_bytes``) optionally followed by one raw-bytes frame when the JSON says
+``"_payload": true``. Requests are engine op dicts; replies are ``{"ok": result}`` or
+``{"error": {"type", "bases", "message", "kernel", "index"}}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import logging
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from .problems import ProblemError, engine_problem, session_lost
+
+log = logging.getLogger("difftape.server")
+
+_ctx = multiprocessing.get_context("spawn")
+
+
+def _send(conn, msg: dict, payload) -> None:
+    msg = dict(msg)
+    msg["_payload"] = payload is not None
+    conn.send_bytes(json.dumps(msg, allow_nan=True).encode())
+    if payload is not None:
+        conn.send_bytes(payload)
+
+
+def _recv(conn) -> tuple[dict, bytes | None]:
+    msg = json.loads(conn.recv_bytes())
+    payload = conn.recv_bytes() if msg.pop("_payload", False) else None
+    return msg, payload
+
+
+def _error_dict(e: BaseException) -> dict:
+    return {"type": type(e).__name__,
+            "bases": [c.__name__ for c in type(e).__mro__],
+            "message": getattr(e, "bare_message", None) or str(e),
+            "kernel": getattr(e, "kernel", None),
+            "index": getattr(e, "op_index", None)}
+
+
+def worker_main(conn, engine_spec: str, engine_kwargs: dict) -> None:
+    """The worker's loop: build the engine, say ready, then serve ops until EOF."""
+    # Ctrl-C on the server goes to the whole process group; the gateway decides when workers
+    # stop (after saving their sessions), so ignore it here.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    cache_dir = engine_kwargs.get("cache_dir")
+    if cache_dir:
+        os.environ["DIFFTAPE_CACHE_DIR"] = cache_dir
+    try:
+        module, _, cls = engine_spec.partition(":")
+        engine = getattr(importlib.import_module(module), cls)(**engine_kwargs)
+    except BaseException as e:  # noqa: BLE001 - reported to the gateway, then exit
+        _send(conn, {"error": _error_dict(e)}, None)
+        return
+    _send(conn, {"ok": {"pid": os.getpid()}}, None)
+    while True:
+        try:
+            op, payload = _recv(conn)
+        except (EOFError, OSError):
+            return
+        if op.get("op") == "_shutdown":
+            _send(conn, {"ok": {}}, None)
+            return
+        try:
+            result, out = engine.execute(op, payload)
+            reply = {"ok": result if result is not None else {}}
+        except Exception as e:  # noqa: BLE001 - every error becomes a reply
+            reply, out = {"error": _error_dict(e)}, None
+        try:
+            _send(conn, reply, out)
+        except (BrokenPipeError, OSError):
+            return
+
+
+# Threads that wait on worker pipes. Most of the time they sit in poll(), so many are cheap;
+# the event loop's default executor (cpu_count + 4 threads) would cap concurrent sessions.
+_executor = ThreadPoolExecutor(max_workers=256, thread_name_prefix="difftape-pipe")
+
+
+class WorkerGone(Exception):
+    """The worker process died or was killed; ``reason`` says which."""
+
+    def __init__(self, reason: str, *, timeout: bool = False) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.timeout = timeout
+
+
+@dataclass
+class WorkerStats:
+    """The last stats a worker reported (kept after it stops, for monotonic counters)."""
+
+    launches: int = 0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    compile_s: float = 0.0
+    field_bytes: int = 0
+
+
+class Worker:
+    """One engine process; calls are serialized (a session's ops run in order)."""
+
+    def __init__(self, engine_spec: str, engine_kwargs: dict) -> None:
+        self._conn, child = _ctx.Pipe(duplex=True)
+        self.proc = _ctx.Process(target=worker_main, args=(child, engine_spec, engine_kwargs),
+                                 daemon=True, name="difftape-worker")
+        self.proc.start()
+        child.close()  # so that the worker's death reads as EOF here
+        self.pid = self.proc.pid
+        self.lock = asyncio.Lock()
+        self.gone: WorkerGone | None = None
+        self.stats = WorkerStats()
+        self._io = threading.Lock()
+
+    @property
+    def address(self) -> str:
+        return f"local:{self.pid}"
+
+    def wait_ready(self, timeout: float) -> None:
+        """Block until the engine is built (blocking; run in a thread)."""
+        msg, _ = self._exchange(None, None, timeout)
+        if "error" in msg:
+            self.kill()
+            err = msg["error"]
+            raise RuntimeError(f"worker could not start its engine: {err['type']}: "
+                               f"{err['message']}")
+
+    def _exchange(self, op: dict | None, payload, timeout: float) -> tuple[dict, bytes | None]:
+        with self._io:
+            if self.gone is not None:
+                raise self.gone
+            try:
+                if op is not None:
+                    _send(self._conn, op, payload)
+                deadline = time.monotonic() + timeout
+                while not self._conn.poll(min(0.25, max(0.0, deadline - time.monotonic()))):
+                    if not self.proc.is_alive():
+                        raise self._died()
+                    if time.monotonic() >= deadline:
+                        self.kill()
+                        self.gone = WorkerGone(
+                            f"the operation ran longer than the kernel time limit "
+                            f"({timeout:g} s); its worker was stopped", timeout=True)
+                        raise self.gone
+                return _recv(self._conn)
+            except (EOFError, BrokenPipeError, ConnectionResetError, OSError) as e:
+                if isinstance(e, WorkerGone):
+                    raise
+                raise self._died() from None
+
+    def _died(self) -> WorkerGone:
+        self.proc.join(timeout=1)
+        code = self.proc.exitcode
+        how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+        self.gone = WorkerGone(f"the session's worker process died ({how})")
+        return self.gone
+
+    async def call(self, op: dict, payload=None, *, timeout: float) -> tuple[dict, bytes | None]:
+        """Run one engine op; raise ProblemError for engine errors, WorkerGone if it died."""
+        async with self.lock:
+            loop = asyncio.get_running_loop()
+            msg, out = await loop.run_in_executor(_executor, self._exchange, op, payload,
+                                                  timeout)
+        if "error" in msg:
+            raise engine_problem(msg["error"])
+        return msg["ok"], out
+
+    def kill(self) -> None:
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join(timeout=5)
+        try:
+            self._conn.close()
+        except OSError:
+            pass
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Ask the worker to exit; kill it if it does not (blocking)."""
+        if self.gone is None and self.proc.is_alive():
+            try:
+                with self._io:
+                    _send(self._conn, {"op": "_shutdown"}, None)
+                    if self._conn.poll(timeout):
+                        _recv(self._conn)
+            except (EOFError, OSError):
+                pass
+            self.proc.join(timeout=timeout)
+        self.gone = self.gone or WorkerGone("the worker was stopped")
+        self.kill()
+
+
+class WorkerPool:
+    """Starts workers, keeping ``spare`` started and initialised ones ready."""
+
+    def __init__(self, engine_spec: str, engine_kwargs: dict, spare: int,
+                 start_timeout: float) -> None:
+        self.engine_spec = engine_spec
+        self.engine_kwargs = engine_kwargs
+        self.spare = spare
+        self.start_timeout = start_timeout
+        self._ready: list[Worker] = []
+        self._filling: asyncio.Task | None = None
+        self.started_ok = False
+        self.start_error: str | None = None
+
+    def _start_sync(self) -> Worker:
+        w = Worker(self.engine_spec, self.engine_kwargs)
+        w.wait_ready(self.start_timeout)
+        return w
+
+    async def _start(self) -> Worker:
+        loop = asyncio.get_running_loop()
+        try:
+            w = await loop.run_in_executor(_executor, self._start_sync)
+        except Exception as e:
+            self.start_error = str(e)
+            raise
+        self.started_ok, self.start_error = True, None
+        return w
+
+    async def fill(self) -> None:
+        while len(self._ready) < self.spare:
+            self._ready.append(await self._start())
+
+    def _refill_soon(self) -> None:
+        if self.spare and (self._filling is None or self._filling.done()):
+            self._filling = asyncio.ensure_future(self._fill_quietly())
+
+    async def _fill_quietly(self) -> None:
+        try:
+            await self.fill()
+        except Exception as e:  # noqa: BLE001 - reported through /readyz
+            log.error("could not start a spare worker: %s", e)
+
+    async def get(self) -> Worker:
+        """A ready worker (a spare if one is alive, else a new one)."""
+        while self._ready:
+            w = self._ready.pop()
+            if w.proc.is_alive():
+                self._refill_soon()
+                return w
+        try:
+            w = await self._start()
+        except Exception as e:
+            raise ProblemError(503, f"could not start a worker: {e}") from e
+        self._refill_soon()
+        return w
+
+    async def close(self) -> None:
+        if self._filling is not None:
+            self._filling.cancel()
+        loop = asyncio.get_running_loop()
+        for w in self._ready:
+            await loop.run_in_executor(_executor, w.stop)
+        self._ready.clear()
+
+
+__all__ = ["Worker", "WorkerGone", "WorkerPool", "session_lost", "worker_main"]
