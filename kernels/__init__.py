@@ -112,7 +112,13 @@ def grouped(x) -> Grouped:
 
 
 def sync() -> None:
-    """``ti.sync``: kernels run synchronously on the CPU, so there is nothing to wait for."""
+    """``ti.sync``: kernels run synchronously on the CPU, so there is nothing to wait for;
+    under ``arch=ti.remote`` it sends the queued launches and waits for them."""
+    from .runtime import program as _program
+
+    prog = _program._current
+    if prog is not None and prog.remote is not None:
+        prog.remote.flush()
 
 
 def svd(A, dt=None):

@@ -31,6 +31,9 @@ class GradientCheckError(DifftapeError):
 def clear_all_gradients() -> None:
     """Zero the ``.grad`` of every field of the current program."""
     prog = program.get()
+    if prog.remote is not None:  # arch=ti.remote: one queued op (difftape.client)
+        prog.remote.clear_grads()
+        return
     for f in list(prog.fields.values()):
         if f.grad is not None:
             prog.zero(f.grad.arr)
@@ -89,6 +92,11 @@ class Tape:
     ``grad_check``: a list of fields whose gradients are compared with central finite
     differences of the recorded program after back-propagation.
     """
+
+    def __new__(cls, *args, **kwargs):
+        # arch=ti.remote: the client's subclass sends the recording to the server.
+        remote = program.get().remote
+        return object.__new__(remote.tape_class if remote is not None and cls is Tape else cls)
 
     def __init__(self, loss: Field | None = None, clear_gradients: bool = True,
                  validation: bool = False, grad_check: list | None = None) -> None:

@@ -24,6 +24,11 @@ _field_ids = itertools.count(1)
 class Field:
     """``ti.field`` / ``ti.Vector.field`` / ``ti.Matrix.field``."""
 
+    def __new__(cls, *args, **kwargs):
+        # arch=ti.remote: the client's subclass keeps the storage on the server.
+        remote = program.get().remote
+        return object.__new__(remote.field_class if remote is not None and cls is Field else cls)
+
     def __init__(self, dtype, shape, element_shape=(), name: str = "", role: str = "primal",
                  primal: Field | None = None) -> None:
         from ..frontend.ops import resolve_dtype

@@ -88,6 +88,8 @@ class Kernel:
         prog = program.get()
         if prog.generation != self._generation:
             self._reset_instances(prog)
+        if prog.remote is not None:  # arch=ti.remote: queued for the server (difftape.client)
+            return prog.remote.call_kernel(self, args)
         if (prog.tape is not None or prog.fwd is not None) and not self.no_grad:
             return self._call_differentiated(prog, args)
         if self._simple:
@@ -255,7 +257,10 @@ class AdjointKernel:
             return None
         # Under forward mode the adjoint runs with tangents: forward-over-reverse, which puts
         # Hessian-vector products into the .grad.dual of the inputs.
-        variant = "grad_fwd" if program.get().fwd is not None else "grad"
+        prog = program.get()
+        variant = "grad_fwd" if prog.fwd is not None else "grad"
+        if prog.remote is not None:  # arch=ti.remote: queued for the server (difftape.client)
+            return prog.remote.launch(k, args, variant)
         return k.instance(args, variant).launch(args)
 
     def __repr__(self) -> str:

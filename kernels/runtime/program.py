@@ -66,6 +66,7 @@ class Program:
         self.rng_state[self.rng_state == 0] = 0x9E3779B97F4A7C15
         self._pool = None
         self.tape = None  # the ti.ad.Tape recording kernel launches, if any
+        self.remote = None  # arch=ti.remote: the difftape.client runtime running it on a server
         self.fwd = None  # the ti.ad.FwdMode (or forward-mode helper) in effect, if any
         # Bumped whenever a field gains .grad/.dual storage: derivative variants of kernels
         # compiled before then would not read or write it.
@@ -94,6 +95,8 @@ class Program:
         self.pool.run(fn, arr.ctypes.data, 0, arr.nbytes, chunks_per_thread=1)
 
     def close(self) -> None:
+        if self.remote is not None:  # arch=ti.remote: end the server session
+            self.remote.close()
         if self._pool is not None:
             self._pool.close()
             self._pool = None
@@ -124,11 +127,9 @@ def init(arch: Arch | None = None, *, default_fp=None, default_ip=None, debug: b
         warnings.warn(f"difftape: arch={arch} has no backend here yet; falling back to the CPU",
                       stacklevel=2)
         arch = cpu
-    if arch == remote:
-        from ..errors import DifftapeError
-
-        raise DifftapeError("arch=ti.remote is not available yet: the difftape service and "
-                            "client have not landed; use arch=ti.cpu")
+    # arch=ti.remote: server=, token= (or session=) say where the program runs.
+    remote_opts = {k: kwargs.pop(k) for k in ("server", "token", "session", "transport",
+                                              "timeout") if k in kwargs}
     cfg = Config(arch=arch, debug=bool(debug), random_seed=int(random_seed),
                  cpu_max_num_threads=int(cpu_max_num_threads),
                  offline_cache=bool(offline_cache),
@@ -142,6 +143,13 @@ def init(arch: Arch | None = None, *, default_fp=None, default_ip=None, debug: b
             _t.i32 if default_ip is int else _t.from_numpy(default_ip))
     if _current is not None:
         _current.close()  # its worker threads would otherwise idle on forever
+    if arch == remote:  # the program runs on a difftape server (difftape.client)
+        from ..client.runtime import attach
+
+        prog = Program(cfg)
+        attach(prog, **remote_opts)
+        _current = prog
+        return
     _current = Program(cfg)
     # Load LLVM and set up the CPU target now rather than inside the first kernel call, so
     # a kernel's first call costs only its own compile (or cache load).

@@ -1,0 +1,447 @@
+"""``ti.init(arch=ti.remote)``: the same program, with fields and kernels on a difftape server.
+
+The frontend still runs here: a kernel is parsed and type-checked locally (so compile errors
+point at the user's source as usual) and its IR is sent once per specialization. What runs
+on the server is only that IR, validated and bounds-checked there.
+
+Launches are asynchronous. Kernel launches and every other op that returns nothing (field
+creation, ``fill``, ``x[i] = v``, clearing gradients) are queued and sent as one ``batch``
+request when the program next needs an answer: an element or array read, a kernel with a
+return value, ``ti.sync()``, the end of a ``ti.ad.Tape`` (its whole recording, forward and
+backward, goes in one request), or when the queue is long. One round trip then carries
+hundreds of small launches, which is what makes an iterative optimisation through the
+service cost about what it costs locally. As with a GPU, an error in a queued launch is
+raised at that next synchronisation point; the exception says which op it came from.
+"""
+
+from __future__ import annotations
+
+import numbers
+import operator
+from typing import Any
+
+import numpy as np
+
+from difftape.ad import Tape, _Entry
+from difftape.errors import ArgumentError, DifftapeError, ShapeError
+from difftape.frontend import builder as _b
+from difftape.frontend.annotations import NdarrayType
+from difftape.frontend.matrix import Matrix, MatrixType, Vector
+from difftape.ir import serialize
+from difftape.runtime.field import Field, _to_python
+from difftape.runtime.kernel import derive
+
+#: Queued ops beyond this many are sent without waiting for a synchronisation point.
+MAX_QUEUE = 4096
+
+
+def _from_json(value: Any) -> Any:
+    """Numbers back from JSON: the engine spells non-finite floats as strings."""
+    if isinstance(value, str):
+        return float(value.replace("Infinity", "inf"))
+    if isinstance(value, list):
+        return [_from_json(v) for v in value]
+    return value
+
+
+def _companion(f: Field, role: str) -> Field | None:
+    if role == "primal":
+        return f
+    if role == "grad_dual":
+        return f.grad.dual if f.grad is not None else None
+    return getattr(f, role, None)
+
+
+class _RemoteKernel:
+    """One registered kernel specialization: its id and how to flatten launch arguments."""
+
+    __slots__ = ("kernel", "kid", "data", "spec", "plan", "returns", "return_type")
+
+    def __init__(self, kernel, kid: str, data: dict, ir, spec: tuple) -> None:
+        self.kernel = kernel
+        self.kid = kid
+        self.data = data
+        self.spec = spec
+        names = [p.name for p in kernel.params]
+        plan = []
+        for p in ir.params:
+            base, _, comp = p.name.partition("[")
+            plan.append((names.index(base), int(comp[:-1]) if comp else None,
+                         p.dtype.is_float))
+        self.plan = plan
+        self.returns = bool(ir.returns)
+        rt = kernel.return_annotation
+        self.return_type = rt if isinstance(rt, MatrixType) else None
+
+    def flatten(self, args: tuple) -> list:
+        """Scalar params as the IR has them (vectors component by component), converted as
+        the local launch converts them (float params to double, int params truncated)."""
+        out = []
+        for index, comp, is_float in self.plan:
+            v = args[index]
+            if comp is not None:
+                v = v.entries[comp] if isinstance(v, Matrix) else np.asarray(v).ravel()[comp]
+            try:
+                out.append(float(v) if is_float else int(v))
+            except (TypeError, ValueError, OverflowError):
+                name = self.kernel.name
+                raise ArgumentError(f"kernel '{name}': argument {index + 1} must be a number, "
+                                    f"got {type(v).__name__} ({v!r:.40})", kernel=name) from None
+        return out
+
+    def convert(self, result: Any) -> Any:
+        result = _from_json(result)
+        rt = self.return_type
+        if rt is not None:
+            return Matrix._from_entries(list(result), rt.n, rt.m, rt.ndim)
+        return result
+
+
+class RemoteRuntime:
+    """The client half of a remote program (``program.remote``): the op queue, registered
+    kernels and the transport to one server session."""
+
+    def __init__(self, prog, transport, session_id: str, *, owns_session: bool) -> None:
+        self.prog = prog
+        self.transport = transport
+        self.session_id = session_id
+        self.owns_session = owns_session
+        self.field_class = RemoteField
+        self.tape_class = RemoteTape
+        self._queue: list[dict] = []
+        self._kernels: dict[tuple, _RemoteKernel] = {}
+        self._names: dict[str, str] = {}  # kernel id -> name, for error messages
+        self._grad_checked: set = set()
+        self.closed = False
+
+    # ------------------------------------------------------------------ the queue
+    def queue(self, op: dict) -> None:
+        self._queue.append(op)
+        if len(self._queue) >= MAX_QUEUE:
+            self.flush()
+
+    def flush(self) -> list[dict]:
+        """Send every queued op as one batch; raise the first error it hit."""
+        if not self._queue:
+            return []
+        ops, self._queue = self._queue, []
+        try:
+            return self.transport.batch(self.session_id, ops)
+        except DifftapeError as e:
+            index = getattr(e, "op_index", None)
+            if isinstance(index, int) and 0 <= index < len(ops):
+                op = ops[index]
+                what = op.get("op")
+                if what == "launch":
+                    name = self._names.get(op.get("kernel_id"), "?")
+                    what = f"launch of kernel '{name}' ({op.get('variant', 'primal')})"
+                e.add_note(f"raised on the difftape server by queued op {index + 1} of "
+                           f"{len(ops)}: {what}; ops after it were not run")
+            raise
+
+    def call(self, op: dict) -> dict:
+        """Run ``op`` after everything queued and return its result."""
+        self._queue.append(op)
+        return self.flush()[-1]
+
+    def close(self) -> None:
+        """End the session (its fields are dropped, as a local ``ti.reset()`` drops them)."""
+        if self.closed:
+            return
+        self.closed = True
+        self._queue.clear()
+        try:
+            if self.owns_session:
+                self.transport.delete_session(self.session_id)
+        except DifftapeError:
+            pass  # the server may already be gone; nothing is left to clean up here
+        finally:
+            if self.owns_session:
+                self.transport.close()
+
+    # ------------------------------------------------------------------ kernels
+    def _kernel(self, kernel, args: tuple) -> _RemoteKernel:
+        if kernel._simple:
+            if len(args) != len(kernel.params):
+                raise kernel._arg_count_error(args)
+            key: tuple = ()
+            spec: tuple = ()
+        else:
+            if any(isinstance(p.annotation, NdarrayType) for p in kernel.params):
+                raise ArgumentError(f"kernel '{kernel.name}': ti.ndarray / NumPy array "
+                                    "arguments are not supported with arch=ti.remote yet; "
+                                    "use fields", kernel=kernel.name)
+            key, spec = kernel._specialize(args)
+        rk = self._kernels.get((kernel, key))
+        if rk is None:
+            ir = kernel.build_ir(self.prog, spec)
+            data = serialize.encode(ir)
+            kid = serialize.fingerprint(ir)
+            rk = self._kernels[(kernel, key)] = _RemoteKernel(kernel, kid, data, ir, spec)
+            self._names[kid] = kernel.name
+            self.queue({"op": "register", "ir": data})
+        return rk
+
+    def launch(self, kernel, args: tuple, variant: str = "primal"):
+        """Queue one launch; wait only when the kernel returns a value."""
+        rk = self._kernel(kernel, args)
+        self._queue.append({"op": "launch", "kernel_id": rk.kid, "variant": variant,
+                            "args": rk.flatten(args)})
+        if rk.returns:
+            return rk.convert(self.flush()[-1]["result"])
+        if len(self._queue) >= MAX_QUEUE:
+            self.flush()
+        return None
+
+    def call_kernel(self, kernel, args: tuple):
+        """``kernel(*args)`` under ``arch=ti.remote`` (the hook in ``Kernel.__call__``)."""
+        prog = self.prog
+        if kernel.no_grad:
+            return self.launch(kernel, args)
+        if prog.tape is not None:
+            prog.tape.record(kernel, args)
+        return self.launch(kernel, args,
+                           "fwd" if getattr(prog, "fwd", None) is not None else "primal")
+
+    def check_grad(self, kernel, args: tuple) -> None:
+        """Derive the adjoint here once per specialization, so that a kernel whose gradient
+        cannot be computed is refused when it is recorded (as locally), not at Tape exit."""
+        rk = self._kernel(kernel, args)
+        key = (rk.kid, getattr(self.prog, "storage_epoch", 0))
+        if key in self._grad_checked:
+            return
+        fields = self.prog.fields
+
+        def has_storage(buf, role: str) -> bool:
+            kind, ident, base = buf.key
+            f = fields.get(ident) if kind == "field" else None
+            return f is not None and _companion(f, role if base == "primal"
+                                                else f"{base}_{role}") is not None
+
+        derive(serialize.decode(rk.data), "grad", has_storage)
+        self._grad_checked.add(key)
+
+    def clear_grads(self) -> None:
+        self.queue({"op": "clear_grads"})
+
+    def clear_duals(self) -> None:
+        self.queue({"op": "clear_duals"})
+
+    # ------------------------------------------------------------------ arrays
+    def write(self, fid: int, role: str, arr: np.ndarray) -> None:
+        self.flush()  # earlier launches first: the write must not overtake them
+        self.transport.write(self.session_id, fid, role, arr)
+
+    def read(self, fid: int, role: str, dtype: np.dtype, shape: tuple) -> np.ndarray:
+        self.flush()
+        return self.transport.read(self.session_id, fid, role, dtype, shape)
+
+
+# ---------------------------------------------------------------------------- fields
+
+def _jsonable(value: np.ndarray) -> Any:
+    """A converted element value as JSON-able Python numbers (non-finite as strings)."""
+    out = value.tolist()
+    if value.dtype.kind == "f" and not np.isfinite(value).all():
+        return _nonfinite(out)
+    return out
+
+
+def _nonfinite(v: Any) -> Any:
+    if isinstance(v, list):
+        return [_nonfinite(x) for x in v]
+    if v != v:
+        return "NaN"
+    return v if abs(v) != float("inf") else ("Infinity" if v > 0 else "-Infinity")
+
+
+class RemoteField(Field):
+    """A field whose storage lives on the server (the class ``ti.field`` makes under
+    ``arch=ti.remote``). Inside kernels it is the same as a local field; in Python scope,
+    element and array access become engine ops."""
+
+    @property
+    def _remote(self) -> RemoteRuntime:
+        return self._program.remote
+
+    def _allocate(self, shape) -> None:
+        if isinstance(shape, numbers.Integral):
+            shape = (int(shape),)
+        shape = tuple(int(s) for s in shape)
+        if any(s <= 0 for s in shape):
+            raise ShapeError(f"field shape must be positive, got {shape}")
+        self._shape = shape
+        if self.role == "primal":
+            self._remote.queue({"op": "create_field", "id": self.id, "dtype": self.dtype.name,
+                                "shape": list(shape), "element_shape": list(self.element_shape),
+                                "name": self.name})
+            self._program.fields[self.id] = self
+            if self in self._program.unplaced:
+                self._program.unplaced.remove(self)
+        elif self.role == "mark":
+            raise DifftapeError("ti.ad.Tape(validation=True) is not available with "
+                                "arch=ti.remote yet")
+        else:
+            self._remote.queue({"op": "companion", "id": self.id, "role": self.role})
+
+    @property
+    def arr(self) -> np.ndarray:
+        raise DifftapeError(f"{self._label()} lives on the difftape server (arch=ti.remote) "
+                            "and has no local array; use to_numpy() / from_numpy()")
+
+    def _index(self, key) -> list[int]:
+        """A Python-scope index, checked here as NumPy checks it locally."""
+        out = []
+        for axis, (k, n) in enumerate(zip(key, self.shape, strict=True)):
+            try:
+                i = operator.index(k)
+            except TypeError:
+                raise IndexError(f"{self._label()}: only integer indices are supported with "
+                                 f"arch=ti.remote, got {k!r:.40}") from None
+            if not -n <= i < n:
+                raise IndexError(f"index {i} is out of bounds for axis {axis} with size {n}")
+            out.append(i)
+        return out
+
+    def __getitem__(self, key):
+        if _b.current() is not None:
+            return super().__getitem__(key)
+        index = self._index(self._norm_key(key))
+        value = _from_json(self._remote.call({"op": "get_item", "id": self.id,
+                                              "role": self.role, "index": index})["value"])
+        if not self.element_shape:
+            return value
+        out = _to_python(np.asarray(value, dtype=self.dtype.np), self.element_shape)
+        out.__class__ = _element_class(len(self.element_shape))
+        out._remote_target = (self, index)
+        return out
+
+    def __setitem__(self, key, value) -> None:
+        if _b.current() is not None:
+            super().__setitem__(key, value)
+            return
+        index = self._index(self._norm_key(key))
+        self._set(index, value)
+
+    def _set(self, index: list[int], value) -> None:
+        if isinstance(value, Matrix):
+            value = value.entries
+        conv = np.asarray(value, dtype=self.dtype.np)
+        if self.element_shape:
+            conv = conv.reshape(self.element_shape)
+        elif conv.shape != ():
+            raise ValueError(f"cannot assign an array of shape {conv.shape} to an element of "
+                             f"the scalar field {self._label()}")
+        self._remote.queue({"op": "set_item", "id": self.id, "role": self.role,
+                            "index": index, "value": _jsonable(conv)})
+
+    def to_numpy(self, dtype=None, keep_dims: bool = False) -> np.ndarray:
+        out = self._remote.read(self.id, self.role, self.dtype.np,
+                                self.shape + self.element_shape)
+        return out.astype(dtype) if dtype is not None else out
+
+    def from_numpy(self, arr) -> None:
+        arr = np.asarray(arr)
+        expected = self.shape + self.element_shape
+        if arr.shape != expected:
+            raise ShapeError(f"from_numpy: {self._label()} has shape {expected} "
+                             f"(field {self.shape}, element {self.element_shape}) but the array "
+                             f"has shape {arr.shape}")
+        data = np.empty(expected, dtype=self.dtype.np)
+        np.copyto(data, arr, casting="unsafe")  # converted here exactly as locally
+        self._remote.write(self.id, self.role, data)
+
+    def fill(self, value) -> None:
+        conv = np.asarray(value.entries if isinstance(value, Matrix) else value,
+                          dtype=self.dtype.np)
+        self._remote.queue({"op": "fill", "id": self.id, "role": self.role,
+                            "value": _jsonable(conv)})
+
+    def copy_from(self, other: Field) -> None:
+        self.from_numpy(other.to_numpy())
+
+
+_ELEMENTS: dict[int, type] = {}
+
+
+def _element_class(ndim: int) -> type:
+    """Vector/Matrix subclasses whose entry writes (``x[i][0] = 1``) write the server's
+    element too, as the local field element views do."""
+    if not _ELEMENTS:
+        def _assign_entry(self, k: int, value) -> None:
+            self.entries[k] = value
+            field, index = self._remote_target
+            field._set(index, np.asarray(self.entries).reshape(field.element_shape))
+
+        _ELEMENTS[1] = type("RemoteVectorElement", (Vector,), {"_assign_entry": _assign_entry})
+        _ELEMENTS[2] = type("RemoteMatrixElement", (Matrix,), {"_assign_entry": _assign_entry})
+    return _ELEMENTS[ndim]
+
+
+# ---------------------------------------------------------------------------- the Tape
+
+class RemoteTape(Tape):
+    """``ti.ad.Tape`` under ``arch=ti.remote``: records as locally, back-propagates by
+    queueing the adjoint launches, and sends the whole recording in one request on exit."""
+
+    def __enter__(self) -> RemoteTape:
+        if self.validation or self.grad_check:
+            raise DifftapeError("ti.ad.Tape(validation=...) and Tape(grad_check=...) are not "
+                                "available with arch=ti.remote yet; run them locally")
+        return super().__enter__()
+
+    def record(self, kernel, args: tuple) -> None:
+        if self._suspended:
+            return
+        from difftape.runtime import program
+
+        program.get().remote.check_grad(kernel, args)
+        self.entries.append(_Entry(kernel, kernel.grad, args, {}, kernel.name))
+
+    def grad(self) -> None:
+        if self._evaluated:
+            raise DifftapeError("this Tape's gradients were already computed")
+        self._evaluated = True
+        if self.loss is not None:
+            self.loss.grad.fill(1)
+        for entry in reversed(self.entries):
+            if entry.backward is None:
+                raise DifftapeError(f"'{entry.name}' is decorated with @ti.ad.grad_replaced "
+                                    "but no gradient was registered with @ti.ad.grad_for")
+            entry.backward(*entry.args, **entry.kwargs)
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        from difftape.runtime import program
+
+        super().__exit__(exc_type, exc, tb)
+        if exc_type is None:
+            program.get().remote.flush()
+        return False
+
+
+# ---------------------------------------------------------------------------- attaching
+
+def attach(prog, *, server: str | None = None, token: str | None = None, session=None,
+           transport=None, timeout: float = 300.0) -> RemoteRuntime:
+    """Make ``prog`` a remote program: open (or join) a server session and install the
+    runtime as ``prog.remote``. Called by ``ti.init(arch=ti.remote, ...)``."""
+    from .transport import HttpTransport, default_server, default_token
+
+    if session is not None:
+        rt = RemoteRuntime(prog, session.transport, session.session_id, owns_session=False)
+    else:
+        if transport is None:
+            transport = HttpTransport(server or default_server(),
+                                      token if token is not None else default_token(),
+                                      timeout=timeout)
+        try:
+            sid = transport.create_session()
+        except BaseException:
+            transport.close()
+            raise
+        rt = RemoteRuntime(prog, transport, sid, owns_session=True)
+    prog.remote = rt
+    return rt
+
+
+__all__ = ["RemoteField", "RemoteRuntime", "RemoteTape", "attach"]

@@ -1,0 +1,247 @@
+"""How the client reaches an engine: over HTTP (the service) or in-process (tests, debugging).
+
+Both transports offer the same four calls, ``batch``, ``write``, ``read`` and ``close``, so the
+remote runtime above them is the same code whether the engine runs behind a gateway or in this
+interpreter. Arrays always travel as raw bytes with a dtype and a shape, never as JSON lists.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from .errors import RemoteError, error_from_problem
+
+#: Transfers at least this large show a progress bar on stderr (when stderr is a terminal).
+PROGRESS_BYTES = 64 << 20
+_CHUNK = 1 << 20
+
+
+class _Progress:
+    """A minimal one-line progress bar on stderr, only for large transfers on a terminal."""
+
+    def __init__(self, label: str, total: int) -> None:
+        self.label, self.total, self.done = label, total, 0
+        self.enabled = total >= PROGRESS_BYTES and sys.stderr.isatty()
+        self._last = 0.0
+
+    def update(self, n: int) -> None:
+        self.done += n
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if now - self._last < 0.1 and self.done < self.total:
+            return
+        self._last = now
+        frac = self.done / max(1, self.total)
+        bar = "#" * int(30 * frac)
+        sys.stderr.write(f"\r{self.label} [{bar:<30}] {self.done / 2**20:.0f}/"
+                         f"{self.total / 2**20:.0f} MiB")
+        if self.done >= self.total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+def _role_path(role: str) -> str:
+    return "data" if role == "primal" else role
+
+
+class HttpTransport:
+    """The service over HTTP: one ``httpx.Client`` (keep-alive connections), timeouts, and
+    retries only where repeating a request cannot do anything twice."""
+
+    def __init__(self, url: str, token: str | None, *, timeout: float = 300.0,
+                 retries: int = 2) -> None:
+        import httpx
+
+        self._httpx = httpx
+        self.url = url.rstrip("/")
+        headers = {"User-Agent": "difftape-client"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        # Connection failures (nothing was sent) are retried by httpx for every method.
+        self.client = httpx.Client(
+            base_url=self.url, headers=headers,
+            timeout=httpx.Timeout(timeout, connect=10.0),
+            transport=httpx.HTTPTransport(retries=retries))
+        self.retries = retries
+
+    # ------------------------------------------------------------------ plumbing
+    def request(self, method: str, path: str, *, idempotent: bool | None = None,
+                **kwargs: Any):
+        """Send one request; map error responses to exceptions. Requests that may have
+        reached the server are repeated only when ``idempotent`` (GET/PUT/DELETE by default)."""
+        httpx = self._httpx
+        if idempotent is None:
+            idempotent = method in ("GET", "PUT", "DELETE", "HEAD")
+        attempt = 0
+        while True:
+            try:
+                resp = self.client.request(method, path, **kwargs)
+                break
+            except (httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError) as e:
+                attempt += 1
+                if not idempotent or attempt > self.retries:
+                    raise RemoteError(f"{method} {path}: connection to {self.url} failed: "
+                                      f"{e}") from e
+                time.sleep(0.05 * attempt)
+            except httpx.TimeoutException as e:
+                raise RemoteError(f"{method} {path}: timed out talking to {self.url}") from e
+            except httpx.TransportError as e:
+                raise RemoteError(f"{method} {path}: cannot reach {self.url}: {e}") from e
+        if resp.status_code >= 400:
+            raise self._error(resp)
+        return resp
+
+    @staticmethod
+    def _error(resp) -> Exception:
+        try:
+            body = resp.json()
+        except ValueError:
+            body = resp.text
+        return error_from_problem(resp.status_code, body)
+
+    def json(self, method: str, path: str, body: Any = None, **kwargs: Any) -> Any:
+        content = None
+        headers = kwargs.pop("headers", {})
+        if body is not None:
+            # allow_nan: kernel arguments and constants may be inf/NaN; Python's json (and so
+            # the gateway) reads them back.
+            content = json.dumps(body, separators=(",", ":")).encode()
+            headers = {**headers, "Content-Type": "application/json"}
+        resp = self.request(method, path, content=content, headers=headers, **kwargs)
+        if resp.status_code == 204 or not resp.content:
+            return None
+        return resp.json()
+
+    # ------------------------------------------------------------------ sessions
+    def create_session(self) -> str:
+        return self.json("POST", "/v1/sessions", {})["session_id"]
+
+    def delete_session(self, sid: str) -> None:
+        self.request("DELETE", f"/v1/sessions/{sid}")
+
+    # ------------------------------------------------------------------ engine ops
+    def batch(self, sid: str, ops: list[dict]) -> list[dict]:
+        return self.json("POST", f"/v1/sessions/{sid}/batch", {"ops": ops})["results"]
+
+    def write(self, sid: str, fid: int, role: str, arr: np.ndarray) -> None:
+        arr = np.ascontiguousarray(arr)
+        headers = {"Content-Type": "application/octet-stream", "X-Dtype": arr.dtype.name,
+                   "X-Shape": ",".join(str(s) for s in arr.shape)}
+        path = f"/v1/sessions/{sid}/fields/{fid}/{_role_path(role)}"
+        progress = _Progress(f"upload field {fid}", arr.nbytes)
+        if progress.enabled:
+            view = memoryview(arr).cast("B")
+
+            def chunks():
+                for k in range(0, len(view), _CHUNK):
+                    part = bytes(view[k:k + _CHUNK])
+                    progress.update(len(part))
+                    yield part
+
+            headers["Content-Length"] = str(arr.nbytes)
+            self.request("PUT", path, content=chunks(), headers=headers)
+        else:
+            self.request("PUT", path, content=arr.tobytes(), headers=headers)
+
+    def read(self, sid: str, fid: int, role: str, dtype: np.dtype,
+             shape: tuple[int, ...]) -> np.ndarray:
+        """The field's bytes straight into a new array (one copy, no JSON)."""
+        httpx = self._httpx
+        out = np.empty(shape, dtype=dtype)
+        view = memoryview(out).cast("B") if out.nbytes else memoryview(b"")
+        path = f"/v1/sessions/{sid}/fields/{fid}/{_role_path(role)}"
+        progress = _Progress(f"download field {fid}", out.nbytes)
+        for attempt in range(self.retries + 1):
+            try:
+                with self.client.stream("GET", path, headers={
+                        "Accept": "application/octet-stream"}) as resp:
+                    if resp.status_code >= 400:
+                        resp.read()
+                        raise self._error(resp)
+                    pos = 0
+                    for chunk in resp.iter_bytes():
+                        end = pos + len(chunk)
+                        if end > out.nbytes:
+                            raise RemoteError(f"GET {path}: more bytes than {shape} {dtype}")
+                        view[pos:end] = chunk
+                        pos = end
+                        progress.update(len(chunk))
+                if pos != out.nbytes:
+                    raise RemoteError(f"GET {path}: got {pos} bytes, expected {out.nbytes}")
+                return out
+            except (httpx.ReadError, httpx.RemoteProtocolError) as e:
+                if attempt >= self.retries:
+                    raise RemoteError(f"GET {path}: connection to {self.url} failed: {e}") \
+                        from e
+            except httpx.TransportError as e:
+                raise RemoteError(f"GET {path}: cannot reach {self.url}: {e}") from e
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class LocalTransport:
+    """An :class:`~difftape.server.engine.Engine` in this interpreter, behind the same calls.
+
+    Every op goes through a JSON round trip and every error through the same problem mapping
+    as over HTTP, so what works here works over the wire (minus the network)."""
+
+    def __init__(self, engine=None, **engine_kwargs: Any) -> None:
+        if engine is None:
+            from difftape.server.engine import Engine
+
+            engine = Engine(**engine_kwargs)
+        self.engine = engine
+        self._sessions = 0
+
+    def create_session(self) -> str:
+        self._sessions += 1
+        return f"local-{self._sessions}"
+
+    def delete_session(self, sid: str) -> None:
+        pass
+
+    def _run(self, op: dict, payload: bytes | None = None) -> tuple[Any, bytes | None]:
+        from difftape.errors import DifftapeError
+
+        op = json.loads(json.dumps(op))
+        try:
+            result, out = self.engine.execute(op, payload)
+        except DifftapeError as e:
+            body = {"detail": getattr(e, "bare_message", None) or str(e),
+                    "difftape_error": type(e).__name__, "kernel": getattr(e, "kernel", None),
+                    "index": getattr(e, "op_index", None)}
+            raise error_from_problem(422, body) from None
+        return json.loads(json.dumps(result)), out
+
+    def batch(self, sid: str, ops: list[dict]) -> list[dict]:
+        return self._run({"op": "batch", "ops": ops})[0]["results"]
+
+    def write(self, sid: str, fid: int, role: str, arr: np.ndarray) -> None:
+        arr = np.ascontiguousarray(arr)
+        self._run({"op": "write", "id": fid, "role": role, "dtype": arr.dtype.name,
+                   "shape": list(arr.shape)}, arr.tobytes())
+
+    def read(self, sid: str, fid: int, role: str, dtype: np.dtype,
+             shape: tuple[int, ...]) -> np.ndarray:
+        meta, data = self._run({"op": "read", "id": fid, "role": role})
+        return np.frombuffer(data, dtype=np.dtype(dtype)).reshape(shape).copy()
+
+    def close(self) -> None:
+        pass
+
+
+def default_server() -> str:
+    return os.environ.get("DIFFTAPE_SERVER", "http://127.0.0.1:8000")
+
+
+def default_token() -> str | None:
+    return os.environ.get("DIFFTAPE_TOKEN") or None

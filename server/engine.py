@@ -1,0 +1,559 @@
+"""The worker-side engine: one difftape :class:`Program` executing the engine ops of
+``server/PROTOCOL.md``.
+
+A worker process owns one :class:`Engine` per session. Everything that touches native code
+(compiling IR a client sent, launching it, reading and writing field memory) happens here, so
+the gateway never imports the compiler and a crash costs one worker, not the server.
+
+Trust boundary: the IR arrives from the network. It is decoded without pickle or eval, every
+buffer it names must be a field of *this* engine with the dtype and shape the IR claims, and
+every kernel is compiled with bounds checks on (``ir.debug = True``), so a bad index becomes a
+:class:`~difftape.errors.KernelAssertionError` and never a stray write. Python-scope element
+access is range-checked here as well. Arrays come in and go out as raw C-order bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import numbers
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from difftape import types as T
+from difftape.errors import ArgumentError, CompileError, DifftapeError, ShapeError
+from difftape.ir import serialize
+from difftape.ir.nodes import KernelIR
+from difftape.ir.passes import run_pipeline
+from difftape.runtime import program
+from difftape.runtime.field import Field
+from difftape.runtime.kernel import CompiledKernel, CompileStats, compile_ir, derive
+
+#: Storage roles of a field: ``grad_dual`` is ``x.grad.dual`` (forward-over-reverse).
+ROLES = ("primal", "grad", "dual", "grad_dual")
+VARIANTS = ("primal", "grad", "fwd", "grad_fwd")
+#: Ops that carry a binary payload: they cannot be part of a ``batch``.
+PAYLOAD_OPS = ("write", "read")
+_SAVE_META = "__difftape_meta__"
+
+
+class EngineError(DifftapeError):
+    """A malformed or inconsistent engine request (unknown field or kernel, bad dtype...)."""
+
+
+def _decode_ir(data: Any) -> KernelIR:
+    """The single place untrusted IR is decoded.
+
+    ``difftape.ir.validate.decode_untrusted`` checks types, operands and attributes as it
+    decodes; until that module exists, fall back to the plain decoder and turn whatever it
+    trips over into a CompileError (so malformed IR is a user error, not a worker crash).
+    """
+    try:
+        from difftape.ir.validate import decode_untrusted
+    except ImportError:
+        decode_untrusted = None
+    if decode_untrusted is not None:
+        return decode_untrusted(data)
+    if not isinstance(data, dict):
+        raise CompileError("malformed IR: expected a JSON object")
+    try:
+        return serialize.decode(data)
+    except DifftapeError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any decoding failure is the sender's fault
+        raise CompileError(f"malformed IR: {type(e).__name__}: {e}") from None
+
+
+@contextlib.contextmanager
+def _current(prog: program.Program) -> Iterator[None]:
+    """Make the engine's program the current one while fields are created.
+
+    ``Field`` registers itself with ``program.get()``; in a worker that is the engine's own
+    program anyway, but in-process tests also run a client program in the same interpreter.
+    """
+    saved = program._current
+    program._current = prog
+    try:
+        yield
+    finally:
+        program._current = saved
+
+
+def _dtype(name: Any) -> T.DType:
+    """A field dtype from its wire name ("f32"; NumPy names such as "float32" also accepted).
+    Object, string and structured dtypes are refused."""
+    if not isinstance(name, str):
+        raise EngineError(f"dtype must be a string, got {type(name).__name__}")
+    if name in T.ALL:
+        return T.ALL[name]
+    try:
+        dt = np.dtype(name)
+    except TypeError:
+        raise EngineError(f"unknown dtype {name!r}") from None
+    if dt.kind not in "fiub" or dt.fields is not None:
+        raise EngineError(f"dtype {name!r} is not a numeric dtype")
+    return T.from_numpy(dt)
+
+
+def _int_list(value: Any, what: str) -> tuple[int, ...]:
+    if not isinstance(value, list | tuple) or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise EngineError(f"{what} must be a list of integers, got {value!r:.80}")
+    return tuple(value)
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, numbers.Real)
+
+
+def jsonable(value: Any) -> Any:
+    """A result value as JSON: non-finite floats become the strings "NaN", "Infinity" and
+    "-Infinity" (strict JSON has no spelling for them; the client turns them back)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, list):
+        return [jsonable(v) for v in value]
+    return value
+
+
+def from_jsonable(value: Any) -> Any:
+    """Inverse of :func:`jsonable` (used for values sent *to* the engine as well)."""
+    if isinstance(value, str) and value in ("NaN", "Infinity", "-Infinity"):
+        return float(value.replace("Infinity", "inf"))
+    if isinstance(value, list):
+        return [from_jsonable(v) for v in value]
+    return value
+
+
+def _companion(f: Field, role: str) -> Field | None:
+    """The storage of ``f`` for a buffer role, or None where it is not allocated."""
+    if role == "primal":
+        return f
+    if role == "grad_dual":
+        return f.grad.dual if f.grad is not None else None
+    return getattr(f, role, None)
+
+
+class _Kernel:
+    """A registered kernel: its encoded frontend IR and how wire args map to the params."""
+
+    __slots__ = ("data", "name", "nparams", "groups", "returns")
+
+    def __init__(self, data: dict, ir: KernelIR) -> None:
+        self.data = data
+        self.name = ir.name
+        self.nparams = len(ir.params)
+        self.returns = bool(ir.returns)
+        # Wire args are flattened as the IR params are (``v[0]``, ``v[1]``...); the compiled
+        # kernel takes one Python argument per base name, vectors as flat lists.
+        groups: list[tuple[str, list[tuple[int, int | None]]]] = []
+        index: dict[str, int] = {}
+        for k, p in enumerate(ir.params):
+            base, _, comp = p.name.partition("[")
+            if base not in index:
+                index[base] = len(groups)
+                groups.append((base, []))
+            groups[index[base]][1].append((k, int(comp[:-1]) if comp else None))
+        self.groups = groups
+
+    @property
+    def arg_names(self) -> list[str]:
+        return [g[0] for g in self.groups]
+
+    def call_args(self, flat: list) -> tuple:
+        out = []
+        for _, members in self.groups:
+            if len(members) == 1 and members[0][1] is None:
+                out.append(flat[members[0][0]])
+            else:
+                vec: list = [0] * (max(c for _, c in members) + 1)
+                for k, c in members:
+                    vec[c] = flat[k]
+                out.append(vec)
+        return tuple(out)
+
+
+class Engine:
+    """One session's runtime: fields under client-chosen ids, registered kernels, compiled
+    variants. Not thread-safe (a worker runs one op at a time per engine)."""
+
+    def __init__(self, cache_dir: str | os.PathLike | None = None, *, num_threads: int = 0,
+                 random_seed: int = 0, offline_cache: bool = True) -> None:
+        cfg = program.Config(arch=program.cpu, random_seed=int(random_seed),
+                             cpu_max_num_threads=int(num_threads),
+                             offline_cache=bool(offline_cache),
+                             offline_cache_file_path=str(cache_dir) if cache_dir else None)
+        self.prog = program.Program(cfg)
+        self.kernels: dict[str, _Kernel] = {}
+        self.compiled: dict[tuple[str, str, int], CompiledKernel] = {}
+        self.epoch = 0  # bumped when a field gains .grad/.dual storage
+        self.launches = 0
+        self.cache_hits = 0
+        self.cache_misses = 0
+        self.compile_s = 0.0
+        from difftape.codegen.cpu import get_target
+
+        get_target().warm_up()  # load LLVM now: readiness means the compiler is usable
+
+    def close(self) -> None:
+        """Stop the program's worker threads and drop compiled code."""
+        self.compiled.clear()
+        self.prog.close()
+
+    # ------------------------------------------------------------------ dispatch
+    def execute(self, op: dict, payload: bytes | None = None) -> tuple[dict, bytes | None]:
+        """Run one engine op; return ``(result, payload)``. User errors are raised as
+        ``DifftapeError`` subclasses (the worker turns them into error responses)."""
+        if not isinstance(op, dict):
+            raise EngineError("an engine op must be a JSON object")
+        name = op.get("op")
+        handler = _HANDLERS.get(name) if isinstance(name, str) else None
+        if handler is None:
+            raise EngineError(f"unknown engine op {name!r}; known: {', '.join(_HANDLERS)}")
+        if name in PAYLOAD_OPS:
+            return handler(self, op, payload)
+        if payload:
+            raise EngineError(f"op {name!r} takes no payload")
+        return handler(self, op), None
+
+    # ------------------------------------------------------------------ fields
+    def _field(self, op: dict) -> Field:
+        fid = op.get("id")
+        f = self.prog.fields.get(fid) if isinstance(fid, int) else None
+        if f is None:
+            raise EngineError(f"no field with id {fid!r} in this session")
+        return f
+
+    def _storage(self, op: dict) -> Field:
+        f = self._field(op)
+        role = op.get("role", "primal")
+        if role == "data":
+            role = "primal"
+        if role not in ROLES:
+            raise EngineError(f"role must be one of data/primal, grad, dual; got {role!r}")
+        s = _companion(f, role)
+        if s is None:
+            raise DifftapeError(f"{f._label()} has no .{role.replace('_', '.')}: create the "
+                                f"field with needs_{role.split('_')[-1]}=True")
+        return s
+
+    def op_create_field(self, op: dict) -> dict:
+        fid = op.get("id")
+        if not isinstance(fid, int) or isinstance(fid, bool) or fid <= 0:
+            raise EngineError(f"field id must be a positive integer, got {fid!r}")
+        dtype = _dtype(op.get("dtype"))
+        shape = _int_list(op.get("shape", []), "shape")
+        esh = _int_list(op.get("element_shape", []), "element_shape")
+        if any(s <= 0 for s in shape + esh):
+            raise ShapeError(f"field shape must be positive, got {shape} / {esh}")
+        if len(shape) > 8 or len(esh) > 2:
+            raise ShapeError(f"at most 8 field axes and 2 element axes, got {shape} / {esh}")
+        name = op.get("name") or ""
+        if not isinstance(name, str):
+            raise EngineError("name must be a string")
+        old = self.prog.fields.get(fid)
+        if old is not None:
+            if (old.dtype, old.shape, old.element_shape) != (dtype, shape, esh):
+                raise EngineError(f"field id {fid} already exists with another layout")
+        else:
+            with _current(self.prog):
+                f = Field(dtype, None, esh, name[:200])
+                self.prog.unplaced.remove(f)
+                f.id = fid  # the client's id: IR buffers refer to fields by it
+                f._allocate(shape)
+            old = f
+        for role in ("grad", "dual"):
+            if op.get(f"needs_{role}"):
+                self._make_companion(old, role)
+        return {"id": fid, "nbytes": self._field_nbytes(old)}
+
+    @staticmethod
+    def _field_nbytes(f: Field) -> int:
+        return sum(s.arr.nbytes for s in (f, f.grad, f.dual) if s is not None)
+
+    def _make_companion(self, f: Field, role: str) -> None:
+        if _companion(f, role) is not None:
+            return
+        if role == "grad_dual":
+            self._make_companion(f, "grad")
+            f, role = f.grad, "dual"
+        with _current(self.prog):
+            f._make_companion(role)
+        self.epoch += 1  # derivative variants compiled before now would not see it
+
+    def op_companion(self, op: dict) -> dict:
+        f = self._field(op)
+        role = op.get("role")
+        if role not in ROLES[1:]:
+            raise EngineError(f"companion role must be one of {', '.join(ROLES[1:])}, "
+                              f"got {role!r}")
+        self._make_companion(f, role)
+        return {}
+
+    def op_write(self, op: dict, payload: bytes | None) -> tuple[dict, None]:
+        s = self._storage(op)
+        arr = s.arr
+        dtype = _dtype(op.get("dtype", s.dtype.name)).np
+        shape = _int_list(op.get("shape", list(arr.shape)), "shape")
+        if shape != arr.shape:
+            raise ShapeError(f"write: {s._label()} has shape {arr.shape}, the data has shape "
+                             f"{shape}")
+        data = payload or b""
+        if len(data) != arr.size * dtype.itemsize:
+            raise ShapeError(f"write: expected {arr.size * dtype.itemsize} bytes for "
+                             f"{shape} {dtype}, got {len(data)}")
+        src = np.frombuffer(data, dtype=dtype).reshape(shape)
+        np.copyto(arr, src, casting="unsafe")
+        return {}, None
+
+    def op_read(self, op: dict, payload: bytes | None) -> tuple[dict, bytes]:
+        if payload:
+            raise EngineError("op 'read' takes no payload")
+        s = self._storage(op)
+        return {"dtype": s.dtype.name, "shape": list(s.arr.shape)}, s.arr.tobytes()
+
+    def op_fill(self, op: dict) -> dict:
+        s = self._storage(op)
+        value = from_jsonable(op.get("value"))
+        try:
+            s.arr[...] = np.asarray(value, dtype=s.dtype.np) if isinstance(value, list) else value
+        except (TypeError, ValueError) as e:
+            raise ShapeError(f"fill {s._label()}: {e}") from None
+        return {}
+
+    def _index(self, s: Field, op: dict) -> tuple[int, ...]:
+        index = _int_list(op.get("index", []), "index")
+        shape = s.shape
+        if len(index) != len(shape):
+            raise ShapeError(f"{s._label()} has {len(shape)} indices (shape {shape}) but was "
+                             f"indexed with {len(index)}")
+        for axis, (i, n) in enumerate(zip(index, shape, strict=True)):
+            if not -n <= i < n:
+                raise EngineError(f"index {i} is out of bounds for axis {axis} of "
+                                  f"{s._label()} with size {n}")
+        return index
+
+    def op_get_item(self, op: dict) -> dict:
+        s = self._storage(op)
+        value = s.arr[self._index(s, op)]
+        return {"value": jsonable(value.tolist())}
+
+    def op_set_item(self, op: dict) -> dict:
+        s = self._storage(op)
+        key = self._index(s, op)
+        value = from_jsonable(op.get("value"))
+        try:
+            if s.element_shape:
+                s.arr[key] = np.asarray(value, dtype=s.dtype.np).reshape(s.element_shape)
+            else:
+                if not _number(value):
+                    raise TypeError(f"expected a number, got {type(value).__name__}")
+                s.arr[key] = value
+        except (TypeError, ValueError, OverflowError) as e:
+            raise ShapeError(f"{s._label()}[{list(key)}] = ...: {e}") from None
+        return {}
+
+    def op_clear_grads(self, op: dict) -> dict:
+        for f in list(self.prog.fields.values()):
+            if f.grad is not None:
+                self.prog.zero(f.grad.arr)
+        return {}
+
+    def op_clear_duals(self, op: dict) -> dict:
+        for f in list(self.prog.fields.values()):
+            if f.dual is not None:
+                self.prog.zero(f.dual.arr)
+        return {}
+
+    # ------------------------------------------------------------------ kernels
+    def _check_buffers(self, ir: KernelIR) -> None:
+        """Every buffer must be storage of this session, exactly as the IR describes it."""
+        for buf in ir.buffers:
+            key = buf.key
+            if not isinstance(key, tuple) or len(key) != 3:
+                raise CompileError(f"malformed buffer key {key!r}", kernel=ir.name)
+            kind, ident, role = key
+            if kind == "ndarray":
+                raise CompileError("ti.ndarray / NumPy array arguments are not supported by "
+                                   "the remote runtime yet; use fields", kernel=ir.name)
+            if kind != "field" or role not in ROLES or not isinstance(ident, int):
+                raise CompileError(f"malformed buffer key {key!r}", kernel=ir.name)
+            f = self.prog.fields.get(ident)
+            if f is None:
+                raise CompileError(f"kernel uses field id {ident} ('{buf.name}'), which this "
+                                   "session does not have", kernel=ir.name)
+            full = f.shape + f.element_shape
+            if (buf.dtype != f.dtype or tuple(buf.shape) != full
+                    or buf.element_ndim != len(f.element_shape)):
+                raise CompileError(f"kernel describes '{buf.name}' as {buf.dtype} "
+                                   f"{tuple(buf.shape)}, but field {ident} is {f.dtype} {full}",
+                                   kernel=ir.name)
+            if _companion(f, role) is None:
+                raise CompileError(f"'{buf.name}' is used but was never allocated: create the "
+                                   f"field with needs_{role}=True", kernel=ir.name)
+
+    def op_register(self, op: dict) -> dict:
+        data = op.get("ir")
+        ir = _decode_ir(data)
+        self._check_buffers(ir)
+        kid = serialize.fingerprint(ir)
+        if kid not in self.kernels:
+            self.kernels[kid] = _Kernel(data, ir)
+        return {"kernel_id": kid}
+
+    def _has_storage(self, buf, role: str) -> bool:
+        """As the local runtime: does ``buf`` have ``role`` storage (for a ``.grad`` buffer,
+        "dual" asks for ``x.grad.dual``)?"""
+        kind, ident, base = buf.key
+        f = self.prog.fields.get(ident) if kind == "field" else None
+        return f is not None and _companion(f, role if base == "primal" else
+                                            f"{base}_{role}") is not None
+
+    def _compile(self, kid: str, variant: str) -> CompiledKernel:
+        k = self.kernels[kid]
+        t0 = time.perf_counter()
+        ir = _decode_ir(k.data)  # derive and the passes consume their input: decode afresh
+        self._check_buffers(ir)  # fields are never removed, but stay strict
+        ir.debug = True  # bounds checks on every access: remote kernels never write astray
+        ir = derive(ir, variant, self._has_storage)
+        ir = run_pipeline(ir)
+        stats = CompileStats()
+        inst = compile_ir(ir, self.prog, stats, k.arg_names)
+        if stats.cache_hit:
+            self.cache_hits += 1
+        else:
+            self.cache_misses += 1
+        self.compile_s += time.perf_counter() - t0
+        return inst
+
+    def op_launch(self, op: dict) -> dict:
+        kid = op.get("kernel_id")
+        k = self.kernels.get(kid) if isinstance(kid, str) else None
+        if k is None:
+            raise EngineError(f"unknown kernel id {kid!r:.80}: register the kernel first")
+        variant = op.get("variant", "primal")
+        if variant not in VARIANTS:
+            raise EngineError(f"variant must be one of {', '.join(VARIANTS)}; got {variant!r}")
+        args = op.get("args", [])
+        if not isinstance(args, list) or len(args) != k.nparams:
+            raise ArgumentError(f"kernel '{k.name}' takes {k.nparams} scalar argument(s) "
+                                f"(vectors flattened), got {args!r:.80}", kernel=k.name)
+        for a in args:
+            if not isinstance(a, numbers.Real):
+                raise ArgumentError(f"kernel '{k.name}': arguments must be numbers, got "
+                                    f"{a!r:.40}", kernel=k.name)
+        key = (kid, variant, 0 if variant == "primal" else self.epoch)
+        inst = self.compiled.get(key)
+        if inst is None:
+            inst = self.compiled[key] = self._compile(kid, variant)
+        self.launches += 1
+        result = inst.launch(k.call_args(args))
+        return {"result": jsonable(result)}
+
+    # ------------------------------------------------------------------ batches
+    def op_batch(self, op: dict) -> dict:
+        ops = op.get("ops")
+        if not isinstance(ops, list):
+            raise EngineError("batch: 'ops' must be a list")
+        results = []
+        for i, sub in enumerate(ops):
+            name = sub.get("op") if isinstance(sub, dict) else None
+            try:
+                if name in PAYLOAD_OPS or name == "batch" or name in ("save", "load"):
+                    raise EngineError(f"batch: op {name!r} cannot be part of a batch")
+                results.append(self.execute(sub)[0])
+            except DifftapeError as e:
+                e.op_index = i  # the worker reports where the batch stopped
+                raise
+        return {"results": results}
+
+    # ------------------------------------------------------------------ persistence
+    def op_save(self, op: dict) -> dict:
+        """Fields (with companions) and registered kernels to one ``.npz``, so a culled
+        session resumes with its data and its kernel ids intact."""
+        path = Path(self._path(op))
+        meta = {"fields": [], "kernels": [k.data for k in self.kernels.values()]}
+        arrays: dict[str, np.ndarray] = {}
+        for fid, f in self.prog.fields.items():
+            roles = [r for r in ROLES if _companion(f, r) is not None]
+            meta["fields"].append({"id": fid, "dtype": f.dtype.name, "shape": list(f.shape),
+                                   "element_shape": list(f.element_shape), "name": f.name,
+                                   "roles": roles})
+            for r in roles:
+                arrays[f"{fid}_{r}"] = _companion(f, r).arr
+        arrays[_SAVE_META] = np.array(json.dumps(meta))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".save-", suffix=".npz")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                np.savez(fh, **arrays)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        return {}
+
+    def op_load(self, op: dict) -> dict:
+        path = self._path(op)
+        try:
+            npz = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise EngineError(f"load: cannot read {path}: {e}") from None
+        with npz:
+            meta = json.loads(str(npz[_SAVE_META]))
+            for d in meta["fields"]:
+                roles = d["roles"]
+                self.op_create_field({"id": d["id"], "dtype": d["dtype"], "shape": d["shape"],
+                                      "element_shape": d["element_shape"], "name": d["name"]})
+                for r in roles[1:]:
+                    self.op_companion({"id": d["id"], "role": r})
+                for r in roles:
+                    src = npz[f"{d['id']}_{r}"]
+                    dst = self._storage({"id": d["id"], "role": r}).arr
+                    if src.shape != dst.shape or src.dtype != dst.dtype:
+                        raise EngineError(f"load: field {d['id']}.{r} does not match its "
+                                          "saved description")
+                    np.copyto(dst, src)
+        for data in meta["kernels"]:
+            self.op_register({"ir": data})
+        return {}
+
+    @staticmethod
+    def _path(op: dict) -> str:
+        path = op.get("path")
+        if not isinstance(path, str) or not path.endswith(".npz"):
+            raise EngineError("save/load: 'path' must be a string ending in .npz")
+        return path
+
+    def op_stats(self, op: dict) -> dict:
+        return {"field_bytes": sum(self._field_nbytes(f) for f in self.prog.fields.values()),
+                "kernels": len(self.kernels), "launches": self.launches,
+                "cache_hits": self.cache_hits, "cache_misses": self.cache_misses,
+                "compile_s": self.compile_s}
+
+
+_HANDLERS = {
+    "create_field": Engine.op_create_field,
+    "companion": Engine.op_companion,
+    "write": Engine.op_write,
+    "read": Engine.op_read,
+    "fill": Engine.op_fill,
+    "set_item": Engine.op_set_item,
+    "get_item": Engine.op_get_item,
+    "register": Engine.op_register,
+    "launch": Engine.op_launch,
+    "clear_grads": Engine.op_clear_grads,
+    "clear_duals": Engine.op_clear_duals,
+    "batch": Engine.op_batch,
+    "save": Engine.op_save,
+    "load": Engine.op_load,
+    "stats": Engine.op_stats,
+}
