@@ -1,0 +1,194 @@
+"""Shared fixtures of the service tests: real uvicorn servers on free loopback ports.
+
+``service`` (session scope) is one server with generous limits and two users; ``limited``
+(module scope, built with ``start_server``) has tiny quotas and a short kernel time limit.
+Servers run in subprocesses (``python -m difftape.server``), exactly as deployed, each with a
+fresh data dir and tokens made by ``difftape token create``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def create_token(data_dir: Path, name: str) -> str:
+    out = subprocess.run([sys.executable, "-m", "difftape.cli", "token", "create", name,
+                          "--data-dir", str(data_dir)], check=True, capture_output=True,
+                         text=True, timeout=60)
+    return out.stdout.strip()
+
+
+@dataclass
+class Server:
+    """A running server: its URL, data dir, users' tokens and process."""
+
+    url: str
+    port: int
+    data_dir: Path
+    tokens: dict[str, str]
+    proc: subprocess.Popen
+    log_path: Path
+    env: dict = field(default_factory=dict)
+
+    def client(self, user: str = "alice", **kwargs) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {self.tokens[user]}"} if user else {}
+        headers.update(kwargs.pop("headers", {}))
+        return httpx.Client(base_url=self.url, headers=headers, timeout=120, **kwargs)
+
+    def db(self) -> sqlite3.Connection:
+        return sqlite3.connect(str(self.data_dir / "difftape.sqlite3"))
+
+    def worker_pid(self, sid: str) -> int:
+        with self.db() as db:
+            (worker,) = db.execute("SELECT worker FROM sessions WHERE id = ?",
+                                   (sid,)).fetchone()
+        return int(worker.split(":")[1])
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, timeout: float = 30) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def start_server(data_dir: Path, users=("alice", "bob"), tokens: dict | None = None,
+                 **settings) -> Server:
+    """Start ``python -m difftape.server`` with ``DIFFTAPE_<NAME>`` settings; wait until
+    /readyz says ready."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    tokens = dict(tokens or {})
+    for u in users:
+        if u not in tokens:
+            tokens[u] = create_token(data_dir, u)
+    port = free_port()
+    env = dict(os.environ)
+    env.update({f"DIFFTAPE_{k.upper()}": str(v) for k, v in settings.items()})
+    env.setdefault("DIFFTAPE_WORKER_THREADS", "2")
+    log_path = data_dir / f"server-{port}.log"
+    logf = open(log_path, "wb")  # noqa: SIM115 - lives as long as the server
+    proc = subprocess.Popen([sys.executable, "-m", "difftape.server", "--port", str(port),
+                             "--data-dir", str(data_dir)], env=env, stdout=logf,
+                            stderr=subprocess.STDOUT, cwd=REPO)
+    url = f"http://127.0.0.1:{port}"
+    server = Server(url, port, data_dir, tokens, proc, log_path, env)
+    deadline = time.monotonic() + 120
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{server.log()}")
+        try:
+            if httpx.get(url + "/readyz", timeout=2).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            server.stop()
+            raise RuntimeError(f"server did not become ready:\n{server.log()}")
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="session")
+def service(tmp_path_factory):
+    """One shared server (generous limits) for the whole test session."""
+    server = start_server(tmp_path_factory.mktemp("service"), max_body_bytes=64 * 2**20,
+                          quota_sessions=200, kernel_time_limit_s=120)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def limited(tmp_path_factory):
+    """A server with tiny quotas, a short kernel time limit and fast idle culling."""
+    server = start_server(tmp_path_factory.mktemp("limited"), users=("alice", "bob", "carol"),
+                          quota_sessions=3, quota_field_bytes=1 << 20, quota_job_seconds=0.5,
+                          kernel_time_limit_s=1.5, idle_session_timeout_s=2,
+                          cull_interval_s=0.5, max_body_bytes=1 << 20)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def alice(service):
+    with service.client("alice") as c:
+        yield c
+
+
+@pytest.fixture
+def bob(service):
+    with service.client("bob") as c:
+        yield c
+
+
+@pytest.fixture
+def session(alice):
+    """A fresh session of alice's, deleted afterwards."""
+    r = alice.post("/v1/sessions", json={})
+    assert r.status_code == 201, r.text
+    sid = r.json()["session_id"]
+    yield sid
+    alice.delete(f"/v1/sessions/{sid}")
+
+
+def problem(r: httpx.Response, status: int, difftape_error: str | None = None) -> dict:
+    """Assert ``r`` is a problem response with this status (and difftape_error)."""
+    assert r.status_code == status, (r.status_code, r.text[:500])
+    assert r.headers["content-type"].startswith("application/problem+json"), r.headers
+    body = r.json()
+    assert body["status"] == status and isinstance(body["detail"], str), body
+    assert body["difftape_error"] == difftape_error, body
+    return body
+
+
+def npy(arr: np.ndarray) -> bytes:
+    import io
+
+    f = io.BytesIO()
+    np.save(f, arr, allow_pickle=True)
+    return f.getvalue()
+
+
+def from_npy(body: bytes) -> np.ndarray:
+    import io
+
+    return np.load(io.BytesIO(body), allow_pickle=False)
+
+
+@pytest.fixture(scope="session")
+def kernels():
+    from .kernels_ir import Kernels
+
+    return Kernels()
+
+
+def setup_session(client: httpx.Client, sid: str, kernels, *names: str) -> dict:
+    """Create the test fields and register kernels in ``sid``; kernel name -> id."""
+    ops = kernels.create_ops() + [{"op": "register", "ir": kernels.ir(n)} for n in names]
+    r = client.post(f"/v1/sessions/{sid}/batch", json={"ops": ops})
+    assert r.status_code == 200, r.text
+    res = r.json()["results"]
+    return {n: res[len(kernels.fields) + i]["kernel_id"] for i, n in enumerate(names)}

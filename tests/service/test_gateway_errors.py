@@ -1,0 +1,93 @@
+"""Every error is problem JSON naming the difftape exception; bad input never crashes."""
+
+import httpx
+
+from .conftest import problem, setup_session
+
+
+def test_framework_errors_are_problems(alice, session):
+    problem(alice.get("/v1/nowhere"), 404)
+    problem(alice.put("/v1/sessions"), 405)
+    body = problem(alice.post(f"/v1/sessions/{session}/fields", json={"id": "x"}), 422)
+    assert body["errors"] and all("loc" in e for e in body["errors"])
+    problem(alice.post(f"/v1/sessions/{session}/batch", content=b"{not json",
+                       headers={"Content-Type": "application/json"}), 422)
+    problem(alice.post(f"/v1/sessions/{session}/batch",
+                       json={"ops": [{"op": "exec", "code": "import os"}]}), 422)
+    problem(alice.get("/v1/sessions/..%2f..%2fetc"), 404)
+
+
+def test_malformed_ir_is_422(alice, session, kernels):
+    setup_session(alice, session, kernels)
+    good = kernels.ir("double")
+    cases = [
+        {"name": "k"},                                             # no body, no params
+        {**good, "body": [["no_such_op", None, [], None, []]]},    # unknown op
+        {**good, "body": [["add", "f32", [5, 6], None, []]]},      # dangling operands
+        {**good, "buffers": [[{"t": ["field", 999, "primal"]}, "f32", [16], "x", 0]]},
+        {**good, "params": "nope"},
+    ]
+    for ir in cases:
+        r = alice.post(f"/v1/sessions/{session}/kernels", json={"ir": ir})
+        body = r.json()
+        assert r.status_code == 422, (ir, r.text)
+        assert body["difftape_error"] in ("IRValidationError", "CompileError"), body
+    # The session survived all of that.
+    r = alice.post(f"/v1/sessions/{session}/kernels", json={"ir": good})
+    assert r.status_code == 200, r.text
+
+
+def test_bad_index_is_an_error_response_not_a_crash(alice, session, kernels):
+    ids = setup_session(alice, session, kernels, "poke")
+    url = f"/v1/sessions/{session}/kernels/{ids['poke']}/launch"
+    body = problem(alice.post(url, json={"args": [kernels.n + 5]}), 422,
+                   "KernelAssertionError")
+    assert body["kernel"] in (None, "poke")
+    problem(alice.post(url, json={"args": [-1]}), 422, "KernelAssertionError")
+    assert alice.post(url, json={"args": [3]}).status_code == 200
+    problem(alice.post(url, json={"args": []}), 422, "ArgumentError")
+    r = alice.get(f"/v1/sessions/{session}/fields/{kernels.y.id}/data/item",
+                  params={"index": "3"})
+    assert r.json()["value"] == 1.0
+    problem(alice.get(f"/v1/sessions/{session}/fields/{kernels.y.id}/data/item",
+                      params={"index": "99"}), 422, "EngineError")
+    problem(alice.post(f"/v1/sessions/{session}/kernels/deadbeef/launch", json={}), 422,
+            "EngineError")
+
+
+def test_batch_error_reports_its_index(alice, session, kernels):
+    ids = setup_session(alice, session, kernels, "poke")
+    ops = [{"op": "launch", "kernel_id": ids["poke"], "args": [1]},
+           {"op": "fill", "id": kernels.x.id, "value": 2.5},
+           {"op": "launch", "kernel_id": ids["poke"], "args": [1000]},
+           {"op": "fill", "id": kernels.x.id, "value": 7}]
+    body = problem(alice.post(f"/v1/sessions/{session}/batch", json={"ops": ops}), 422,
+                   "KernelAssertionError")
+    assert body["index"] == 2
+    r = alice.get(f"/v1/sessions/{session}/fields/{kernels.x.id}/data/item",
+                  params={"index": "0"})
+    assert r.json()["value"] == 2.5  # ops before the failure ran, those after did not
+
+
+def test_host_and_origin_guards(service, alice, session):
+    # DNS rebinding: a foreign Host is refused even with a valid token.
+    problem(alice.get("/v1/sessions", headers={"Host": "evil.example"}), 400)
+    problem(httpx.get(service.url + "/livez", headers={"Host": "attacker.test:8000"}), 400)
+    assert alice.get("/v1/sessions", headers={"Host": f"localhost:{service.port}"}) \
+        .status_code == 200
+    # CSRF: state-changing requests from a browser origin are refused...
+    r = alice.post("/v1/sessions", json={}, headers={"Origin": "https://evil.example"})
+    problem(r, 403)
+    problem(alice.delete(f"/v1/sessions/{session}", headers={"Origin": "null"}), 403)
+    assert alice.get(f"/v1/sessions/{session}").json()["state"] == "active"
+    # ... reads are not state-changing (and need the token anyway).
+    assert alice.get("/v1/sessions", headers={"Origin": "https://evil.example"}) \
+        .status_code == 200
+
+
+def test_server_binds_loopback_by_default():
+    from difftape.server.settings import Settings
+
+    s = Settings(_env_file=None)
+    assert s.host == "127.0.0.1" and s.port == 8000 and "*" not in s.allowed_hosts
+    assert s.allowed_origins == []

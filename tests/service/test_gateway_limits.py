@@ -1,0 +1,114 @@
+"""Quotas (429 naming the limit) and idle-session culling with resumable saved fields."""
+
+import time
+
+import numpy as np
+
+from .conftest import from_npy, npy, problem, setup_session
+
+
+def test_session_quota(limited):
+    with limited.client("bob") as c:
+        made = []
+        try:
+            for _ in range(3):
+                r = c.post("/v1/sessions", json={})
+                assert r.status_code == 201, r.text
+                made.append(r.json()["session_id"])
+            body = problem(c.post("/v1/sessions", json={}), 429, "QuotaExceededError")
+            assert body["limit"] == "sessions"
+            # Quotas are per user: alice is unaffected by bob's sessions.
+            with limited.client("alice") as a:
+                r = a.post("/v1/sessions", json={})
+                assert r.status_code == 201
+                a.delete(f"/v1/sessions/{r.json()['session_id']}")
+            c.delete(f"/v1/sessions/{made.pop()}")
+            r = c.post("/v1/sessions", json={})
+            assert r.status_code == 201
+            made.append(r.json()["session_id"])
+        finally:
+            for sid in made:
+                c.delete(f"/v1/sessions/{sid}")
+
+
+def test_field_memory_quota(limited):
+    """1 MiB per user here, counted over sessions and including .grad storage."""
+    with limited.client("bob") as c:
+        s1 = c.post("/v1/sessions", json={}).json()["session_id"]
+        s2 = c.post("/v1/sessions", json={}).json()["session_id"]
+        try:
+            f = {"id": 1, "dtype": "f32", "shape": [100_000]}  # 400 kB
+            assert c.post(f"/v1/sessions/{s1}/fields", json=f).status_code == 201
+            r = c.post(f"/v1/sessions/{s2}/fields", json={**f, "needs_grad": True})
+            assert problem(r, 429, "QuotaExceededError")["limit"] == "field_bytes"
+            r = c.post(f"/v1/sessions/{s2}/batch", json={"ops": [
+                {"op": "create_field", "id": 1, "dtype": "f64", "shape": [90_000]}]})
+            problem(r, 429, "QuotaExceededError")
+            assert c.post(f"/v1/sessions/{s2}/fields", json=f).status_code == 201
+            r = c.post(f"/v1/sessions/{s2}/fields/1/companions", json={"role": "grad"})
+            problem(r, 429, "QuotaExceededError")
+            assert c.get(f"/v1/sessions/{s1}").json()["field_bytes"] == 400_000
+            # Deleting a session frees its share.
+            c.delete(f"/v1/sessions/{s1}")
+            r = c.post(f"/v1/sessions/{s2}/fields/1/companions", json={"role": "grad"})
+            assert r.status_code == 204, r.text
+        finally:
+            c.delete(f"/v1/sessions/{s1}")
+            c.delete(f"/v1/sessions/{s2}")
+
+
+def test_job_time_quota(limited, kernels):
+    """carol has 0.5 s of job time: a job that uses it up is fine, the next is refused."""
+    with limited.client("carol") as c:
+        sid = c.post("/v1/sessions", json={}).json()["session_id"]
+        try:
+            ids = setup_session(c, sid, kernels, "spin")
+            spin = {"op": "launch", "kernel_id": ids["spin"], "args": [100_000_000]}
+            job = c.post(f"/v1/sessions/{sid}/jobs", json={"ops": [spin] * 3})
+            assert job.status_code == 202, job.text
+            deadline = time.monotonic() + 30
+            while c.get(f"/v1/jobs/{job.json()['job_id']}").json()["state"] in ("queued",
+                                                                                 "running"):
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            r = c.post(f"/v1/sessions/{sid}/jobs", json={"ops": [spin]})
+            assert problem(r, 429, "QuotaExceededError")["limit"] == "job_seconds"
+            # Synchronous launches are not jobs and still run.
+            r = c.post(f"/v1/sessions/{sid}/kernels/{ids['spin']}/launch",
+                       json={"args": [10]})
+            assert r.status_code == 200
+        finally:
+            c.delete(f"/v1/sessions/{sid}")
+
+
+def test_idle_session_is_culled_saved_and_resumed(limited, kernels):
+    """Idle for 2 s here: the worker stops, fields and kernels are saved under the data dir,
+    and the next request brings everything back."""
+    with limited.client("alice") as c:
+        sid = c.post("/v1/sessions", json={}).json()["session_id"]
+        try:
+            ids = setup_session(c, sid, kernels, "double")
+            x = np.arange(kernels.n, dtype=np.float32) + 0.5
+            c.put(f"/v1/sessions/{sid}/fields/{kernels.x.id}/data", content=npy(x))
+            c.put(f"/v1/sessions/{sid}/fields/{kernels.x.id}/grad", content=npy(-x))
+            pid = limited.worker_pid(sid)
+            deadline = time.monotonic() + 20
+            while c.get(f"/v1/sessions/{sid}").json()["state"] != "culled":
+                assert time.monotonic() < deadline, "not culled"
+                time.sleep(0.2)
+            saved = limited.data_dir / "sessions" / f"{sid}.npz"
+            assert saved.exists()
+            with limited.db() as db:
+                assert db.execute("SELECT worker FROM sessions WHERE id = ?",
+                                  (sid,)).fetchone()[0] is None
+            # Resumed by an ordinary request, in a new worker, with data and kernels.
+            r = c.post(f"/v1/sessions/{sid}/kernels/{ids['double']}/launch", json={})
+            assert r.status_code == 200, r.text
+            assert limited.worker_pid(sid) != pid
+            y = from_npy(c.get(f"/v1/sessions/{sid}/fields/{kernels.y.id}/data").content)
+            np.testing.assert_array_equal(y, 2 * x)
+            g = from_npy(c.get(f"/v1/sessions/{sid}/fields/{kernels.x.id}/grad").content)
+            np.testing.assert_array_equal(g, -x)
+            assert not saved.exists()  # consumed: a crash cannot resurrect stale data
+        finally:
+            c.delete(f"/v1/sessions/{sid}")

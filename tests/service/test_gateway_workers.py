@@ -1,0 +1,135 @@
+"""Worker processes: a killed or overrunning worker loses its own session, nothing else."""
+
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+
+from .conftest import from_npy, npy, problem, setup_session
+
+
+def test_worker_killed_mid_kernel(service, alice, bob, kernels):
+    """SIGKILL the worker while it runs a kernel: that request and later ones on the
+    session get 410 SessionLostError; other sessions (and users) carry on."""
+    victim = alice.post("/v1/sessions", json={}).json()["session_id"]
+    other = bob.post("/v1/sessions", json={}).json()["session_id"]
+    try:
+        ids = setup_session(alice, victim, kernels, "spin")
+        bob_ids = setup_session(bob, other, kernels, "double")
+        x = np.arange(kernels.n, dtype=np.float32)
+        bob.put(f"/v1/sessions/{other}/fields/{kernels.x.id}/data", content=npy(x))
+        pid = service.worker_pid(victim)
+        out = {}
+
+        def launch():
+            out["r"] = alice.post(f"/v1/sessions/{victim}/kernels/{ids['spin']}/launch",
+                                  json={"args": [2_000_000_000]})  # ~5 s
+
+        t = threading.Thread(target=launch)
+        t.start()
+        time.sleep(1.0)
+        assert t.is_alive(), "the kernel finished before it could be killed"
+        os.kill(pid, signal.SIGKILL)
+        t.join(30)
+        body = problem(out["r"], 410, "SessionLostError")
+        assert "signal 9" in body["detail"]
+        problem(alice.get(f"/v1/sessions/{victim}/fields/{kernels.x.id}/data"), 410,
+                "SessionLostError")
+        info = alice.get(f"/v1/sessions/{victim}").json()
+        assert info["state"] == "lost" and "died" in info["lost_reason"]
+        # The other session still works, with its data.
+        r = bob.post(f"/v1/sessions/{other}/batch",
+                     json={"ops": [{"op": "launch", "kernel_id": bob_ids["double"]}]})
+        assert r.status_code == 200, r.text
+        y = from_npy(bob.get(f"/v1/sessions/{other}/fields/{kernels.y.id}/data").content)
+        np.testing.assert_array_equal(y, 2 * x)
+        # And new sessions start fine.
+        fresh = alice.post("/v1/sessions", json={})
+        assert fresh.status_code == 201
+        alice.delete(f"/v1/sessions/{fresh.json()['session_id']}")
+    finally:
+        alice.delete(f"/v1/sessions/{victim}")
+        bob.delete(f"/v1/sessions/{other}")
+
+
+def test_idle_worker_death_is_noticed(service, alice, kernels):
+    sid = alice.post("/v1/sessions", json={}).json()["session_id"]
+    try:
+        os.kill(service.worker_pid(sid), signal.SIGKILL)
+        time.sleep(0.2)
+        problem(alice.post(f"/v1/sessions/{sid}/batch", json={"ops": kernels.create_ops()}),
+                410, "SessionLostError")
+    finally:
+        alice.delete(f"/v1/sessions/{sid}")
+
+
+def test_kernel_time_limit_kills_the_worker(limited, kernels):
+    """A launch past the limit (1.5 s here) stops its worker: 410 KernelTimeoutError; the
+    server keeps serving."""
+    with limited.client("alice") as c:
+        sid = c.post("/v1/sessions", json={}).json()["session_id"]
+        try:
+            ids = setup_session(c, sid, kernels, "spin")
+            pid = limited.worker_pid(sid)
+            t0 = time.monotonic()
+            r = c.post(f"/v1/sessions/{sid}/kernels/{ids['spin']}/launch",
+                       json={"args": [2_000_000_000]})
+            elapsed = time.monotonic() - t0
+            body = problem(r, 410, "KernelTimeoutError")
+            assert "time limit" in body["detail"] and 1.5 <= elapsed < 4.5
+            deadline = time.monotonic() + 5
+            while _alive(pid):
+                assert time.monotonic() < deadline, "the worker was not stopped"
+                time.sleep(0.05)
+            problem(c.get(f"/v1/sessions/{sid}/fields/{kernels.x.id}/data"), 410,
+                    "SessionLostError")
+            # A short kernel in a new session runs fine.
+            sid2 = c.post("/v1/sessions", json={}).json()["session_id"]
+            ids2 = setup_session(c, sid2, kernels, "spin")
+            r = c.post(f"/v1/sessions/{sid2}/kernels/{ids2['spin']}/launch",
+                       json={"args": [1000]})
+            assert r.status_code == 200, r.text
+            c.delete(f"/v1/sessions/{sid2}")
+        finally:
+            c.delete(f"/v1/sessions/{sid}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); its state says it is gone.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_workers_are_spawned_not_forked(service, alice):
+    """The worker runs a fresh interpreter (spawn): its command line is not the server's."""
+    sid = alice.post("/v1/sessions", json={}).json()["session_id"]
+    try:
+        with open(f"/proc/{service.worker_pid(sid)}/cmdline", "rb") as f:
+            cmd = f.read().split(b"\0")
+        assert b"multiprocessing.spawn" in b" ".join(cmd) or any(b"spawn_main" in a
+                                                                 for a in cmd), cmd
+    finally:
+        alice.delete(f"/v1/sessions/{sid}")
+
+
+def test_gateway_never_loads_the_compiler():
+    import subprocess
+    import sys
+
+    code = ("import sys, tempfile\n"
+            "from difftape.server.app import create_app\n"
+            "from difftape.server.settings import Settings\n"
+            "create_app(Settings(data_dir=tempfile.mkdtemp()))\n"
+            "print('llvmlite' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=60)
+    assert out.stdout.strip() == "False"
