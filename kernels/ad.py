@@ -171,6 +171,16 @@ class Tape:
             self.grad()
         return False
 
+    # ------------------------------------------------------------------ visualization
+    def visualize(self, path: str) -> list[str]:
+        """Write the recorded program as a Graphviz graph: one box per launch (in order), one
+        ellipse per version of each field it reads or writes, edges for the data flow. Writes
+        ``path`` (DOT text) and, when the ``graphviz`` package and its ``dot`` program are
+        installed, the SVG next to it. Returns the files written."""
+        from .autodiff.graph import tape_dot, write_graph
+
+        return write_graph(tape_dot(self), path)
+
     # ------------------------------------------------------------------ back-propagation
     def grad(self) -> None:
         """Seed the loss and run the recorded gradients in reverse order (done on exit)."""

@@ -1,4 +1,5 @@
-"""Property-based: reverse-mode gradients of random kernels agree with finite differences.
+"""Property-based: reverse-mode gradients of random kernels agree with finite differences,
+and forward mode (the kernels' tangent variants) agrees with reverse mode to rounding.
 
 Hypothesis writes random differentiable kernels as Python source (a temporary file, compiled
 with the helper of test_random_programs.py, since difftape reads kernel source), one test per
@@ -40,6 +41,7 @@ from hypothesis import strategies as st
 from test_random_programs import _compile
 
 import difftape as ti
+from difftape.autodiff.functional import forward_mode
 
 N = 8
 H = 1e-5  # finite-difference step (times max(1, |value|))
@@ -239,13 +241,13 @@ class Case:
         note(src)
         note(f"launches: {launches}")
         self.launches = [tuple(a) for a in launches]
-        f = lambda shape=(): ti.field(ti.f64, shape=shape, needs_grad=True)
+        f = lambda shape=(): ti.field(ti.f64, shape=shape, needs_grad=True, needs_dual=True)
         self.x, self.p, self.y, self.z, self.loss = f(N), f(), f(N), f(N), f()
         self.B = f((N, 2))  # a 2-D input
         self.idx = ti.field(ti.i32, shape=N)  # indices for gathers and scatters, repeated
-        self.V = ti.Vector.field(d, ti.f64, shape=N, needs_grad=True)
-        self.A = ti.Matrix.field(d, d, ti.f64, shape=N, needs_grad=True)
-        self.Yv = ti.Vector.field(d, ti.f64, shape=N, needs_grad=True)
+        self.V = ti.Vector.field(d, ti.f64, shape=N, needs_grad=True, needs_dual=True)
+        self.A = ti.Matrix.field(d, d, ti.f64, shape=N, needs_grad=True, needs_dual=True)
+        self.Yv = ti.Vector.field(d, ti.f64, shape=N, needs_grad=True, needs_dual=True)
         self.wy, self.wz = ti.field(ti.f64, shape=N), ti.field(ti.f64, shape=N)
         self.wv = ti.Vector.field(d, ti.f64, shape=N)
         rng = np.random.default_rng(seed + 1)
@@ -272,6 +274,13 @@ class Case:
             field[None] = float(arr)
         else:
             field.from_numpy(arr)
+
+    def _set_dual(self, name: str, arr: np.ndarray) -> None:
+        dual = getattr(self, name).dual
+        if dual.shape == ():
+            dual[None] = float(arr)
+        else:
+            dual.from_numpy(arr)
 
     def _outputs(self):
         return (self.y, self.z, self.Yv, self.loss)
@@ -344,9 +353,32 @@ class Case:
             self.red()
         return self._grads()
 
+    def directional(self, v: dict[str, np.ndarray]) -> float:
+        """dL along the input direction ``v``, by forward mode (the kernels' tangent
+        variants), from zeroed outputs."""
+        self._reset()
+        ti.ad.clear_all_duals()
+        for name, arr in v.items():
+            self._set_dual(name, arr)
+        with forward_mode():
+            for args in self.launches:
+                self.kern(*args)
+        return float((self.w["y"] * self.y.dual.to_numpy()).sum()
+                     + (self.w["z"] * self.z.dual.to_numpy()).sum()
+                     + (self.w["Yv"] * self.Yv.dual.to_numpy()).sum() + self.loss.dual[None])
+
     def check(self, tape: bool = False) -> None:
         fds, scale = self.finite_differences()
-        runs = [("kern.grad()", self.adjoint_grads())]
+        grads = self.adjoint_grads()
+        # Forward mode agrees with reverse mode: dL . v from tangents == grad . v, to rounding.
+        rng = np.random.default_rng(7)
+        v = {name: rng.uniform(-1, 1, arr.shape) for name, arr in self.inputs.items()}
+        fwd = self.directional(v)
+        rev = float(sum((grads[name] * v[name]).sum() for name in v))
+        mag = float(sum(np.abs(grads[name] * v[name]).sum() for name in v))
+        assert abs(fwd - rev) <= 1e-10 * max(1.0, mag), (
+            f"forward mode dL.v = {fwd!r} but reverse mode grad.v = {rev!r}")
+        runs = [("kern.grad()", grads)]
         if tape:
             runs.append(("ti.ad.Tape(loss)", self.tape_grads()))
         for how, grads in runs:

@@ -1,0 +1,104 @@
+"""``Tape.visualize``: the recorded launches and the fields they read and write, as DOT.
+
+Each launch is a box numbered in recording order; each field gets a new node (a *version*)
+every time a launch writes it, so the graph is acyclic and shows what back-propagation walks:
+gradients flow against the arrows. Reads and writes are taken from the compiled primal IR of
+each launch (the buffers its loads, stores and atomics touch).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+from ..ir.nodes import walk
+
+
+def _accesses(kernel, args: tuple) -> tuple[list[str], list[str]]:
+    ir = kernel.instance(args).ir
+    reads: dict[str, None] = {}
+    writes: dict[str, None] = {}
+    blocks = [b for t in ir.tasks for b in (t.bounds, t.prologue, t.body, t.epilogue)]
+    for block in blocks:
+        for s in walk(block):
+            if s.op == "load":
+                reads[ir.buffers[s.attr].name] = None
+            elif s.op == "store":
+                writes[ir.buffers[s.attr].name] = None
+            elif s.op == "atomic":
+                name = ir.buffers[s.attr[0]].name
+                writes[name] = None
+                if s.attr[1] not in ("add", "sub"):
+                    reads[name] = None
+    return list(reads), list(writes)
+
+
+def _q(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def tape_dot(tape) -> str:
+    """The DOT text of a Tape's recording."""
+    from ..runtime.kernel import Kernel
+
+    lines = ["digraph tape {", "  rankdir=LR;", '  node [fontname="Helvetica"];']
+    version: dict[str, int] = {}
+    declared: set[str] = set()
+
+    def node(name: str) -> str:
+        v = version.get(name, 0)
+        ident = f"{name}@{v}"
+        if ident not in declared:
+            declared.add(ident)
+            label = name if v == 0 else f"{name} (v{v})"
+            lines.append(f"  {_q(ident)} [shape=ellipse, label={_q(label)}];")
+        return ident
+
+    for k, entry in enumerate(tape.entries):
+        box = f"launch {k}"
+        fn = entry.forward
+        if isinstance(fn, Kernel):
+            reads, writes = _accesses(fn, entry.args)
+            label = f"{k}: {entry.name}"
+            style = ""
+        else:
+            reads, writes = [], []
+            label = f"{k}: {entry.name} (custom gradient)" if entry.backward else \
+                f"{k}: {entry.name} (no gradient)"
+            style = ", style=dashed"
+        lines.append(f"  {_q(box)} [shape=box, label={_q(label)}{style}];")
+        for r in reads:
+            lines.append(f"  {_q(node(r))} -> {_q(box)};")
+        for w in writes:
+            if f"{w}@{version.get(w, 0)}" in declared:  # a write makes a new version
+                version[w] = version.get(w, 0) + 1
+            lines.append(f"  {_q(box)} -> {_q(node(w))};")
+    loss = tape.loss
+    if loss is not None and hasattr(loss, "_label"):
+        name = loss._label()
+        ident = f"{name}@{version.get(name, 0)}"
+        if ident in declared:
+            lines.append(f"  {_q(ident)} [peripheries=2];")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def write_graph(dot: str, path: str) -> list[str]:
+    """Write ``dot`` to ``path`` and, if possible, an SVG rendering beside it."""
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(dot)
+    written = [path]
+    try:
+        import graphviz
+    except ImportError:
+        return written
+    svg = os.path.splitext(path)[0] + ".svg"
+    try:
+        data = graphviz.Source(dot).pipe(format="svg")
+    except Exception as e:  # the package is there but its `dot` program is not
+        warnings.warn(f"difftape: could not render {svg} with graphviz: {e}", stacklevel=3)
+        return written
+    with open(svg, "wb") as f:
+        f.write(data)
+    written.append(svg)
+    return written
