@@ -114,10 +114,13 @@ def _number(v: Any) -> bool:
 
 
 def jsonable(value: Any) -> Any:
-    """A result value as JSON: non-finite floats become the strings "NaN", "Infinity" and
-    "-Infinity" (strict JSON has no spelling for them; the client turns them back)."""
+    """A result value as JSON: non-finite floats become the strings "NaN" ("-NaN" with the
+    sign bit set), "Infinity" and "-Infinity" (strict JSON has no spelling for them; the
+    client turns them back)."""
     if isinstance(value, float) and not math.isfinite(value):
-        return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
+        if value != value:  # keep the sign bit: x86 makes 0/0 a negative NaN
+            return "-NaN" if math.copysign(1.0, value) < 0 else "NaN"
+        return "Infinity" if value > 0 else "-Infinity"
     if isinstance(value, list):
         return [jsonable(v) for v in value]
     return value
@@ -125,7 +128,7 @@ def jsonable(value: Any) -> Any:
 
 def from_jsonable(value: Any) -> Any:
     """Inverse of :func:`jsonable` (used for values sent *to* the engine as well)."""
-    if isinstance(value, str) and value in ("NaN", "Infinity", "-Infinity"):
+    if isinstance(value, str) and value in ("NaN", "-NaN", "Infinity", "-Infinity"):
         return float(value.replace("Infinity", "inf"))
     if isinstance(value, list):
         return [from_jsonable(v) for v in value]

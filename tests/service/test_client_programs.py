@@ -1,0 +1,341 @@
+"""Programs run unchanged through the client (``ti.init(arch=ti.remote)``) against a real
+server, compared bit for bit with the same programs run locally.
+
+Truth is the local runtime with ``debug=True``: the server compiles every kernel with bounds
+checks, which can change code layout (FMA contraction, vectorized math) and so the last bit
+of a float; with the checks on both sides the compiled code is the same. Each program also
+runs through an in-process engine (``LocalTransport``), which isolates the client from the
+gateway when something breaks. Sizes keep every parallel loop on one thread, so float
+atomics accumulate in the same order everywhere.
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+import difftape as ti
+from difftape.client import LocalTransport
+
+# A module-level helper: kernels read these globals at compile time.
+N_BODIES = 48
+G = 0.7
+SOFT = 1e-2
+
+
+def run_local(program):
+    ti.init(arch=ti.cpu, debug=True)
+    try:
+        return program()
+    finally:
+        ti.reset()
+
+
+@pytest.fixture(params=["http", "inproc"])
+def remote(request):
+    """Runs a program remotely: over HTTP to the shared server, or in-process."""
+    kind = request.param
+
+    def run(program):
+        if kind == "http":
+            service = request.getfixturevalue("service")
+            ti.init(arch=ti.remote, server=service.url, token=service.tokens["alice"])
+        else:
+            ti.init(arch=ti.remote, transport=LocalTransport())
+        try:
+            return program()
+        finally:
+            ti.reset()
+
+    run.kind = kind
+    return run
+
+
+def same(a, b) -> None:
+    """Bit-for-bit equality of nested results (arrays, numbers, lists, vectors)."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            try:
+                same(a[k], b[k])
+            except AssertionError as e:
+                raise AssertionError(f"{k}: {e}") from None
+    elif isinstance(a, np.ndarray):
+        assert isinstance(b, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape
+        assert a.tobytes() == b.tobytes(), f"differs: {a!r} vs {b!r}"
+    elif isinstance(a, float):
+        assert type(b) is float and (a == b or (math.isnan(a) and math.isnan(b))), (a, b)
+        assert math.copysign(1, a) == math.copysign(1, b)
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            same(x, y)
+    elif isinstance(a, ti.Matrix):
+        assert type(b).__mro__[1:] == type(a).__mro__[1:] or isinstance(b, ti.Matrix)
+        same(list(a.entries), list(b.entries))
+    else:
+        assert type(a) is type(b) and a == b, (a, b)
+
+
+# ---------------------------------------------------------------------------- programs
+
+def nbody():
+    """Gravity: pairwise forces, symplectic Euler, several steps; energy returned."""
+    pos = ti.Vector.field(2, ti.f32, shape=N_BODIES)
+    vel = ti.Vector.field(2, ti.f32, shape=N_BODIES)
+    mass = ti.field(ti.f32, shape=N_BODIES)
+
+    @ti.kernel
+    def init():
+        for i in pos:
+            a = 6.2831853 * i / N_BODIES
+            r = 0.5 + 0.01 * i
+            pos[i] = ti.Vector([r * ti.cos(a), r * ti.sin(a)])
+            vel[i] = ti.Vector([-ti.sin(a), ti.cos(a)]) * 0.3
+            mass[i] = 1.0 + (i % 3)
+
+    @ti.kernel
+    def step(dt: ti.f32):
+        for i in pos:
+            f = ti.Vector([0.0, 0.0])
+            for j in range(N_BODIES):
+                d = pos[j] - pos[i]
+                r2 = d.dot(d) + SOFT
+                f += G * mass[j] * d / (r2 * ti.sqrt(r2))
+            vel[i] += dt * f
+        for i in pos:
+            pos[i] += dt * vel[i]
+
+    @ti.kernel
+    def kinetic() -> ti.f32:
+        e = 0.0
+        for i in vel:
+            e += 0.5 * mass[i] * vel[i].norm_sqr()
+        return e
+
+    init()
+    energies = []
+    for _ in range(5):
+        step(1e-3)
+        energies.append(kinetic())
+    return {"pos": pos.to_numpy(), "vel": vel.to_numpy(), "energies": energies,
+            "p3": pos[3], "m4": mass[4]}
+
+
+def tape_gradient():
+    """A loss over several kernels, differentiated by a Tape (with a template kernel and a
+    lazily placed field)."""
+    n = 32
+    x = ti.field(ti.f32)
+    ti.root.dense(ti.i, n).place(x)
+    y = ti.field(ti.f32, shape=n)
+    loss = ti.field(ti.f32, shape=())
+    ti.root.lazy_grad()
+
+    @ti.kernel
+    def transform(src: ti.template(), dst: ti.template(), a: ti.f32):
+        for i in src:
+            dst[i] = ti.tanh(a * src[i]) + src[i] ** 2
+
+    @ti.kernel
+    def reduce():
+        for i in y:
+            loss[None] += ti.exp(-y[i]) * ti.cast(i % 4 + 1, ti.f32)
+
+    x.from_numpy(np.linspace(-1, 1, n).astype(np.float32))
+    with ti.ad.Tape(loss):
+        transform(x, y, 1.7)
+        reduce()
+    return {"loss": loss[None], "x_grad": x.grad.to_numpy(), "y_grad": y.grad.to_numpy(),
+            "y": y.to_numpy()}
+
+
+def kernel_grad():
+    """Explicit adjoints: seed an output gradient, run kernel.grad, with vector arguments."""
+    n = 16
+    a = ti.Vector.field(3, ti.f64, shape=n, needs_grad=True)
+    b = ti.field(ti.f64, shape=n, needs_grad=True)
+
+    @ti.kernel
+    def f(w: ti.types.vector(3, ti.f64), s: ti.f64):
+        for i in a:
+            b[i] = ti.sin(a[i].dot(w)) * s + a[i].norm()
+
+    a.from_numpy(np.arange(3 * n, dtype=np.float64).reshape(n, 3) / 7.0)
+    w = ti.Vector([0.25, -0.5, 1.0])
+    f(w, 3.0)
+    b.grad.fill(1.0)
+    b.grad[3] = -2.5
+    f.grad(w, 3.0)
+    return {"b": b.to_numpy(), "a_grad": a.grad.to_numpy(), "b3": b[3]}
+
+
+def returns_and_items():
+    """Return values of every kind, Python-scope items, fill, from_numpy conversion."""
+    n = 8
+    x = ti.field(ti.f32, shape=(n, 2))
+    k = ti.field(ti.i32, shape=n)
+    m = ti.Matrix.field(2, 2, ti.f32, shape=3)
+
+    @ti.kernel
+    def total(scale: ti.f32) -> ti.f32:
+        s = 0.0
+        for i, j in x:
+            s += x[i, j] * scale
+        return s
+
+    @ti.kernel
+    def count(th: ti.f32) -> ti.i32:
+        c = 0
+        for i, j in x:
+            if x[i, j] > th:
+                c += 1
+        return c
+
+    @ti.kernel
+    def vec(i: ti.i32) -> ti.types.vector(2, ti.f32):
+        return ti.Vector([x[i, 0], x[i, 1]])
+
+    @ti.kernel
+    def inf_ratio(a: ti.f32) -> ti.f32:
+        return a / (a - a)
+
+    x.from_numpy(np.linspace(0, 1, 2 * n).reshape(n, 2))  # f64 -> f32 conversion
+    k.fill(-3)
+    k[5] = 2**31 - 1
+    x[1, 1] = 0.1
+    m.fill(0.5)
+    m[1] = [[1, 2], [3, 4]]
+    m[2][0, 1] = 9.0
+    return {"total": total(1.5), "count": count(0.4), "vec": vec(3), "inf": inf_ratio(1.0),
+            "nan": inf_ratio(0.0), "k": k.to_numpy(), "k5": k[5], "x": x.to_numpy(),
+            "m": m.to_numpy(), "m1": m[1], "x_neg": x[-1, -1],
+            "x_f64": x.to_numpy(dtype=np.float64)}
+
+
+@pytest.mark.parametrize("program", [nbody, tape_gradient, kernel_grad, returns_and_items],
+                         ids=lambda p: p.__name__)
+def test_same_results_bit_for_bit(remote, program):
+    truth = run_local(program)
+    got = remote(program)
+    same(truth, got)
+
+
+def test_unchecked_local_run_agrees_closely(remote):
+    """Against an unchecked local run (debug=False) only the last bits may differ."""
+    ti.init(arch=ti.cpu)
+    try:
+        truth = tape_gradient()
+    finally:
+        ti.reset()
+    got = remote(tape_gradient)
+    np.testing.assert_allclose(got["x_grad"], truth["x_grad"], rtol=1e-6)
+    assert got["loss"] == pytest.approx(truth["loss"], rel=1e-6)
+
+
+# ---------------------------------------------------------------------------- errors
+
+def test_bad_index_raises_and_the_server_goes_on(remote):
+    def program():
+        x = ti.field(ti.f32, shape=10)
+
+        @ti.kernel
+        def poke(i: ti.i32, v: ti.f32):
+            x[i] = v
+
+        poke(2, 1.0)
+        poke(10, 5.0)  # queued: the error surfaces at the next synchronisation point
+        poke(3, 7.0)  # never runs: the batch stops at the first error
+        with pytest.raises(ti.KernelAssertionError, match="out of range") as info:
+            ti.sync()
+        assert any("poke" in note for note in info.value.__notes__)
+        poke(4, 2.0)  # the same session keeps working
+        with pytest.raises(IndexError):
+            x[10]
+        with pytest.raises(IndexError):
+            x[-11] = 1.0
+        return x.to_numpy()
+
+    got = remote(program)
+    expect = np.zeros(10, np.float32)
+    expect[2], expect[4] = 1.0, 2.0
+    assert got.tobytes() == expect.tobytes()
+    # And a fresh program (a new session) runs as well.
+    assert remote(lambda: returns_and_items()["count"]) == run_local(
+        lambda: returns_and_items()["count"])
+
+
+def test_errors_are_the_local_exception_classes(remote):
+    def program():
+        x = ti.field(ti.f32, shape=4, needs_grad=True)
+        i = ti.field(ti.i32, shape=4)
+        loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+        @ti.kernel
+        def typo():
+            x[0] = undefined_name  # noqa: F821
+
+        with pytest.raises(ti.CompileError, match="undefined_name"):
+            typo()
+
+        @ti.kernel
+        def two(a: ti.f32, b: ti.f32):
+            x[0] = a + b
+
+        with pytest.raises(ti.ArgumentError):
+            two(1.0)
+        with pytest.raises(ti.ArgumentError):
+            two(1.0, "b")
+        with pytest.raises(ti.ShapeError):
+            x.from_numpy(np.zeros(5))
+
+        @ti.kernel
+        def overwrite():
+            for k in range(4):
+                loss[None] = loss[None] * x[k]
+
+        # Refused when recorded (the adjoint is derived then), before anything runs.
+        with pytest.raises(ti.GradientRuleError, match="overwrites"):
+            with ti.ad.Tape(loss):
+                overwrite()
+        assert i.grad is None
+        return True
+
+    assert run_local(program)  # the same expectations hold locally
+    assert remote(program)
+
+
+def test_tape_is_one_request(remote, monkeypatch):
+    """A Tape's forward and backward launches reach the server as one batch."""
+    calls = []
+
+    def program():
+        from difftape.runtime import program as prog_mod
+
+        rt = prog_mod.get().remote
+        real = rt.transport.batch
+        monkeypatch.setattr(rt.transport, "batch",
+                            lambda sid, ops: calls.append([o["op"] for o in ops]) or
+                            real(sid, ops))
+        n = 8
+        x = ti.field(ti.f32, shape=n, needs_grad=True)
+        loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+        @ti.kernel
+        def acc(s: ti.f32):
+            for i in x:
+                loss[None] += s * x[i] * x[i]
+
+        x.fill(1.5)
+        ti.sync()
+        calls.clear()
+        with ti.ad.Tape(loss):
+            for s in range(20):
+                acc(float(s))
+        assert len(calls) == 1
+        ops = calls[0]
+        assert ops.count("launch") == 40 and ops.count("register") == 1
+        return x.grad.to_numpy()
+
+    got = remote(program)
+    assert (got == np.float32(2 * 1.5 * sum(range(20)))).all()

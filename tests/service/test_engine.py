@@ -1,0 +1,296 @@
+"""The worker-side engine, in process: every op of server/PROTOCOL.md against local truth.
+
+Kernels are built by the local frontend over local fields (what a client does); the engine
+gets fields with the same ids, so the IR's buffers refer to them. Results are compared bit for
+bit with the same kernel run by the local runtime with ``debug=True``: the engine compiles
+every kernel with bounds checks, and checks change code layout (FMA contraction, vectorized
+math), so unchecked local code may differ in the last bit. Sizes are small enough that
+every loop runs on one thread, so float reductions happen in the same order in both.
+"""
+
+import numpy as np
+import pytest
+
+import difftape as ti
+from difftape.errors import (
+    ArgumentError,
+    CompileError,
+    DifftapeError,
+    KernelAssertionError,
+    ShapeError,
+)
+from difftape.ir import serialize
+from difftape.runtime import program
+from difftape.server.engine import Engine, EngineError
+
+N = 16
+
+
+@pytest.fixture
+def local():
+    """Local fields and kernels; the IR of each kernel as a client would send it."""
+    ti.init(arch=ti.cpu, debug=True)  # the engine compiles with bounds checks: so does truth
+    x = ti.field(ti.f32, shape=N, needs_grad=True)
+    v = ti.Vector.field(3, ti.f64, shape=(4, 2), needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def energy(a: ti.f32, w: ti.types.vector(3, ti.f64)):
+        for i in x:
+            loss[None] += a * ti.sin(x[i]) * x[i]
+        for i, j in v:
+            v[i, j] = w * ti.cast(x[i + j], ti.f64)
+
+    @ti.kernel
+    def poke(k: ti.i32):
+        x[k] = 1.0
+
+    @ti.kernel
+    def total() -> ti.f32:
+        s = 0.0
+        for i in x:
+            s += x[i]
+        return s
+
+    @ti.kernel
+    def ratio(a: ti.f32) -> ti.f32:
+        return a / 0.0
+
+    class NS:
+        pass
+
+    ns = NS()
+    ns.x, ns.v, ns.loss = x, v, loss
+    ns.kernels = {"energy": energy, "poke": poke, "total": total, "ratio": ratio}
+    ns.ir = lambda name: serialize.encode(ns.kernels[name].build_ir(program.get(), ()))
+    ns.data = np.linspace(-2, 3, N, dtype=np.float32)
+    yield ns
+    ti.reset()
+
+
+@pytest.fixture
+def engine(tmp_path):
+    e = Engine(tmp_path / "cache")
+    yield e
+    e.close()
+
+
+def create(engine, ns, needs_grad=True):
+    for f in (ns.x, ns.v, ns.loss):
+        engine.execute({"op": "create_field", "id": f.id, "dtype": f.dtype.name,
+                        "shape": list(f.shape), "element_shape": list(f.element_shape),
+                        "needs_grad": needs_grad, "name": f.name})
+
+
+def register(engine, ns, name):
+    return engine.execute({"op": "register", "ir": ns.ir(name)})[0]["kernel_id"]
+
+
+def read(engine, f, role="data"):
+    meta, data = engine.execute({"op": "read", "id": f.id, "role": role})
+    return np.frombuffer(data, dtype=ti.types.by_name(meta["dtype"]).np).reshape(meta["shape"])
+
+
+def test_write_read_bytes_exact(engine, local):
+    create(engine, local)
+    vals = np.array([np.nan, -0.0, np.inf, 1e-45] + [3.25] * (N - 4), dtype=np.float32)
+    engine.execute({"op": "write", "id": local.x.id, "role": "data", "dtype": "f32",
+                    "shape": [N]}, vals.tobytes())
+    assert read(engine, local.x).tobytes() == vals.tobytes()
+    # f64 data into an f32 field converts as from_numpy does locally.
+    d = np.linspace(0, 1, N)
+    engine.execute({"op": "write", "id": local.x.id, "role": "data", "dtype": "float64",
+                    "shape": [N]}, d.tobytes())
+    assert read(engine, local.x).tobytes() == d.astype(np.float32).tobytes()
+
+
+@pytest.mark.parametrize("op, err", [
+    ({"dtype": "f32", "shape": [N + 1]}, ShapeError),
+    ({"dtype": "f32", "shape": [N], "short": True}, ShapeError),
+    ({"dtype": "object", "shape": [N]}, EngineError),
+    ({"dtype": "U4", "shape": [N]}, EngineError),
+    ({"dtype": "f32", "shape": [N], "id": 999999}, EngineError),
+    ({"dtype": "f32", "shape": [N], "role": "dual"}, DifftapeError),
+])
+def test_write_refusals(engine, local, op, err):
+    create(engine, local)
+    op = dict(op)
+    payload = np.zeros(N, np.float32).tobytes()[: -4 if op.pop("short", False) else None]
+    with pytest.raises(err):
+        engine.execute({"op": "write", "id": local.x.id, "role": "data", **op}, payload)
+
+
+def test_launch_matches_local_bit_for_bit(engine, local):
+    create(engine, local)
+    engine.execute({"op": "write", "id": local.x.id, "role": "data", "dtype": "f32",
+                    "shape": [N]}, local.data.tobytes())
+    kid = register(engine, local, "energy")
+    assert kid == serialize.fingerprint(local.kernels["energy"].build_ir(program.get(), ()))
+    # Registering again is idempotent.
+    assert register(engine, local, "energy") == kid
+    w = [0.5, -1.25, 3.0]
+    engine.execute({"op": "launch", "kernel_id": kid, "variant": "primal",
+                    "args": [1.5] + w})
+    tid = register(engine, local, "total")
+    got_total = engine.execute({"op": "launch", "kernel_id": tid, "args": []})[0]["result"]
+
+    local.x.from_numpy(local.data)
+    local.kernels["energy"](1.5, ti.Vector(w))
+    assert read(engine, local.loss).tobytes() == local.loss.to_numpy().tobytes()
+    assert read(engine, local.v).tobytes() == local.v.to_numpy().tobytes()
+    assert got_total == local.kernels["total"]()
+    assert isinstance(got_total, float)
+
+    # The adjoint, seeded by loss.grad = 1, against the local kernel.grad.
+    engine.execute({"op": "set_item", "id": local.loss.id, "role": "grad", "index": [],
+                    "value": 1.0})
+    engine.execute({"op": "launch", "kernel_id": kid, "variant": "grad", "args": [1.5] + w})
+    local.loss.grad[None] = 1.0
+    local.kernels["energy"].grad(1.5, ti.Vector(w))
+    assert read(engine, local.x, "grad").tobytes() == local.x.grad.to_numpy().tobytes()
+    assert np.any(local.x.grad.to_numpy() != 0)
+    stats = engine.execute({"op": "stats"})[0]
+    assert stats["launches"] == 3 and stats["kernels"] == 2
+    assert stats["cache_misses"] + stats["cache_hits"] == 3
+    assert stats["field_bytes"] == 2 * (N * 4 + 4 * 2 * 3 * 8 + 4)
+
+
+def test_items_and_fill(engine, local):
+    create(engine, local)
+    engine.execute({"op": "fill", "id": local.x.id, "role": "data", "value": 0.1})
+    assert read(engine, local.x).tobytes() == np.full(N, 0.1, np.float32).tobytes()
+    engine.execute({"op": "set_item", "id": local.v.id, "role": "data", "index": [3, 1],
+                    "value": [1, 2.5, "-Infinity"]})
+    got = engine.execute({"op": "get_item", "id": local.v.id, "role": "data",
+                          "index": [-1, -1]})[0]["value"]
+    assert got == [1.0, 2.5, "-Infinity"]
+    x_item = engine.execute({"op": "get_item", "id": local.x.id, "index": [2]})[0]["value"]
+    assert x_item == float(np.float32(0.1))
+    with pytest.raises(EngineError, match="out of bounds"):
+        engine.execute({"op": "get_item", "id": local.x.id, "index": [N]})
+    with pytest.raises(ShapeError):
+        engine.execute({"op": "get_item", "id": local.x.id, "index": [1, 2]})
+    with pytest.raises(ShapeError):
+        engine.execute({"op": "set_item", "id": local.v.id, "index": [0, 0], "value": [1, 2]})
+
+
+def test_bad_index_is_an_error_and_the_engine_goes_on(engine, local):
+    create(engine, local)
+    kid = register(engine, local, "poke")
+    with pytest.raises(KernelAssertionError, match="out of range"):
+        engine.execute({"op": "launch", "kernel_id": kid, "args": [N]})
+    with pytest.raises(KernelAssertionError):
+        engine.execute({"op": "launch", "kernel_id": kid, "args": [-1]})
+    engine.execute({"op": "launch", "kernel_id": kid, "args": [N - 1]})
+    assert read(engine, local.x)[N - 1] == 1.0
+
+
+def test_register_checks_buffers(engine, local):
+    # No fields at all: the kernel refers to ids this engine does not have.
+    with pytest.raises(CompileError, match="does not have"):
+        register(engine, local, "energy")
+    # Same id, another shape.
+    engine.execute({"op": "create_field", "id": local.x.id, "dtype": "f32", "shape": [N + 1]})
+    with pytest.raises(CompileError, match="describes"):
+        register(engine, local, "poke")
+    # An IR claiming a wrong dtype for a field.
+    e2 = Engine()
+    create(e2, local)
+    data = local.ir("poke")
+    data["buffers"][0][1] = "f64"
+    with pytest.raises(DifftapeError):
+        e2.execute({"op": "register", "ir": data})
+    # ndarray buffers are refused remotely.
+    data = local.ir("poke")
+    data["buffers"][0][0] = {"t": ["ndarray", 0, "primal"]}
+    with pytest.raises(DifftapeError):
+        e2.execute({"op": "register", "ir": data})
+    with pytest.raises(DifftapeError):
+        e2.execute({"op": "register", "ir": {"name": "k"}})
+    e2.close()
+
+
+def test_grad_needs_storage(engine, local):
+    create(engine, local, needs_grad=False)
+    ir = local.ir("energy")
+    kid = engine.execute({"op": "register", "ir": ir})[0]["kernel_id"]
+    # No .grad anywhere: the adjoint has nothing to write, and runs as a no-op.
+    engine.execute({"op": "launch", "kernel_id": kid, "variant": "grad", "args": [1, 0, 0, 0]})
+    # Companions added later are seen by a freshly derived adjoint.
+    for f in (local.x, local.loss):
+        engine.execute({"op": "companion", "id": f.id, "role": "grad"})
+    engine.execute({"op": "fill", "id": local.x.id, "role": "data", "value": 0.5})
+    engine.execute({"op": "fill", "id": local.loss.id, "role": "grad", "value": 1.0})
+    engine.execute({"op": "launch", "kernel_id": kid, "variant": "grad", "args": [2, 0, 0, 0]})
+    g = read(engine, local.x, "grad")
+    expect = np.float32(2) * (np.sin(np.float32(0.5)) + np.float32(0.5) * np.cos(np.float32(0.5)))
+    np.testing.assert_allclose(g, expect, rtol=1e-6)
+    engine.execute({"op": "clear_grads"})
+    assert not read(engine, local.x, "grad").any()
+
+
+def test_launch_refusals(engine, local):
+    create(engine, local)
+    kid = register(engine, local, "poke")
+    with pytest.raises(EngineError, match="unknown kernel"):
+        engine.execute({"op": "launch", "kernel_id": "0" * 64, "args": [1]})
+    with pytest.raises(ArgumentError):
+        engine.execute({"op": "launch", "kernel_id": kid, "args": []})
+    with pytest.raises(ArgumentError):
+        engine.execute({"op": "launch", "kernel_id": kid, "args": ["1"]})
+    with pytest.raises(EngineError, match="variant"):
+        engine.execute({"op": "launch", "kernel_id": kid, "variant": "validate", "args": [1]})
+    with pytest.raises(EngineError, match="unknown engine op"):
+        engine.execute({"op": "exec", "code": "print(1)"})
+
+
+def test_non_finite_results_travel_as_strings(engine, local):
+    create(engine, local)
+    kid = register(engine, local, "ratio")
+    r = engine.execute({"op": "launch", "kernel_id": kid, "args": [1.0]})[0]["result"]
+    assert r == "Infinity"
+
+
+def test_batch_stops_at_first_error(engine, local):
+    create(engine, local)
+    kid = register(engine, local, "poke")
+    ops = [{"op": "launch", "kernel_id": kid, "args": [0]},
+           {"op": "launch", "kernel_id": kid, "args": [N + 3]},
+           {"op": "launch", "kernel_id": kid, "args": [1]}]
+    with pytest.raises(KernelAssertionError) as info:
+        engine.execute({"op": "batch", "ops": ops})
+    assert info.value.op_index == 1
+    x = read(engine, local.x)
+    assert x[0] == 1.0 and x[1] == 0.0  # ran up to the failing op, not after it
+    with pytest.raises(EngineError, match="cannot be part of a batch"):
+        engine.execute({"op": "batch", "ops": [{"op": "read", "id": local.x.id}]})
+    res = engine.execute({"op": "batch", "ops": ops[:1] + [{"op": "stats"}]})[0]["results"]
+    assert res[0] == {"result": None} and res[1]["launches"] == 3  # attempted launches
+
+
+def test_save_load_and_warm_cache(tmp_path, local):
+    cache = tmp_path / "cache"
+    e1 = Engine(cache)
+    create(e1, local)
+    e1.execute({"op": "companion", "id": local.x.id, "role": "grad_dual"})
+    e1.execute({"op": "write", "id": local.x.id, "role": "data", "dtype": "f32",
+                "shape": [N]}, local.data.tobytes())
+    e1.execute({"op": "fill", "id": local.x.id, "role": "grad_dual", "value": 7})
+    kid = register(e1, local, "total")
+    before = e1.execute({"op": "launch", "kernel_id": kid, "args": []})[0]["result"]
+    path = str(tmp_path / "sessions" / "s1.npz")
+    e1.execute({"op": "save", "path": path})
+    e1.close()
+
+    e2 = Engine(cache)  # a new worker: same cache directory, nothing in memory of its own
+    e2.execute({"op": "load", "path": path})
+    assert read(e2, local.x).tobytes() == local.data.tobytes()
+    assert (read(e2, local.x, "grad_dual") == 7).all()
+    assert e2.execute({"op": "launch", "kernel_id": kid, "args": []})[0]["result"] == before
+    stats = e2.execute({"op": "stats"})[0]
+    assert stats["cache_hits"] == 1 and stats["cache_misses"] == 0
+    with pytest.raises(EngineError):
+        e2.execute({"op": "load", "path": str(tmp_path / "missing.npz")})
+    with pytest.raises(EngineError):
+        e2.execute({"op": "save", "path": str(tmp_path / "x.pkl")})
+    e2.close()
