@@ -81,6 +81,7 @@ class Database:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._lock = threading.Lock()
+        self._users: dict[str, User] = {}
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None,
                                    timeout=30)
         self._db.row_factory = sqlite3.Row
@@ -115,9 +116,16 @@ class Database:
         return token
 
     def user_by_token(self, token: str) -> User | None:
-        rows = self.execute("SELECT id, name FROM users WHERE token_sha256 = ?",
-                            (hash_token(token),))
-        return User(rows[0]["id"], rows[0]["name"]) if rows else None
+        """Known tokens are remembered (there is no revocation yet; one would clear this);
+        unknown ones are looked up each time, since ``token create`` may have just run."""
+        h = hash_token(token)
+        user = self._users.get(h)
+        if user is None:
+            rows = self.execute("SELECT id, name FROM users WHERE token_sha256 = ?", (h,))
+            if not rows:
+                return None
+            user = self._users[h] = User(rows[0]["id"], rows[0]["name"])
+        return user
 
     def add_job_seconds(self, user_id: int, seconds: float) -> None:
         self.execute("UPDATE users SET job_seconds = job_seconds + ? WHERE id = ?",

@@ -36,6 +36,7 @@ ENGINE_STATUS = {
     "TypeError": 400,
     "KeyError": 400,
     "IndexError": 400,
+    "OverflowError": 400,  # a value that does not fit the field's dtype (inf into an int)
 }
 
 

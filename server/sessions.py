@@ -97,19 +97,42 @@ class SessionManager:
             self.metrics.retire(e.worker.stats)
 
     # ------------------------------------------------------------------ running ops
+    def _fast(self, user: User, sid: str) -> Live | None:
+        """The live entry of a running session of ``user``: no database round trip."""
+        e = self.live.get(sid)
+        if (e is not None and e.owner == user.id and e.worker is not None
+                and e.worker.gone is None and not e.lock.locked()):
+            return e
+        return None
+
+    def check(self, user: User, sid: str) -> None:
+        """404 unless ``user`` owns ``sid`` (cheap for running sessions)."""
+        if self._fast(user, sid) is None:
+            self.row(user, sid)
+
     @asynccontextmanager
     async def use(self, user: User, sid: str):
         """The session's worker, resumed if culled; counts as activity."""
-        row = self.row(user, sid)
-        e = self._entry(sid, user.id)
-        async with e.lock:
-            row = self.db.session(sid)
+        e = self._fast(user, sid)
+        if e is None:
+            row = self.row(user, sid)
             if row["state"] == "lost":
                 raise session_lost(f"session {sid} was lost: {row['lost_reason']}")
-            if row["state"] == "culled" or e.worker is None:
-                await self._resume(e, row)
+            e = self._entry(sid, user.id)
+            async with e.lock:
+                row = self.db.session(sid)  # it may have changed while we waited
+                if row["state"] == "deleted":
+                    raise ProblemError(404, f"no session {sid!r}")
+                if row["state"] == "lost":
+                    raise session_lost(f"session {sid} was lost: {row['lost_reason']}")
+                if row["state"] == "culled" or e.worker is None:
+                    await self._resume(e, row)
+                e.inflight += 1
+        else:
+            # No await between the check and this increment: culling (which takes e.lock
+            # and then looks at inflight) cannot slip in between.
             e.inflight += 1
-            e.last_activity = time.time()
+        e.last_activity = time.time()
         try:
             yield e
         finally:
@@ -166,6 +189,8 @@ class SessionManager:
     def plan_fields(self, sid: str, ops: list[dict]):
         """Storage a batch allocates: (created, companions, bytes) for the quota."""
         created, companions, extra = {}, [], 0
+        if not any(op["op"] in ("create_field", "companion") for op in ops):
+            return created, companions, extra
         row = self.db.session(sid)
         known = json.loads(row["fields"]) if row is not None else {}
         for op in ops:

@@ -19,7 +19,7 @@ async def run_batch(request: Request, user: UserDep, body: BatchBody,
     its problem carries the failing op's ``index``. The kernel time limit applies to the
     whole batch."""
     svc = service(request)
-    svc.sessions.row(user, sid)
+    svc.sessions.check(user, sid)
     ops = [op.model_dump() for op in body.ops]
     created, companions, extra = svc.sessions.plan_fields(sid, ops)
     if extra:

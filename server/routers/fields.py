@@ -39,7 +39,7 @@ _DOWNLOAD = {200: {"description": "`.npy` by default; raw bytes with `X-Dtype`/`
 async def create_field(request: Request, user: UserDep, body: FieldCreate,
                        sid: SidP) -> FieldCreated:
     svc = service(request)
-    svc.sessions.row(user, sid)
+    svc.sessions.check(user, sid)
     n = field_nbytes(body.dtype, body.shape, body.element_shape)
     roles = ["data"] + (["grad"] if body.needs_grad else []) + (["dual"] if body.needs_dual
                                                                  else [])
@@ -71,7 +71,7 @@ async def write_field(request: Request, user: UserDep, sid: SidP, fid: FidP,
                       x_shape: Annotated[str | None, Header()] = None) -> Response:
     """Replace the field's data (or ``.grad`` / ``.dual``) with the body's array."""
     svc = service(request)
-    svc.sessions.row(user, sid)
+    svc.sessions.check(user, sid)
     body = await request.body()
     ctype = (content_type or npyio.NPY).split(";")[0].strip().lower()
     if ctype == npyio.NPY:
