@@ -83,11 +83,16 @@ class SessionManager:
 
     async def delete(self, user: User, sid: str) -> None:
         row = self.row(user, sid)
+        # Marked deleted first, so that a request still running on the worker (which is
+        # about to fail) does not turn the session into a "lost" one.
+        self.db.update_session(sid, state="deleted", field_bytes=0, fields={}, worker=None)
         e = self.live.pop(sid, None)
         if e is not None and e.worker is not None:
-            await asyncio.get_running_loop().run_in_executor(None, e.worker.stop)
+            if e.worker.lock.locked():
+                e.worker.kill()  # busy (a long kernel, a job): no need to wait for it
+            else:
+                await asyncio.get_running_loop().run_in_executor(None, e.worker.stop)
         self._retire(e)
-        self.db.update_session(sid, state="deleted", field_bytes=0, fields={}, worker=None)
         self.db.drop_kernels(sid)
         if row["saved_path"]:
             Path(row["saved_path"]).unlink(missing_ok=True)
@@ -155,11 +160,15 @@ class SessionManager:
             raise session_lost(f"session {e.sid} was lost: {g.reason}") from None
 
     def _lose(self, e: Live, reason: str) -> None:
-        log.warning("session %s lost: %s", e.sid, reason)
-        self.live.pop(e.sid, None)
-        self._retire(e)
+        if self.live.get(e.sid) is e:
+            self.live.pop(e.sid)
+            self._retire(e)
         if e.worker is not None:
             e.worker.kill()
+        row = self.db.session(e.sid)
+        if row is None or row["state"] == "deleted":
+            return
+        log.warning("session %s lost: %s", e.sid, reason)
         self.db.update_session(e.sid, state="lost", lost_reason=reason, worker=None,
                                field_bytes=0, fields={})
 

@@ -34,11 +34,16 @@ def _cache_writable(path) -> str | None:
 
 @router.get("/readyz", response_model=Health, responses={503: {"model": Health}})
 async def readyz(request: Request):
-    """Ready when a worker (compiler and device) has started, the compiled-code cache is
-    writable and the database answers."""
+    """Ready when a worker (engine and LLVM) has started, the device is one this build
+    drives, the compiled-code cache is writable and the database answers."""
     svc = service(request)
+    pool = svc.pool
     checks = {
-        "worker": "ok" if svc.pool.started_ok else (svc.pool.start_error or "starting"),
+        "worker": "ok" if pool.started_ok and pool.start_error is None
+        else (pool.start_error or "starting"),
+        "device": "ok" if svc.settings.arch == "cpu"
+        else f"arch {svc.settings.arch!r} has no backend in this build (the engine runs on "
+             "the CPU only)",
         "cache": _cache_writable(svc.settings.cache_dir) or "ok",
         "database": "ok" if svc.db.ping() else "unavailable",
     }

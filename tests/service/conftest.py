@@ -78,9 +78,9 @@ class Server:
 
 
 def start_server(data_dir: Path, users=("alice", "bob"), tokens: dict | None = None,
-                 **settings) -> Server:
+                 wait_ready: bool = True, **settings) -> Server:
     """Start ``python -m difftape.server`` with ``DIFFTAPE_<NAME>`` settings; wait until
-    /readyz says ready."""
+    /readyz says ready (or only /livez with ``wait_ready=False``)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     tokens = dict(tokens or {})
     for u in users:
@@ -102,7 +102,8 @@ def start_server(data_dir: Path, users=("alice", "bob"), tokens: dict | None = N
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}:\n{server.log()}")
         try:
-            if httpx.get(url + "/readyz", timeout=2).status_code == 200:
+            probe = "/readyz" if wait_ready else "/livez"
+            if httpx.get(url + probe, timeout=2).status_code == 200:
                 return server
         except httpx.HTTPError:
             pass

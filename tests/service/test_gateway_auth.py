@@ -9,7 +9,8 @@ def test_probes_need_no_token(service):
     assert httpx.get(service.url + "/livez").json()["status"] == "ok"
     r = httpx.get(service.url + "/readyz")
     assert r.status_code == 200, r.text
-    assert r.json()["checks"] == {"worker": "ok", "cache": "ok", "database": "ok"}
+    assert r.json()["checks"] == {"worker": "ok", "device": "ok", "cache": "ok",
+                                  "database": "ok"}
 
 
 def test_missing_and_bad_tokens_are_401(service):

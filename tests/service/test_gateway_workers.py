@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from .conftest import from_npy, npy, problem, setup_session
+from .conftest import from_npy, npy, problem, setup_session, start_server
 
 
 def test_worker_killed_mid_kernel(service, alice, bob, kernels):
@@ -133,3 +133,49 @@ def test_gateway_never_loads_the_compiler():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=60)
     assert out.stdout.strip() == "False"
+
+
+def test_delete_during_a_long_kernel(service, alice, kernels):
+    """DELETE does not wait for a running kernel: the worker is stopped, the launch in
+    flight fails with SessionLostError, and the session stays deleted (not "lost")."""
+    sid = alice.post("/v1/sessions", json={}).json()["session_id"]
+    ids = setup_session(alice, sid, kernels, "spin")
+    out = {}
+
+    def launch():
+        out["r"] = alice.post(f"/v1/sessions/{sid}/kernels/{ids['spin']}/launch",
+                              json={"args": [2_000_000_000]})
+
+    t = threading.Thread(target=launch)
+    t.start()
+    time.sleep(0.8)
+    t0 = time.monotonic()
+    assert alice.delete(f"/v1/sessions/{sid}").status_code == 204
+    assert time.monotonic() - t0 < 2.0
+    t.join(30)
+    problem(out["r"], 410, "SessionLostError")
+    problem(alice.get(f"/v1/sessions/{sid}"), 404)
+    assert sid not in [s["session_id"] for s in alice.get("/v1/sessions").json()["sessions"]]
+
+
+def test_not_ready_without_a_working_engine(tmp_path):
+    """/readyz is 503 (naming the failing checks) while /livez stays 200: here the engine
+    cannot be imported and the device has no backend."""
+    server = start_server(tmp_path / "data", users=("alice",), wait_ready=False,
+                          engine="no_such_module:Engine", arch="cuda")
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            r = server.client().get("/readyz")
+            assert r.status_code == 503, r.text
+            checks = r.json()["checks"]
+            if checks["worker"] != "starting" or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert "no_such_module" in checks["worker"]
+        assert "cuda" in checks["device"] and checks["cache"] == "ok"
+        assert server.client().get("/livez").status_code == 200
+        with server.client() as c:
+            problem(c.post("/v1/sessions", json={}), 503)
+    finally:
+        server.stop()
