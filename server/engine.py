@@ -370,9 +370,11 @@ class Engine:
         return {}
 
     def op_clear_duals(self, op: dict) -> dict:
+        """Zero every ``.dual`` and ``.grad.dual`` (as ``FwdMode`` does on entry)."""
         for f in list(self.prog.fields.values()):
-            if f.dual is not None:
-                self.prog.zero(f.dual.arr)
+            for d in (f.dual, _companion(f, "grad_dual")):
+                if d is not None:
+                    self.prog.zero(d.arr)
         return {}
 
     # ------------------------------------------------------------------ kernels

@@ -213,7 +213,36 @@ def returns_and_items():
             "x_f64": x.to_numpy(dtype=np.float64)}
 
 
-@pytest.mark.parametrize("program", [nbody, tape_gradient, kernel_grad, returns_and_items],
+def forward_mode():
+    """ti.ad.FwdMode: a scalar parameter (default seed) and a seeded field parameter."""
+    n = 12
+    a = ti.field(ti.f32, shape=(), needs_dual=True)
+    x = ti.field(ti.f32, shape=n, needs_grad=True, needs_dual=True)
+    y = ti.field(ti.f32, shape=n, needs_dual=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True, needs_dual=True)
+
+    @ti.kernel
+    def f():
+        for i in x:
+            y[i] = ti.sin(a[None] * x[i]) + x[i] ** 3
+            loss[None] += a[None] * x[i] * x[i] * x[i]
+
+    x.from_numpy(np.linspace(-1, 1.5, n).astype(np.float32))
+    a[None] = 0.7
+    with ti.ad.FwdMode(loss=[y, loss], param=a):
+        f()
+    out = {"dy_da": y.dual.to_numpy(), "dl_da": loss.dual[None]}
+    loss[None] = 0.0
+    seed = np.arange(n, dtype=np.float32) / n
+    with ti.ad.FwdMode(loss=y, param=x, seed=seed):
+        f()
+    out["dy_dx_seed"] = y.dual.to_numpy()
+    out["seed_cleared"] = x.dual.to_numpy()
+    return out
+
+
+@pytest.mark.parametrize("program", [nbody, tape_gradient, kernel_grad, returns_and_items,
+                                     forward_mode],
                          ids=lambda p: p.__name__)
 def test_same_results_bit_for_bit(remote, program):
     truth = run_local(program)

@@ -1,0 +1,148 @@
+"""The difftape service on loopback: one diffmpm optimisation iteration through the client
+vs the same iteration run locally, and a 4 MB field upload + download.
+
+Starts a real server (``python -m difftape.server``, its own data dir and token) and runs
+``bench/diffmpm.py``'s program unchanged three times in this process: locally
+(``ti.init(arch=ti.cpu)``), locally with bounds checks (``debug=True``, what the server
+compiles, to separate the cost of the checks from the cost of the wire), and through the
+client (``ti.init(arch=ti.remote)``), where each iteration's ~380 launches (forward and
+backward of a 64-step Tape) travel as one batch request. Ratios are same-run medians.
+"""
+
+import argparse
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import common
+import diffmpm
+import numpy as np
+
+NAME = "service_mpm"
+TRANSFER_FLOATS = 1 << 20  # 4 MiB of f32
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """``python -m difftape.server`` on a free loopback port with a fresh data dir."""
+
+    def __init__(self) -> None:
+        import httpx
+
+        from difftape.server.db import Database
+        from difftape.server.settings import Settings
+
+        self.data_dir = Path(tempfile.mkdtemp(prefix="bench-service-"))
+        settings = Settings(data_dir=self.data_dir)
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        db = Database(settings.db_path)
+        self.token = db.create_user("bench")
+        db.close()
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = open(self.data_dir / "server.log", "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "difftape.server", "--port", str(self.port), "--data-dir",
+             str(self.data_dir), "--log-level", "warning"],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 120
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError("the server exited: "
+                                   + (self.data_dir / "server.log").read_text()[-2000:])
+            try:
+                if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("the server did not become ready")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+
+
+def _transfer(ti, repeat: int) -> common.Timing:
+    """Upload then download one 4 MiB f32 field (``from_numpy`` + ``to_numpy``)."""
+    x = ti.field(ti.f32, shape=TRANSFER_FLOATS)
+    a = np.random.default_rng(0).random(TRANSFER_FLOATS, dtype=np.float32)
+
+    def roundtrip() -> None:
+        x.from_numpy(a)
+        b = x.to_numpy()
+        assert b.tobytes() == a.tobytes()
+
+    return common.time_it(roundtrip, repeat=repeat, warmup=3, sync=ti.sync)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.backend != "difftape":
+        raise common.Unsupported("the service is difftape's")
+    ti = common.load_backend("difftape")
+    cache_dir = tempfile.mkdtemp(prefix="bench-service-cache-")
+    os.environ[common.DIFFTAPE_CACHE_ENV] = cache_dir
+    server = Server()
+    try:
+        out: dict[str, dict] = {}
+        for mode in ("local", "local_checked", "remote"):
+            if mode == "remote":
+                ti.init(arch=ti.remote, server=server.url, token=server.token)
+            else:
+                ti.init(arch=ti.cpu, debug=mode == "local_checked")
+            out[mode] = diffmpm.measure(ti, args)
+            if mode == "remote":
+                transfer = _transfer(ti, args.transfer_repeat)
+            ti.reset()
+    finally:
+        server.stop()
+        shutil.rmtree(cache_dir, ignore_errors=True)
+    local, checked, remote = (out[m]["iteration_s"] for m in ("local", "local_checked",
+                                                              "remote"))
+    ratio = remote / local
+    rows = [
+        {"label": f"{NAME}: iteration, local", "value": local * 1e3, "unit": "ms"},
+        {"label": f"{NAME}: iteration, local debug=True", "value": checked * 1e3,
+         "unit": "ms"},
+        {"label": f"{NAME}: iteration, through the client", "value": remote * 1e3,
+         "unit": "ms"},
+        {"label": f"{NAME}: ratio client/local (bar 1.3)", "value": ratio, "unit": "x"},
+        {"label": f"{NAME}: 4 MiB upload + download (bar 20 ms)",
+         "value": transfer.median * 1e3, "unit": "ms"},
+    ]
+    notes = (f"client/local {ratio:.2f}x, client/local-checked {remote / checked:.2f}x; "
+             f"loss local {out['local']['loss']:.6f} remote {out['remote']['loss']:.6f}; "
+             f"grad local {out['local']['grad']} remote {out['remote']['grad']}; "
+             f"first iteration (cold compile) local {out['local']['first_iteration_s']:.2f} s, "
+             f"remote {out['remote']['first_iteration_s']:.2f} s")
+    return common.result(NAME, args.backend, seconds=remote, rows=rows, notes=notes,
+                         iteration_local_s=local, iteration_local_checked_s=checked,
+                         iteration_remote_s=remote, ratio=ratio,
+                         transfer_4mib_s=transfer.median, transfer_timing=transfer.as_dict(),
+                         runs={m: {k: v for k, v in r.items() if k != "rows"}
+                               for m, r in out.items()})
+
+
+if __name__ == "__main__":
+    p = common.parser(__doc__.splitlines()[0], repeat=7)
+    p.add_argument("--transfer-repeat", type=int, default=20)
+    ns = p.parse_args()
+    ns.backend = "difftape" if "--backend" not in sys.argv else ns.backend
+    sys.exit(common.main(NAME, run, ns))
