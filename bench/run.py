@@ -34,6 +34,7 @@ BENCHMARKS = (
     "ad_elementwise",
     "ad_reduction",
     "ad_nbody",
+    "ad_forward",
     "diffmpm",
 )
 #: Benchmarks that run as cold/warm process pairs over a fresh on-disk cache directory.

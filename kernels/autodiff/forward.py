@@ -25,7 +25,7 @@ from collections.abc import Callable
 from ..errors import GradientRuleError
 from ..ir.nodes import Block, Buffer, KernelIR, Stmt, walk
 from .rules import RISKY, RULES, Emitter, partials, scale
-from .structure import _NO_DERIVATIVE, _forward_closure
+from .structure import _NO_DERIVATIVE, _forward_closure, finite_partials, lower_bounds
 
 #: role of a buffer -> role of the buffer holding its tangents
 DUAL_ROLE = {"primal": "dual", "grad": "grad_dual"}
@@ -59,6 +59,7 @@ class ForwardAD:
 
         self.active = _forward_closure(body, seed, initial=set(self.tan))
         self.used = {a for x in walk(body) for a in x.args}
+        self.bounds = lower_bounds(body)
 
     def error(self, s: Stmt, message: str) -> GradientRuleError:
         file, line = s.loc if s.loc else (self.file, None)
@@ -142,7 +143,9 @@ class ForwardAD:
         if not any(a in self.tan for a in args):
             return
         ps = partials(e, s, s, s.args)
-        guard = s.op in RISKY
+        # A zero tangent (most of them, when one direction is seeded) must give exactly zero
+        # even where the partial is infinite: guard, unless the partial is provably finite.
+        guard = s.op in RISKY and not finite_partials(s, self.bounds)
         total = None
         for a, p in zip(s.args, ps, strict=True):
             t = self.tan.get(a)

@@ -115,7 +115,9 @@ RULES: dict[str, Rule] = {
     "add": lambda e, y, a, b: [ONE, ONE],
     "sub": lambda e, y, a, b: [ONE, MINUS_ONE],
     "mul": lambda e, y, a, b: [b, a],
-    "div": lambda e, y, a, b: [_recip(e, b), e.un("neg", e.bin("div", y, b))],
+    # Partials through one reciprocal: 1/b is shared (LLVM merges equal divisions) with the
+    # quotient's other uses, e.g. sqrt's partial 0.5/y when b = sqrt(...), as in norms.
+    "div": lambda e, y, a, b: [_recip(e, b), e.un("neg", e.bin("mul", y, _recip(e, b)))],
     "pow": _pow,
     "atan2": _atan2,
     "min": lambda e, y, a, b: [Where(e.cmp("le", a, b)), Where(e.cmp("le", a, b), False)],
@@ -131,7 +133,7 @@ RULES: dict[str, Rule] = {
     "tanh": lambda e, y, a: [_one_minus_sq(e, y)],
     "exp": lambda e, y, a: [y],
     "log": lambda e, y, a: [_recip(e, a)],
-    "sqrt": lambda e, y, a: [e.bin("div", e.const(0.5, y.dtype), y)],
+    "sqrt": lambda e, y, a: [e.bin("mul", e.const(0.5, y.dtype), _recip(e, y))],
     "rsqrt": lambda e, y, a: [e.bin("mul", e.const(-0.5, y.dtype),
                                     e.bin("mul", y, e.bin("mul", y, y)))],
     "abs": _abs,

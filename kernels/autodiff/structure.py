@@ -188,16 +188,87 @@ def activity(body: Block, differentiable: Callable[[int], bool]) -> set[Stmt]:
     return _forward_closure(body, seed)
 
 
+#: Below this lower bound a positive value does not count as safely away from zero.
+_SAFE_BOUND = 1e-6
+
+
+def lower_bounds(body: Block) -> dict[Stmt, float]:
+    """Proven lower bounds ``>= 0`` of float values: squares (``r.dot(r)``), sums of such and
+    positive constants, their square roots, ``exp``, ``abs``. This is what ``norm(eps)`` gives:
+    ``sqrt(r.dot(r) + eps) >= sqrt(eps)``, so its reciprocal and derivatives are finite and need
+    no zero-seed guard (the N-body, spring and MPM kernels are full of them)."""
+    out: dict[Stmt, float] = {}
+
+    def visit(block: Block) -> None:
+        last_store: dict[Stmt, int] = {}  # alloca -> position of its latest store here
+        loaded: dict[Stmt, tuple[Stmt, int]] = {}  # local_load -> (alloca, store epoch)
+        for k, s in enumerate(block):
+            for b in s.blocks:
+                visit(b)
+            if s.blocks:
+                for a in _written_in(s):
+                    last_store[a] = k
+            op = s.op
+            if op in ("local_store", "local_atomic"):
+                last_store[s.args[0]] = k
+            elif op == "local_load":
+                loaded[s] = (s.args[0], last_store.get(s.args[0], -1))
+            if s.dtype is None or not s.dtype.is_float:
+                continue
+            lb = None
+            if op == "const":
+                lb = s.attr if s.attr >= 0 else None
+            elif op == "mul":
+                a, b = s.args
+                if a is b or (a in loaded and loaded.get(b) == loaded[a]):
+                    lb = 0.0  # a square
+                elif a in out and b in out:
+                    lb = out[a] * out[b]
+            elif op == "add":
+                a, b = s.args
+                if a in out and b in out:
+                    lb = out[a] + out[b]
+            elif op == "sqrt" and s.args[0] in out:
+                lb = out[s.args[0]] ** 0.5
+            elif op in ("exp", "abs"):
+                lb = 0.0
+            elif op == "cast" and s.args[0] in out:
+                lb = out[s.args[0]]
+            if lb is not None:
+                out[s] = float(lb)
+
+    visit(body)
+    return out
+
+
+def _written_in(s: Stmt) -> set[Stmt]:
+    return {x.args[0] for b in s.blocks for x in walk(b)
+            if x.op in ("local_store", "local_atomic")}
+
+
+def finite_partials(s: Stmt, bounds: dict[Stmt, float]) -> bool:
+    """Is a :data:`~.rules.RISKY` op's value and partial finite for finite operands here,
+    because the operand it divides by is bounded away from zero?"""
+    op = s.op
+    if op in ("sqrt", "rsqrt", "log"):
+        return bounds.get(s.args[0], 0.0) >= _SAFE_BOUND
+    if op == "div":
+        return bounds.get(s.args[1], 0.0) >= _SAFE_BOUND
+    return False
+
+
 def maybe_nonfinite(body: Block) -> set[Stmt]:
     """Values that can be infinite or NaN although every field holds finite numbers: results of
     the :data:`~.rules.RISKY` ops and everything computed from them. Only partials involving
     these need the zero-seed guard (which costs a compare and a select per use)."""
     from .rules import RISKY
 
+    bounds = lower_bounds(body)
+
     def seed(s: Stmt) -> bool | None:
         if s.op in ("load", "const", "arg"):
             return False
-        return True if s.op in RISKY else None
+        return True if s.op in RISKY and not finite_partials(s, bounds) else None
 
     return _forward_closure(body, seed)
 

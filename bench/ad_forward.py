@@ -1,0 +1,113 @@
+"""Forward mode and second order against the primal, in the same process.
+
+Three in-run ratios (the issue's bars): a forward-mode pass (value and tangent in one kernel)
+over the primal kernel, on the elementwise map ``y[i] = sin(x[i]) * x[i]`` (2**24 f32) and the
+N-body energy (N=1024, all pairs, ``U += -1 / r.norm(1e-3)``); and a Hessian-vector product of
+the N-body energy (``ti.ad.hvp``: forward pass + forward-over-reverse adjoint) over a primal +
+reverse pass (``ti.ad.Tape``). With Taichi as the peer only the primal and Tape rows run there
+(its FwdMode seeds from a Python list and takes only scalar fields as ``param``; it has no
+Hessian-vector products), so the peer column shows where difftape's primal stands.
+"""
+
+import argparse
+import sys
+from typing import Any
+
+import common
+import numpy as np
+
+NAME = "ad_forward"
+N_MAP = 2**24
+N_BODY = 1024
+
+
+def _forward_mode():
+    """difftape's forward-mode context (FwdMode without copying a seed inside the clock)."""
+    from difftape.autodiff.functional import forward_mode
+
+    return forward_mode()
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.backend == "numpy":
+        raise common.Unsupported("no numpy version: there is no autodiff to measure")
+    ti = common.load_backend(args.backend)
+    common.init(ti)
+    timing = dict(repeat=args.repeat, warmup=args.warmup, sync=ti.sync)
+    rows = []
+    extra: dict[str, Any] = {}
+
+    # --- elementwise map
+    x = ti.field(ti.f32, shape=N_MAP, needs_dual=True)
+    y = ti.field(ti.f32, shape=N_MAP, needs_dual=True)
+
+    @ti.kernel
+    def step():
+        for i in x:
+            y[i] = ti.sin(x[i]) * x[i]
+
+    xs = np.random.default_rng(0).uniform(-4.0, 4.0, N_MAP).astype(np.float32)
+    x.from_numpy(xs)
+    x.dual.fill(1.0)
+
+    def step_fwd() -> None:
+        with _forward_mode():
+            step()
+
+    t_p = common.time_it(step, **timing).median
+    if ti.__name__ == "difftape":
+        t_f = common.time_it(step_fwd, **timing).median
+        err = float(np.max(np.abs(y.dual.to_numpy().astype(np.float64)
+                                  - (np.cos(xs.astype(np.float64)) * xs + np.sin(xs)))))
+        extra["map_forward_over_primal"] = t_f / t_p
+        extra["map_tangent_max_abs_err"] = err
+        rows.append({"label": "map forward pass", "value": t_f * 1e3, "unit": "ms"})
+    rows.insert(0, {"label": "map primal", "value": t_p * 1e3, "unit": "ms"})
+
+    # --- N-body energy
+    X = ti.Vector.field(2, dtype=ti.f32, shape=N_BODY, needs_grad=True, needs_dual=True)
+    U = ti.field(dtype=ti.f32, shape=(), needs_grad=True, needs_dual=True)
+
+    @ti.kernel
+    def energy():
+        for i, j in ti.ndrange(N_BODY, N_BODY):
+            r = X[i] - X[j]
+            U[None] += -1 / r.norm(1e-3)
+
+    X.from_numpy(np.random.default_rng(2).random((N_BODY, 2), dtype=np.float32))
+    v = np.random.default_rng(3).uniform(-1, 1, (N_BODY, 2))
+
+    def reset() -> None:
+        U[None] = 0.0
+
+    def energy_tape() -> None:
+        with ti.ad.Tape(loss=U):
+            energy()
+
+    t_e = common.time_it(energy, setup=reset, **timing).median
+    t_r = common.time_it(energy_tape, **timing).median
+    rows += [{"label": "nbody primal", "value": t_e * 1e3, "unit": "ms"},
+             {"label": "nbody primal + reverse (Tape)", "value": t_r * 1e3, "unit": "ms"}]
+    if ti.__name__ == "difftape":
+        X.dual.from_numpy(v.astype(np.float32))
+
+        def energy_fwd() -> None:
+            with _forward_mode():
+                energy()
+
+        def hvp() -> None:
+            ti.ad.hvp(energy, U, X, v)
+
+        t_ef = common.time_it(energy_fwd, setup=reset, **timing).median
+        t_h = common.time_it(hvp, **timing).median
+        rows += [{"label": "nbody forward pass", "value": t_ef * 1e3, "unit": "ms"},
+                 {"label": "nbody Hessian-vector product", "value": t_h * 1e3, "unit": "ms"}]
+        extra["nbody_forward_over_primal"] = t_ef / t_e
+        extra["hvp_over_primal_plus_reverse"] = t_h / t_r
+    notes = ", ".join(f"{k} {v:.3g}" for k, v in extra.items())
+    return common.result(NAME, args.backend, rows=rows, notes=notes, **extra)
+
+
+if __name__ == "__main__":
+    ns = common.parser(__doc__.splitlines()[0], repeat=10).parse_args()
+    sys.exit(common.main(NAME, run, ns))
