@@ -1,0 +1,532 @@
+"""Decoding kernel IR sent by an untrusted client (the service's ``register`` op).
+
+A client sends ``serialize.encode`` of its *frontend* IR: the kernel as the frontend built it,
+before the pass pipeline. ``serialize.decode`` trusts its input (it indexes, unpacks and
+recurses blindly); the service cannot, because whatever it accepts is compiled to native code and
+run in the worker. A malformed kernel must come back as one precise error, never as a KeyError
+from deep inside a pass, a RecursionError, an LLVM parse error, a hung worker or code that reads
+memory it should not.
+
+:func:`decode_untrusted` works in three layers:
+
+1. *JSON shape*, checked while building objects: top-level keys and value types, names, dtype
+   names, the buffer table (field keys, shapes, an element cap), parameters, returns, and every
+   statement's form. Sizes are bounded before anything is allocated or walked (statement count,
+   nesting depth, table sizes, string lengths), and nesting is bounded before recursing, so
+   Python's recursion limit is never reached here or in the passes downstream.
+2. *Client policy*, things the frontend never emits and the compiler must not be asked to
+   handle: the compiler-internal ops (the reverse-mode stack, temps), attributes on ops that
+   take none, constants that do not fit their type, ``parallel`` loops below the top level,
+   ``break`` out of a parallel loop, ``return`` below the top level, reused loop ids, vector or
+   matrix component indices that are not constants in range (the bounds checks cover array
+   axes only). Also what would take the worker process down or stall it although the frontend
+   can emit it: integer division that can trap (SIGFPE), constant shifts LLVM folds to
+   poison, f16 (conversions the JIT cannot link), and shapes that make a pass superlinear
+   (offload's recomputation of top-level expressions, DCE's round per dead local).
+3. *Semantics*, by the IR verifier (:mod:`.verify`), which the compiler also runs between its
+   passes: scoping (operands defined earlier in the same or an enclosing block), values versus
+   statements without one, attribute ranges (buffer, parameter and return slots, atomic kinds,
+   enclosing loop ids) and the type rules the lowering relies on. One verifier for both keeps
+   the rules from drifting apart; its messages name statements by their path in the JSON here.
+
+Errors are :class:`~difftape.errors.IRValidationError` with a path into the JSON, e.g.
+``body[3].blocks[0][2]: op 'load' takes 1 index per buffer axis ('x' has 1), got 2``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import struct
+
+import numpy as np
+
+from .. import types as T
+from ..errors import IRValidationError
+from .nodes import OPS, Buffer, KernelIR, Param, Stmt
+from .passes.offload import _REMAT_OPS
+from .verify import LOOP_FLAGS, IRVerificationError, verify
+
+# Ops the compiler creates for itself (after the frontend); a client never has a reason to send
+# them, and the passes assume they only appear where the compiler put them.
+INTERNAL_OPS = frozenset({"stack_push", "stack_pop", "temp_load", "temp_store", "temp_atomic"})
+# Ops that carry an attribute in frontend IR; every other op has none (``null``). (Binary ops
+# get a "reassoc" marker from the reduction pass only.)
+ATTR_OPS = frozenset({"const", "arg", "buf_shape", "loop_index", "load", "store", "atomic",
+                      "local_atomic", "assert", "return", "range_for"})
+TOP_LEVEL_KEYS = ("name", "params", "buffers", "returns", "debug", "body")
+ROLES = ("primal", "grad", "dual")
+
+# The kernel name becomes an LLVM symbol (``@<name>_task0``) written into the module text: only
+# characters that need no quoting, so a name can never inject IR. Parameters are named after
+# the kernel's arguments, ``v[k]`` for component k of a vector argument.
+_KERNEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_PARAM_NAME = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(?:\[(0|[1-9][0-9]{0,3})\])?\Z")
+MAX_NAME = 128  # kernel, parameter and buffer names
+MAX_MESSAGE = 1024  # assert messages
+MAX_NDIM = 12  # buffer axes, element axes included
+MAX_ELEMENT_NDIM = 2  # vectors and matrices
+MAX_RETURNS = 64
+MAX_OPERANDS = MAX_NDIM + 1  # load/store/atomic: one index per axis and a value
+MAX_ID = (1 << 63) - 1  # field ids, argument indices and loop ids live in int64 slots
+MAX_EXTENT = (1 << 31) - 1  # indices are i32
+# Nesting above this could exhaust Python's recursion limit in the (recursive) passes and the
+# lowering, whatever a caller asks for.
+DEPTH_CEILING = 200
+# Guards for costs in the passes that grow faster than the kernel (see decode_untrusted):
+MAX_TOP_EXPR = 256  # operations in one top-level expression that offload may recompute
+MAX_TOP_EXPR_DEPTH = 64  # its nesting (offload recurses along it)
+MAX_DCE_WORK = 50_000_000  # (allocas + 2) x statements: DCE's worst case, in statement visits
+MAX_MESSAGES = 1024  # distinct assert messages (collected with a linear search per assert)
+
+
+_TYPE_NAMES = {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
+               int: "an integer", float: "a number", type(None): "null"}
+
+
+def _typename(x: object) -> str:
+    return _TYPE_NAMES.get(type(x), type(x).__name__)
+
+
+def _is_int(x: object) -> bool:
+    return type(x) is int  # JSON integers only: not bool, not float
+
+
+class _Decoder:
+    def __init__(self, *, max_stmts: int, max_depth: int, max_buffers: int, max_params: int,
+                 max_elements: int, allow_ndarray: bool, allow_nonfinite: bool,
+                 allow_f16: bool) -> None:
+        self.max_stmts = max_stmts
+        self.max_depth = max_depth
+        self.max_buffers = max_buffers
+        self.max_params = max_params
+        self.max_elements = max_elements
+        self.allow_ndarray = allow_ndarray
+        self.allow_nonfinite = allow_nonfinite
+        self.allow_f16 = allow_f16
+        self.stmts: list[Stmt] = []  # in encoding order: operand k is stmts[k]
+        self.paths: dict[Stmt, str] = {}
+        self.loop_ids: set[int] = set()
+        self.ir: KernelIR | None = None
+        self.expr_size: dict[Stmt, int] = {}  # top-level recomputable expressions
+        self.expr_depth: dict[Stmt, int] = {}
+        self.allocas = 0
+        self.messages: set[str] = set()
+        self.count = 0  # statements decoded so far
+
+    @staticmethod
+    def fail(path: str, reason: str) -> IRValidationError:
+        return IRValidationError(f"{path}: {reason}", path=path)
+
+    def expect(self, x: object, kind: type, path: str, what: str):
+        if type(x) is not kind:
+            raise self.fail(path, f"{what} must be {_TYPE_NAMES[kind]}, got {_typename(x)}")
+        return x
+
+    def string(self, x: object, path: str, what: str, limit: int = MAX_NAME) -> str:
+        self.expect(x, str, path, what)
+        if not x or len(x) > limit:
+            raise self.fail(path, f"{what} must be 1 to {limit} characters, got {len(x)}")
+        if not x.isprintable():
+            raise self.fail(path, f"{what} {x[:40]!r} has unprintable characters")
+        return x
+
+    def dtype(self, x: object, path: str) -> T.DType:
+        if type(x) is not str or x not in T.ALL:
+            raise self.fail(path, f"unknown dtype {x!r:.40}; known: {', '.join(T.ALL)}")
+        if x == "f16" and not self.allow_f16:
+            raise self.fail(path, "f16 is not accepted here (some f16 conversions are compiled "
+                                  "to library calls the CPU JIT does not resolve)")
+        return T.ALL[x]
+
+    # -- the kernel's tables -------------------------------------------------------------------
+    def kernel(self, data: object) -> KernelIR:
+        if type(data) is not dict:
+            raise self.fail("$", f"the IR must be a JSON object, got {_typename(data)}")
+        if "tasks" in data or "num_temps" in data:
+            raise self.fail("$", "offloaded IR ('tasks') is not accepted: send the frontend IR "
+                                 "(serialize.encode before the pass pipeline), which has 'body'")
+        missing = [k for k in TOP_LEVEL_KEYS if k not in data]
+        if missing:
+            raise self.fail("$", f"missing key{'s' if len(missing) > 1 else ''} "
+                                 f"{', '.join(map(repr, missing))}")
+        extra = [k for k in data if k not in TOP_LEVEL_KEYS]
+        if extra:
+            raise self.fail("$", f"unknown key {str(extra[0])[:40]!r}")
+        name = self.string(data["name"], "name", "the kernel name")
+        if not _KERNEL_NAME.match(name):
+            raise self.fail("name", f"kernel name {name!r} must be an ASCII identifier")
+        debug = self.expect(data["debug"], bool, "debug", "'debug'")
+        ir = KernelIR(name, self.params(data["params"]), self.buffers(data["buffers"]), [],
+                      returns=self.returns(data["returns"]), debug=debug)
+        self.ir = ir
+        try:
+            argument_names(ir)
+        except ValueError as e:
+            raise self.fail("buffers", str(e)) from None
+        ir.body = self.block(data["body"], "body", 1, ())
+        if (self.allocas + 2) * self.count > MAX_DCE_WORK:
+            raise self.fail("body", f"{self.allocas} local variables in {self.count} statements: "
+                                    "dead-code elimination could take (locals x statements) "
+                                    f"steps, more than {MAX_DCE_WORK}; use fewer locals")
+        return ir
+
+    def params(self, data: object) -> list[Param]:
+        self.expect(data, list, "params", "'params'")
+        if len(data) > self.max_params:
+            raise self.fail("params", f"{len(data)} parameters, at most {self.max_params}")
+        out = []
+        components: dict[str, int] = {}  # argument name -> components seen (-1: scalar)
+        last = None
+        for k, p in enumerate(data):
+            path = f"params[{k}]"
+            self.expect(p, list, path, "a parameter")
+            if len(p) != 2:
+                raise self.fail(path, f"a parameter is [name, dtype], got {len(p)} entries")
+            name = self.string(p[0], path + "[0]", "a parameter name")
+            m = _PARAM_NAME.match(name)
+            if not m:
+                raise self.fail(path + "[0]", f"parameter name {name!r} must be an ASCII "
+                                              "identifier, or 'name[k]' for a vector component")
+            # Launches map parameters back to arguments by name (runtime.kernel): a vector
+            # argument's components must be consecutive and numbered from 0.
+            base, comp = m.group(1), m.group(2)
+            seen = components.get(base)
+            if (seen is not None and (base != last or seen == -1 or comp is None)) or \
+                    (comp is not None and int(comp) != (seen or 0)):
+                raise self.fail(path + "[0]", f"parameter {name!r} repeats a name or is out of "
+                                              "order: a vector argument's components are "
+                                              "consecutive, from [0]")
+            components[base] = -1 if comp is None else (seen or 0) + 1
+            last = base
+            out.append(Param(name, self.dtype(p[1], path + "[1]")))
+        return out
+
+    def returns(self, data: object) -> list[T.DType]:
+        self.expect(data, list, "returns", "'returns'")
+        if len(data) > MAX_RETURNS:
+            raise self.fail("returns", f"{len(data)} return values, at most {MAX_RETURNS}")
+        return [self.dtype(t, f"returns[{k}]") for k, t in enumerate(data)]
+
+    def buffers(self, data: object) -> list[Buffer]:
+        self.expect(data, list, "buffers", "'buffers'")
+        if len(data) > self.max_buffers:
+            raise self.fail("buffers", f"{len(data)} buffers, at most {self.max_buffers}")
+        out: list[Buffer] = []
+        keys: set[tuple] = set()
+        for k, b in enumerate(data):
+            path = f"buffers[{k}]"
+            self.expect(b, list, path, "a buffer")
+            if len(b) != 5:
+                raise self.fail(path, "a buffer is [key, dtype, shape, name, element_ndim], "
+                                      f"got {len(b)} entries")
+            key = self.buffer_key(b[0], path + "[0]")
+            if key in keys:
+                raise self.fail(path + "[0]", f"buffer key {list(key)} appears twice")
+            keys.add(key)
+            dtype = self.dtype(b[1], path + "[1]")
+            if key[2] != "primal" and not dtype.is_float:
+                raise self.fail(path + "[1]", f"a .{key[2]} buffer holds floats, not {dtype}")
+            name = self.string(b[3], path + "[3]", "a buffer name")
+            endim = b[4]
+            if not _is_int(endim) or not 0 <= endim <= MAX_ELEMENT_NDIM:
+                raise self.fail(path + "[4]", f"element_ndim must be an integer 0 to "
+                                              f"{MAX_ELEMENT_NDIM}, got {endim!r:.40}")
+            shape = self.shape(b[2], path + "[2]", key[0] == "ndarray", endim)
+            out.append(Buffer(key, dtype, shape, name, endim))
+        return out
+
+    def buffer_key(self, x: object, path: str) -> tuple:
+        entries = x.get("t") if type(x) is dict and len(x) == 1 else None
+        if type(entries) is not list or len(entries) != 3:
+            raise self.fail(path, 'a buffer key is {"t": [kind, id, role]}, got '
+                                  f"{_typename(x)}")
+        kind, ident, role = entries
+        kinds = ("field", "ndarray") if self.allow_ndarray else ("field",)
+        if kind not in kinds:
+            why = (" (ndarray arguments are not accepted here: use fields)"
+                   if kind == "ndarray" else "")
+            raise self.fail(path, f"buffer kind {kind!r:.40} is not one of "
+                                  f"{', '.join(kinds)}{why}")
+        low = 1 if kind == "field" else 0
+        if not _is_int(ident) or not low <= ident <= MAX_ID:
+            raise self.fail(path, f"{kind} id must be an integer >= {low}, got {ident!r:.40}")
+        if kind == "ndarray" and ident >= self.max_params:
+            raise self.fail(path, f"ndarray argument index {ident} out of range")
+        if role not in ROLES or (kind == "ndarray" and role == "dual"):
+            raise self.fail(path, f"buffer role {role!r:.40} is not one of "
+                                  f"{', '.join(ROLES if kind == 'field' else ROLES[:2])}")
+        return (kind, ident, role)
+
+    def shape(self, x: object, path: str, ndarray: bool, endim: int) -> tuple:
+        self.expect(x, list, path, "a buffer shape")
+        if not endim <= len(x) <= MAX_NDIM:
+            raise self.fail(path, f"a buffer has {endim} to {MAX_NDIM} axes "
+                                  f"(element_ndim {endim}), got {len(x)}")
+        total = 1
+        for k, e in enumerate(x):
+            # An ndarray's array axes are known only at launch (null); all else is fixed.
+            if ndarray and k < len(x) - endim:
+                if e is not None:
+                    raise self.fail(f"{path}[{k}]", "an ndarray's array axes are null")
+                continue
+            if not _is_int(e) or not 1 <= e <= MAX_EXTENT:
+                raise self.fail(f"{path}[{k}]", f"extents are integers 1 to {MAX_EXTENT}, "
+                                                f"got {e!r:.40}")
+            total *= e
+            if total > self.max_elements:
+                raise self.fail(path, f"more than {self.max_elements} elements")
+        return tuple(x)
+
+    # -- statements ----------------------------------------------------------------------------
+    def block(self, data: object, path: str, depth: int, loops: tuple[str, ...]) -> list[Stmt]:
+        """Decode a block. ``loops``: the enclosing loops' kinds, innermost last."""
+        self.expect(data, list, path, "a block")
+        if depth > self.max_depth:
+            raise self.fail(path, f"blocks nested deeper than {self.max_depth}")
+        out = []
+        for k, item in enumerate(data):
+            out.append(self.stmt(item, f"{path}[{k}]", depth, loops))
+        return out
+
+    def stmt(self, item: object, path: str, depth: int, loops: tuple[str, ...]) -> Stmt:
+        self.count += 1
+        if self.count > self.max_stmts:
+            raise self.fail(path, f"more than {self.max_stmts} statements")
+        self.expect(item, list, path, "a statement")
+        if len(item) != 5:
+            raise self.fail(path, f"a statement is [op, dtype, args, attr, blocks], got "
+                                  f"{len(item)} entries")
+        op, dtype, args, attr, blocks = item
+        info = OPS.get(op) if type(op) is str else None
+        if info is None:
+            raise self.fail(path, f"unknown op {op!r:.40}")
+        if op in INTERNAL_OPS:
+            raise self.fail(path, f"op '{op}' is internal to the compiler; clients send "
+                                  "frontend IR")
+        t = None if dtype is None else self.dtype(dtype, path + ".dtype")
+        self.expect(args, list, path + ".args", "operands")
+        if info.nargs is not None and len(args) != info.nargs or len(args) > MAX_OPERANDS:
+            want = info.nargs if info.nargs is not None else f"at most {MAX_OPERANDS}"
+            raise self.fail(path, f"op '{op}' takes {want} operand{'' if want == 1 else 's'}, "
+                                  f"got {len(args)}")
+        operands = []
+        for k, a in enumerate(args):
+            if not _is_int(a) or not 0 <= a < len(self.stmts):
+                raise self.fail(path, f"operand {k} ({a!r:.40}) must be the number of an "
+                                      "earlier statement")
+            operands.append(self.stmts[a])
+        self.expect(blocks, list, path + ".blocks", "blocks")
+        if len(blocks) != info.nblocks:
+            raise self.fail(path, f"op '{op}' takes {info.nblocks} block"
+                                  f"{'' if info.nblocks == 1 else 's'}, got {len(blocks)}")
+        s = Stmt(op, t, tuple(operands), self.attr(attr, path))
+        self.paths[s] = path
+        self.policy(s, path, depth, loops)
+        self.stmts.append(s)  # numbered before its blocks, as serialize.encode does
+        inner = loops + ((s.attr[1] if op == "range_for" else "while"),) \
+            if op in ("range_for", "while") else loops
+        s.blocks = tuple(self.block(b, f"{path}.blocks[{k}]", depth + 1, inner)
+                         for k, b in enumerate(blocks))
+        return s
+
+    def attr(self, x: object, path: str):
+        """Attributes are scalars or one tuple of scalars (``{"t": [...]}``)."""
+        if type(x) is dict:
+            entries = x.get("t")
+            if len(x) != 1 or type(entries) is not list or len(entries) > 4:
+                raise self.fail(path, 'a tuple attribute is {"t": [scalars]}')
+            return tuple(self.scalar(e, path) for e in entries)
+        return self.scalar(x, path)
+
+    def scalar(self, x: object, path: str):
+        if x is None or type(x) in (int, float):
+            return x
+        if type(x) is str:
+            if len(x) > MAX_MESSAGE:
+                raise self.fail(path, f"attribute string longer than {MAX_MESSAGE} characters")
+            return x
+        raise self.fail(path, 'an attribute is null, a number, a string or {"t": [those]}, got '
+                              f"{_typename(x)}")
+
+    def policy(self, s: Stmt, path: str, depth: int, loops: tuple[str, ...]) -> None:
+        """What the frontend never emits: refused before the verifier sees it."""
+        op = s.op
+        if s.attr is not None and op not in ATTR_OPS:
+            raise self.fail(path, f"op '{op}' takes no attribute (null), got {s.attr!r:.40}")
+        if depth == 1:
+            self.top_level_expression(s, path)
+        if op == "const":
+            self.const(s, path)
+        elif op == "alloca":
+            self.allocas += 1
+        elif op == "assert":
+            # The frontend asserts a condition; the value operand (reported in the message)
+            # belongs to the bounds checks, which read it back as an integer index.
+            if len(s.args) != 1:
+                raise self.fail(path, f"op 'assert' takes 1 operand (the condition), got "
+                                      f"{len(s.args)}")
+            if isinstance(s.attr, str):
+                self.messages.add(s.attr)
+            if len(self.messages) > MAX_MESSAGES:
+                raise self.fail(path, f"more than {MAX_MESSAGES} distinct assert messages")
+        elif op == "div" and s.dtype is not None and s.dtype.is_int:
+            raise self.fail(path, "integer 'div' is not accepted (the frontend divides in "
+                                  "floating point; use floordiv)")
+        elif op in ("floordiv", "mod") and s.dtype is not None and s.dtype.is_int:
+            self.divisor(s, path)
+        elif op in ("shl", "shr") and len(s.args) == 2 and s.args[1].op == "const":
+            # LLVM folds a constant shift by >= the width to poison, which can then erase
+            # branches (a bounds check) downstream; a run-time amount is masked by the CPU.
+            n, t = s.args[1].attr, s.dtype
+            if t is not None and t.is_int and _is_int(n) and not 0 <= n < t.bits:
+                raise self.fail(path, f"shift by {n}: a {t} shifts by 0 to {t.bits - 1}")
+        elif op == "range_for":
+            a = s.attr
+            if not (isinstance(a, tuple) and len(a) == 2 and _is_int(a[0]) and
+                    a[1] in LOOP_FLAGS and 0 <= a[0] <= MAX_ID):
+                raise self.fail(path, f"range_for takes (loop id, one of {', '.join(LOOP_FLAGS)})"
+                                      f", got {a!r:.60}")
+            if a[0] in self.loop_ids:
+                raise self.fail(path, f"loop id {a[0]} is used by another loop")
+            self.loop_ids.add(a[0])
+            if a[1] == "parallel" and depth > 1:
+                raise self.fail(path, "only top-level loops are parallel")
+        elif op in ("load", "store", "atomic"):
+            self.element_indices(s, path)
+        elif op == "break" and loops and loops[-1] == "parallel":
+            raise self.fail(path, "`break` out of a parallel loop is not allowed")
+        elif op == "return" and depth > 1:
+            raise self.fail(path, "a kernel's return is at the top level of its body")
+
+    def top_level_expression(self, s: Stmt, path: str) -> None:
+        """Offloading recomputes a top-level value inside each task that uses it when the value
+        is cheap arithmetic (``offload._rematerializable``), walking its operand tree without
+        memoization and recursively: a long chain of such ops would overflow Python's stack and
+        a doubling one (``x = x + x`` twenty times) take exponential time. Bound both here, with
+        the same operation set and the same walk."""
+        if s.op not in _REMAT_OPS:
+            return
+        size, depth = 1, 1
+        for a in s.args:
+            size += self.expr_size.get(a, 1)
+            depth = max(depth, self.expr_depth.get(a, 1) + 1)
+        if size > MAX_TOP_EXPR or depth > MAX_TOP_EXPR_DEPTH:
+            raise self.fail(path, f"top-level expression too large ({min(size, 10**6)} "
+                                  f"operations nested {depth} deep; at most {MAX_TOP_EXPR} "
+                                  f"and {MAX_TOP_EXPR_DEPTH}): values computed before a "
+                                  "parallel loop are recomputed in it; store this one in a "
+                                  "local variable")
+        self.expr_size[s], self.expr_depth[s] = size, depth
+
+    def element_indices(self, s: Stmt, path: str) -> None:
+        """The bounds-check pass guards array axes only; the frontend indexes vector/matrix
+        components with constants, and an index there is otherwise unchecked memory access."""
+        slot = s.attr[0] if s.op == "atomic" and isinstance(s.attr, tuple) and s.attr else s.attr
+        if not _is_int(slot) or not 0 <= slot < len(self.ir.buffers):
+            return  # the verifier reports it
+        buf = self.ir.buffers[slot]
+        index = s.args if s.op == "load" else s.args[:-1]
+        if len(index) != buf.ndim:
+            return
+        for axis in range(buf.ndim - buf.element_ndim, buf.ndim):
+            ix = index[axis]
+            if ix.op != "const" or not _is_int(ix.attr) or not 0 <= ix.attr < buf.shape[axis]:
+                raise self.fail(path, f"index {axis} selects a vector/matrix component of "
+                                      f"'{buf.name}': it must be a constant in "
+                                      f"[0, {buf.shape[axis]})")
+
+    def divisor(self, s: Stmt, path: str) -> None:
+        """An integer division by zero, or of the most negative value by -1, traps: the CPU
+        raises SIGFPE and the worker process dies. The lowering does not guard every case (an
+        unsigned divisor of 0, a signed INT_MIN // -1), so integer floordiv/mod is accepted
+        with a constant divisor that cannot trap, which is how kernels index (``p // side``,
+        ``i % n``)."""
+        d = s.args[1] if len(s.args) == 2 else None
+        bad = d is None or d.op != "const" or d.dtype != s.dtype or not _is_int(d.attr) or \
+            d.attr == 0 or (s.dtype.is_signed and d.attr == -1)
+        if bad:
+            raise self.fail(path, f"integer '{s.op}' needs a constant divisor other than 0"
+                                  f"{' and -1' if s.dtype.is_signed else ''} (a division that "
+                                  "traps would kill the worker process); divide in floating "
+                                  "point instead")
+
+    def const(self, s: Stmt, path: str) -> None:
+        v, t = s.attr, s.dtype
+        if t is None:
+            return  # the verifier reports the missing type
+        if t.is_int:
+            lo, hi = (-(1 << (t.bits - 1)), 1 << (t.bits - 1)) if t.is_signed else \
+                (0, 1 << t.bits)
+            if not _is_int(v) or not lo <= v < hi:
+                raise self.fail(path, f"a {t} constant is an integer in [{lo}, {hi}), got "
+                                      f"{v!r:.40}")
+            return
+        if type(v) is not float:
+            raise self.fail(path, f"a {t} constant is a number with a decimal point, got "
+                                  f"{v!r:.40}")
+        if not math.isfinite(v):
+            if not self.allow_nonfinite:
+                raise self.fail(path, f"non-finite constant {v!r}")
+            return
+        if t.bits == 32:
+            try:
+                struct.pack("<f", v)
+            except OverflowError:
+                raise self.fail(path, f"{v!r} is out of range for f32") from None
+        elif t.bits == 16:
+            with np.errstate(all="ignore"):
+                h = np.float16(v)
+            if float(h) != v:
+                raise self.fail(path, f"{v!r} is not exactly representable in f16")
+
+
+def decode_untrusted(data: object, *, max_stmts: int = 200_000, max_depth: int = 64,
+                     max_buffers: int = 256, max_params: int = 1024,
+                     max_elements: int = 1 << 31, allow_ndarray: bool = False,
+                     allow_nonfinite: bool = True, allow_f16: bool = False) -> KernelIR:
+    """Check ``data`` (``serialize.encode`` of a frontend KernelIR, as parsed from JSON) and
+    build the IR; raise :class:`IRValidationError` naming the offending place otherwise.
+
+    IR that passes goes through ``passes.run_pipeline`` and ``runtime.kernel.compile_ir`` (with
+    ``arg_names=argument_names(ir)``) raising nothing but ``DifftapeError`` subclasses. What is
+    *not* checked here: that the buffers are fields of the caller's session with the dtype and
+    shape claimed (the service checks that against its field table); that bounds checks are on
+    (the caller sets ``ir.debug = True``: array indices are checked at run time, not here); and
+    time: a ``while`` loop may never end and LLVM needs seconds per thousand statements, so the
+    service needs its kernel and compile time limits whatever ``max_stmts`` is.
+
+    ``allow_ndarray``: accept ndarray-argument buffers (the service has no ndarrays).
+    ``allow_nonfinite``: accept inf/nan float constants (kernels use ``-inf`` as a max's start).
+    ``allow_f16``: accept f16 anywhere (off: some f16 conversions crash the CPU JIT's code).
+    """
+    if not 0 < max_depth <= DEPTH_CEILING:
+        raise ValueError(f"max_depth must be 1 to {DEPTH_CEILING}")
+    dec = _Decoder(max_stmts=max_stmts, max_depth=max_depth, max_buffers=max_buffers,
+                   max_params=max_params, max_elements=max_elements, allow_ndarray=allow_ndarray,
+                   allow_nonfinite=allow_nonfinite, allow_f16=allow_f16)
+    ir = dec.kernel(data)
+    try:
+        verify(ir, locate=dec.paths.get)
+    except IRVerificationError as e:
+        raise IRValidationError(str(e), path=dec.paths.get(e.stmt)) from None
+    return ir
+
+
+def argument_names(ir: KernelIR) -> list[str]:
+    """The kernel's argument names recovered from its parameters (``v[0]``, ``v[1]`` -> ``v``)
+    and ndarray buffers (named ``#k`` for argument k, which no parameter can be called), in
+    order: ``compile_ir``'s ``arg_names`` for a decoded kernel, whose Python signature the
+    server never sees. Launch arguments then map one to one onto these names (a vector
+    argument is one sequence). Raises ValueError where the two disagree on the positions."""
+    bases: list[str] = []
+    for p in ir.params:
+        base = p.name.partition("[")[0]
+        if not bases or bases[-1] != base:
+            bases.append(base)
+    arrays = sorted({b.key[1] for b in ir.buffers if b.key[0] == "ndarray"})
+    total = len(bases) + len(arrays)
+    if arrays and arrays[-1] >= total:
+        raise ValueError(f"ndarray argument {arrays[-1]} of a kernel with {total} arguments")
+    names = iter(bases)
+    return [f"#{k}" if k in arrays else next(names) for k in range(total)]
