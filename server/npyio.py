@@ -116,10 +116,16 @@ def numpy_name(dtype: str) -> str:
     return _DIFFTAPE_NAMES.get(dtype, dtype)
 
 
-def npy_bytes(payload: bytes, dtype: str, shape: list[int]) -> bytes:
-    """A ``.npy`` file around raw C-order bytes."""
+def npy_header(dtype: str, shape: list[int]) -> bytes:
+    """The header of a ``.npy`` file holding raw C-order bytes of this dtype and shape (sent
+    in front of the data, so the data itself is never copied into a new buffer)."""
     dt = parse_dtype(dtype)
     header = io.BytesIO()
     npf.write_array_header_1_0(header, {"descr": npf.dtype_to_descr(dt), "fortran_order": False,
                                         "shape": tuple(shape)})
-    return header.getvalue() + bytes(payload)
+    return header.getvalue()
+
+
+def npy_bytes(payload: bytes, dtype: str, shape: list[int]) -> bytes:
+    """A ``.npy`` file around raw C-order bytes."""
+    return npy_header(dtype, shape) + bytes(payload)

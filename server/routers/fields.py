@@ -6,6 +6,7 @@ import json
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Request, Response
+from fastapi.responses import StreamingResponse
 
 from .. import npyio
 from ..models import (
@@ -100,7 +101,14 @@ async def read_field(request: Request, user: UserDep, sid: SidP, fid: FidP,
         return Response(payload, media_type=npyio.RAW,
                         headers={"X-Dtype": npyio.numpy_name(result["dtype"]),
                                  "X-Shape": ",".join(str(x) for x in shape)})
-    return Response(npyio.npy_bytes(payload, result["dtype"], shape), media_type=npyio.NPY)
+    header = npyio.npy_header(result["dtype"], shape)
+
+    async def parts():
+        yield header
+        yield payload
+
+    return StreamingResponse(parts(), media_type=npyio.NPY,
+                             headers={"Content-Length": str(len(header) + len(payload))})
 
 
 @router.post("/{fid}/{role}/fill", status_code=204)
