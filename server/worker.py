@@ -329,6 +329,7 @@ class WorkerPool:
         self.start_timeout = start_timeout
         self._ready: list[Worker] = []
         self._filling: asyncio.Task | None = None
+        self._fill_lock = asyncio.Lock()
         self.started_ok = False
         self.start_error: str | None = None
 
@@ -348,8 +349,9 @@ class WorkerPool:
         return w
 
     async def fill(self) -> None:
-        while len(self._ready) < self.spare:
-            self._ready.append(await self._start())
+        async with self._fill_lock:  # the start-up probe and a refill must not both start one
+            while len(self._ready) < self.spare:
+                self._ready.append(await self._start())
 
     def _refill_soon(self) -> None:
         if self.spare and (self._filling is None or self._filling.done()):
