@@ -6,13 +6,15 @@ Starts a real server (``python -m difftape.server``, its own data dir and token)
 (``ti.init(arch=ti.cpu)``), locally with bounds checks (``debug=True``, what the server
 compiles, to separate the cost of the checks from the cost of the wire), and through the
 client (``ti.init(arch=ti.remote)``), where each iteration's ~380 launches (forward and
-backward of a 64-step Tape) travel as one batch request. Ratios are same-run medians.
+backward of a 64-step Tape) travel as one batch request. The three modes run in rounds;
+the ratio is the median over rounds of (client / local) within a round.
 """
 
 import argparse
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -100,23 +102,30 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cache_dir = tempfile.mkdtemp(prefix="bench-service-cache-")
     os.environ[common.DIFFTAPE_CACHE_ENV] = cache_dir
     server = Server()
+    runs: dict[str, list[dict]] = {"local": [], "local_checked": [], "remote": []}
     try:
-        out: dict[str, dict] = {}
-        for mode in ("local", "local_checked", "remote"):
-            if mode == "remote":
-                ti.init(arch=ti.remote, server=server.url, token=server.token)
-            else:
-                ti.init(arch=ti.cpu, debug=mode == "local_checked")
-            out[mode] = diffmpm.measure(ti, args)
-            if mode == "remote":
-                transfer = _transfer(ti, args.transfer_repeat)
-            ti.reset()
+        # Rounds of the three modes, so that a change in machine load between modes shows up
+        # as spread across rounds instead of as a bias in the ratio.
+        for _ in range(max(1, args.rounds)):
+            for mode in runs:
+                if mode == "remote":
+                    ti.init(arch=ti.remote, server=server.url, token=server.token)
+                else:
+                    ti.init(arch=ti.cpu, debug=mode == "local_checked")
+                runs[mode].append(diffmpm.measure(ti, args))
+                ti.reset()
+        ti.init(arch=ti.remote, server=server.url, token=server.token)
+        transfer = _transfer(ti, args.transfer_repeat)
+        ti.reset()
     finally:
         server.stop()
         shutil.rmtree(cache_dir, ignore_errors=True)
-    local, checked, remote = (out[m]["iteration_s"] for m in ("local", "local_checked",
-                                                              "remote"))
-    ratio = remote / local
+    med = {m: statistics.median(r["iteration_s"] for r in rs) for m, rs in runs.items()}
+    local, checked, remote = med["local"], med["local_checked"], med["remote"]
+    ratios = [r["iteration_s"] / lo["iteration_s"] for r, lo in zip(runs["remote"],
+                                                                    runs["local"], strict=True)]
+    ratio = statistics.median(ratios)
+    out = {m: rs[0] for m, rs in runs.items()}
     rows = [
         {"label": f"{NAME}: iteration, local", "value": local * 1e3, "unit": "ms"},
         {"label": f"{NAME}: iteration, local debug=True", "value": checked * 1e3,
@@ -127,22 +136,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         {"label": f"{NAME}: 4 MiB upload + download (bar 20 ms)",
          "value": transfer.median * 1e3, "unit": "ms"},
     ]
-    notes = (f"client/local {ratio:.2f}x, client/local-checked {remote / checked:.2f}x; "
+    notes = (f"client/local {ratio:.2f}x (per round: "
+             f"{', '.join(f'{x:.2f}' for x in ratios)}), "
+             f"client/local-checked {remote / checked:.2f}x; "
              f"loss local {out['local']['loss']:.6f} remote {out['remote']['loss']:.6f}; "
              f"grad local {out['local']['grad']} remote {out['remote']['grad']}; "
              f"first iteration (cold compile) local {out['local']['first_iteration_s']:.2f} s, "
              f"remote {out['remote']['first_iteration_s']:.2f} s")
     return common.result(NAME, args.backend, seconds=remote, rows=rows, notes=notes,
                          iteration_local_s=local, iteration_local_checked_s=checked,
-                         iteration_remote_s=remote, ratio=ratio,
+                         iteration_remote_s=remote, ratio=ratio, ratios=ratios,
                          transfer_4mib_s=transfer.median, transfer_timing=transfer.as_dict(),
-                         runs={m: {k: v for k, v in r.items() if k != "rows"}
-                               for m, r in out.items()})
+                         runs={m: [{k: v for k, v in r.items() if k != "rows"} for r in rs]
+                               for m, rs in runs.items()})
 
 
 if __name__ == "__main__":
     p = common.parser(__doc__.splitlines()[0], repeat=7)
     p.add_argument("--transfer-repeat", type=int, default=20)
+    p.add_argument("--rounds", type=int, default=3, help="rounds of local/checked/remote")
     ns = p.parse_args()
     ns.backend = "difftape" if "--backend" not in sys.argv else ns.backend
     sys.exit(common.main(NAME, run, ns))

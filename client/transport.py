@@ -79,10 +79,13 @@ class HttpTransport:
         httpx = self._httpx
         if idempotent is None:
             idempotent = method in ("GET", "PUT", "DELETE", "HEAD")
+        content = kwargs.pop("content", None)
         attempt = 0
         while True:
             try:
-                resp = self.client.request(method, path, **kwargs)
+                # A callable body makes a fresh (e.g. streamed) body for every attempt.
+                body = content() if callable(content) else content
+                resp = self.client.request(method, path, content=body, **kwargs)
                 break
             except (httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError) as e:
                 attempt += 1
@@ -146,7 +149,7 @@ class HttpTransport:
                     yield part
 
             headers["Content-Length"] = str(arr.nbytes)
-            self.request("PUT", path, content=chunks(), headers=headers)
+            self.request("PUT", path, content=chunks, headers=headers)
         else:
             self.request("PUT", path, content=arr.tobytes(), headers=headers)
 

@@ -334,6 +334,44 @@ def test_errors_are_the_local_exception_classes(remote):
     assert remote(program)
 
 
+def test_ndarray_arguments_are_refused_remotely(remote):
+    def program():
+        @ti.kernel
+        def scale(a: ti.types.ndarray(), s: ti.f32):
+            for i in range(a.shape[0]):
+                a[i] *= s
+
+        with pytest.raises(ti.ArgumentError, match="not supported with arch=ti.remote"):
+            scale(np.ones(4, np.float32), 2.0)
+        return True
+
+    assert remote(program)
+
+
+def test_long_queues_flush_on_their_own(remote, monkeypatch):
+    """Past MAX_QUEUE queued ops the client sends a batch without waiting for a read."""
+    from difftape.client import runtime
+
+    monkeypatch.setattr(runtime, "MAX_QUEUE", 64)
+
+    def program():
+        from difftape.runtime import program as prog_mod
+
+        c = ti.field(ti.i32, shape=())
+
+        @ti.kernel
+        def inc():
+            c[None] += 1
+
+        for _ in range(200):
+            inc()
+        pending = len(prog_mod.get().remote._queue)
+        return pending, c[None]
+
+    pending, count = remote(program)
+    assert pending < 64 and count == 200
+
+
 def test_tape_is_one_request(remote, monkeypatch):
     """A Tape's forward and backward launches reach the server as one batch."""
     calls = []
