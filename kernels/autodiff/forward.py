@@ -36,8 +36,9 @@ class ForwardAD:
     ``tan``: statement -> its tangent statement (absent: the tangent is zero)."""
 
     def __init__(self, dual_slot: dict[int, int], name: str, file: str,
-                 seeds: dict[Stmt, Stmt] | None = None) -> None:
+                 seeds: dict[Stmt, Stmt] | None = None, buffers: list[Buffer] = ()) -> None:
         self.dual_slot = dual_slot
+        self.buffers = list(buffers)
         self.name, self.file = name, file
         self.tan: dict[Stmt, Stmt] = dict(seeds or {})
         self.dual_local: dict[Stmt, Stmt] = {}
@@ -60,6 +61,9 @@ class ForwardAD:
         self.active = _forward_closure(body, seed, initial=set(self.tan))
         self.used = {a for x in walk(body) for a in x.args}
         self.bounds = lower_bounds(body)
+
+    def buffers_name(self, slot: int) -> str:
+        return self.buffers[slot].name if slot < len(self.buffers) else f"buffer {slot}"
 
     def error(self, s: Stmt, message: str) -> GradientRuleError:
         file, line = s.loc if s.loc else (self.file, None)
@@ -165,11 +169,13 @@ class ForwardAD:
             return
         *idx, v = s.args
         if kind in ("min", "max"):
-            raise self.error(s, f"forward mode cannot differentiate atomic_{kind} into a field "
-                                "with dual storage: the tangent must follow whichever value "
-                                "wins, which an atomic cannot report. Compute the extremum in "
-                                "a separate kernel that is not differentiated, or write the "
-                                "selection with ti.select")
+            raise self.error(s, f"forward mode cannot differentiate atomic_{kind} into "
+                                f"'{self.buffers_name(slot)}', which has dual storage: the "
+                                "tangent must follow whichever value wins, which an atomic "
+                                "cannot report. Compute the result with ti.max/ti.min in a "
+                                "reduction of your own, or keep the target out of the "
+                                "differentiated program (a field without needs_dual, or a "
+                                "kernel marked @ti.ad.no_grad)")
         if s in self.used:
             raise self.error(s, "forward mode cannot give a derivative to the value an atomic "
                                 "returns (the old value of a field with dual storage): another "
@@ -203,7 +209,7 @@ def forward_kernel(ir: KernelIR, has_dual: Callable[[Buffer], bool]) -> KernelIR
     """The forward-mode kernel: ``ir``'s computation plus the tangents of everything it
     computes from buffers with dual storage (``has_dual``). Consumes ``ir``'s body."""
     buffers, dual_slot = _buffer_duals(ir.buffers, has_dual)
-    fwd = ForwardAD(dual_slot, ir.name, ir.file)
+    fwd = ForwardAD(dual_slot, ir.name, ir.file, buffers=buffers)
     fwd.analyse(ir.body)
     body = fwd.block(ir.body)
     return KernelIR(ir.name + "_fwd", ir.params, buffers, body, returns=list(ir.returns),

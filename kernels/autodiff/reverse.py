@@ -413,11 +413,15 @@ class ReverseAD:
             if v in self.active:
                 g = e.emit("load", t, idx, gs)
                 self.accumulate(scope, v, g if kind == "add" else e.un("neg", g), e)
-        elif v in self.active:
-            raise self.error(s, f"atomic {kind} of a value that needs a gradient: its "
-                             "derivative depends on which thread won, which the reverse pass "
-                             "cannot know. Compute the result with ti.max/ti.min in a "
-                             "reduction of your own, or stop the gradient with ti.stop_grad")
+        else:
+            # Even with a constant value: where it wins, the element's previous value (and
+            # whatever it depended on) stops mattering, and only the winner knows.
+            raise self.error(s, f"atomic {kind} into '{self.buffers[slot].name}', which has "
+                             "gradient storage: the derivative depends on which value won, "
+                             "which the reverse pass cannot know. Compute the result with "
+                             "ti.max/ti.min in a reduction of your own, or keep the target "
+                             "out of the differentiated program (a field without needs_grad, "
+                             "or a kernel marked @ti.ad.no_grad)")
 
     def _restore(self, s: Stmt, scope: _Scope, block: Block) -> None:
         for a, snap in scope.snap.get(s, ()):

@@ -24,6 +24,7 @@ from ..codegen.llvm_lowering import Lowering, assert_messages
 from ..errors import (
     ArgumentError,
     CompileError,
+    DifftapeError,
     GradientRuleError,
     KernelAssertionError,
 )
@@ -109,6 +110,9 @@ class Kernel:
         if tape is not None:
             tape.record(self, args)
             if tape.validation and not tape._suspended:
+                if prog.fwd is not None:
+                    raise DifftapeError("Tape(validation=True) cannot be combined with forward "
+                                        "mode (ti.ad.FwdMode, hvp): validate the Tape alone")
                 return self.instance(args, "validate").launch(args)
         return self.instance(args, "fwd" if prog.fwd is not None else "primal").launch(args)
 

@@ -322,7 +322,7 @@ def test_refused_in_forward_mode(ti):
             x[i] = old * 2
 
     with ti.ad.FwdMode(loss=m, param=x, seed=[1.0] * 4):
-        with pytest.raises(ti.GradientRuleError, match="atomic_max") as e:
+        with pytest.raises(ti.GradientRuleError, match="atomic_max into .m.") as e:
             maximum()
         assert "maximum" in str(e.value)
         with pytest.raises(ti.GradientRuleError, match="old value"):
@@ -362,3 +362,23 @@ def test_forward_mode_matches_reverse_mode_on_a_chain_of_kernels(ti):
         layer()
         reduce()
     assert loss.dual[None] == pytest.approx(rev, rel=1e-12, abs=1e-13)
+
+
+@pytest.mark.difftape_only
+def test_both_modes_refuse_atomic_max_into_differentiated_storage(ti):
+    """Even a constant value: where it wins, the element's old value stops mattering, and only
+    the atomic knows where it won. Both modes refuse rather than guess."""
+    x = ti.field(float, 4, needs_grad=True, needs_dual=True)
+    m = ti.field(float, 4, needs_grad=True, needs_dual=True)
+
+    @ti.kernel
+    def clamp_below():
+        for i in x:
+            m[i] = x[i] * 2
+            ti.atomic_max(m[i], 0.5)
+
+    with pytest.raises(ti.GradientRuleError, match="atomic max into 'm'"):
+        clamp_below.grad()
+    with pytest.raises(ti.GradientRuleError, match="atomic_max into 'm'"):
+        with ti.ad.FwdMode(loss=m, param=x, seed=[1.0] * 4):
+            clamp_below()
