@@ -16,8 +16,10 @@ raised at that next synchronisation point; the exception says which op it came f
 
 from __future__ import annotations
 
+import atexit
 import numbers
 import operator
+import weakref
 from typing import Any
 
 import numpy as np
@@ -490,8 +492,20 @@ def attach(prog, *, server: str | None = None, token: str | None = None, session
             transport.close()
             raise
         rt = RemoteRuntime(prog, transport, sid, owns_session=True)
+        # A script that ends without ti.reset() must not leave its session to idle until the
+        # server culls it (and saves its fields to disk for nobody).
+        atexit.register(_close_at_exit, weakref.ref(rt))
     prog.remote = rt
     return rt
+
+
+def _close_at_exit(ref: weakref.ref) -> None:
+    rt = ref()
+    if rt is not None and not rt.closed:
+        try:
+            rt.close()
+        except Exception:  # noqa: BLE001 - never make interpreter exit fail
+            pass
 
 
 __all__ = ["RemoteField", "RemoteFwdMode", "RemoteRuntime", "RemoteTape", "attach"]

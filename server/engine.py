@@ -211,7 +211,8 @@ class Engine:
         self.prog.close()
 
     # ------------------------------------------------------------------ dispatch
-    def execute(self, op: dict, payload: bytes | None = None) -> tuple[dict, bytes | None]:
+    def execute(self, op: dict, payload: bytes | memoryview | None = None
+                ) -> tuple[dict, bytes | memoryview | None]:
         """Run one engine op; return ``(result, payload)``. User errors are raised as
         ``DifftapeError`` subclasses (the worker turns them into error responses)."""
         if not isinstance(op, dict):
@@ -300,7 +301,7 @@ class Engine:
         self._make_companion(f, role)
         return {}
 
-    def op_write(self, op: dict, payload: bytes | None) -> tuple[dict, None]:
+    def op_write(self, op: dict, payload: bytes | memoryview | None) -> tuple[dict, None]:
         s = self._storage(op)
         arr = s.arr
         dtype = _dtype(op.get("dtype", s.dtype.name)).np
@@ -308,19 +309,22 @@ class Engine:
         if shape != arr.shape:
             raise ShapeError(f"write: {s._label()} has shape {arr.shape}, the data has shape "
                              f"{shape}")
-        data = payload or b""
-        if len(data) != arr.size * dtype.itemsize:
+        # The worker may hand over a memoryview of its shared mapping: read it, keep nothing.
+        data = memoryview(payload if payload is not None else b"").cast("B")
+        if data.nbytes != arr.size * dtype.itemsize:
             raise ShapeError(f"write: expected {arr.size * dtype.itemsize} bytes for "
-                             f"{shape} {dtype}, got {len(data)}")
+                             f"{shape} {dtype}, got {data.nbytes}")
         src = np.frombuffer(data, dtype=dtype).reshape(shape)
         np.copyto(arr, src, casting="unsafe")
         return {}, None
 
-    def op_read(self, op: dict, payload: bytes | None) -> tuple[dict, bytes]:
+    def op_read(self, op: dict, payload: bytes | None) -> tuple[dict, memoryview]:
         if payload:
             raise EngineError("op 'read' takes no payload")
         s = self._storage(op)
-        return {"dtype": s.dtype.name, "shape": list(s.arr.shape)}, s.arr.tobytes()
+        # A view, not a copy: the worker sends it before it runs the next op.
+        return ({"dtype": s.dtype.name, "shape": list(s.arr.shape)},
+                memoryview(s.arr.reshape(-1).view(np.uint8)))
 
     def op_fill(self, op: dict) -> dict:
         s = self._storage(op)

@@ -102,6 +102,11 @@ def test_write_read_bytes_exact(engine, local):
     engine.execute({"op": "write", "id": local.x.id, "role": "data", "dtype": "float64",
                     "shape": [N]}, d.tobytes())
     assert read(engine, local.x).tobytes() == d.astype(np.float32).tobytes()
+    # The worker hands over payloads from its shared mapping as memoryviews.
+    mapping = bytearray(b"\xff" * 8) + bytearray(vals.tobytes()) + bytearray(8)
+    engine.execute({"op": "write", "id": local.x.id, "role": "data", "dtype": "f32",
+                    "shape": [N]}, memoryview(mapping)[8:8 + 4 * N])
+    assert read(engine, local.x).tobytes() == vals.tobytes()
 
 
 @pytest.mark.parametrize("op, err", [
