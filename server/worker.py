@@ -154,6 +154,9 @@ def worker_main(conn, engine_spec: str, engine_kwargs: dict, shm_path: str | Non
         except (EOFError, OSError):
             return
         if op.get("op") == "_shutdown":
+            close = getattr(engine, "close", None)
+            if close is not None:
+                close()  # its thread pool would otherwise hold up the process's exit
             _send(conn, {"ok": {}}, None)
             return
         try:
