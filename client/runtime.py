@@ -35,6 +35,8 @@ from difftape.runtime.kernel import derive
 
 #: Queued ops beyond this many are sent without waiting for a synchronisation point.
 MAX_QUEUE = 4096
+#: Fields with at most this many elements move as item ops inside batches, not as bodies.
+SMALL_FIELD = 16
 
 
 def _from_json(value: Any) -> Any:
@@ -338,9 +340,23 @@ class RemoteField(Field):
         self._remote.queue({"op": "set_item", "id": self.id, "role": self.role,
                             "index": index, "value": _jsonable(conv)})
 
+    def _small(self) -> bool:
+        return int(np.prod(self.shape, dtype=np.int64)) <= SMALL_FIELD
+
     def to_numpy(self, dtype=None, keep_dims: bool = False) -> np.ndarray:
-        out = self._remote.read(self.id, self.role, self.dtype.np,
-                                self.shape + self.element_shape)
+        full = self.shape + self.element_shape
+        if self._small():
+            # A few elements ride along with the queued ops as item reads: one round trip
+            # instead of a flush and then a download (a parameter and its gradient, read
+            # every iteration of an optimisation loop).
+            rt = self._remote
+            ops = [{"op": "get_item", "id": self.id, "role": self.role, "index": list(i)}
+                   for i in np.ndindex(self.shape)]
+            rt._queue.extend(ops)
+            values = [_from_json(r["value"]) for r in rt.flush()[-len(ops):]]
+            out = np.array(values, dtype=self.dtype.np).reshape(full)
+        else:
+            out = self._remote.read(self.id, self.role, self.dtype.np, full)
         return out.astype(dtype) if dtype is not None else out
 
     def from_numpy(self, arr) -> None:
@@ -352,7 +368,14 @@ class RemoteField(Field):
                              f"has shape {arr.shape}")
         data = np.empty(expected, dtype=self.dtype.np)
         np.copyto(data, arr, casting="unsafe")  # converted here exactly as locally
-        self._remote.write(self.id, self.role, data)
+        if self._small() and not (data.dtype.kind == "f" and np.isnan(data).any()):
+            # Queued item writes: no round trip at all. (NaNs take the binary path, which
+            # keeps their sign and payload bits.)
+            for i in np.ndindex(self.shape):
+                self._remote.queue({"op": "set_item", "id": self.id, "role": self.role,
+                                    "index": list(i), "value": _jsonable(data[i])})
+        else:
+            self._remote.write(self.id, self.role, data)
 
     def fill(self, value) -> None:
         conv = np.asarray(value.entries if isinstance(value, Matrix) else value,

@@ -241,8 +241,34 @@ def forward_mode():
     return out
 
 
+def array_transfers():
+    """from_numpy/to_numpy of small fields (item ops inside batches) and large ones (binary
+    bodies), with values JSON cannot spell (signed zeros, infinities, subnormals, NaNs)."""
+    special = [-0.0, np.inf, -np.inf, 1e-45, 3.4e38, -1.5, np.nan, 7.0]
+    out = {}
+    for dt in (ti.f32, ti.f64):
+        small = ti.field(dt, shape=(2, 3))
+        vec = ti.Vector.field(3, dt, shape=())
+        big = ti.field(dt, shape=100)
+        a = np.array(special[:6], dtype=dt.np).reshape(2, 3)
+        small.from_numpy(a)
+        vec.from_numpy(np.array([0.1, -0.0, 1e-300], dtype=dt.np))
+        b = np.resize(np.array(special, dtype=dt.np), 100)
+        big.from_numpy(b)
+        out[f"{dt}_small"] = small.to_numpy()
+        out[f"{dt}_vec"] = vec.to_numpy()
+        out[f"{dt}_big"] = big.to_numpy()
+        nan_small = ti.field(dt, shape=4)
+        nan_small.from_numpy(np.array([np.nan, -np.nan, 1, 2], dtype=dt.np))
+        out[f"{dt}_nan_small"] = nan_small.to_numpy()
+    ints = ti.field(ti.u64, shape=3)
+    ints.from_numpy(np.array([2**64 - 1, 0, 2**63], dtype=np.uint64))
+    out["u64"] = ints.to_numpy()
+    return out
+
+
 @pytest.mark.parametrize("program", [nbody, tape_gradient, kernel_grad, returns_and_items,
-                                     forward_mode],
+                                     forward_mode, array_transfers],
                          ids=lambda p: p.__name__)
 def test_same_results_bit_for_bit(remote, program):
     truth = run_local(program)
