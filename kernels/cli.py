@@ -9,7 +9,7 @@ import sys
 def _demo(args: argparse.Namespace) -> int:
     from .demo import main as demo_main
 
-    return demo_main(steps=args.steps)
+    return demo_main(steps=args.steps, remote=args.remote)
 
 
 def _info(args: argparse.Namespace) -> int:
@@ -64,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="run a small simulation and show what the compiler did")
     d.add_argument("--steps", type=int, default=200)
+    d.add_argument("--remote", action="store_true",
+                   help="start a loopback difftape server and run the demo through the client "
+                        "(needs the 'server' extra)")
     d.set_defaults(fn=_demo)
     i = sub.add_parser("info", help="show the compiler, CPU features and cache location")
     i.set_defaults(fn=_info)
