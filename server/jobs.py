@@ -183,11 +183,12 @@ class JobScheduler:
                     if self.db.job_seconds(job.owner.id) + (time.perf_counter() - t0) \
                             > self.settings.quota_job_seconds:
                         raise quota("job_seconds", "job time quota used up while the job ran")
-                    result, _ = await self.sessions.call_live(live, op)
-                    if op["op"] in ("create_field", "companion", "register"):
-                        created, comps, _ = self.sessions.plan_fields(job.sid, [op])
-                        self.sessions.account_fields(job.sid, created, comps)
-                        self.sessions.record_kernels(job.sid, [op], [result])
+                    created, comps, extra = self.sessions.plan_fields(job.sid, [op])
+                    with self.sessions.reserve_fields(job.owner, extra):
+                        result, _ = await self.sessions.call_live(live, op)
+                        if created or comps:
+                            self.sessions.account_fields(job.sid, created, comps)
+                    self.sessions.record_kernels(job.sid, [op], [result])
                     if op.get("op") == "launch":
                         self.metrics.launches.labels(op.get("variant", "primal")).inc()
                     results.append(result)

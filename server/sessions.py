@@ -13,7 +13,7 @@ import logging
 import math
 import secrets
 import time
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,6 +51,8 @@ class SessionManager:
         self.pool = pool
         self.metrics = metrics
         self.live: dict[str, Live] = {}
+        self._reserved: dict[int, int] = {}  # user -> field bytes being allocated now
+        self._creating: dict[int, int] = {}  # user -> sessions being started now
         settings.sessions_dir.mkdir(parents=True, exist_ok=True)
 
     # ------------------------------------------------------------------ lookup
@@ -70,13 +72,17 @@ class SessionManager:
 
     # ------------------------------------------------------------------ create / delete
     async def create(self, user: User) -> str:
-        n = self.db.count_live_sessions(user.id)
+        n = self.db.count_live_sessions(user.id) + self._creating.get(user.id, 0)
         if n >= self.settings.quota_sessions:
             raise quota("sessions", f"session quota reached: {n} of "
                                     f"{self.settings.quota_sessions} sessions in use")
-        worker = await self.pool.get()
-        sid = "s_" + secrets.token_hex(12)
-        self.db.insert_session(sid, user.id, self.settings.arch, worker.address)
+        self._creating[user.id] = self._creating.get(user.id, 0) + 1
+        try:
+            worker = await self.pool.get()
+            sid = "s_" + secrets.token_hex(12)
+            self.db.insert_session(sid, user.id, self.settings.arch, worker.address)
+        finally:
+            self._creating[user.id] -= 1
         e = self._entry(sid, user.id)
         e.worker = worker
         return sid
@@ -174,11 +180,26 @@ class SessionManager:
 
     # ------------------------------------------------------------------ quotas
     def check_field_quota(self, user: User, extra: int) -> None:
-        used = self.db.field_bytes_of(user.id)
+        used = self.db.field_bytes_of(user.id) + self._reserved.get(user.id, 0)
         limit = self.settings.quota_field_bytes
         if used + extra > limit:
             raise quota("field_bytes", f"field memory quota exceeded: {used} bytes in use + "
                                        f"{extra} requested > {limit} bytes")
+
+    @contextmanager
+    def reserve_fields(self, user: User, extra: int):
+        """Check the quota and hold ``extra`` bytes while the worker allocates them, so that
+        concurrent requests cannot together overrun it; the caller accounts for what was
+        made before the reservation ends."""
+        if not extra:
+            yield
+            return
+        self.check_field_quota(user, extra)
+        self._reserved[user.id] = self._reserved.get(user.id, 0) + extra
+        try:
+            yield
+        finally:
+            self._reserved[user.id] -= extra
 
     def account_fields(self, sid: str, created: dict[int, tuple[int, list[str]]],
                        companions: list[tuple[int, str]]) -> None:

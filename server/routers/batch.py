@@ -22,20 +22,19 @@ async def run_batch(request: Request, user: UserDep, body: BatchBody,
     svc.sessions.check(user, sid)
     ops = [op.model_dump() for op in body.ops]
     created, companions, extra = svc.sessions.plan_fields(sid, ops)
-    if extra:
-        svc.sessions.check_field_quota(user, extra)
-    try:
-        result, _ = await svc.sessions.call(user, sid, {"op": "batch", "ops": ops})
-    except ProblemError as p:
-        # The ops before the failing one did run: account for the storage they made.
-        index = p.extra.get("index")
-        if isinstance(index, int) and index > 0:
-            done, comps, _ = svc.sessions.plan_fields(sid, ops[:index])
-            svc.sessions.account_fields(sid, done, comps)
-        raise
-    results = result.get("results", [])
-    if created or companions:
-        svc.sessions.account_fields(sid, created, companions)
+    with svc.sessions.reserve_fields(user, extra):
+        try:
+            result, _ = await svc.sessions.call(user, sid, {"op": "batch", "ops": ops})
+        except ProblemError as p:
+            # The ops before the failing one did run: account for the storage they made.
+            index = p.extra.get("index")
+            if isinstance(index, int) and index > 0:
+                done, comps, _ = svc.sessions.plan_fields(sid, ops[:index])
+                svc.sessions.account_fields(sid, done, comps)
+            raise
+        results = result.get("results", [])
+        if created or companions:
+            svc.sessions.account_fields(sid, created, companions)
     svc.sessions.record_kernels(sid, ops, results)
     for op in ops:
         if op["op"] == "launch":

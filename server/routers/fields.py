@@ -44,10 +44,10 @@ async def create_field(request: Request, user: UserDep, body: FieldCreate,
     n = field_nbytes(body.dtype, body.shape, body.element_shape)
     roles = ["data"] + (["grad"] if body.needs_grad else []) + (["dual"] if body.needs_dual
                                                                  else [])
-    svc.sessions.check_field_quota(user, n * len(roles))
-    result, _ = await svc.sessions.call(user, sid, {"op": "create_field",
-                                                    **body.model_dump()})
-    svc.sessions.account_fields(sid, {body.id: (n, roles)}, [])
+    with svc.sessions.reserve_fields(user, n * len(roles)):
+        result, _ = await svc.sessions.call(user, sid, {"op": "create_field",
+                                                        **body.model_dump()})
+        svc.sessions.account_fields(sid, {body.id: (n, roles)}, [])
     return FieldCreated(id=body.id, nbytes=int(result.get("nbytes", n)))
 
 
@@ -58,10 +58,10 @@ async def add_companion(request: Request, user: UserDep, body: CompanionBody, si
     svc = service(request)
     row = svc.sessions.row(user, sid)
     f = json.loads(row["fields"]).get(str(fid))
-    if f is not None and body.role not in f["roles"]:
-        svc.sessions.check_field_quota(user, f["n"])
-    await svc.sessions.call(user, sid, {"op": "companion", "id": fid, "role": body.role})
-    svc.sessions.account_fields(sid, {}, [(fid, body.role)])
+    extra = f["n"] if f is not None and body.role not in f["roles"] else 0
+    with svc.sessions.reserve_fields(user, extra):
+        await svc.sessions.call(user, sid, {"op": "companion", "id": fid, "role": body.role})
+        svc.sessions.account_fields(sid, {}, [(fid, body.role)])
     return Response(status_code=204)
 
 

@@ -125,7 +125,8 @@ def service(tmp_path_factory):
 @pytest.fixture(scope="session")
 def limited(tmp_path_factory):
     """A server with tiny quotas, a short kernel time limit and fast idle culling."""
-    server = start_server(tmp_path_factory.mktemp("limited"), users=("alice", "bob", "carol"),
+    server = start_server(tmp_path_factory.mktemp("limited"),
+                          users=("alice", "bob", "carol", "dave"),
                           quota_sessions=3, quota_field_bytes=1 << 20, quota_job_seconds=0.5,
                           kernel_time_limit_s=1.5, idle_session_timeout_s=2,
                           cull_interval_s=0.5, max_body_bytes=1 << 20)

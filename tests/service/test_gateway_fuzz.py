@@ -42,6 +42,8 @@ def run_schemathesis(tmp_path, *, phases: str, max_examples: int) -> subprocess.
 
 def _check(out) -> None:
     text = out.stdout + out.stderr
+    summary = [ln for ln in text.splitlines() if "generated" in ln or " in " in ln[-12:]]
+    print("schemathesis:", " | ".join(ln.strip() for ln in summary[-3:]))
     assert "Server error" not in text and "ST101" not in text, text[-6000:]
     assert out.returncode == 0, text[-6000:]
     assert "Internal Server Error" not in out.server_log, out.server_log[-4000:]

@@ -63,8 +63,10 @@ def test_job_time_quota(limited, kernels):
         sid = c.post("/v1/sessions", json={}).json()["session_id"]
         try:
             ids = setup_session(c, sid, kernels, "spin")
-            spin = {"op": "launch", "kernel_id": ids["spin"], "args": [100_000_000]}
-            job = c.post(f"/v1/sessions/{sid}/jobs", json={"ops": [spin] * 3})
+            # ~0.08 s per op (far from the 1.5 s kernel limit even on a busy machine),
+            # ~0.65 s in all: more than the quota.
+            spin = {"op": "launch", "kernel_id": ids["spin"], "args": [30_000_000]}
+            job = c.post(f"/v1/sessions/{sid}/jobs", json={"ops": [spin] * 8})
             assert job.status_code == 202, job.text
             deadline = time.monotonic() + 30
             while c.get(f"/v1/jobs/{job.json()['job_id']}").json()["state"] in ("queued",
@@ -112,3 +114,27 @@ def test_idle_session_is_culled_saved_and_resumed(limited, kernels):
             assert not saved.exists()  # consumed: a crash cannot resurrect stale data
         finally:
             c.delete(f"/v1/sessions/{sid}")
+
+
+def test_quotas_hold_under_concurrent_requests(limited):
+    """Six simultaneous session creations against a quota of three: exactly three succeed.
+    Then concurrent field creations against the 1 MiB quota: the total stays within it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with limited.client("dave") as c:
+        with ThreadPoolExecutor(6) as ex:
+            codes = list(ex.map(lambda _: c.post("/v1/sessions", json={}), range(6)))
+        made = [r.json()["session_id"] for r in codes if r.status_code == 201]
+        try:
+            assert sorted(r.status_code for r in codes) == [201] * 3 + [429] * 3
+            field = {"dtype": "f32", "shape": [100_000]}  # 400 kB each, 2 fit
+            jobs = [(made[k % 3], {**field, "id": k + 1}) for k in range(6)]
+            with ThreadPoolExecutor(6) as ex:
+                res = list(ex.map(lambda j: c.post(f"/v1/sessions/{j[0]}/fields", json=j[1]),
+                                  jobs))
+            assert sorted(r.status_code for r in res) == [201] * 2 + [429] * 4
+            total = sum(c.get(f"/v1/sessions/{sid}").json()["field_bytes"] for sid in made)
+            assert total == 800_000
+        finally:
+            for sid in made:
+                c.delete(f"/v1/sessions/{sid}")
