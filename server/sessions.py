@@ -309,10 +309,15 @@ class SessionManager:
 
     async def shutdown(self) -> None:
         """Save every session so that a restarted server can resume them."""
-        for e in list(self.live.values()):
-            if e.worker is not None and e.worker.gone is None:
-                async with e.lock:
-                    await self._save_and_stop(e)
+        async def save(e: Live) -> None:
+            async with e.lock:
+                await self._save_and_stop(e)
+
+        # Concurrently: each session has its own worker, and a container's stop grace period
+        # (often 30 s) must cover them all.
+        await asyncio.gather(*(save(e) for e in list(self.live.values())
+                               if e.worker is not None and e.worker.gone is None),
+                             return_exceptions=True)
         self.live.clear()
 
     def recover(self) -> None:
