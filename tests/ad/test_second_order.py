@@ -352,3 +352,36 @@ def test_tape_visualize_writes_the_launch_graph(ti, tmp_path):
                  '"launch 0" -> "y@0"', '"y@0" -> "launch 1"', '"launch 2" -> "y@1"',
                  'label="y (v1)"'):
         assert text in dot, (text, dot)
+
+
+def test_hvp_through_loop_carried_nonlinear_state(t64):
+    """The adjoint keeps the loop's state on its stack; forward-over-reverse must carry the
+    tangents of those saved values too (pushed beside them)."""
+    ti = t64
+    n = 5
+    x = ti.field(float, n, needs_grad=True)
+    L = ti.field(float, (), needs_grad=True)
+
+    @ti.kernel
+    def f():
+        for i in x:
+            a = x[i]
+            k = 0
+            while k < 4:
+                a = ti.tanh(a * x[(i + 1) % n] + 0.3) * ti.cos(a)
+                k += 1
+            L[None] += a * a
+
+    x0 = np.linspace(-0.8, 0.9, n)
+    v = np.cos(np.arange(n) * 1.3)
+
+    def grad_at(t):
+        x.from_numpy(x0 + t * v)
+        with ti.ad.Tape(L):
+            f()
+        return x.grad.to_numpy()
+
+    h = 1e-5
+    want = (-grad_at(2 * h) + 8 * grad_at(h) - 8 * grad_at(-h) + grad_at(-2 * h)) / (12 * h)
+    x.from_numpy(x0)
+    close(ti.ad.hvp(f, L, x, v), want, rtol=1e-8)

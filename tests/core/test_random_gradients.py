@@ -1,5 +1,7 @@
 """Property-based: reverse-mode gradients of random kernels agree with finite differences,
-and forward mode (the kernels' tangent variants) agrees with reverse mode to rounding.
+forward mode (the kernels' tangent variants) agrees with reverse mode to rounding, and (with
+the Tape, about half the examples) forward-over-reverse Hessian-vector products are symmetric
+and match central differences of the gradient.
 
 Hypothesis writes random differentiable kernels as Python source (a temporary file, compiled
 with the helper of test_random_programs.py, since difftape reads kernel source), one test per
@@ -381,6 +383,7 @@ class Case:
         runs = [("kern.grad()", grads)]
         if tape:
             runs.append(("ti.ad.Tape(loss)", self.tape_grads()))
+            self.check_second_order(scale)
         for how, grads in runs:
             for name, (fd, smooth) in fds.items():
                 got = grads[name]
@@ -392,6 +395,49 @@ class Case:
                         f"{how}: d L / d {name} disagrees with finite differences at {idx}: "
                         f"gradient {[float(got[t]) for t in idx]}, "
                         f"FD {[float(fd[t]) for t in idx]} (scale {scale:.3g})")
+
+
+    def program(self) -> None:
+        """The launches and the reduction into ``loss``, from zeroed outputs."""
+        self._reset()
+        for args in self.launches:
+            self.kern(*args)
+        self.red()
+
+    def check_second_order(self, scale: float) -> None:
+        """Forward-over-reverse Hessian-vector products: symmetric (u . H v == v . H u), and
+        equal to central differences of the gradient along v where the gradient is smooth."""
+        names = list(self.inputs)
+        fields = [getattr(self, n) for n in names]
+        rng = np.random.default_rng(11)
+        u = [rng.uniform(-1, 1, self.inputs[n].shape) for n in names]
+        v = [rng.uniform(-1, 1, self.inputs[n].shape) for n in names]
+        hu = ti.ad.hvp(self.program, self.loss, fields, u)
+        hv = ti.ad.hvp(self.program, self.loss, fields, v)
+        a = sum(float((x * y).sum()) for x, y in zip(v, hu, strict=True))
+        b = sum(float((x * y).sum()) for x, y in zip(u, hv, strict=True))
+        mag = sum(float(np.abs(x * y).sum()) for x, y in zip(v, hu, strict=True))
+        assert abs(a - b) <= 1e-9 * max(1.0, mag), f"v.Hu = {a!r} but u.Hv = {b!r}"
+
+        def grad_at(t: float) -> np.ndarray:
+            for n, d in zip(names, v, strict=True):
+                self._set(n, self.inputs[n] + t * d)
+            with ti.ad.Tape(loss=self.loss):
+                self.program()
+            return np.concatenate([self._grads()[n].ravel() for n in names])
+
+        h = 1e-5
+        fd1 = (grad_at(h) - grad_at(-h)) / (2 * h)
+        fd2 = (grad_at(2 * h) - grad_at(-2 * h)) / (4 * h)
+        for n in names:
+            self._set(n, self.inputs[n])
+        got = np.concatenate([x.ravel() for x in hv])
+        size = max(scale, float(np.abs(fd1).max()))
+        smooth = np.abs(fd1 - fd2) <= 1e-5 * size  # no kink of the gradient in the stencil
+        bad = smooth & (np.abs(got - fd1) > 1e-6 * size)
+        assert not bad.any(), (f"H v disagrees with differences of the gradient at "
+                               f"{np.argwhere(bad).ravel()[:6]}: {got[bad][:6]} vs "
+                               f"{fd1[bad][:6]}")
 
 
 def _run(src: str, tmp_path_factory, seed: int, launches=((),), tape=False, d=3) -> None:
