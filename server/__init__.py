@@ -1,2 +1,8 @@
-"""difftape.server: the compile-and-execute service. Not built yet (see README, Status);
-this package exists so the distribution layout is final from the start."""
+"""difftape.server: the compile-and-execute service.
+
+``create_app(settings)`` (``app.py``) builds the gateway: FastAPI routers per resource
+(``routers/``), bearer auth against the SQLite database (``db.py``), sessions whose engines
+run in spawned worker processes (``sessions.py``, ``worker.py``, ``engine.py``), a job queue
+with fair share between users (``jobs.py``). ``difftape serve`` / ``python -m
+difftape.server`` run it under uvicorn. The contract: ``PROTOCOL.md``.
+"""
