@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Request, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
 from .. import npyio
@@ -25,6 +25,7 @@ from .deps import PROBLEM_RESPONSES, FidP, SidP, UserDep, service
 router = APIRouter(prefix="/v1/sessions/{sid}/fields", tags=["fields"],
                    responses=PROBLEM_RESPONSES)
 
+_INDEX = r"^(-?[0-9]{1,10}(,-?[0-9]{1,10}){0,7})?$"
 _BINARY = {"schema": {"type": "string", "format": "binary"}}
 _UPLOAD = {"requestBody": {
     "required": True,
@@ -130,13 +131,11 @@ async def item(request: Request, user: UserDep, body: ItemBody, sid: SidP,
 
 
 @router.get("/{fid}/{role}/item", response_model=ItemValue)
-async def get_item(request: Request, user: UserDep, index: str, sid: SidP,
-                   fid: FidP, role: Role) -> ItemValue:
-    """Read one element; ``index`` is comma-separated (``?index=3,4``)."""
-    try:
-        idx = [int(x) for x in index.split(",") if x.strip()]
-    except ValueError:
-        raise ProblemError(400, f"bad index {index!r}; expected e.g. '3,4'") from None
+async def get_item(request: Request, user: UserDep, sid: SidP, fid: FidP, role: Role,
+                   index: Annotated[str, Query(pattern=_INDEX)] = "") -> ItemValue:
+    """Read one element; ``index`` is comma-separated (``?index=3,4``; empty for a 0-d
+    field)."""
+    idx = [int(x) for x in index.split(",") if x]
     result, _ = await service(request).sessions.call(
-        user, sid, {"op": "get_item", "id": fid, "role": role, "index": idx[:8]})
+        user, sid, {"op": "get_item", "id": fid, "role": role, "index": idx})
     return ItemValue(value=result.get("value"))

@@ -53,6 +53,9 @@ def test_bad_index_is_an_error_response_not_a_crash(alice, session, kernels):
                       params={"index": "99"}), 422, "EngineError")
     problem(alice.post(f"/v1/sessions/{session}/kernels/deadbeef/launch", json={}), 422,
             "EngineError")
+    for bad in ("1,x", "1;2", ",".join(["0"] * 9)):
+        problem(alice.get(f"/v1/sessions/{session}/fields/{kernels.y.id}/data/item",
+                          params={"index": bad}), 422)
 
 
 def test_batch_error_reports_its_index(alice, session, kernels):
