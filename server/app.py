@@ -125,7 +125,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for r in (sessions, fields, kernels, batch, jobs, health):
         app.include_router(r.router)
     app.add_middleware(TimingMiddleware, histogram=service.metrics.latency)
-    app.add_middleware(GuardMiddleware, allowed_hosts=settings.allowed_hosts,
+    app.add_middleware(GuardMiddleware, allowed_hosts=settings.host_names,
                        allowed_origins=settings.allowed_origins,
                        max_body_bytes=settings.max_body_bytes)
     return app

@@ -72,6 +72,15 @@ class Settings(BaseSettings):
         return v
 
     @property
+    def host_names(self) -> list[str]:
+        """Allowed Host names: the configured ones plus the address the server binds, when
+        that is one address (a wildcard bind needs names configured explicitly)."""
+        names = list(self.allowed_hosts)
+        if self.host not in ("0.0.0.0", "::", "") and self.host not in names:
+            names.append(self.host)
+        return names
+
+    @property
     def cache_dir(self) -> Path:
         """Compiled code, shared by all sessions and kept across restarts."""
         return self.data_dir / "cache"

@@ -88,9 +88,15 @@ def test_host_and_origin_guards(service, alice, session):
         .status_code == 200
 
 
-def test_server_binds_loopback_by_default():
+def test_server_binds_loopback_by_default(monkeypatch):
     from difftape.server.settings import Settings
 
     s = Settings(_env_file=None)
     assert s.host == "127.0.0.1" and s.port == 8000 and "*" not in s.allowed_hosts
     assert s.allowed_origins == []
+    # A specific bind address is an allowed Host; a wildcard bind adds nothing.
+    assert "10.1.2.3" in Settings(host="10.1.2.3").host_names
+    assert Settings(host="0.0.0.0").host_names == s.allowed_hosts
+    # Lists from the environment are comma-separated.
+    monkeypatch.setenv("DIFFTAPE_ALLOWED_HOSTS", "lab.example, gpu1.example")
+    assert Settings().allowed_hosts == ["lab.example", "gpu1.example"]
