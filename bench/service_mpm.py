@@ -95,6 +95,22 @@ def _transfer(ti, repeat: int) -> common.Timing:
     return common.time_it(roundtrip, repeat=repeat, warmup=3, sync=ti.sync)
 
 
+def _launch_overhead(ti, repeat: int) -> common.Timing:
+    """380 launches of a near-empty kernel and a sync: what the service adds per MPM
+    iteration beyond the kernels' own work (client, HTTP, gateway, worker, engine)."""
+    x = ti.field(ti.f32, shape=4)
+
+    @ti.kernel
+    def tiny(i: ti.i32):
+        x[i % 4] += 1.0
+
+    def batch() -> None:
+        for i in range(380):
+            tiny(i)
+
+    return common.time_it(batch, repeat=repeat, warmup=3, sync=ti.sync)
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.backend != "difftape":
         raise common.Unsupported("the service is difftape's")
@@ -116,6 +132,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 ti.reset()
         ti.init(arch=ti.remote, server=server.url, token=server.token)
         transfer = _transfer(ti, args.transfer_repeat)
+        launches_remote = _launch_overhead(ti, args.transfer_repeat)
+        ti.reset()
+        ti.init(arch=ti.cpu)
+        launches_local = _launch_overhead(ti, args.transfer_repeat)
         ti.reset()
     finally:
         server.stop()
@@ -135,6 +155,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         {"label": f"{NAME}: ratio client/local (bar 1.3)", "value": ratio, "unit": "x"},
         {"label": f"{NAME}: 4 MiB upload + download (bar 20 ms)",
          "value": transfer.median * 1e3, "unit": "ms"},
+        {"label": f"{NAME}: 380 tiny launches + sync, local", "value":
+         launches_local.median * 1e3, "unit": "ms"},
+        {"label": f"{NAME}: 380 tiny launches + sync, through the client", "value":
+         launches_remote.median * 1e3, "unit": "ms"},
     ]
     notes = (f"client/local {ratio:.2f}x (per round: "
              f"{', '.join(f'{x:.2f}' for x in ratios)}), "
@@ -147,6 +171,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                          iteration_local_s=local, iteration_local_checked_s=checked,
                          iteration_remote_s=remote, ratio=ratio, ratios=ratios,
                          transfer_4mib_s=transfer.median, transfer_timing=transfer.as_dict(),
+                         launches_380_local_s=launches_local.median,
+                         launches_380_remote_s=launches_remote.median,
                          runs={m: [{k: v for k, v in r.items() if k != "rows"} for r in rs]
                                for m, rs in runs.items()})
 
