@@ -366,8 +366,11 @@ class RemoteField(Field):
             raise ShapeError(f"from_numpy: {self._label()} has shape {expected} "
                              f"(field {self.shape}, element {self.element_shape}) but the array "
                              f"has shape {arr.shape}")
-        data = np.empty(expected, dtype=self.dtype.np)
-        np.copyto(data, arr, casting="unsafe")  # converted here exactly as locally
+        if arr.dtype == self.dtype.np and arr.flags.c_contiguous:
+            data = arr  # sent as it is: the transport reads it once, without a copy
+        else:
+            data = np.empty(expected, dtype=self.dtype.np)
+            np.copyto(data, arr, casting="unsafe")  # converted here exactly as locally
         if self._small() and not (data.dtype.kind == "f" and np.isnan(data).any()):
             # Queued item writes: no round trip at all. (NaNs take the binary path, which
             # keeps their sign and payload bits.)

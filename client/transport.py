@@ -151,7 +151,10 @@ class HttpTransport:
             headers["Content-Length"] = str(arr.nbytes)
             self.request("PUT", path, content=chunks, headers=headers)
         else:
-            self.request("PUT", path, content=arr.tobytes(), headers=headers)
+            # The array's own memory as the body (no copy); a fresh iterator per attempt.
+            view = memoryview(arr).cast("B") if arr.nbytes else memoryview(b"")
+            headers["Content-Length"] = str(arr.nbytes)
+            self.request("PUT", path, content=lambda: iter([view]), headers=headers)
 
     def read(self, sid: str, fid: int, role: str, dtype: np.dtype,
              shape: tuple[int, ...]) -> np.ndarray:
