@@ -54,10 +54,13 @@ class Server:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(self.data_dir / "server.log", "wb")  # noqa: SIM115
+        # No spare workers: a spare started in the background (a Python start-up and an LLVM
+        # initialisation) would compete for the CPU with the measurements.
+        env = {**os.environ, "DIFFTAPE_SPARE_WORKERS": "0"}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "difftape.server", "--port", str(self.port), "--data-dir",
              str(self.data_dir), "--log-level", "warning"],
-            stdout=self.log, stderr=subprocess.STDOUT)
+            stdout=self.log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + 120
         while True:
             if self.proc.poll() is not None:
