@@ -127,7 +127,8 @@ class HttpTransport:
         return self.json("POST", "/v1/sessions", {})["session_id"]
 
     def delete_session(self, sid: str) -> None:
-        self.request("DELETE", f"/v1/sessions/{sid}")
+        # Short: this runs from ti.reset() and at interpreter exit, never worth a long wait.
+        self.request("DELETE", f"/v1/sessions/{sid}", timeout=10.0)
 
     # ------------------------------------------------------------------ engine ops
     def batch(self, sid: str, ops: list[dict]) -> list[dict]:
