@@ -57,8 +57,13 @@ class HttpTransport:
 
     def __init__(self, url: str, token: str | None, *, timeout: float = 300.0,
                  retries: int = 2) -> None:
-        import httpx
+        try:
+            import httpx
+        except ImportError:
+            from difftape.errors import DifftapeError
 
+            raise DifftapeError("the difftape client needs httpx: pip install "
+                                "'difftape[client]'") from None
         self._httpx = httpx
         self.url = url.rstrip("/")
         headers = {"User-Agent": "difftape-client"}
