@@ -206,11 +206,16 @@ def returns_and_items():
     x[1, 1] = 0.1
     m.fill(0.5)
     m[1] = [[1, 2], [3, 4]]
-    m[2][0, 1] = 9.0
+    m[2][0, 1] = 9.0  # writes through to the field, as a local element view does
+    v = ti.Vector.field(2, ti.f32, shape=4)
+    v[1] = [3.5, -1]
+    v[2][1] = 4.25
+    w = ti.Vector.field(2, ti.f32, shape=4)
+    w.copy_from(v)
     return {"total": total(1.5), "count": count(0.4), "vec": vec(3), "inf": inf_ratio(1.0),
             "nan": inf_ratio(0.0), "k": k.to_numpy(), "k5": k[5], "x": x.to_numpy(),
             "m": m.to_numpy(), "m1": m[1], "x_neg": x[-1, -1],
-            "x_f64": x.to_numpy(dtype=np.float64)}
+            "x_f64": x.to_numpy(dtype=np.float64), "v": v.to_numpy(), "w": w.to_numpy()}
 
 
 def forward_mode():
