@@ -58,21 +58,25 @@ def test_field_memory_quota(limited):
 
 
 def test_job_time_quota(limited, kernels):
-    """carol has 0.5 s of job time: a job that uses it up is fine, the next is refused."""
+    """carol has 0.5 s of job time: a job running past it is stopped between ops with the
+    quota problem, and the next submission is refused."""
     with limited.client("carol") as c:
         sid = c.post("/v1/sessions", json={}).json()["session_id"]
         try:
             ids = setup_session(c, sid, kernels, "spin")
             # ~0.08 s per op (far from the 1.5 s kernel limit even on a busy machine),
-            # ~0.65 s in all: more than the quota.
+            # ~1.6 s in all: well past the quota.
             spin = {"op": "launch", "kernel_id": ids["spin"], "args": [30_000_000]}
-            job = c.post(f"/v1/sessions/{sid}/jobs", json={"ops": [spin] * 8})
+            job = c.post(f"/v1/sessions/{sid}/jobs", json={"ops": [spin] * 20})
             assert job.status_code == 202, job.text
-            deadline = time.monotonic() + 30
-            while c.get(f"/v1/jobs/{job.json()['job_id']}").json()["state"] in ("queued",
-                                                                                 "running"):
+            deadline = time.monotonic() + 60
+            while (info := c.get(f"/v1/jobs/{job.json()['job_id']}").json())["state"] in (
+                    "queued", "running"):
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
+            assert info["state"] == "failed" and 1 <= info["done"] < 20, info
+            assert info["problem"]["status"] == 429
+            assert info["problem"]["limit"] == "job_seconds"
             r = c.post(f"/v1/sessions/{sid}/jobs", json={"ops": [spin]})
             assert problem(r, 429, "QuotaExceededError")["limit"] == "job_seconds"
             # Synchronous launches are not jobs and still run.
