@@ -71,7 +71,8 @@ def test_cancel_running_and_queued_jobs(alice, session, kernels):
 
 def test_progress_events(alice, session, kernels):
     ids = setup_session(alice, session, kernels, "spin")
-    spin = {"op": "launch", "kernel_id": ids["spin"], "args": [20_000_000]}
+    # ~0.25 s per op: time enough for each change to reach the stream even on a busy box.
+    spin = {"op": "launch", "kernel_id": ids["spin"], "args": [100_000_000]}
     job = alice.post(f"/v1/sessions/{session}/jobs", json={"ops": [spin] * 5}).json()
     events = []
     with alice.stream("GET", f"/v1/jobs/{job['job_id']}/events") as r:
