@@ -212,7 +212,9 @@ class RemoteRuntime:
         """Derive the adjoint here once per specialization, so that a kernel whose gradient
         cannot be computed is refused when it is recorded (as locally), not at Tape exit."""
         rk = self._kernel(kernel, args)
-        key = (rk.kid, getattr(self.prog, "storage_epoch", 0))
+        # Under forward mode (a Tape inside FwdMode) the adjoint runs with tangents.
+        variant = "grad_fwd" if getattr(self.prog, "fwd", None) is not None else "grad"
+        key = (rk.kid, variant, getattr(self.prog, "storage_epoch", 0))
         if key in self._grad_checked:
             return
         fields = self.prog.fields
@@ -223,7 +225,7 @@ class RemoteRuntime:
             return f is not None and _companion(f, role if base == "primal"
                                                 else f"{base}_{role}") is not None
 
-        derive(serialize.decode(rk.data), "grad", has_storage)
+        derive(serialize.decode(rk.data), variant, has_storage)
         self._grad_checked.add(key)
 
     def clear_grads(self) -> None:
