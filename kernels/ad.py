@@ -362,22 +362,26 @@ class FwdMode:
             raise DifftapeError("ti.ad.FwdMode cannot run inside a ti.ad.Tape; for second "
                                 "derivatives put the Tape inside the FwdMode, or use ti.ad.hvp")
         seed = self.seed
+        size = _fn._size(p)
         if seed is None:
-            if p.arr.size != 1:
-                raise DifftapeError(f"ti.ad.FwdMode: param '{p._label()}' has {p.arr.size} "
+            if size != 1:
+                raise DifftapeError(f"ti.ad.FwdMode: param '{p._label()}' has {size} "
                                     "elements; give seed= (one value per element)")
             seed = [1.0]
         value = _fn._as_seed(p, seed, "seed")
         if self.clear_gradients:
             clear_all_duals()
-        p.dual.arr[...] = value
+        if size == 1:
+            p.dual.fill(value.reshape(-1)[0])  # (remote: queued, no round trip)
+        else:
+            p.dual.from_numpy(value)
         self._mode = _fn.forward_mode(self)
         self._mode.__enter__()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         self._mode.__exit__(exc_type, exc, tb)
-        self.param.dual.arr.fill(0)
+        self.param.dual.fill(0)
         return False
 
 

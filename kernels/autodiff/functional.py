@@ -41,6 +41,9 @@ class forward_mode:
 def clear_all_duals() -> None:
     """Zero the ``.dual`` (and ``.grad.dual``) of every field of the current program."""
     prog = program.get()
+    if prog.remote is not None:  # arch=ti.remote: one queued op (difftape.client)
+        prog.remote.clear_duals()
+        return
     for f in list(prog.fields.values()):
         for d in (f.dual, f.grad.dual if f.grad is not None else None):
             if d is not None:
@@ -55,13 +58,32 @@ def _fields(xs) -> list[Field]:
     return xs
 
 
+def _full_shape(f: Field) -> tuple[int, ...]:
+    return tuple(f.shape) + tuple(f.element_shape)
+
+
+def _size(f: Field) -> int:
+    return int(np.prod(_full_shape(f), dtype=np.int64))
+
+
 def _as_seed(f: Field, v, what: str) -> np.ndarray:
+    """``v`` as an array of ``f``'s full shape (values are checked, not broadcast)."""
     a = np.asarray(v, dtype=f.dtype.np)
-    shape = f.arr.shape
-    if a.size != f.arr.size:
+    shape = _full_shape(f)
+    if a.size != _size(f):
         raise DifftapeError(f"{what} for '{f._label()}' has {a.size} values; the field has "
-                            f"{f.arr.size} (shape {shape})")
+                            f"{_size(f)} (shape {shape})")
     return a.reshape(shape)
+
+
+def _flat(f: Field) -> np.ndarray:
+    return f.to_numpy().reshape(-1)
+
+
+def _one_hot(f: Field, k: int) -> np.ndarray:
+    e = np.zeros(_size(f), dtype=f.dtype.np)
+    e[k] = 1
+    return e.reshape(_full_shape(f))
 
 
 def _ensure_duals() -> None:
@@ -87,10 +109,10 @@ def jvp(fn: Callable[[], object], inputs: Sequence[Field] | Field, tangents,
     _ensure_duals()
     clear_all_duals()
     for f, t in zip(ins, ts, strict=True):
-        f.dual.arr[...] = _as_seed(f, t, "the tangent")
+        f.dual.from_numpy(_as_seed(f, t, "the tangent"))
     with forward_mode():
         fn()
-    result = [o.dual.arr.copy() for o in outs]
+    result = [o.dual.to_numpy() for o in outs]
     clear_all_duals()
     return result
 
@@ -125,9 +147,9 @@ def vjp(fn: Callable[[], object], inputs: Sequence[Field] | Field,
     tape = _record(fn)
     clear_all_gradients()
     for f, u in zip(outs, us, strict=True):
-        f.grad.arr[...] = _as_seed(f, u, "the cotangent")
+        f.grad.from_numpy(_as_seed(f, u, "the cotangent"))
     _backward(tape)
-    return [f.grad.arr.copy() for f in ins]
+    return [f.grad.to_numpy() for f in ins]
 
 
 def jacobian(fn: Callable[[], object], inputs: Sequence[Field] | Field,
@@ -138,8 +160,8 @@ def jacobian(fn: Callable[[], object], inputs: Sequence[Field] | Field,
     from ..ad import clear_all_gradients
 
     ins, outs = _fields(inputs), _fields(outputs)
-    n_in = sum(f.arr.size for f in ins)
-    n_out = sum(f.arr.size for f in outs)
+    n_in = sum(_size(f) for f in ins)
+    n_out = sum(_size(f) for f in outs)
     if mode == "auto":
         mode = "forward" if n_in <= n_out else "reverse"
     jac = np.zeros((n_out, n_in), dtype=np.float64)
@@ -147,23 +169,23 @@ def jacobian(fn: Callable[[], object], inputs: Sequence[Field] | Field,
         _ensure_duals()
         col = 0
         for f in ins:
-            for k in range(f.arr.size):
+            for k in range(_size(f)):
                 clear_all_duals()
-                f.dual.arr.reshape(-1)[k] = 1
+                f.dual.from_numpy(_one_hot(f, k))
                 with forward_mode():
                     fn()
-                jac[:, col] = np.concatenate([o.dual.arr.reshape(-1) for o in outs])
+                jac[:, col] = np.concatenate([_flat(o.dual) for o in outs])
                 col += 1
         clear_all_duals()
     elif mode == "reverse":
         tape = _record(fn)
         row = 0
         for o in outs:
-            for k in range(o.arr.size):
+            for k in range(_size(o)):
                 clear_all_gradients()
-                o.grad.arr.reshape(-1)[k] = 1
+                o.grad.from_numpy(_one_hot(o, k))
                 _backward(tape)
-                jac[row] = np.concatenate([f.grad.arr.reshape(-1) for f in ins])
+                jac[row] = np.concatenate([_flat(f.grad) for f in ins])
                 row += 1
     else:
         raise DifftapeError(f"jacobian: mode must be 'auto', 'forward' or 'reverse', got "
@@ -186,11 +208,11 @@ def hvp(fn: Callable[[], object], loss: Field, params: Sequence[Field] | Field, 
     _ensure_second_order()
     clear_all_duals()
     for p, v in zip(ps, vs, strict=True):
-        p.dual.arr[...] = _as_seed(p, v, "the vector")
+        p.dual.from_numpy(_as_seed(p, v, "the vector"))
     with forward_mode():
         with Tape(loss):
             fn()
-    out = [p.grad.dual.arr.copy() for p in ps]
+    out = [p.grad.dual.to_numpy() for p in ps]
     clear_all_duals()
     return out if isinstance(params, list | tuple) else out[0]
 
@@ -200,7 +222,7 @@ def hessian(fn: Callable[[], object], loss: Field, params: Sequence[Field] | Fie
     """The dense Hessian of ``loss`` with respect to ``params`` (flattened in order), one
     Hessian-vector product per parameter scalar."""
     ps = _fields(params)
-    n = sum(p.arr.size for p in ps)
+    n = sum(_size(p) for p in ps)
     if n > max_params:
         raise DifftapeError(f"hessian: {n} parameters means {n} Hessian-vector products; "
                             f"raise max_params (now {max_params}) if that is intended, or "
@@ -211,8 +233,8 @@ def hessian(fn: Callable[[], object], loss: Field, params: Sequence[Field] | Fie
         e[col] = 1
         vs, k = [], 0
         for p in ps:
-            vs.append(e[k:k + p.arr.size])
-            k += p.arr.size
+            vs.append(e[k:k + _size(p)])
+            k += _size(p)
         cols = hvp(fn, loss, ps, vs)
         h[:, col] = np.concatenate([c.reshape(-1) for c in cols])
     return h
