@@ -1,0 +1,52 @@
+"""Forward mode, second order and Jacobians through the client, bit for bit against local
+runs (``debug=True``, as the server compiles): ``ti.ad.FwdMode``, ``ti.ad.hvp``,
+``ti.ad.hessian``, ``ti.ad.jacobian`` in both modes and ``ti.ad.jvp``/``vjp`` of a Python
+program run unchanged under ``arch=ti.remote``."""
+
+import numpy as np
+
+import difftape as ti
+
+from .test_client_programs import remote, run_local, same  # noqa: F401 - fixture
+
+
+def program():
+    n = 4
+    a = ti.field(ti.f64, n, needs_grad=True)
+    L = ti.field(ti.f64, (), needs_grad=True)
+    y = ti.field(ti.f64, n, needs_dual=True, needs_grad=True)
+
+    @ti.kernel
+    def energy():
+        for i in a:
+            L[None] += ti.sin(a[i]) * a[(i + 1) % n] + a[i] ** 4
+
+    @ti.kernel
+    def square():
+        for i in a:
+            y[i] = a[i] ** 2 + ti.exp(a[(i + 1) % n])
+
+    def run_square():
+        square()
+
+    a.from_numpy(np.array([0.1, -0.2, 0.3, 0.45]))
+    out = {"hvp": ti.ad.hvp(energy, L, a, np.array([1.0, -2.0, 0.5, 3.0])),
+           "grad": a.grad.to_numpy(),
+           "hessian": ti.ad.hessian(energy, L, a),
+           "jac_fwd": ti.ad.jacobian(run_square, a, y, mode="forward"),
+           "jac_rev": ti.ad.jacobian(run_square, a, y, mode="reverse"),
+           "jvp": ti.ad.jvp(run_square, [a], [np.arange(4.0)], [y])[0],
+           "vjp": ti.ad.vjp(run_square, [a], [y], [np.ones(4)])[0]}
+    with ti.ad.FwdMode(loss=y, param=a, seed=[1.0, 0.0, -1.0, 2.0]):
+        square()
+    out["fwdmode"] = y.dual.to_numpy()
+    out["seed_cleared"] = a.dual.to_numpy()
+    return out
+
+
+def test_forward_mode_and_second_order_remote(remote):  # noqa: F811 - the fixture
+    here = run_local(program)
+    there = remote(program)
+    same(here, there)
+    np.testing.assert_array_equal(here["jac_fwd"], here["jac_rev"])
+    assert not here["seed_cleared"].any()
