@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from difftape.ad import FwdMode, Tape, _Entry
+from difftape.ad import Tape, _Entry
 from difftape.errors import ArgumentError, DifftapeError, ShapeError
 from difftape.frontend import builder as _b
 from difftape.frontend.annotations import NdarrayType
@@ -112,7 +112,6 @@ class RemoteRuntime:
         self.owns_session = owns_session
         self.field_class = RemoteField
         self.tape_class = RemoteTape
-        self.fwd_class = RemoteFwdMode
         self._queue: list[dict] = []
         self._kernels: dict[tuple, _RemoteKernel] = {}
         self._names: dict[str, str] = {}  # kernel id -> name, for error messages
@@ -450,55 +449,6 @@ class RemoteTape(Tape):
         return False
 
 
-# ---------------------------------------------------------------------------- FwdMode
-
-class RemoteFwdMode(FwdMode):
-    """``ti.ad.FwdMode`` under ``arch=ti.remote``: the seed is written to the server and the
-    kernels launched inside run their forward-mode variant there."""
-
-    def __enter__(self) -> RemoteFwdMode:
-        from difftape.autodiff.functional import forward_mode
-        from difftape.runtime import program
-
-        p = self.param
-        for f in [p, *self.losses]:
-            if not isinstance(f, Field):
-                raise DifftapeError(f"ti.ad.FwdMode: expected fields, got {type(f).__name__}")
-            if f.dual is None:
-                raise DifftapeError(f"ti.ad.FwdMode: '{f._label()}' has no dual storage; create "
-                                    "it with needs_dual=True or call ti.root.lazy_dual()")
-        prog = program.get()
-        if prog.tape is not None:
-            raise DifftapeError("ti.ad.FwdMode cannot run inside a ti.ad.Tape; for second "
-                                "derivatives put the Tape inside the FwdMode, or use ti.ad.hvp")
-        full = p.shape + p.element_shape
-        size = int(np.prod(full, dtype=np.int64))
-        seed = self.seed
-        if seed is None:
-            if size != 1:
-                raise DifftapeError(f"ti.ad.FwdMode: param '{p._label()}' has {size} "
-                                    "elements; give seed= (one value per element)")
-            seed = [1.0]
-        value = np.asarray(seed, dtype=p.dtype.np)
-        if value.size != size:
-            raise DifftapeError(f"seed for '{p._label()}' has {value.size} values; the field "
-                                f"has {size} (shape {full})")
-        if self.clear_gradients:
-            prog.remote.clear_duals()
-        if size == 1:
-            p.dual.fill(value.reshape(-1)[0])  # queued: no round trip for a scalar seed
-        else:
-            p.dual.from_numpy(value.reshape(full))
-        self._mode = forward_mode(self)
-        self._mode.__enter__()
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> bool:
-        self._mode.__exit__(exc_type, exc, tb)
-        self.param.dual.fill(0)
-        return False
-
-
 # ---------------------------------------------------------------------------- attaching
 
 def attach(prog, *, server: str | None = None, token: str | None = None, session=None,
@@ -536,4 +486,4 @@ def _close_at_exit(ref: weakref.ref) -> None:
             pass
 
 
-__all__ = ["RemoteField", "RemoteFwdMode", "RemoteRuntime", "RemoteTape", "attach"]
+__all__ = ["RemoteField", "RemoteRuntime", "RemoteTape", "attach"]

@@ -338,11 +338,6 @@ class FwdMode:
     on exit, as in Taichi.
     """
 
-    def __new__(cls, *args, **kwargs):
-        # arch=ti.remote: the client's subclass seeds and clears duals on the server.
-        remote = program.get().remote
-        return object.__new__(remote.fwd_class if remote is not None and cls is FwdMode else cls)
-
     def __init__(self, loss, param: Field, seed=None, clear_gradients: bool = True) -> None:
         self.losses = list(loss) if isinstance(loss, list | tuple) else [loss]
         self.param = param
