@@ -88,6 +88,20 @@ def _typename(x: object) -> str:
     return _TYPE_NAMES.get(type(x), type(x).__name__)
 
 
+def _short(x: object) -> str:
+    """A value for a message: scalars shown (briefly), containers named. Never ``repr`` of a
+    client's container: a deeply nested one would overflow the stack, a huge one take long."""
+    if x is None or type(x) in (bool, float):
+        return repr(x)
+    if type(x) is int:
+        return repr(x) if -(10**20) < x < 10**20 else "a huge integer"
+    if type(x) is str:
+        return repr(x[:40]) + ("..." if len(x) > 40 else "")
+    if type(x) is tuple:
+        return "(" + ", ".join(_short(e) for e in x[:4]) + ")"
+    return _typename(x)
+
+
 def _is_int(x: object) -> bool:
     return type(x) is int  # JSON integers only: not bool, not float
 
@@ -133,7 +147,7 @@ class _Decoder:
 
     def dtype(self, x: object, path: str) -> T.DType:
         if type(x) is not str or x not in T.ALL:
-            raise self.fail(path, f"unknown dtype {x!r:.40}; known: {', '.join(T.ALL)}")
+            raise self.fail(path, f"unknown dtype {_short(x)}; known: {', '.join(T.ALL)}")
         if x == "f16" and not self.allow_f16:
             raise self.fail(path, "f16 is not accepted here (some f16 conversions are compiled "
                                   "to library calls the CPU JIT does not resolve)")
@@ -152,7 +166,7 @@ class _Decoder:
                                  f"{', '.join(map(repr, missing))}")
         extra = [k for k in data if k not in TOP_LEVEL_KEYS]
         if extra:
-            raise self.fail("$", f"unknown key {str(extra[0])[:40]!r}")
+            raise self.fail("$", f"unknown key {_short(extra[0])}")
         name = self.string(data["name"], "name", "the kernel name")
         if not _KERNEL_NAME.match(name):
             raise self.fail("name", f"kernel name {name!r} must be an ASCII identifier")
@@ -231,7 +245,7 @@ class _Decoder:
             endim = b[4]
             if not _is_int(endim) or not 0 <= endim <= MAX_ELEMENT_NDIM:
                 raise self.fail(path + "[4]", f"element_ndim must be an integer 0 to "
-                                              f"{MAX_ELEMENT_NDIM}, got {endim!r:.40}")
+                                              f"{MAX_ELEMENT_NDIM}, got {_short(endim)}")
             shape = self.shape(b[2], path + "[2]", key[0] == "ndarray", endim)
             out.append(Buffer(key, dtype, shape, name, endim))
         return out
@@ -246,15 +260,15 @@ class _Decoder:
         if kind not in kinds:
             why = (" (ndarray arguments are not accepted here: use fields)"
                    if kind == "ndarray" else "")
-            raise self.fail(path, f"buffer kind {kind!r:.40} is not one of "
+            raise self.fail(path, f"buffer kind {_short(kind)} is not one of "
                                   f"{', '.join(kinds)}{why}")
         low = 1 if kind == "field" else 0
         if not _is_int(ident) or not low <= ident <= MAX_ID:
-            raise self.fail(path, f"{kind} id must be an integer >= {low}, got {ident!r:.40}")
+            raise self.fail(path, f"{kind} id must be an integer >= {low}, got {_short(ident)}")
         if kind == "ndarray" and ident >= self.max_params:
             raise self.fail(path, f"ndarray argument index {ident} out of range")
         if role not in ROLES or (kind == "ndarray" and role == "dual"):
-            raise self.fail(path, f"buffer role {role!r:.40} is not one of "
+            raise self.fail(path, f"buffer role {_short(role)} is not one of "
                                   f"{', '.join(ROLES if kind == 'field' else ROLES[:2])}")
         return (kind, ident, role)
 
@@ -272,7 +286,7 @@ class _Decoder:
                 continue
             if not _is_int(e) or not 1 <= e <= MAX_EXTENT:
                 raise self.fail(f"{path}[{k}]", f"extents are integers 1 to {MAX_EXTENT}, "
-                                                f"got {e!r:.40}")
+                                                f"got {_short(e)}")
             total *= e
             if total > self.max_elements:
                 raise self.fail(path, f"more than {self.max_elements} elements")
@@ -300,7 +314,7 @@ class _Decoder:
         op, dtype, args, attr, blocks = item
         info = OPS.get(op) if type(op) is str else None
         if info is None:
-            raise self.fail(path, f"unknown op {op!r:.40}")
+            raise self.fail(path, f"unknown op {_short(op)}")
         if op in INTERNAL_OPS:
             raise self.fail(path, f"op '{op}' is internal to the compiler; clients send "
                                   "frontend IR")
@@ -313,7 +327,7 @@ class _Decoder:
         operands = []
         for k, a in enumerate(args):
             if not _is_int(a) or not 0 <= a < len(self.stmts):
-                raise self.fail(path, f"operand {k} ({a!r:.40}) must be the number of an "
+                raise self.fail(path, f"operand {k} ({_short(a)}) must be the number of an "
                                       "earlier statement")
             operands.append(self.stmts[a])
         self.expect(blocks, list, path + ".blocks", "blocks")
@@ -340,6 +354,8 @@ class _Decoder:
         return self.scalar(x, path)
 
     def scalar(self, x: object, path: str):
+        if type(x) is int and not -(1 << 63) <= x < 1 << 64:
+            raise self.fail(path, "integer attribute out of the 64-bit range")
         if x is None or type(x) in (int, float):
             return x
         if type(x) is str:
@@ -353,7 +369,7 @@ class _Decoder:
         """What the frontend never emits: refused before the verifier sees it."""
         op = s.op
         if s.attr is not None and op not in ATTR_OPS:
-            raise self.fail(path, f"op '{op}' takes no attribute (null), got {s.attr!r:.40}")
+            raise self.fail(path, f"op '{op}' takes no attribute (null), got {_short(s.attr)}")
         if depth == 1:
             self.top_level_expression(s, path)
         if op == "const":
@@ -386,7 +402,7 @@ class _Decoder:
             if not (isinstance(a, tuple) and len(a) == 2 and _is_int(a[0]) and
                     a[1] in LOOP_FLAGS and 0 <= a[0] <= MAX_ID):
                 raise self.fail(path, f"range_for takes (loop id, one of {', '.join(LOOP_FLAGS)})"
-                                      f", got {a!r:.60}")
+                                      f", got {_short(a)}")
             if a[0] in self.loop_ids:
                 raise self.fail(path, f"loop id {a[0]} is used by another loop")
             self.loop_ids.add(a[0])
@@ -460,11 +476,11 @@ class _Decoder:
                 (0, 1 << t.bits)
             if not _is_int(v) or not lo <= v < hi:
                 raise self.fail(path, f"a {t} constant is an integer in [{lo}, {hi}), got "
-                                      f"{v!r:.40}")
+                                      f"{_short(v)}")
             return
         if type(v) is not float:
             raise self.fail(path, f"a {t} constant is a number with a decimal point, got "
-                                  f"{v!r:.40}")
+                                  f"{_short(v)}")
         if not math.isfinite(v):
             if not self.allow_nonfinite:
                 raise self.fail(path, f"non-finite constant {v!r}")

@@ -660,6 +660,31 @@ def test_superlinear_pass_costs_are_refused(base, shape, reason):
         decode_untrusted(data)
 
 
+def _deep(depth):
+    """A list nested ``depth`` deep (built iteratively; json.loads stops near 1000, a caller
+    handing over Python objects need not)."""
+    x = []
+    for _ in range(depth):
+        x = [x]
+    return x
+
+
+@pytest.mark.parametrize("where", [("body", 0, 0), ("body", 0, 1), ("body", 0, 2),
+                                   ("body", 0, 3), ("body", 0, 4), ("buffers", 0, 0),
+                                   ("buffers", 0, 2), ("params", 0, 1), ("returns", 0),
+                                   ("name",), ("unknown",)])
+def test_deeply_nested_values_anywhere_are_rejected_without_recursion(base, where):
+    """Messages never ``repr`` a client's container or huge integer (a RecursionError or
+    ValueError there would escape as a crash)."""
+    for bad in (_deep(100_000), 10**5000):
+        data = copy.deepcopy(base)
+        _set(data, where, bad)
+        with pytest.raises(IRValidationError):
+            decode_untrusted(data)
+    with pytest.raises(IRValidationError, match="unknown key 'xxxx"):
+        decode_untrusted({**base, "x" * 10**6: 1})
+
+
 def test_component_indices_must_be_constants_in_range(corpus):
     data = copy.deepcopy(corpus["vectors"][2])
     slot = next(k for k, b in enumerate(data["buffers"]) if b[4] == 1)
