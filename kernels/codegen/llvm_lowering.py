@@ -456,6 +456,12 @@ class Lowering:
             r = self.fn.ins(f"{'and' if op == 'logical_and' else 'or'} i1 {ca}, {cb}")
             return self.fn.ins(f"zext i1 {r} to i32")
         if t.is_float:
+            x = s.args[0]
+            if op == "div" and x.op == "const" and x.attr == -1.0:
+                # -1/b is exactly -(1/b): spelled so, the reciprocal is shared with other uses
+                # of 1/b (derivative code is full of them: d(1/b) = -(1/b)^2 db).
+                r = self.fn.ins(f"fdiv {fast} {ty} {ll_const(1.0, t)}, {b}")
+                return self.fn.ins(f"fneg {ty} {r}")
             if op in _FLOAT_BIN:
                 return self.fn.ins(f"{_FLOAT_BIN[op]} {fast} {ty} {a}, {b}")
             if op in ("min", "max"):
