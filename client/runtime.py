@@ -141,7 +141,23 @@ class RemoteRuntime:
                     what = f"launch of kernel '{name}' ({op.get('variant', 'primal')})"
                 e.add_note(f"raised on the difftape server by queued op {index + 1} of "
                            f"{len(ops)}: {what}; ops after it were not run")
+                self._after_error(ops, index)
             raise
+
+    def _after_error(self, ops: list[dict], index: int) -> None:
+        """A batch stopped at ``ops[index]``. Launches and writes after it are dropped, as
+        an exception stops a local program there; but fields and kernels the program already
+        holds must exist on the server, so their creation ops that did not run go first in
+        the next batch. A kernel whose registration failed is registered again (and fails
+        again, as a local compile error repeats) on its next call."""
+        failed = ops[index]
+        if failed.get("op") == "register":
+            bad = {k for k, rk in self._kernels.items() if rk.data is failed["ir"]}
+            for k in bad:
+                del self._kernels[k]
+        keep = [op for op in ops[index + 1:]
+                if op.get("op") in ("create_field", "companion", "register")]
+        self._queue[:0] = keep
 
     def call(self, op: dict) -> dict:
         """Run ``op`` after everything queued and return its result."""

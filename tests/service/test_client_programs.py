@@ -325,6 +325,35 @@ def test_bad_index_raises_and_the_server_goes_on(remote):
         lambda: returns_and_items()["count"])
 
 
+def test_work_queued_after_an_error(remote):
+    """Fields and kernels created after a failing launch (in the same batch) still exist;
+    the launches after it did not run, as a local program stops at the exception."""
+
+    def program():
+        x = ti.field(ti.f32, shape=4)
+
+        @ti.kernel
+        def poke(i: ti.i32):
+            x[i] = 1.0
+
+        @ti.kernel
+        def set_y(v: ti.f32):
+            for i in y:
+                y[i] = v
+
+        poke(7)  # fails on the server
+        y = ti.field(ti.f32, shape=3)  # created after the failure, in the same batch
+        set_y(2.0)  # registered after the failure; this launch is dropped with it
+        with pytest.raises(ti.KernelAssertionError):
+            ti.sync()
+        first = y.to_numpy()
+        set_y(3.0)
+        return first, y.to_numpy()
+
+    first, second = remote(program)
+    assert first.tolist() == [0, 0, 0] and second.tolist() == [3, 3, 3]
+
+
 def test_errors_are_the_local_exception_classes(remote):
     def program():
         x = ti.field(ti.f32, shape=4, needs_grad=True)
