@@ -199,7 +199,15 @@ def as_job(job_id: str | None = None, progress: bool | None = None) -> Iterator[
     job = Session(conn, rt.session_id).submit(ops, job_id or f"job-{uuid.uuid4().hex}")
     out.update(job.wait(progress=progress))
     if out.get("state") == "failed":
-        job.result()  # raises the job's error
+        from difftape.errors import DifftapeError
+
+        try:
+            job.result()  # raises the job's error
+        except DifftapeError as e:
+            index = getattr(e, "op_index", None)
+            if isinstance(index, int) and 0 <= index < len(ops):
+                rt._after_error(ops, index)
+            raise
     elif out.get("state") != "succeeded":
         from .errors import RemoteError
 
