@@ -111,7 +111,9 @@ def _recv(conn, shm: SharedBuffer | None = None, *, copy: bool = True):
     payload = conn.recv_bytes() if msg.pop("_payload", False) else None
     n = msg.pop("_shm", None)
     size = msg.pop("_shm_size", None)
-    if n is not None and shm is not None:
+    if n is not None and shm is None:
+        raise EOFError("the shared buffer is closed")
+    if n is not None:
         view = shm.get(int(n), int(size))
         if copy:
             payload = bytes(view)
@@ -254,7 +256,7 @@ class Worker:
                 return self._exchange_locked(op, payload, timeout)
             finally:
                 if self.gone is not None:
-                    self._close_shm()
+                    self._close_channel()
 
     def _exchange_locked(self, op, payload, timeout: float) -> tuple[dict, bytes | None]:
         try:
@@ -282,25 +284,66 @@ class Worker:
         return self.gone
 
     async def call(self, op: dict, payload=None, *, timeout: float) -> tuple[dict, bytes | None]:
-        """Run one engine op; raise ProblemError for engine errors, WorkerGone if it died."""
+        """Run one engine op; raise ProblemError for engine errors, WorkerGone if it died.
+
+        The request is written and the reply read in the event loop, woken by the pipe
+        becoming readable: no thread hop per op (two context switches, which on a busy
+        2-core machine cost more than the op). The worker reads requests as they come and
+        writes replies whole, so these reads and writes do not wait on it for long."""
         async with self.lock:
+            if self.gone is not None:
+                raise self.gone
             loop = asyncio.get_running_loop()
-            msg, out = await loop.run_in_executor(_executor, self._exchange, op, payload,
-                                                  timeout)
+            try:
+                _send(self._conn, op, payload, self.shm)
+                ready = asyncio.Event()
+                fd = self._conn.fileno()
+                loop.add_reader(fd, ready.set)
+                try:
+                    await asyncio.wait_for(ready.wait(), timeout)
+                except TimeoutError:
+                    self.gone = WorkerGone(
+                        f"the operation ran longer than the kernel time limit "
+                        f"({timeout:g} s); its worker was stopped", timeout=True)
+                    self.kill()
+                    raise self.gone from None
+                finally:
+                    loop.remove_reader(fd)
+                    # uvloop (libuv) makes a watched descriptor non-blocking; the reads
+                    # below, and the next request's writes, expect a blocking one.
+                    os.set_blocking(fd, True)
+                msg, out = _recv(self._conn, self.shm)
+            except (EOFError, OSError, ValueError):
+                # EOF: the worker died; OSError/ValueError: its pipe or buffer is closed.
+                if self.gone is None:
+                    self._died()
+                raise self.gone from None
+            finally:
+                if self.gone is not None:
+                    self._close_channel()
         if "error" in msg:
             raise engine_problem(msg["error"])
         return msg["ok"], out
 
     def kill(self) -> None:
+        """Stop the process now. The pipe and the mapping are closed here only if no call
+        is using them; otherwise that call closes them once it has let go of the pipe (its
+        descriptor must not be closed, and its number reused, while the event loop still
+        watches it)."""
         if self.proc.is_alive():
             self.proc.kill()
         self.proc.join(timeout=5)
         self._unlink_shm()
-        if self._io.acquire(blocking=False):  # else the exchange in progress closes it
+        if self.gone is None:
+            self.gone = WorkerGone("the worker was stopped")
+        if not self.lock.locked() and self._io.acquire(blocking=False):
             try:
-                self._close_shm()
+                self._close_channel()
             finally:
                 self._io.release()
+
+    def _close_channel(self) -> None:
+        self._close_shm()
         try:
             self._conn.close()
         except OSError:
