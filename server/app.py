@@ -21,7 +21,7 @@ from .models import Problem
 from .routers import batch, fields, health, jobs, kernels, sessions
 from .sessions import Live, SessionManager
 from .settings import Settings
-from .worker import WorkerGone, WorkerPool, WorkerStats
+from .worker import SharedBuffer, WorkerGone, WorkerPool, WorkerStats
 
 log = logging.getLogger("difftape.server")
 
@@ -46,6 +46,7 @@ class Service:
         self._tasks: list[asyncio.Task] = []
 
     async def start(self) -> None:
+        SharedBuffer.remove_stale()
         self.sessions.recover()
         self.jobs.start()
         self._tasks.append(asyncio.ensure_future(self._probe()))

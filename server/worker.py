@@ -53,12 +53,40 @@ class SharedBuffer:
         self.map = mmap.mmap(self.fd, self.size)
 
     @staticmethod
+    def folder() -> str:
+        return "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+
+    @staticmethod
     def create() -> str:
-        folder = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-        fd, path = tempfile.mkstemp(prefix="difftape-", dir=folder)
+        """A new file named after this (gateway) process, so that files left by a gateway
+        that died before its worker opened them can be recognised and removed."""
+        fd, path = tempfile.mkstemp(prefix=f"difftape-{os.getpid()}-", dir=SharedBuffer.folder())
         os.ftruncate(fd, _SHM_INITIAL)
         os.close(fd)
         return path
+
+    @staticmethod
+    def remove_stale() -> int:
+        """Unlink buffer files whose gateway process no longer exists."""
+        removed = 0
+        folder = SharedBuffer.folder()
+        for name in os.listdir(folder):
+            parts = name.split("-")
+            if len(parts) != 3 or parts[0] != "difftape" or not parts[1].isdigit():
+                continue
+            try:
+                os.kill(int(parts[1]), 0)
+                continue  # its gateway is alive
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                continue
+            try:
+                os.unlink(os.path.join(folder, name))
+                removed += 1
+            except OSError:
+                pass
+        return removed
 
     def _remap(self, size: int) -> None:
         old, self.map = self.map, mmap.mmap(self.fd, size)

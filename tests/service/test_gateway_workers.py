@@ -2,6 +2,8 @@
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -123,9 +125,6 @@ def test_workers_are_spawned_not_forked(service, alice):
 
 
 def test_gateway_never_loads_the_compiler():
-    import subprocess
-    import sys
-
     code = ("import sys, tempfile\n"
             "from difftape.server.app import create_app\n"
             "from difftape.server.settings import Settings\n"
@@ -180,3 +179,24 @@ def test_not_ready_without_a_working_engine(tmp_path):
             problem(c.post("/v1/sessions", json={}), 503)
     finally:
         server.stop()
+
+
+def test_stale_shared_buffers_are_removed(tmp_path):
+    """Buffer files of a gateway that died before its worker opened them go away at the
+    next start; those of live gateways stay."""
+    from difftape.server.worker import SharedBuffer
+
+    folder = SharedBuffer.folder()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = os.path.join(folder, f"difftape-{dead.pid}-test{os.getpid()}")
+    live = os.path.join(folder, f"difftape-{os.getpid()}-test")
+    for p in (stale, live):
+        open(p, "wb").close()
+    try:
+        assert SharedBuffer.remove_stale() >= 1
+        assert not os.path.exists(stale) and os.path.exists(live)
+    finally:
+        for p in (stale, live):
+            if os.path.exists(p):
+                os.unlink(p)
