@@ -128,5 +128,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(TimingMiddleware, histogram=service.metrics.latency)
     app.add_middleware(GuardMiddleware, allowed_hosts=settings.host_names,
                        allowed_origins=settings.allowed_origins,
-                       max_body_bytes=settings.max_body_bytes)
+                       max_body_bytes=settings.max_body_bytes,
+                       max_json_bytes=settings.max_json_bytes)
     return app

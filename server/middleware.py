@@ -16,6 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .problems import PROBLEM_TYPE
 
 SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
+ARRAY_TYPES = {"application/x-npy", "application/octet-stream"}
 
 
 class BodyTooLarge(HTTPException):
@@ -50,12 +51,13 @@ class GuardMiddleware:
     browser origins (CSRF), and bodies over the limit (413)."""
 
     def __init__(self, app: ASGIApp, *, allowed_hosts: list[str], allowed_origins: list[str],
-                 max_body_bytes: int) -> None:
+                 max_body_bytes: int, max_json_bytes: int | None = None) -> None:
         self.app = app
         self.any_host = "*" in allowed_hosts
         self.hosts = {h.lower().strip("[]") for h in allowed_hosts}
         self.origins = {o.rstrip("/").lower() for o in allowed_origins}
-        self.limit = max_body_bytes
+        self.array_limit = max_body_bytes
+        self.json_limit = min(max_json_bytes or max_body_bytes, max_body_bytes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -75,6 +77,8 @@ class GuardMiddleware:
             await _problem(send, 403, "Origin not allowed",
                            f"state-changing requests from origin {origin!r} are refused")
             return
+        ctype = headers.get("content-type", "").split(";")[0].strip().lower()
+        body_limit = self.array_limit if ctype in ARRAY_TYPES else self.json_limit
         length = headers.get("content-length")
         if length is not None:
             try:
@@ -82,14 +86,14 @@ class GuardMiddleware:
             except ValueError:
                 await _problem(send, 400, "Bad Request", "invalid Content-Length")
                 return
-            if n > self.limit:
+            if n > body_limit:
                 await _problem(send, 413, "Content Too Large",
                                f"request body of {n} bytes is larger than the limit of "
-                               f"{self.limit} bytes")
+                               f"{body_limit} bytes")
                 return
 
         received = 0
-        limit = self.limit
+        limit = body_limit
         started = False
 
         async def limited_receive() -> Message:

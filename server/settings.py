@@ -34,6 +34,10 @@ class Settings(BaseSettings):
     # Safety limits
     max_body_bytes: int = Field(512 * 1024 * 1024, gt=0,
                                 description="largest request body accepted (413 above it)")
+    # JSON is parsed whole in the gateway (arrays never travel as JSON), so it gets a
+    # smaller limit than array bodies.
+    max_json_bytes: int = Field(64 * 1024 * 1024, gt=0,
+                                description="largest non-array request body (413 above it)")
     kernel_time_limit_s: float = Field(300.0, gt=0,
                                        description="one launch/batch/job op; the worker is "
                                                    "killed when it runs longer")

@@ -129,7 +129,8 @@ def limited(tmp_path_factory):
                           users=("alice", "bob", "carol", "dave"),
                           quota_sessions=3, quota_field_bytes=1 << 20, quota_job_seconds=0.5,
                           kernel_time_limit_s=1.5, idle_session_timeout_s=2,
-                          cull_interval_s=0.5, max_body_bytes=1 << 20)
+                          cull_interval_s=0.5, max_body_bytes=1 << 20,
+                          max_json_bytes=256 << 10)
     yield server
     server.stop()
 
