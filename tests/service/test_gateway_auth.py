@@ -69,3 +69,29 @@ def test_deleted_session_is_gone(alice):
     assert alice.delete(f"/v1/sessions/{sid}").status_code == 204
     problem(alice.get(f"/v1/sessions/{sid}"), 404)
     problem(alice.delete(f"/v1/sessions/{sid}"), 404)
+
+
+def test_token_create_stores_only_a_hash(tmp_path):
+    import hashlib
+    import sqlite3
+    import subprocess
+    import sys
+
+    def create(name):
+        return subprocess.run([sys.executable, "-m", "difftape.cli", "token", "create", name,
+                               "--data-dir", str(tmp_path)], capture_output=True, text=True,
+                              timeout=60)
+
+    out = create("erin")
+    token = out.stdout.strip()
+    assert out.returncode == 0 and token.startswith("dt_") and len(token) > 40
+    db_bytes = (tmp_path / "difftape.sqlite3").read_bytes()
+    wal = tmp_path / "difftape.sqlite3-wal"
+    if wal.exists():
+        db_bytes += wal.read_bytes()
+    assert token.encode() not in db_bytes
+    with sqlite3.connect(str(tmp_path / "difftape.sqlite3")) as db:
+        (stored,) = db.execute("SELECT token_sha256 FROM users WHERE name = 'erin'").fetchone()
+    assert stored == hashlib.sha256(token.encode()).hexdigest()
+    again = create("erin")
+    assert again.returncode == 1 and "exists" in again.stderr and not again.stdout.strip()
