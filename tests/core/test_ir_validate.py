@@ -19,6 +19,7 @@ Both searches are derandomized; ``DIFFTAPE_FUZZ_RANDOM=1`` with ``DIFFTAPE_FUZZ_
 """
 
 import copy
+import itertools
 import json
 import math
 import os
@@ -747,49 +748,75 @@ def _tree(data):
     return block(data["body"])
 
 
+_END = object()
+
+
 def _flatten(body):
     """Back to an encoding: nodes numbered in order; operands that are gone (dropped) keep a
-    stale number, as a client's bad arithmetic would."""
+    stale number, as a client's bad arithmetic would. Iterative: mutants nest deeply."""
     ids = {}
-
-    def number(items):
-        for node in items:
-            if not isinstance(node, list) or len(node) != 5:
-                continue
+    stack = [iter(body)]
+    while stack:
+        node = next(stack[-1], _END)
+        if node is _END:
+            stack.pop()
+            continue
+        if isinstance(node, list) and len(node) == 5 and id(node) not in ids:
             ids[id(node)] = len(ids)
-            for b in node[4] if isinstance(node[4], list) else ():
-                number(b if isinstance(b, list) else [])
-
-    def emit(items):
-        out = []
+            if isinstance(node[4], list):
+                stack.append(itertools.chain.from_iterable(
+                    b for b in node[4] if isinstance(b, list)))
+    out: list = []
+    work = [(body, out)]
+    while work:
+        items, dest = work.pop()
         for node in items:
             if not isinstance(node, list) or len(node) != 5:
-                out.append(node)
+                dest.append(node)
                 continue
             op, dtype, args, attr, blocks = node
             if isinstance(args, list):
                 args = [ids.get(id(a), len(ids) // 2) if isinstance(a, list) else a
                         for a in args]
             if isinstance(blocks, list):
-                blocks = [emit(b) if isinstance(b, list) else b for b in blocks]
-            out.append([op, dtype, args, attr, blocks])
-        return out
-
-    number(body)
-    return emit(body)
+                copies = []
+                for b in blocks:
+                    copies.append([] if isinstance(b, list) else b)
+                    if isinstance(b, list):
+                        work.append((b, copies[-1]))
+                blocks = copies
+            dest.append([op, dtype, args, attr, blocks])
+    return out
 
 
 def _nodes(body):
     """Every (block, index) of the tree, iteratively."""
-    out, stack = [], [body]
+    out, stack, seen = [], [body], set()
     while stack:
         blk = stack.pop()
+        if id(blk) in seen:
+            continue
+        seen.add(id(blk))
         for k, node in enumerate(blk):
             if isinstance(node, list) and len(node) == 5:
                 out.append((blk, k))
                 if isinstance(node[4], list):
                     stack.extend(b for b in node[4] if isinstance(b, list))
     return out
+
+
+def _inside(node, block):
+    """Is ``block`` one of ``node``'s blocks, at any depth? (Moving a node there would make the
+    tree a cycle.)"""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        for b in n[4] if isinstance(n[4], list) else ():
+            if b is block:
+                return True
+            if isinstance(b, list):
+                stack.extend(x for x in b if isinstance(x, list) and len(x) == 5)
+    return False
 
 
 def _wrap(node, kind, depth, cond):
@@ -820,8 +847,9 @@ def _mutate_tree(body, enc, draw):
         blk[k], blk[j] = blk[j], blk[k]
     elif what == "move":
         target, j = draw(st.sampled_from(sites))
-        moved = blk.pop(k)
-        target.insert(min(j, len(target)), moved)
+        if not _inside(node, target):
+            moved = blk.pop(k)
+            target.insert(min(j, len(target)), moved)
     elif what == "op":
         group = next((ops.split() for _, ops in SAME_KIND if node[0] in ops.split()), None)
         node[0] = draw(st.sampled_from(group if group and draw(st.booleans()) else sorted(OPS)))
