@@ -100,3 +100,27 @@ def test_server_binds_loopback_by_default(monkeypatch):
     # Lists from the environment are comma-separated.
     monkeypatch.setenv("DIFFTAPE_ALLOWED_HOSTS", "lab.example, gpu1.example")
     assert Settings().allowed_hosts == ["lab.example", "gpu1.example"]
+
+
+def test_internal_errors_are_problems_too(tmp_path):
+    """An engine bug is a 500 problem (not a dropped connection), a worker exiting on its
+    own a 410; the server carries on."""
+    from .conftest import start_server
+
+    server = start_server(tmp_path / "data", users=("alice",),
+                          engine="tests.service.faulty_engine:FaultyEngine")
+    try:
+        with server.client() as c:
+            sid = c.post("/v1/sessions", json={}).json()["session_id"]
+            r = c.post(f"/v1/sessions/{sid}/fields", json={"id": 1, "dtype": "f32",
+                                                           "shape": [4]})
+            assert r.status_code == 201, r.text
+            problem(c.post(f"/v1/sessions/{sid}/fields/1/data/fill", json={"value": 1}), 500)
+            assert c.get(f"/v1/sessions/{sid}/fields/1/data").status_code == 200
+            body = problem(c.post(f"/v1/sessions/{sid}/batch",
+                                  json={"ops": [{"op": "clear_duals"}]}), 410,
+                           "SessionLostError")
+            assert "exit code 3" in body["detail"]
+            assert c.post("/v1/sessions", json={}).status_code == 201
+    finally:
+        server.stop()
