@@ -19,7 +19,7 @@ FieldId = Annotated[int, Field(ge=1, lt=2**31)]
 Dim = Annotated[int, Field(ge=1, lt=2**31)]
 Number = int | float
 # JSON has no inf/NaN: they travel as these strings (both directions).
-NonFinite = Literal["NaN", "Infinity", "-Infinity"]
+NonFinite = Literal["NaN", "-NaN", "Infinity", "-Infinity"]
 Scalarish = Number | NonFinite | list[Number | NonFinite] | list[list[Number | NonFinite]]
 KernelId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")]
 
