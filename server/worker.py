@@ -244,6 +244,7 @@ class Worker:
         self.pid = self.proc.pid
         self.lock = asyncio.Lock()
         self.gone: WorkerGone | None = None
+        self._unread = 0  # replies of cancelled calls still to be read
         self.stats = WorkerStats()
         self._io = threading.Lock()
 
@@ -311,6 +312,27 @@ class Worker:
         self.gone = WorkerGone(f"the session's worker process died ({how})")
         return self.gone
 
+    async def _reply(self, timeout: float) -> tuple[dict, bytes | None]:
+        """Wait (in the loop) until the pipe is readable, then read one reply."""
+        loop = asyncio.get_running_loop()
+        ready = asyncio.Event()
+        fd = self._conn.fileno()
+        loop.add_reader(fd, ready.set)
+        try:
+            await asyncio.wait_for(ready.wait(), timeout)
+        except TimeoutError:
+            self.gone = WorkerGone(
+                f"the operation ran longer than the kernel time limit "
+                f"({timeout:g} s); its worker was stopped", timeout=True)
+            self.kill()
+            raise self.gone from None
+        finally:
+            loop.remove_reader(fd)
+            # uvloop (libuv) makes a watched descriptor non-blocking; the reads below, and
+            # the next request's writes, expect a blocking one.
+            os.set_blocking(fd, True)
+        return _recv(self._conn, self.shm)
+
     async def call(self, op: dict, payload=None, *, timeout: float) -> tuple[dict, bytes | None]:
         """Run one engine op; raise ProblemError for engine errors, WorkerGone if it died.
 
@@ -321,32 +343,25 @@ class Worker:
         async with self.lock:
             if self.gone is not None:
                 raise self.gone
-            loop = asyncio.get_running_loop()
+            sent = False
             try:
+                # A call cancelled while its op ran left that op's reply in the pipe: read
+                # it first, so replies stay paired with their requests.
+                while self._unread:
+                    await self._reply(timeout)
+                    self._unread -= 1
                 _send(self._conn, op, payload, self.shm)
-                ready = asyncio.Event()
-                fd = self._conn.fileno()
-                loop.add_reader(fd, ready.set)
-                try:
-                    await asyncio.wait_for(ready.wait(), timeout)
-                except TimeoutError:
-                    self.gone = WorkerGone(
-                        f"the operation ran longer than the kernel time limit "
-                        f"({timeout:g} s); its worker was stopped", timeout=True)
-                    self.kill()
-                    raise self.gone from None
-                finally:
-                    loop.remove_reader(fd)
-                    # uvloop (libuv) makes a watched descriptor non-blocking; the reads
-                    # below, and the next request's writes, expect a blocking one.
-                    os.set_blocking(fd, True)
-                msg, out = _recv(self._conn, self.shm)
+                sent = True
+                msg, out = await self._reply(timeout)
+                sent = False
             except (EOFError, OSError, ValueError):
                 # EOF: the worker died; OSError/ValueError: its pipe or buffer is closed.
                 if self.gone is None:
                     self._died()
                 raise self.gone from None
             finally:
+                if sent and self.gone is None:
+                    self._unread += 1  # cancelled between request and reply
                 if self.gone is not None:
                     self._close_channel()
         if "error" in msg:

@@ -200,3 +200,36 @@ def test_stale_shared_buffers_are_removed(tmp_path):
         for p in (stale, live):
             if os.path.exists(p):
                 os.unlink(p)
+
+
+def test_cancelled_call_keeps_replies_paired(tmp_path, kernels):
+    """A call cancelled while its op runs leaves that op's reply in the pipe; the next call
+    reads past it and gets its own reply."""
+    import asyncio
+
+    from difftape.server.worker import Worker
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        w = Worker("difftape.server.engine:Engine", {"cache_dir": str(tmp_path),
+                                                     "num_threads": 1})
+        try:
+            await loop.run_in_executor(None, w.wait_ready, 120)
+            await w.call({"op": "create_field", "id": 7, "dtype": "f32", "shape": [4]},
+                         timeout=60)
+            await w.call({"op": "fill", "id": 7, "value": 2.5}, timeout=60)
+            kid = (await w.call({"op": "register", "ir": kernels.ir("spin")},
+                                timeout=60))[0]["kernel_id"]
+            slow = asyncio.ensure_future(w.call({"op": "launch", "kernel_id": kid,
+                                                 "args": [400_000_000]}, timeout=60))
+            await asyncio.sleep(0.3)
+            assert not slow.done()
+            slow.cancel()
+            got, _ = await w.call({"op": "get_item", "id": 7, "index": [1]}, timeout=60)
+            assert got == {"value": 2.5}
+            got, _ = await w.call({"op": "stats"}, timeout=60)
+            assert got["launches"] == 1
+        finally:
+            await loop.run_in_executor(None, w.stop)
+
+    asyncio.run(main())
