@@ -53,6 +53,7 @@ class SessionManager:
         self.live: dict[str, Live] = {}
         self._reserved: dict[int, int] = {}  # user -> field bytes being allocated now
         self._creating: dict[int, int] = {}  # user -> sessions being started now
+        self._room = asyncio.Lock()  # worker starts, against the server-wide limit
         settings.sessions_dir.mkdir(parents=True, exist_ok=True)
 
     # ------------------------------------------------------------------ lookup
@@ -78,14 +79,37 @@ class SessionManager:
                                     f"{self.settings.quota_sessions} sessions in use")
         self._creating[user.id] = self._creating.get(user.id, 0) + 1
         try:
-            worker = await self.pool.get()
-            sid = "s_" + secrets.token_hex(12)
-            self.db.insert_session(sid, user.id, self.settings.arch, worker.address)
+            async with self._room:
+                await self._make_room()
+                worker = await self.pool.get()
+                sid = "s_" + secrets.token_hex(12)
+                self.db.insert_session(sid, user.id, self.settings.arch, worker.address)
+                e = self._entry(sid, user.id)
+                e.worker = worker
         finally:
             self._creating[user.id] -= 1
-        e = self._entry(sid, user.id)
-        e.worker = worker
         return sid
+
+    async def _make_room(self) -> None:
+        """At the server-wide worker limit, save and stop the least recently used idle
+        session (any user's: it resumes on its next request); 503 if every one is busy.
+        Called with ``self._room`` held, so concurrent starts cannot overshoot."""
+        running = [e for e in self.live.values() if e.worker is not None]
+        if len(running) < self.settings.max_workers:
+            return
+        for e in sorted(running, key=lambda e: e.last_activity):
+            if e.inflight or e.worker.lock.locked() or e.lock.locked():
+                continue
+            async with e.lock:
+                if e.inflight or e.worker is None:
+                    continue
+                await self._save_and_stop(e)
+                if e.worker is None:
+                    log.info("session %s saved and stopped to make room", e.sid)
+                    return
+        raise ProblemError(503, f"the server runs its limit of {self.settings.max_workers} "
+                                "sessions and all are busy; try again later",
+                           headers={"Retry-After": "5"})
 
     async def delete(self, user: User, sid: str) -> None:
         row = self.row(user, sid)
@@ -246,7 +270,10 @@ class SessionManager:
 
     # ------------------------------------------------------------------ cull / resume
     async def _resume(self, e: Live, row) -> None:
-        worker = await self.pool.get()
+        async with self._room:
+            await self._make_room()
+            worker = await self.pool.get()
+            e.worker = worker  # counted by the next _make_room, even before it is loaded
         try:
             timeout = self.settings.kernel_time_limit_s
             if row["saved_path"]:
@@ -256,6 +283,7 @@ class SessionManager:
                                   timeout=timeout)
         except (ProblemError, WorkerGone) as err:
             worker.kill()
+            e.worker = None
             reason = getattr(err, "detail", None) or getattr(err, "reason", str(err))
             self.db.update_session(e.sid, state="lost", lost_reason=f"resume failed: {reason}")
             self.live.pop(e.sid, None)

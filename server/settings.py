@@ -50,6 +50,10 @@ class Settings(BaseSettings):
     quota_sessions: int = Field(16, ge=0)
     quota_job_seconds: float = Field(24 * 3600.0, ge=0)
 
+    # Worker processes for sessions, server-wide: at the limit, the least recently used idle
+    # session is saved and stopped (it resumes on its next request); 503 if all are busy.
+    max_workers: int = Field(64, ge=1)
+
     # Jobs run from one queue per device; this many at once.
     job_concurrency: int = Field(1, ge=1)
     # Spawned, initialised workers kept ready so that creating a session does not wait for

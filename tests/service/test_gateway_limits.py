@@ -142,3 +142,49 @@ def test_quotas_hold_under_concurrent_requests(limited):
         finally:
             for sid in made:
                 c.delete(f"/v1/sessions/{sid}")
+
+
+def test_server_wide_worker_limit(tmp_path, kernels):
+    """With room for two session workers, a third session stops the least recently used
+    idle one (saved, resumed on its next request, data intact); when both are busy, 503."""
+    import threading
+
+    from .conftest import start_server
+
+    server = start_server(tmp_path / "data", users=("alice", "bob"), max_workers=2,
+                          spare_workers=0)
+    try:
+        with server.client("alice") as a, server.client("bob") as b:
+            s1 = a.post("/v1/sessions", json={}).json()["session_id"]
+            ids = setup_session(a, s1, kernels, "double", "spin")
+            x = np.arange(kernels.n, dtype=np.float32) - 3
+            a.put(f"/v1/sessions/{s1}/fields/{kernels.x.id}/data", content=npy(x))
+            s2 = b.post("/v1/sessions", json={}).json()["session_id"]
+            setup_session(b, s2, kernels, "spin")
+            r = a.post("/v1/sessions", json={})  # s1 is the least recently used
+            assert r.status_code == 201, r.text
+            s3 = r.json()["session_id"]
+            assert a.get(f"/v1/sessions/{s1}").json()["state"] == "culled"
+            # s1 comes back (making room by stopping s2, now the least recently used).
+            r = a.post(f"/v1/sessions/{s1}/kernels/{ids['double']}/launch", json={})
+            assert r.status_code == 200, r.text
+            y = from_npy(a.get(f"/v1/sessions/{s1}/fields/{kernels.y.id}/data").content)
+            np.testing.assert_array_equal(y, 2 * x)
+            assert b.get(f"/v1/sessions/{s2}").json()["state"] == "culled"
+            # Both running sessions busy: no room for a third.
+            ids3 = setup_session(a, s3, kernels, "spin")
+            threads = [threading.Thread(target=lambda s=s, k=k: a.post(
+                f"/v1/sessions/{s}/kernels/{k}/launch", json={"args": [1_500_000_000]}))
+                for s, k in ((s1, ids["spin"]), (s3, ids3["spin"]))]
+            for t in threads:
+                t.start()
+            time.sleep(0.5)
+            r = b.post(f"/v1/sessions/{s2}/batch", json={"ops": []})
+            problem(r, 503)
+            assert r.headers["retry-after"] == "5"
+            for t in threads:
+                t.join(60)
+            # Once they are idle again, s2 resumes.
+            assert b.post(f"/v1/sessions/{s2}/batch", json={"ops": []}).status_code == 200
+    finally:
+        server.stop()
