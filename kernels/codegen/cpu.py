@@ -70,6 +70,16 @@ class CPUTarget:
 
     def _bind_scalar_symbols(self) -> None:
         libc = ctypes.CDLL(None)
+        # f16 <-> f32/f64 conversions LLVM may leave as compiler-runtime calls: resolve them
+        # from libgcc rather than letting the JIT jump to an unresolved address.
+        try:
+            gcc = ctypes.CDLL("libgcc_s.so.1")
+        except OSError:
+            gcc = None
+        for name in ("__extendhfsf2", "__truncsfhf2", "__truncdfhf2", "__extendhfdf2"):
+            fn = getattr(gcc, name, None) if gcc is not None else None
+            if fn is not None:
+                llvm.add_symbol(name, ctypes.cast(fn, ctypes.c_void_p).value)
         for name in ("realloc", "free"):
             llvm.add_symbol(f"dt_{name}", ctypes.cast(getattr(libc, name), ctypes.c_void_p).value)
         for name in _LIBM_NAMES.values():

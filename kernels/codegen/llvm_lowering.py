@@ -393,7 +393,14 @@ class Lowering:
         if src.is_float and dst.is_float:
             op = "fpext" if dst.bits > src.bits else "fptrunc"
         elif src.is_float:
-            op = "fptosi" if dst.is_signed else "fptoui"
+            # Saturating: NaN -> 0 and out-of-range values clamp. A plain fptosi gives LLVM a
+            # poison value there, which could make a bounds check on the result vanish.
+            sat = "fptosi" if dst.is_signed else "fptoui"
+            name = f"llvm.{sat}.sat.{b}.{a.replace('float', 'f32').replace('double', 'f64')}"
+            if src.bits == 16:
+                name = f"llvm.{sat}.sat.{b}.f16"
+            self.declare(f"declare {b} @{name}({a})")
+            return self.fn.ins(f"call {b} @{name}({a} {v})")
         elif dst.is_float:
             op = "sitofp" if src.is_signed else "uitofp"
         elif dst.bits > src.bits:
@@ -488,20 +495,31 @@ class Lowering:
             if op in ("floordiv", "mod"):
                 return self._int_floordiv_mod(op, t, a, b)
             if op == "div":
-                return self.fn.ins(f"{'sdiv' if signed else 'udiv'} {ty} {a}, {b}")
+                return self._int_floordiv_mod("div", t, a, b)
             if op == "pow":
                 return self._int_pow(t, a, b)
         raise NotImplementedError(f"no lowering for {op} on {t}")  # guarded by a test over OPS
 
     def _int_floordiv_mod(self, op: str, t: DType, a: str, b: str) -> str:
+        """Integer ``div`` (truncating), ``floordiv`` and ``mod`` (Python's signs) that never
+        trap: x86 raises SIGFPE, killing the process, for a zero divisor and for
+        ``INT_MIN / -1``. A zero divisor gives 0; dividing by -1 negates (wrapping)."""
         ty = ll_type(t)
+        fn = self.fn
+        zero = fn.ins(f"icmp eq {ty} {b}, 0")
         if not t.is_signed:
-            return self.fn.ins(f"{'udiv' if op == 'floordiv' else 'urem'} {ty} {a}, {b}")
-        # Division by zero gives 0 instead of trapping the whole process.
-        zero = self.fn.ins(f"icmp eq {ty} {b}, 0")
-        safe_b = self.fn.ins(f"select i1 {zero}, {ty} 1, {ty} {b}")
-        q = self.fn.ins(f"sdiv {ty} {a}, {safe_b}")
-        r = self.fn.ins(f"srem {ty} {a}, {safe_b}")
+            safe_b = fn.ins(f"select i1 {zero}, {ty} 1, {ty} {b}")
+            q = fn.ins(f"{'urem' if op == 'mod' else 'udiv'} {ty} {a}, {safe_b}")
+            return fn.ins(f"select i1 {zero}, {ty} 0, {ty} {q}")
+        minus1 = fn.ins(f"icmp eq {ty} {b}, -1")
+        bad = fn.ins(f"or i1 {zero}, {minus1}")
+        safe_b = fn.ins(f"select i1 {bad}, {ty} 1, {ty} {b}")
+        q = fn.ins(f"sdiv {ty} {a}, {safe_b}")
+        if op == "div":
+            neg = fn.ins(f"sub {ty} 0, {a}")
+            q = fn.ins(f"select i1 {minus1}, {ty} {neg}, {ty} {q}")
+            return fn.ins(f"select i1 {zero}, {ty} 0, {ty} {q}")
+        r = fn.ins(f"srem {ty} {a}, {safe_b}")
         rnz = self.fn.ins(f"icmp ne {ty} {r}, 0")
         x = self.fn.ins(f"xor {ty} {r}, {safe_b}")
         neg = self.fn.ins(f"icmp slt {ty} {x}, 0")
@@ -509,9 +527,11 @@ class Lowering:
         if op == "floordiv":
             q1 = self.fn.ins(f"sub {ty} {q}, 1")
             out = self.fn.ins(f"select i1 {fix}, {ty} {q1}, {ty} {q}")
+            neg = fn.ins(f"sub {ty} 0, {a}")  # a // -1 (r is 0 there, so fix is false)
+            out = fn.ins(f"select i1 {minus1}, {ty} {neg}, {ty} {out}")
         else:
             r1 = self.fn.ins(f"add {ty} {r}, {safe_b}")
-            out = self.fn.ins(f"select i1 {fix}, {ty} {r1}, {ty} {r}")
+            out = self.fn.ins(f"select i1 {fix}, {ty} {r1}, {ty} {r}")  # a % -1 == 0: r is 0
         return self.fn.ins(f"select i1 {zero}, {ty} 0, {ty} {out}")
 
     def _int_pow(self, t: DType, a: str, b: str) -> str:

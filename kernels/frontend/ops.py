@@ -157,6 +157,15 @@ _PY_BINARY = {
 _COMPARE = ("lt", "le", "gt", "ge", "eq", "ne")
 
 
+def to_condition(x) -> Expr:
+    """A kernel value used as a truth value (``if``, ``while``, ``not``, ``and``/``or``,
+    ``ti.select``, ``assert``): an i32, so a float condition means ``x != 0``."""
+    e = to_expr(x)
+    if e.dtype.is_float:
+        e = Expr(_b.require().emit("ne", T.i32, (e.stmt, const(0.0, e.dtype).stmt)))
+    return e
+
+
 def binary(op: str, a, b):
     """Apply a binary op with Taichi's typing. Numbers fold at compile time."""
     if _is_matrix(a) or _is_matrix(b):
@@ -168,6 +177,9 @@ def binary(op: str, a, b):
         raise _err(f"unsupported operand types for {op}: {type(a).__name__} and "
                    f"{type(b).__name__}")
     bld = _b.require()
+    if op in ("logical_and", "logical_or"):
+        ea, eb = to_condition(a), to_condition(b)
+        return Expr(bld.emit(op, T.i32, (ea.stmt, eb.stmt)))
     ea, eb = _typed_pair(a, b)
     t = T.promote(ea.dtype, eb.dtype)
     if op == "div" and t.is_int:
@@ -259,7 +271,7 @@ def unary(op: str, x):
     if op in ("floor", "ceil", "round") and e.dtype.is_int:
         return e
     if op == "logical_not":
-        return Expr(bld.emit("logical_not", T.i32, (e.stmt,)))
+        return Expr(bld.emit("logical_not", T.i32, (to_condition(e).stmt,)))
     if op == "bit_not" and e.dtype.is_float:
         raise bld.error("bitwise not (~) needs an integer operand")
     return Expr(bld.emit(op, e.dtype, (e.stmt,)))
@@ -334,7 +346,7 @@ def select(cond, a, b):
     if _is_number(cond):
         return a if cond else b
     bld = _b.require()
-    c = to_expr(cond)
+    c = to_condition(cond)
     ea, eb = _typed_pair(a, b)
     t = T.promote(ea.dtype, eb.dtype)
     return Expr(bld.emit("select", t, (c.stmt, _cast_expr(ea, t).stmt, _cast_expr(eb, t).stmt)))

@@ -372,7 +372,7 @@ class FunctionTransformer:
                 raise self.bld.error("an `if` condition must be a scalar; use .any()/.all()")
             self.run_body(node.body if cond else node.orelse)  # compile-time condition
             return
-        c = ops.to_expr(cond)
+        c = ops.to_condition(cond)
         with self.bld.block() as then_blk:
             self.scopes.append({})
             self._branch_body(node.body)
@@ -468,7 +468,7 @@ class FunctionTransformer:
                 raise self.bld.error(f"static assertion failed: {msg}")
             return
         if self.bld.debug:
-            self.bld.emit("assert", None, (ops.to_expr(cond).stmt,), str(msg))
+            self.bld.emit("assert", None, (ops.to_condition(cond).stmt,), str(msg))
 
     # ------------------------------------------------------------------ for loops
     def build_For(self, node: ast.For) -> None:

@@ -20,8 +20,7 @@ memory it should not.
    ``break`` out of a parallel loop, ``return`` below the top level, reused loop ids, vector or
    matrix component indices that are not constants in range (the bounds checks cover array
    axes only). Also what would take the worker process down or stall it although the frontend
-   can emit it: integer division that can trap (SIGFPE), constant shifts LLVM folds to
-   poison, f16 (conversions the JIT cannot link), and shapes that make a pass superlinear
+   can emit it: constant shifts LLVM folds to poison, and shapes that make a pass superlinear
    (offload's recomputation of top-level expressions, DCE's round per dead local).
 3. *Semantics*, by the IR verifier (:mod:`.verify`), which the compiler also runs between its
    passes: scoping (operands defined earlier in the same or an enclosing block), values versus
@@ -389,8 +388,6 @@ class _Decoder:
         elif op == "div" and s.dtype is not None and s.dtype.is_int:
             raise self.fail(path, "integer 'div' is not accepted (the frontend divides in "
                                   "floating point; use floordiv)")
-        elif op in ("floordiv", "mod") and s.dtype is not None and s.dtype.is_int:
-            self.divisor(s, path)
         elif op in ("shl", "shr") and len(s.args) == 2 and s.args[1].op == "const":
             # LLVM folds a constant shift by >= the width to poison, which can then erase
             # branches (a bounds check) downstream; a run-time amount is masked by the CPU.
@@ -452,21 +449,6 @@ class _Decoder:
                                       f"'{buf.name}': it must be a constant in "
                                       f"[0, {buf.shape[axis]})")
 
-    def divisor(self, s: Stmt, path: str) -> None:
-        """An integer division by zero, or of the most negative value by -1, traps: the CPU
-        raises SIGFPE and the worker process dies. The lowering does not guard every case (an
-        unsigned divisor of 0, a signed INT_MIN // -1), so integer floordiv/mod is accepted
-        with a constant divisor that cannot trap, which is how kernels index (``p // side``,
-        ``i % n``)."""
-        d = s.args[1] if len(s.args) == 2 else None
-        bad = d is None or d.op != "const" or d.dtype != s.dtype or not _is_int(d.attr) or \
-            d.attr == 0 or (s.dtype.is_signed and d.attr == -1)
-        if bad:
-            raise self.fail(path, f"integer '{s.op}' needs a constant divisor other than 0"
-                                  f"{' and -1' if s.dtype.is_signed else ''} (a division that "
-                                  "traps would kill the worker process); divide in floating "
-                                  "point instead")
-
     def const(self, s: Stmt, path: str) -> None:
         v, t = s.attr, s.dtype
         if t is None:
@@ -500,7 +482,7 @@ class _Decoder:
 def decode_untrusted(data: object, *, max_stmts: int = 200_000, max_depth: int = 64,
                      max_buffers: int = 256, max_params: int = 1024,
                      max_elements: int = 1 << 31, allow_ndarray: bool = False,
-                     allow_nonfinite: bool = True, allow_f16: bool = False) -> KernelIR:
+                     allow_nonfinite: bool = True, allow_f16: bool = True) -> KernelIR:
     """Check ``data`` (``serialize.encode`` of a frontend KernelIR, as parsed from JSON) and
     build the IR; raise :class:`IRValidationError` naming the offending place otherwise.
 
@@ -514,7 +496,7 @@ def decode_untrusted(data: object, *, max_stmts: int = 200_000, max_depth: int =
 
     ``allow_ndarray``: accept ndarray-argument buffers (the service has no ndarrays).
     ``allow_nonfinite``: accept inf/nan float constants (kernels use ``-inf`` as a max's start).
-    ``allow_f16``: accept f16 anywhere (off: some f16 conversions crash the CPU JIT's code).
+    ``allow_f16``: accept f16 (a storage type; its conversions are compiler-runtime calls).
     """
     if not 0 < max_depth <= DEPTH_CEILING:
         raise ValueError(f"max_depth must be 1 to {DEPTH_CEILING}")
