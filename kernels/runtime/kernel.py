@@ -9,6 +9,7 @@ chunks on the thread pool. Nothing per element happens in Python.
 from __future__ import annotations
 
 import ctypes
+import functools
 import inspect
 import numbers
 import time
@@ -311,7 +312,7 @@ def compile_ir(ir: KernelIR, prog, stats: CompileStats | None = None,
     stats = stats or CompileStats()
     target = get_target()
     layout = ctx_layout(ir)
-    key = serialize.fingerprint(ir, target.fingerprint, __version__)
+    key = serialize.fingerprint(ir, target.fingerprint, __version__, _codegen_source_hash())
     directory = cache.cache_dir(prog.config.offline_cache_file_path) \
         if prog.config.offline_cache else None
     low = Lowering(ir, layout, target)
@@ -336,6 +337,20 @@ def compile_ir(ir: KernelIR, prog, stats: CompileStats | None = None,
     engine, addresses = target.load(obj, names)
     stats.llvm_s, stats.load_s = t1 - t0, time.perf_counter() - t1
     return CompiledKernel(ir, layout, engine, addresses, low, prog, arg_names)
+
+
+@functools.cache
+def _codegen_source_hash() -> str:
+    """A hash of the code generator's own source. The cache key covers the IR after the
+    passes, the target and the version; a change to the lowering alone (which makes different
+    machine code from the same IR) must not pick up objects it did not make."""
+    import hashlib
+    from pathlib import Path
+
+    h = hashlib.sha256()
+    for f in sorted((Path(__file__).resolve().parents[1] / "codegen").glob("*.py")):
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
 
 
 class CompiledKernel:
