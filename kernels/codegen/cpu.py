@@ -29,6 +29,7 @@ class CPUTarget:
     name = "cpu"
     # The reverse-mode stack grows with libc's allocator, bound under our own names.
     realloc_symbol = "dt_realloc"
+    calloc_symbol = "dt_calloc"
     free_symbol = "dt_free"
 
     def __init__(self) -> None:
@@ -80,7 +81,7 @@ class CPUTarget:
             fn = getattr(gcc, name, None) if gcc is not None else None
             if fn is not None:
                 llvm.add_symbol(name, ctypes.cast(fn, ctypes.c_void_p).value)
-        for name in ("realloc", "free"):
+        for name in ("realloc", "calloc", "free"):
             llvm.add_symbol(f"dt_{name}", ctypes.cast(getattr(libc, name), ctypes.c_void_p).value)
         for name in _LIBM_NAMES.values():
             for suffix in ("f", ""):

@@ -182,7 +182,7 @@ class Lowering:
 
     # ------------------------------------------------------------------ alias information
     def _field_slots(self) -> list[int]:
-        return [k for k, b in enumerate(self.ir.buffers) if b.key[0] == "field"]
+        return [k for k, b in enumerate(self.ir.buffers) if b.key[0] in ("field", "private")]
 
     def _alias_metadata(self) -> list[str]:
         """Distinct fields (and a field's value, .grad and .dual) are distinct arrays: tell
@@ -255,14 +255,40 @@ class Lowering:
         if task.kind == "serial":
             self.block(task.body)
         else:
+            copies = self._private_copies(task)
             self.block(task.prologue)
             b32 = fn.ins("trunc i64 %begin to i32")
             e32 = fn.ins("trunc i64 %end to i32")
             self._counted_loop(task.loop_id, b32, e32, task.body,
                                vectorize=_worth_vectorizing(task.body))
             self.block(task.epilogue)
+            for p in copies:
+                fn.void(f"call void @{self.target.free_symbol}(ptr {p})")
         self._return()
         return fn.text()
+
+    def _private_copies(self, task: Task) -> list[str]:
+        """Zeroed per-invocation copies of the buffers ``passes/scatter.py`` privatized."""
+        from ..ir.nodes import task_blocks, walk
+
+        slots = sorted({s.attr if s.op in ("load", "store") else s.attr[0]
+                        for b in task_blocks(task) for s in walk(b)
+                        if s.op in ("load", "store", "atomic")})
+        out = []
+        for slot in slots:
+            buf = self.ir.buffers[slot]
+            if buf.key[0] != "private":
+                continue
+            n = 1
+            for e in buf.shape:
+                n *= e
+            self.declare(f"declare ptr @{self.target.calloc_symbol}(i64, i64)")
+            self.declare(f"declare void @{self.target.free_symbol}(ptr)")
+            p = self.fn.ins(f"call ptr @{self.target.calloc_symbol}(i64 {n}, "
+                            f"i64 {buf.dtype.bits // 8})")
+            self.buffer_bases[slot] = p
+            out.append(p)
+        return out
 
     def _return(self) -> None:
         """Leave the task function, releasing the reverse-mode stack if it has one."""

@@ -102,6 +102,9 @@ class Interpreter:
                 continue
             self._block(t.bounds, env, {})
             begin, end = int(env[t.begin]), int(env[t.end])
+            for slot, buf in enumerate(self.ir.buffers):
+                if buf.key[0] == "private":  # a zeroed per-chunk copy (passes/scatter.py)
+                    self.buffers[slot] = np.zeros(buf.shape, dtype=buf.dtype.np)
             self._block(t.prologue, env, {})
             for i in range(begin, end):
                 try:

@@ -378,6 +378,8 @@ class CompiledKernel:
         self.ctx_i64[layout.rng] = prog.rng_state.ctypes.data
         self._ndarray_slots = []
         for slot, buf in enumerate(ir.buffers):
+            if buf.key[0] == "private":  # per-chunk copies the generated code allocates
+                continue
             if buf.key[0] == "field":
                 f = prog.fields.get(buf.key[1])
                 if f is None:

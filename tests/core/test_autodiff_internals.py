@@ -89,7 +89,19 @@ def test_scatter_keeps_its_atomics(prog):
     ir = run_pipeline(k.build_ir(program.get(), (), "grad"))
     # the adjoint of reading x[i] is owned; the primal scatter has none in the adjoint
     assert not [s for t in ir.tasks for s in walk(t.body) if s.op == "atomic"]
+    # the primal's scatter into a small field goes to a per-chunk copy, drained atomically
     ir = run_pipeline(k.build_ir(program.get(), ()))
+    assert not [s for t in ir.tasks for s in walk(t.body) if s.op == "atomic"]
+    assert [s for t in ir.tasks for s in walk(t.epilogue) if s.op == "atomic"]
+    # ... into a large one it stays atomic
+    big = ti.field(float, 1 << 16)
+
+    @ti.kernel
+    def k2():
+        for i in x:
+            big[(i * 3) % 16] += x[i]
+
+    ir = run_pipeline(k2.build_ir(program.get(), ()))
     assert [s for t in ir.tasks for s in walk(t.body) if s.op == "atomic"]
 
 

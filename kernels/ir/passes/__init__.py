@@ -18,6 +18,7 @@ from .fold import constant_fold
 from .offload import offload
 from .owned import demote_owned_atomics
 from .reduce import privatize_reductions
+from .scatter import privatize_scatters
 
 
 def _task_dce(ir: KernelIR) -> KernelIR:
@@ -36,6 +37,7 @@ PIPELINE = [
     offload,
     privatize_reductions,
     demote_owned_atomics,
+    privatize_scatters,
     _task_dce,
 ]
 
