@@ -83,7 +83,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         rows.append({"label": "map forward pass", "value": t_f * 1e3, "unit": "ms"})
     rows.insert(0, {"label": "map primal", "value": t_p * 1e3, "unit": "ms"})
 
-    # --- N-body energy
+    # --- N-body energy, in a program of its own (a Tape or hvp clears every field's
+    # derivatives, and the map's 2**24-element arrays would dominate that)
+    common.init(ti)
     X = ti.Vector.field(2, dtype=ti.f32, shape=N_BODY, needs_grad=True, needs_dual=True)
     U = ti.field(dtype=ti.f32, shape=(), needs_grad=True, needs_dual=True)
 

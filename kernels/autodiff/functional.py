@@ -7,8 +7,10 @@ writing the ``outputs`` (fields). It is run once per pass: it should compute its
 scratch (clear accumulators first), as a Tape-recorded program does.
 
 Intermediate fields carry tangents only if they have ``.dual`` storage, and gradients only if
-they have ``.grad``: these functions allocate what is missing on every float field
-(``ti.root.lazy_dual()`` / ``.grad.dual``) so that every chain of kernels is differentiated.
+they have ``.grad``: ``jvp``, ``vjp`` and ``jacobian`` allocate what is missing on every float
+field (``ti.root.lazy_dual()`` / ``lazy_grad()``) so that every chain of kernels is
+differentiated; ``hvp``/``hessian`` differentiate what a Tape would (fields with
+``needs_grad``), giving those ``.dual`` and ``.grad.dual``.
 """
 
 from __future__ import annotations
@@ -91,10 +93,14 @@ def _ensure_duals() -> None:
 
 
 def _ensure_second_order() -> None:
-    root.lazy_grad()
-    root.lazy_dual()
+    """Fields with gradient storage (those a Tape differentiates) get ``.dual`` and
+    ``.grad.dual``; fields without stay out of it, exactly as under a Tape."""
     for f in list(program.get().fields.values()):
-        if f.grad is not None and f.grad.dual is None:
+        if f.grad is None:
+            continue
+        if f.dual is None:
+            f._make_companion("dual")
+        if f.grad.dual is None:
             f.grad._make_companion("dual")
 
 
@@ -205,6 +211,10 @@ def hvp(fn: Callable[[], object], loss: Field, params: Sequence[Field] | Field, 
     vs = vectors if isinstance(params, list | tuple) else [vectors]
     if len(vs) != len(ps):
         raise DifftapeError(f"hvp: {len(ps)} params but {len(vs)} vectors")
+    for p in ps:
+        if p.grad is None:
+            raise DifftapeError(f"hvp: param '{p._label()}' has no gradient storage; create it "
+                                "with needs_grad=True (as for a Tape)")
     _ensure_second_order()
     clear_all_duals()
     for p, v in zip(ps, vs, strict=True):
