@@ -30,6 +30,7 @@ from difftape.frontend import builder as _b
 from difftape.frontend.annotations import NdarrayType
 from difftape.frontend.matrix import Matrix, MatrixType, Vector
 from difftape.ir import serialize
+from difftape.ir.serialize import from_jsonable
 from difftape.runtime.field import Field, _to_python
 from difftape.runtime.kernel import derive
 
@@ -37,23 +38,6 @@ from difftape.runtime.kernel import derive
 MAX_QUEUE = 4096
 #: Fields with at most this many elements move as item ops inside batches, not as bodies.
 SMALL_FIELD = 16
-
-
-def _from_json(value: Any) -> Any:
-    """Numbers back from JSON: the engine spells non-finite floats as strings."""
-    if isinstance(value, str):
-        return float(value.replace("Infinity", "inf"))
-    if isinstance(value, list):
-        return [_from_json(v) for v in value]
-    return value
-
-
-def _companion(f: Field, role: str) -> Field | None:
-    if role == "primal":
-        return f
-    if role == "grad_dual":
-        return f.grad.dual if f.grad is not None else None
-    return getattr(f, role, None)
 
 
 class _RemoteKernel:
@@ -94,7 +78,7 @@ class _RemoteKernel:
         return out
 
     def convert(self, result: Any) -> Any:
-        result = _from_json(result)
+        result = from_jsonable(result)
         rt = self.return_type
         if rt is not None:
             return Matrix._from_entries(list(result), rt.n, rt.m, rt.ndim)
@@ -237,7 +221,7 @@ class RemoteRuntime:
         def has_storage(buf, role: str) -> bool:
             kind, ident, base = buf.key
             f = fields.get(ident) if kind == "field" else None
-            return f is not None and _companion(f, role if base == "primal"
+            return f is not None and f.companion(role if base == "primal"
                                                 else f"{base}_{role}") is not None
 
         derive(serialize.decode(rk.data), variant, has_storage)
@@ -329,7 +313,7 @@ class RemoteField(Field):
         if _b.current() is not None:
             return super().__getitem__(key)
         index = self._index(self._norm_key(key))
-        value = _from_json(self._remote.call({"op": "get_item", "id": self.id,
+        value = from_jsonable(self._remote.call({"op": "get_item", "id": self.id,
                                               "role": self.role, "index": index})["value"])
         if not self.element_shape:
             return value
@@ -370,7 +354,7 @@ class RemoteField(Field):
             ops = [{"op": "get_item", "id": self.id, "role": self.role, "index": list(i)}
                    for i in np.ndindex(self.shape)]
             rt._queue.extend(ops)
-            values = [_from_json(r["value"]) for r in rt.flush()[-len(ops):]]
+            values = [from_jsonable(r["value"]) for r in rt.flush()[-len(ops):]]
             out = np.array(values, dtype=self.dtype.np).reshape(full)
         else:
             out = self._remote.read(self.id, self.role, self.dtype.np, full)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import numbers
 import os
 import tempfile
@@ -32,6 +31,7 @@ from difftape.errors import ArgumentError, CompileError, DifftapeError, ShapeErr
 from difftape.ir import serialize
 from difftape.ir.nodes import KernelIR
 from difftape.ir.passes import run_pipeline
+from difftape.ir.serialize import from_jsonable, jsonable
 from difftape.runtime import program
 from difftape.runtime.field import Field
 from difftape.runtime.kernel import CompiledKernel, CompileStats, compile_ir, derive
@@ -111,37 +111,6 @@ def _int_list(value: Any, what: str) -> tuple[int, ...]:
 
 def _number(v: Any) -> bool:
     return isinstance(v, numbers.Real)
-
-
-def jsonable(value: Any) -> Any:
-    """A result value as JSON: non-finite floats become the strings "NaN" ("-NaN" with the
-    sign bit set), "Infinity" and "-Infinity" (strict JSON has no spelling for them; the
-    client turns them back)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        if value != value:  # keep the sign bit: x86 makes 0/0 a negative NaN
-            return "-NaN" if math.copysign(1.0, value) < 0 else "NaN"
-        return "Infinity" if value > 0 else "-Infinity"
-    if isinstance(value, list):
-        return [jsonable(v) for v in value]
-    return value
-
-
-def from_jsonable(value: Any) -> Any:
-    """Inverse of :func:`jsonable` (used for values sent *to* the engine as well)."""
-    if isinstance(value, str) and value in ("NaN", "-NaN", "Infinity", "-Infinity"):
-        return float(value.replace("Infinity", "inf"))
-    if isinstance(value, list):
-        return [from_jsonable(v) for v in value]
-    return value
-
-
-def _companion(f: Field, role: str) -> Field | None:
-    """The storage of ``f`` for a buffer role, or None where it is not allocated."""
-    if role == "primal":
-        return f
-    if role == "grad_dual":
-        return f.grad.dual if f.grad is not None else None
-    return getattr(f, role, None)
 
 
 class _Kernel:
@@ -242,7 +211,7 @@ class Engine:
             role = "primal"
         if role not in ROLES:
             raise EngineError(f"role must be one of data/primal, grad, dual; got {role!r}")
-        s = _companion(f, role)
+        s = f.companion(role)
         if s is None:
             raise DifftapeError(f"{f._label()} has no .{role.replace('_', '.')}: create the "
                                 f"field with needs_{role.split('_')[-1]}=True")
@@ -283,7 +252,7 @@ class Engine:
         return sum(s.arr.nbytes for s in (f, f.grad, f.dual) if s is not None)
 
     def _make_companion(self, f: Field, role: str) -> None:
-        if _companion(f, role) is not None:
+        if f.companion(role) is not None:
             return
         if role == "grad_dual":
             self._make_companion(f, "grad")
@@ -376,7 +345,7 @@ class Engine:
     def op_clear_duals(self, op: dict) -> dict:
         """Zero every ``.dual`` and ``.grad.dual`` (as ``FwdMode`` does on entry)."""
         for f in list(self.prog.fields.values()):
-            for d in (f.dual, _companion(f, "grad_dual")):
+            for d in (f.dual, f.companion("grad_dual")):
                 if d is not None:
                     self.prog.zero(d.arr)
         return {}
@@ -404,7 +373,7 @@ class Engine:
                 raise CompileError(f"kernel describes '{buf.name}' as {buf.dtype} "
                                    f"{tuple(buf.shape)}, but field {ident} is {f.dtype} {full}",
                                    kernel=ir.name)
-            if _companion(f, role) is None:
+            if f.companion(role) is None:
                 raise CompileError(f"'{buf.name}' is used but was never allocated: create the "
                                    f"field with needs_{role}=True", kernel=ir.name)
 
@@ -422,7 +391,7 @@ class Engine:
         "dual" asks for ``x.grad.dual``)?"""
         kind, ident, base = buf.key
         f = self.prog.fields.get(ident) if kind == "field" else None
-        return f is not None and _companion(f, role if base == "primal" else
+        return f is not None and f.companion(role if base == "primal" else
                                             f"{base}_{role}") is not None
 
     def _compile(self, kid: str, variant: str) -> CompiledKernel:
@@ -491,12 +460,12 @@ class Engine:
         meta = {"fields": [], "kernels": [k.data for k in self.kernels.values()]}
         arrays: dict[str, np.ndarray] = {}
         for fid, f in self.prog.fields.items():
-            roles = [r for r in ROLES if _companion(f, r) is not None]
+            roles = [r for r in ROLES if f.companion(r) is not None]
             meta["fields"].append({"id": fid, "dtype": f.dtype.name, "shape": list(f.shape),
                                    "element_shape": list(f.element_shape), "name": f.name,
                                    "roles": roles})
             for r in roles:
-                arrays[f"{fid}_{r}"] = _companion(f, r).arr
+                arrays[f"{fid}_{r}"] = f.companion(r).arr
         arrays[_SAVE_META] = np.array(json.dumps(meta))
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".save-", suffix=".npz")

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+from typing import Any
 
 from .. import types as T
 from .nodes import Block, Buffer, KernelIR, Param, Stmt, Task
@@ -115,3 +117,28 @@ def fingerprint(ir: KernelIR, *extra: str) -> str:
     for e in extra:
         h.update(b"\0" + e.encode())
     return h.hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# numbers in JSON results and ops
+
+def jsonable(value: Any) -> Any:
+    """A result value as JSON: non-finite floats become the strings "NaN" ("-NaN" with the
+    sign bit set), "Infinity" and "-Infinity" (strict JSON has no spelling for them; the
+    client turns them back)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        if value != value:  # keep the sign bit: x86 makes 0/0 a negative NaN
+            return "-NaN" if math.copysign(1.0, value) < 0 else "NaN"
+        return "Infinity" if value > 0 else "-Infinity"
+    if isinstance(value, list):
+        return [jsonable(v) for v in value]
+    return value
+
+
+def from_jsonable(value: Any) -> Any:
+    """Inverse of :func:`jsonable` (used for values sent *to* the engine as well)."""
+    if isinstance(value, str) and value in ("NaN", "-NaN", "Infinity", "-Infinity"):
+        return float(value.replace("Infinity", "inf"))
+    if isinstance(value, list):
+        return [from_jsonable(v) for v in value]
+    return value
