@@ -241,6 +241,7 @@ class Lowering:
         self.buffer_bases: dict[int, str] = {}
         self.extents: dict[tuple[int, int], str] = {}
         self.stack: tuple[str, str, str] | None = None  # allocas: data, top, capacity
+        self.copies: list[str] = []  # per-chunk copies of privatized scatter targets
         return self.fn
 
     def _task(self, k: int, task: Task) -> str:
@@ -255,15 +256,13 @@ class Lowering:
         if task.kind == "serial":
             self.block(task.body)
         else:
-            copies = self._private_copies(task)
+            self.copies = self._private_copies(task)
             self.block(task.prologue)
             b32 = fn.ins("trunc i64 %begin to i32")
             e32 = fn.ins("trunc i64 %end to i32")
             self._counted_loop(task.loop_id, b32, e32, task.body,
                                vectorize=_worth_vectorizing(task.body))
             self.block(task.epilogue)
-            for p in copies:
-                fn.void(f"call void @{self.target.free_symbol}(ptr {p})")
         self._return()
         return fn.text()
 
@@ -291,7 +290,10 @@ class Lowering:
         return out
 
     def _return(self) -> None:
-        """Leave the task function, releasing the reverse-mode stack if it has one."""
+        """Leave the task function (also from a failed assertion), releasing the reverse-mode
+        stack and the per-chunk copies if it has them."""
+        for p in self.copies:
+            self.fn.void(f"call void @{self.target.free_symbol}(ptr {p})")
         if self.stack is not None:
             p = self.fn.ins(f"load ptr, ptr {self.stack[0]}")
             self.fn.void(f"call void @{self.target.free_symbol}(ptr {p})")
