@@ -32,7 +32,7 @@ from difftape.frontend.matrix import Matrix, MatrixType, Vector
 from difftape.ir import serialize
 from difftape.ir.serialize import from_jsonable
 from difftape.runtime.field import Field, _to_python
-from difftape.runtime.kernel import derive
+from difftape.runtime.kernel import derive, has_storage
 
 #: Queued ops beyond this many are sent without waiting for a synchronisation point.
 MAX_QUEUE = 4096
@@ -216,15 +216,9 @@ class RemoteRuntime:
         key = (rk.kid, variant, getattr(self.prog, "storage_epoch", 0))
         if key in self._grad_checked:
             return
-        fields = self.prog.fields
-
-        def has_storage(buf, role: str) -> bool:
-            kind, ident, base = buf.key
-            f = fields.get(ident) if kind == "field" else None
-            return f is not None and f.companion(role if base == "primal"
-                                                else f"{base}_{role}") is not None
-
-        derive(serialize.decode(rk.data), variant, has_storage)
+        prog = self.prog
+        derive(serialize.decode(rk.data), variant,
+               lambda buf, role: has_storage(prog, (), buf, role))
         self._grad_checked.add(key)
 
     def clear_grads(self) -> None:

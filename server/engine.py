@@ -34,7 +34,13 @@ from difftape.ir.passes import run_pipeline
 from difftape.ir.serialize import from_jsonable, jsonable
 from difftape.runtime import program
 from difftape.runtime.field import Field
-from difftape.runtime.kernel import CompiledKernel, CompileStats, compile_ir, derive
+from difftape.runtime.kernel import (
+    CompiledKernel,
+    CompileStats,
+    compile_ir,
+    derive,
+    has_storage,
+)
 
 #: Storage roles of a field: ``grad_dual`` is ``x.grad.dual`` (forward-over-reverse).
 ROLES = ("primal", "grad", "dual", "grad_dual")
@@ -387,12 +393,8 @@ class Engine:
         return {"kernel_id": kid}
 
     def _has_storage(self, buf, role: str) -> bool:
-        """As the local runtime: does ``buf`` have ``role`` storage (for a ``.grad`` buffer,
-        "dual" asks for ``x.grad.dual``)?"""
-        kind, ident, base = buf.key
-        f = self.prog.fields.get(ident) if kind == "field" else None
-        return f is not None and f.companion(role if base == "primal" else
-                                            f"{base}_{role}") is not None
+        """The local runtime's predicate (no ndarrays here)."""
+        return has_storage(self.prog, (), buf, role)
 
     def _compile(self, kid: str, variant: str) -> CompiledKernel:
         k = self.kernels[kid]

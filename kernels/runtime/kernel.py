@@ -207,7 +207,7 @@ class Kernel:
             [bld.return_type] if bld.return_type is not None else [])
         ir = KernelIR(self.name, bld.params, bld.buffers, bld.body, returns=returns,
                       file=parsed.file, debug=cfg.debug)
-        has = lambda buf, role: _has_storage(prog, spec, buf, role)
+        has = lambda buf, role: has_storage(prog, spec, buf, role)
         if variant == "validate":
             from ..autodiff import validation
             from ..autodiff.reverse import ReverseAD
@@ -272,9 +272,9 @@ class AdjointKernel:
         return f"<difftape adjoint kernel {self.primal.name}.grad>"
 
 
-def derive(ir: KernelIR, variant: str, has_storage: Callable[[Buffer, str], bool]) -> KernelIR:
+def derive(ir: KernelIR, variant: str, storage: Callable[[Buffer, str], bool]) -> KernelIR:
     """The IR of one compiled variant of a kernel, from its frontend IR (before the pass
-    pipeline). ``has_storage(buf, role)`` says whether ``buf`` has a ``.grad``/``.dual``
+    pipeline). ``storage(buf, role)`` says whether ``buf`` has a ``.grad``/``.dual``
     allocated: derivatives flow only into storage that exists. This is a pure IR transform,
     so the service runs it on IR a client sent, exactly as the local runtime does."""
     if variant == "primal":
@@ -282,17 +282,17 @@ def derive(ir: KernelIR, variant: str, has_storage: Callable[[Buffer, str], bool
     if variant in ("grad", "grad_fwd"):
         from ..autodiff.reverse import reverse_kernel
 
-        ir = reverse_kernel(ir, lambda buf: has_storage(buf, "grad"))
+        ir = reverse_kernel(ir, lambda buf: storage(buf, "grad"))
         if variant == "grad":
             return ir
     if variant in ("fwd", "grad_fwd"):
         from ..autodiff.forward import forward_kernel
 
-        return forward_kernel(ir, lambda buf: has_storage(buf, "dual"))
+        return forward_kernel(ir, lambda buf: storage(buf, "dual"))
     raise ValueError(f"unknown kernel variant {variant!r}")
 
 
-def _has_storage(prog, spec: tuple, buf, role: str) -> bool:
+def has_storage(prog, spec: tuple, buf, role: str) -> bool:
     """Does the buffer behind ``buf`` have ``role`` ("grad"/"dual") storage allocated? For a
     ``.grad`` buffer, "dual" asks for ``x.grad.dual``."""
     kind, ident, base = buf.key

@@ -38,7 +38,7 @@ from difftape.ir.nodes import ATOMIC_KINDS, OPS
 from difftape.ir.passes import run_pipeline
 from difftape.ir.validate import DEPTH_CEILING, argument_names, decode_untrusted
 from difftape.runtime import program
-from difftape.runtime.kernel import _has_storage, compile_ir, derive
+from difftape.runtime.kernel import compile_ir, derive, has_storage
 
 pytestmark = pytest.mark.difftape_only
 
@@ -934,7 +934,7 @@ def test_fuzzed_encodings_are_rejected_or_compile(corpus, data):
     variant = data.draw(st.sampled_from(VARIANTS))
     try:
         if variant != "primal":  # what the service compiles for kernel.grad / forward mode
-            ir = derive(ir, variant, lambda buf, role: _has_storage(program.get(), (), buf, role))
+            ir = derive(ir, variant, lambda buf, role: has_storage(program.get(), (), buf, role))
         compiled = _compile_decoded(ir)
         event("accepted and compiled")
         if launch is not None:
@@ -1268,7 +1268,7 @@ def test_generated_ir_is_accepted_compiles_and_runs(gen_fields, data):
     variant = data.draw(st.sampled_from(VARIANTS))
     try:
         if variant != "primal":
-            ir = derive(ir, variant, lambda buf, role: _has_storage(program.get(), (), buf, role))
+            ir = derive(ir, variant, lambda buf, role: has_storage(program.get(), (), buf, role))
         compiled = _compile_decoded(ir)
         event(f"{variant}: compiled")
         if args is not None:
