@@ -13,11 +13,12 @@ Locals are allocas in the entry block (LLVM's mem2reg turns them into registers)
 
 from __future__ import annotations
 
+import functools
 import struct
 from dataclasses import dataclass, field
 
 from .. import types as T
-from ..ir.nodes import Block, KernelIR, Stmt, Task
+from ..ir.nodes import Block, KernelIR, Stmt, Task, task_blocks, walk
 from ..types import DType
 from .layout import CtxLayout
 
@@ -142,6 +143,9 @@ _FLOAT_INTRINSIC = {"sqrt": "sqrt", "abs": "fabs", "floor": "floor", "ceil": "ce
                     "round": "round", "min": "minnum", "max": "maxnum"}
 TRANSCENDENTAL = ("sin", "cos", "tan", "asin", "acos", "atan", "tanh", "exp", "log", "pow",
                   "atan2")
+#: ops compared by structure when pairing sin/cos operands (see Lowering.sin_and_cos)
+_PURE_KEYED = frozenset({"load", "const", "arg", "buf_shape", "loop_index", "cast", "add", "sub",
+                         "mul", "div", "neg", "min", "max"})
 FAST = "contract"  # allow FMA formation, as Taichi does; results stay within rounding
 
 
@@ -159,6 +163,33 @@ class Lowering:
         self.attribute_groups: dict[str, int] = {"nounwind": 0}
         self.loop_metadata: list[str] = []
         self._loop_md = _LOOP_MD
+
+    @functools.cached_property
+    def sin_and_cos(self) -> set[Stmt]:
+        """Values whose sine and cosine both appear in the kernel (a derivative of one needs
+        the other): the target may compute such a pair with one argument reduction. Operands
+        are compared by structure (the IR does not merge two loads of ``x[i]``); a wrong match
+        would only cost speed, never correctness."""
+        memo: dict[int, object] = {}
+
+        def key(s: Stmt) -> object:
+            k = memo.get(id(s))
+            if k is None:
+                if s.op in _PURE_KEYED:
+                    k = (s.op, s.dtype, repr(s.attr), tuple(key(a) for a in s.args))
+                else:
+                    k = id(s)
+                memo[id(s)] = k
+            return k
+
+        seen: dict[str, dict[object, Stmt]] = {"sin": {}, "cos": {}}
+        for task in self.ir.tasks or ():
+            for block in task_blocks(task):
+                for s in walk(block):
+                    if s.op in seen:
+                        seen[s.op].setdefault(key(s.args[0]), s.args[0])
+        both = seen["sin"].keys() & seen["cos"].keys()
+        return {seen[op][k] for k in both for op in seen}
 
     def attribute_group(self, text: str) -> str:
         """``#N`` for an attribute set; the module trailer defines them all."""
@@ -467,7 +498,8 @@ class Lowering:
         if op in _FLOAT_INTRINSIC:
             return self.intrinsic(_FLOAT_INTRINSIC[op], t, [x])
         if op in TRANSCENDENTAL:
-            return self.target.math_call(self, op, t, [x])
+            return self.target.math_call(self, op, t, [x],
+                                         paired=s.args[0] in self.sin_and_cos)
         raise NotImplementedError(f"no lowering for unary {op}")  # guarded by a test over OPS
 
     def intrinsic(self, name: str, t: DType, args: list[str], extra: str = "") -> str:

@@ -1,0 +1,214 @@
+"""Sine and cosine of f32 together, as LLVM IR: one argument reduction for both.
+
+Why: a derivative of ``sin`` needs ``cos`` of the same value (and the reverse), so forward and
+reverse mode of any kernel with trigonometry compute both. As two libmvec calls that is two
+argument reductions and two calls per vector; here ``sin`` and ``cos`` of a value lower to one
+call of ``dt_sincosf`` (LLVM merges the two calls: the function is pure), which the loop
+vectorizer widens to ``dt_sincosf_v<W>`` returning both vectors. Primal kernels with a lone
+``sin`` use the same function, so a value and its derivative come from one implementation.
+
+Method (standard, written from the math): ``n = round(x * 2/pi)``; ``r = x - n*pi/2`` in three
+FMA steps with pi/2 split into three f32 parts (the first step is exact: both terms are
+multiples of 2^-23 once |x| >= 1); minimax polynomials of sin and cos on |r| <= pi/4 (fitted
+by :func:`fit`, approximation error below 0.06 ulp); the quadrant ``n mod 4`` picks and
+negates. Every f32 up to :data:`LIMIT` is within 1.53 ulp of the float64 truth (checked
+exhaustively by ``pytest -m bench tests/core/test_vecmath.py``; libmvec's bound is 4 ulp).
+Lanes with |x| above :data:`LIMIT` are recomputed with libm's ``sinf``/``cosf`` behind a
+branch taken only when such a lane exists. The scalar ``dt_sincosf`` (loop
+remainders, code the vectorizer leaves scalar) runs the vector code on one lane, so an
+element's result does not depend on where in a loop it falls.
+"""
+
+from __future__ import annotations
+
+import struct
+from decimal import Decimal, getcontext
+
+#: |x| beyond which a lane is recomputed by libm (see the module docstring).
+LIMIT = 8192.0
+
+#: sin r = r + r z (SIN[0] + SIN[1] z + SIN[2] z^2), cos r = 1 + z (COS[0] + ... COS[3] z^3),
+#: z = r^2, |r| <= pi/4: weighted-minimax fits (relative error 2^-28 and 2^-34 before rounding
+#: the coefficients to f32), from :func:`fit` (``python -m difftape.codegen.vecmath``).
+SIN = (-0.16666654573413042, 0.008332158420891099, -0.00019514958603705519)
+COS = (-0.49999999693236324, 0.041666620216513885, -0.0013886677192034881,
+       2.4383147015576145e-05)
+
+# pi to 40 digits: enough for three f32 parts of pi/2 (about 72 bits).
+_PI = "3.141592653589793238462643383279502884197"
+
+
+def _f32(v: float | Decimal) -> float:
+    return struct.unpack("f", struct.pack("f", float(v)))[0]
+
+
+def _lit(v: float) -> str:
+    """An LLVM float literal (hex of the double, which must be exactly an f32)."""
+    return f"0x{struct.unpack('<Q', struct.pack('<d', _f32(v)))[0]:016X}"
+
+
+def _pio2_parts() -> tuple[float, float, float]:
+    getcontext().prec = 60
+    rest = Decimal(_PI) / 2
+    parts = []
+    for _ in range(3):
+        p = _f32(rest)
+        parts.append(p)
+        rest -= Decimal(p)
+    return parts[0], parts[1], parts[2]
+
+
+def names(lanes: int) -> tuple[str, str]:
+    """(scalar, vector) function names."""
+    return "dt_sincosf", f"dt_sincosf_v{lanes}"
+
+
+def definitions(lanes: int, sinf: str, cosf: str, vector_attrs: str, scalar_attrs: str
+                ) -> tuple[str, list[str]]:
+    """IR of the scalar and the ``lanes``-wide function, and the intrinsics they declare.
+    ``sinf``/``cosf`` are the exact libm functions (declared by the caller) for the rare
+    large lanes; the attribute references must make both functions pure, the scalar one
+    ``noinline`` (inlined, its vector code would stop the loop vectorizer)."""
+    scalar, vector = names(lanes)
+    v = f"<{lanes} x float>"
+    vi = f"<{lanes} x i32>"
+    vb = f"<{lanes} x i1>"
+    ret = f"{{ {v}, {v} }}"
+
+    def sp(x: float) -> str:
+        return f"splat (float {_lit(x)})"
+
+    def fma(a: str, b: str, c: str, out: str) -> str:
+        return f"  {out} = call {v} @llvm.fma.v{lanes}f32({v} {a}, {v} {b}, {v} {c})"
+
+    p1, p2, p3 = _pio2_parts()
+    # Round-to-nearest by the 1.5 * 2^23 shifter: the low bits of the sum are n's (two's
+    # complement) bits, with no float -> int conversion (and no poison for NaN lanes).
+    shifter = 1.5 * 2.0 ** 23
+    body = [
+        f"define internal {ret} @{vector}({v} %x) {vector_attrs} {{",
+        "entry:",
+        f"  %t = fmul {v} %x, {sp(0.6366197723675814)}",
+        f"  %ts = fadd {v} %t, {sp(shifter)}",
+        f"  %n = fsub {v} %ts, {sp(shifter)}",
+        f"  %nn = fneg {v} %n",
+        fma("%nn", sp(p1), "%x", "%r1"),
+        fma("%nn", sp(p2), "%r1", "%r2"),
+        fma("%nn", sp(p3), "%r2", "%r3"),
+        f"  %z = fmul {v} %r3, %r3",
+        fma("%z", sp(SIN[2]), sp(SIN[1]), "%s2"),
+        fma("%z", "%s2", sp(SIN[0]), "%s1"),
+        f"  %rz = fmul {v} %r3, %z",
+        fma("%rz", "%s1", "%r3", "%s"),
+        fma("%z", sp(COS[3]), sp(COS[2]), "%c3"),
+        fma("%z", "%c3", sp(COS[1]), "%c2"),
+        fma("%z", "%c2", sp(COS[0]), "%c1"),
+        fma("%z", "%c1", sp(1.0), "%c"),
+        f"  %q = bitcast {v} %ts to {vi}",
+        f"  %odd = and {vi} %q, splat (i32 1)",
+        f"  %swap = icmp ne {vi} %odd, zeroinitializer",
+        f"  %sv = select {vb} %swap, {v} %c, {v} %s",
+        f"  %cv = select {vb} %swap, {v} %s, {v} %c",
+        f"  %q2 = and {vi} %q, splat (i32 2)",
+        f"  %sneg = icmp ne {vi} %q2, zeroinitializer",
+        f"  %q1 = add {vi} %q, splat (i32 1)",
+        f"  %q12 = and {vi} %q1, splat (i32 2)",
+        f"  %cneg = icmp ne {vi} %q12, zeroinitializer",
+        f"  %svn = fneg {v} %sv",
+        f"  %cvn = fneg {v} %cv",
+        f"  %S0 = select {vb} %sneg, {v} %svn, {v} %sv",
+        # sin(+-0) = +-0 (the reduction's zero terms may flip the sign of a zero)
+        f"  %xz = fcmp oeq {v} %x, zeroinitializer",
+        f"  %S = select {vb} %xz, {v} %x, {v} %S0",
+        f"  %C = select {vb} %cneg, {v} %cvn, {v} %cv",
+        f"  %ax = call {v} @llvm.fabs.v{lanes}f32({v} %x)",
+        f"  %big = fcmp ogt {v} %ax, {sp(LIMIT)}",
+        f"  %any = call i1 @llvm.vector.reduce.or.v{lanes}i1({vb} %big)",
+        "  br i1 %any, label %slow, label %done",
+        "slow:",
+        f"  %fixed = call {ret} @{vector}_exact({v} %x, {v} %S, {v} %C, {vb} %big)",
+        f"  %Sf = extractvalue {ret} %fixed, 0",
+        f"  %Cf = extractvalue {ret} %fixed, 1",
+        "  br label %done",
+        "done:",
+        f"  %So = phi {v} [%S, %entry], [%Sf, %slow]",
+        f"  %Co = phi {v} [%C, %entry], [%Cf, %slow]",
+        f"  %o1 = insertvalue {ret} poison, {v} %So, 0",
+        f"  %o2 = insertvalue {ret} %o1, {v} %Co, 1",
+        f"  ret {ret} %o2",
+        "}",
+        # The rare lanes, out of line: a call inside the vector loop only on this cold path.
+        f"define internal {ret} @{vector}_exact({v} %x, {v} %S, {v} %C, {vb} %big) "
+        f"{scalar_attrs} {{",
+        "entry:",
+        "  br label %lane",
+        "lane:",
+        "  %k = phi i32 [0, %entry], [%k1, %next]",
+        f"  %Sk = phi {v} [%S, %entry], [%S2, %next]",
+        f"  %Ck = phi {v} [%C, %entry], [%C2, %next]",
+        f"  %bk = extractelement {vb} %big, i32 %k",
+        "  br i1 %bk, label %exact, label %next",
+        "exact:",
+        f"  %xk = extractelement {v} %x, i32 %k",
+        f"  %sx = call float @{sinf}(float %xk)",
+        f"  %cx = call float @{cosf}(float %xk)",
+        f"  %Se = insertelement {v} %Sk, float %sx, i32 %k",
+        f"  %Ce = insertelement {v} %Ck, float %cx, i32 %k",
+        "  br label %next",
+        "next:",
+        f"  %S2 = phi {v} [%Sk, %lane], [%Se, %exact]",
+        f"  %C2 = phi {v} [%Ck, %lane], [%Ce, %exact]",
+        "  %k1 = add i32 %k, 1",
+        f"  %more = icmp ult i32 %k1, {lanes}",
+        "  br i1 %more, label %lane, label %out",
+        "out:",
+        f"  %o1 = insertvalue {ret} poison, {v} %S2, 0",
+        f"  %o2 = insertvalue {ret} %o1, {v} %C2, 1",
+        f"  ret {ret} %o2",
+        "}",
+        # One lane of the vector code: an element's result does not depend on its position.
+        f"define internal {{ float, float }} @{scalar}(float %x) {scalar_attrs} {{",
+        f"  %xv = insertelement {v} zeroinitializer, float %x, i32 0",
+        f"  %r = call {ret} @{vector}({v} %xv)",
+        f"  %s = extractvalue {ret} %r, 0",
+        f"  %c = extractvalue {ret} %r, 1",
+        "  %s0 = extractelement " + v + " %s, i32 0",
+        "  %c0 = extractelement " + v + " %c, i32 0",
+        "  %o1 = insertvalue { float, float } poison, float %s0, 0",
+        "  %o2 = insertvalue { float, float } %o1, float %c0, 1",
+        "  ret { float, float } %o2",
+        "}",
+    ]
+    decls = [f"declare {v} @llvm.fma.v{lanes}f32({v}, {v}, {v})",
+             f"declare {v} @llvm.fabs.v{lanes}f32({v})",
+             f"declare i1 @llvm.vector.reduce.or.v{lanes}i1({vb})"]
+    return "\n".join(body), decls
+
+
+def fit(deg_sin: int = 3, deg_cos: int = 4) -> tuple[list[float], list[float]]:
+    """The polynomial coefficients above, by weighted minimax (Lawson's iteratively
+    reweighted least squares) in relative error on [0, pi/4 (1 + 5e-4)]: the margin covers
+    the reduced argument's rounding past pi/4."""
+    import numpy as np
+
+    r = (np.cos(np.linspace(0, np.pi, 4000)) * 0.5 + 0.5) * (np.pi / 4 * 1.0005)
+    r = r[r > 1e-4]
+    z = r * r
+
+    def lawson(target, weight, deg: int) -> list[float]:
+        a = np.vstack([z ** k for k in range(deg)]).T
+        w = np.ones_like(z)
+        for _ in range(30):
+            sw = np.sqrt(w) * weight
+            c, *_ = np.linalg.lstsq(a * sw[:, None], target * sw, rcond=None)
+            err = np.abs((a @ c - target) * weight)
+            w = w * err / np.sum(w * err)
+        return [float(x) for x in c]
+
+    sin_part = lawson((np.sin(r) / r - 1) / z, r ** 3 / np.sin(r), deg_sin)
+    cos_part = lawson((np.cos(r) - 1) / z, z / np.cos(r), deg_cos)
+    return sin_part, cos_part
+
+
+if __name__ == "__main__":
+    print(fit())
