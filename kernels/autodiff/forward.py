@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 from ..errors import GradientRuleError
 from ..ir.nodes import Block, Buffer, KernelIR, Stmt, walk
-from .rules import RISKY, RULES, Emitter, partials, scale
+from .rules import RISKY, RULES, Emitter, Scaled, partials, scale
 from .structure import _NO_DERIVATIVE, _forward_closure, finite_partials, lower_bounds
 
 #: role of a buffer -> role of the buffer holding its tangents
@@ -41,6 +41,13 @@ class ForwardAD:
         self.buffers = list(buffers)
         self.name, self.file = name, file
         self.tan: dict[Stmt, Stmt] = dict(seeds or {})
+        # A power-of-two factor of a tangent, kept apart (rules.Scaled): the tangent of s is
+        # factor[s] * tan[s]. Multiplied in where a tangent leaves the arithmetic (_t).
+        self.factor: dict[Stmt, float] = {}
+        # A local_load -> an earlier load of the same local in the same block with no store
+        # between: the same value, so the same tangent (no second dual load), and terms
+        # through either merge (x * x with x loaded twice is still d(x*x) = 2 x dx).
+        self.same: dict[Stmt, Stmt] = {}
         self.dual_local: dict[Stmt, Stmt] = {}
         self.active: set[Stmt] = set()
 
@@ -75,8 +82,17 @@ class ForwardAD:
     def block(self, block: Block) -> Block:
         out: Block = []
         e = Emitter(out)
+        loaded: dict[Stmt, Stmt] = {}  # local -> its first load since the last store
         for s in block:
             e.loc = s.loc
+            if s.blocks:
+                loaded.clear()  # a nested block may store to any local
+            elif s.op == "local_load":
+                first = loaded.setdefault(s.args[0], s)
+                if first is not s:
+                    self.same[s] = first
+            elif s.op in ("local_store", "local_atomic"):
+                loaded.pop(s.args[0], None)
             if s.op == "stack_pop" and s.dtype is not None and s.dtype.is_float:
                 # Pushed as (value, tangent): the tangent comes off the stack first.
                 self.tan[s] = e.emit("stack_pop", s.dtype)
@@ -90,11 +106,14 @@ class ForwardAD:
             self.tangent(s, e)
         return out
 
-    def _t(self, s: Stmt) -> Stmt | None:
-        return self.tan.get(s)
+    def _t(self, e: Emitter, s: Stmt) -> Stmt | None:
+        """The tangent of ``s`` as a value (its factor multiplied in)."""
+        t = self.tan.get(s)
+        k = self.factor.get(s)
+        return t if t is None or k is None else e.bin("mul", t, e.const(k, t.dtype))
 
     def _t_or_zero(self, e: Emitter, s: Stmt) -> Stmt:
-        t = self.tan.get(s)
+        t = self._t(e, s)
         return t if t is not None else e.const(0, s.dtype)
 
     def tangent(self, s: Stmt, e: Emitter) -> None:
@@ -120,7 +139,13 @@ class ForwardAD:
                 e.emit("local_store", None, (d, self._t_or_zero(e, v)))
         elif op == "local_load":
             d = self.dual_local.get(s.args[0])
-            if d is not None:
+            first = self.same.get(s)
+            if first is not None:
+                if first in self.tan:
+                    self.tan[s] = self.tan[first]
+                    if first in self.factor:
+                        self.factor[s] = self.factor[first]
+            elif d is not None:
                 self.tan[s] = e.emit("local_load", s.dtype, (d,))
         elif op == "local_atomic":
             a, v = s.args
@@ -132,7 +157,7 @@ class ForwardAD:
                 if s in self.used:
                     raise self.error(s, "forward mode cannot give a derivative to the old value "
                                         "returned by an atomic update of a differentiated local")
-                t = self._t(v)
+                t = self._t(e, v)
                 if t is not None:
                     e.emit("local_atomic", s.dtype, (d, t), s.attr)
         elif op == "stack_push":
@@ -150,17 +175,39 @@ class ForwardAD:
         # A zero tangent (most of them, when one direction is seeded) must give exactly zero
         # even where the partial is infinite: guard, unless the partial is provably finite.
         guard = s.op in RISKY and not finite_partials(s, self.bounds)
-        total = None
+        # (tangent, partial, factor) per operand; equal terms merge (d(x*x) = 2 x dx).
+        terms: list[list] = []
         for a, p in zip(s.args, ps, strict=True):
             t = self.tan.get(a)
             if t is None or p is None:
                 continue
             if t.dtype != s.dtype:
                 t = e.cast(t, s.dtype)
-            c = scale(e, p, t, guard)
-            total = c if total is None else e.bin("add", total, c)
-        if total is not None:
-            self.tan[s] = total
+            k = self.factor.get(a, 1.0)
+            if isinstance(p, Scaled):
+                p, k = p.value, k * p.factor
+            if isinstance(p, Stmt):
+                p = self.same.get(p, p)
+            for term in terms:
+                if term[0] is t and term[1] is p and term[2] == k:
+                    term[2] = 2 * k
+                    break
+            else:
+                terms.append([t, p, k])
+        parts = [(c, k) for t, p, k in terms if (c := scale(e, p, t, guard)) is not None]
+        if not parts:
+            return
+        k = parts[0][1]
+        if any(kk != k for _, kk in parts):  # different factors: multiply them in
+            parts = [(c if kk == 1.0 else e.bin("mul", c, e.const(kk, c.dtype)), 1.0)
+                     for c, kk in parts]
+            k = 1.0
+        total = parts[0][0]
+        for c, _ in parts[1:]:
+            total = e.bin("add", total, c)
+        self.tan[s] = total
+        if k != 1.0:
+            self.factor[s] = k
 
     def _atomic(self, s: Stmt, e: Emitter) -> None:
         slot, kind = s.attr
@@ -181,7 +228,7 @@ class ForwardAD:
                                 "returns (the old value of a field with dual storage): another "
                                 "thread may change the element between the value and its "
                                 "tangent. Read the element in a separate kernel")
-        t = self._t(v)
+        t = self._t(e, v)
         if t is not None:
             e.emit("atomic", s.dtype, (*idx, t), (d, kind))
 
@@ -222,4 +269,12 @@ def tangents_of_block(block: Block, seeds: dict[Stmt, Stmt], name: str, file: st
     to their tangents. Returns the new block and the tangent map."""
     fwd = ForwardAD({}, name, file, seeds)
     fwd.analyse(block)
-    return fwd.block(block), fwd.tan
+    out = fwd.block(block)
+    # Hand out plain tangents: multiply in the factors of the block's own values (values
+    # in nested blocks are not visible after it).
+    e = Emitter(out)
+    tan = dict(fwd.tan)
+    for s in block:
+        if s in fwd.factor:
+            tan[s] = fwd._t(e, s)
+    return out, tan
