@@ -4,8 +4,10 @@ Why: a derivative of ``sin`` needs ``cos`` of the same value (and the reverse), 
 reverse mode of any kernel with trigonometry compute both. As two libmvec calls that is two
 argument reductions and two calls per vector; here ``sin`` and ``cos`` of a value lower to one
 call of ``dt_sincosf`` (LLVM merges the two calls: the function is pure), which the loop
-vectorizer widens to ``dt_sincosf_v<W>`` returning both vectors. Primal kernels with a lone
-``sin`` use the same function, so a value and its derivative come from one implementation.
+vectorizer widens to ``dt_sincosf_v<W>`` returning both vectors; after vectorization it is
+inlined into the loop. A lone ``sin`` or ``cos`` stays on libmvec, which is faster for one
+(so a forward-mode kernel's ``sin(x)`` may differ in the last bit from its primal kernel's:
+both are within the accuracy bounds, neither is bit-for-bit libm).
 
 Method (standard, written from the math): ``n = round(x * 2/pi)``; ``r = x - n*pi/2`` in three
 FMA steps with pi/2 split into three f32 parts (the first step is exact: both terms are
