@@ -200,8 +200,10 @@ class RemoteRuntime:
     def call_kernel(self, kernel, args: tuple):
         """``kernel(*args)`` under ``arch=ti.remote`` (the hook in ``Kernel.__call__``)."""
         prog = self.prog
-        if kernel.no_grad:
-            return self.launch(kernel, args)
+        if kernel.no_grad or getattr(prog, "no_tangents", 0):
+            # As locally: under forward mode what it writes gets zero tangents.
+            return self.launch(kernel, args, "fwd_const" if getattr(prog, "fwd", None) is not None
+                               else "primal")
         if prog.tape is not None:
             prog.tape.record(kernel, args)
         return self.launch(kernel, args,

@@ -41,8 +41,9 @@ def clear_all_gradients() -> None:
 
 def no_grad(func):
     """Give a kernel, or a Python function launching kernels, an empty gradient: a Tape runs it
-    forward and never differentiates it (and ``kernel.grad()`` does nothing). For bookkeeping
-    (clearing buffers, logging) inside a recorded program."""
+    forward and never differentiates it (and ``kernel.grad()`` does nothing); in forward mode
+    what it writes gets a zero tangent (its ``.dual`` is set, not left as it was). For
+    bookkeeping (clearing buffers, logging) inside a differentiated program."""
     from .runtime.kernel import Kernel
 
     if isinstance(func, Kernel):
@@ -50,15 +51,21 @@ def no_grad(func):
         return func
 
     def decorated(*args: Any, **kwargs: Any):
-        tape = program.get().tape
-        if tape is None or tape._suspended:
-            return func(*args, **kwargs)
-        tape._suspended += 1
+        prog = program.get()
+        tape = prog.tape
+        recording = tape is not None and not tape._suspended
+        # Under forward mode the kernels inside give what they write zero tangents.
+        prog.no_tangents += 1
+        if recording:
+            tape._suspended += 1
         try:
             result = func(*args, **kwargs)
         finally:
-            tape._suspended -= 1
-        tape.record_custom(decorated, _nothing, args, kwargs)
+            prog.no_tangents -= 1
+            if recording:
+                tape._suspended -= 1
+        if recording:
+            tape.record_custom(decorated, _nothing, args, kwargs)
         return result
 
     decorated.__name__ = getattr(func, "__name__", "no_grad")

@@ -44,7 +44,7 @@ from difftape.runtime.kernel import (
 
 #: Storage roles of a field: ``grad_dual`` is ``x.grad.dual`` (forward-over-reverse).
 ROLES = ("primal", "grad", "dual", "grad_dual")
-VARIANTS = ("primal", "grad", "fwd", "grad_fwd")
+VARIANTS = ("primal", "grad", "fwd", "grad_fwd", "fwd_const")
 #: Ops that carry a binary payload: they cannot be part of a ``batch``.
 PAYLOAD_OPS = ("write", "read")
 _SAVE_META = "__difftape_meta__"

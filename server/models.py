@@ -14,7 +14,7 @@ DTypeName = Literal["f16", "f32", "f64", "i8", "i16", "i32", "i64", "u8", "u16",
 # "data" and "primal" are the same storage; "grad_dual" is x.grad.dual (forward-over-reverse).
 Role = Literal["data", "primal", "grad", "dual", "grad_dual"]
 CompanionRole = Literal["grad", "dual", "grad_dual"]
-Variant = Literal["primal", "grad", "fwd", "grad_fwd"]
+Variant = Literal["primal", "grad", "fwd", "grad_fwd", "fwd_const"]
 FieldId = Annotated[int, Field(ge=1, lt=2**31)]
 Dim = Annotated[int, Field(ge=1, lt=2**31)]
 Number = int | float

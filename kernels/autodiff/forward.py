@@ -36,8 +36,10 @@ class ForwardAD:
     ``tan``: statement -> its tangent statement (absent: the tangent is zero)."""
 
     def __init__(self, dual_slot: dict[int, int], name: str, file: str,
-                 seeds: dict[Stmt, Stmt] | None = None, buffers: list[Buffer] = ()) -> None:
+                 seeds: dict[Stmt, Stmt] | None = None, buffers: list[Buffer] = (),
+                 inputs: bool = True) -> None:
         self.dual_slot = dual_slot
+        self.inputs = inputs  # do loads from dual buffers carry tangents?
         self.buffers = list(buffers)
         self.name, self.file = name, file
         self.tan: dict[Stmt, Stmt] = dict(seeds or {})
@@ -58,7 +60,7 @@ class ForwardAD:
 
         def seed(s: Stmt) -> bool | None:
             if s.op == "load":
-                return s.attr in self.dual_slot
+                return self.inputs and s.attr in self.dual_slot
             if s.op == "stack_pop":
                 return True
             if s.op in _NO_DERIVATIVE or s.op not in RULES:
@@ -120,7 +122,7 @@ class ForwardAD:
         op = s.op
         if op == "load":
             d = self.dual_slot.get(s.attr)
-            if d is not None:
+            if d is not None and self.inputs:
                 self.tan[s] = e.emit("load", s.dtype, s.args, d)
         elif op == "store":
             d = self.dual_slot.get(s.attr)
@@ -252,11 +254,14 @@ def _buffer_duals(buffers: list[Buffer], has_dual: Callable[[Buffer], bool]
     return out, dual_slot
 
 
-def forward_kernel(ir: KernelIR, has_dual: Callable[[Buffer], bool]) -> KernelIR:
+def forward_kernel(ir: KernelIR, has_dual: Callable[[Buffer], bool], inputs: bool = True
+                   ) -> KernelIR:
     """The forward-mode kernel: ``ir``'s computation plus the tangents of everything it
-    computes from buffers with dual storage (``has_dual``). Consumes ``ir``'s body."""
+    computes from buffers with dual storage (``has_dual``). Consumes ``ir``'s body.
+    ``inputs=False`` (a ``no_grad`` kernel under forward mode): what it reads carries no
+    tangent, so it stores zero tangents for what it writes."""
     buffers, dual_slot = _buffer_duals(ir.buffers, has_dual)
-    fwd = ForwardAD(dual_slot, ir.name, ir.file, buffers=buffers)
+    fwd = ForwardAD(dual_slot, ir.name, ir.file, buffers=buffers, inputs=inputs)
     fwd.analyse(ir.body)
     body = fwd.block(ir.body)
     return KernelIR(ir.name + "_fwd", ir.params, buffers, body, returns=list(ir.returns),

@@ -92,6 +92,10 @@ class Kernel:
             self._reset_instances(prog)
         if prog.remote is not None:  # arch=ti.remote: queued for the server (difftape.client)
             return prog.remote.call_kernel(self, args)
+        if prog.fwd is not None and (self.no_grad or prog.no_tangents):
+            # An empty derivative in forward mode: what the kernel writes gets tangent zero
+            # (leaving the .dual as it was would pass on a stale tangent).
+            return self.instance(args, "fwd_const").launch(args)
         if (prog.tape is not None or prog.fwd is not None) and not self.no_grad:
             return self._call_differentiated(prog, args)
         if self._simple:
@@ -127,7 +131,8 @@ class Kernel:
 
     def instance(self, args: tuple, variant: str = "primal") -> CompiledKernel:
         """The compiled ``variant`` for these arguments: "primal", "grad" (reverse mode),
-        "fwd" (forward mode), "grad_fwd" (forward-over-reverse) or "validate"."""
+        "fwd" (forward mode), "grad_fwd" (forward-over-reverse), "fwd_const" (forward mode of a
+        no_grad kernel: zero tangents for what it writes) or "validate"."""
         if len(args) != len(self.params):
             raise self._arg_count_error(args)
         prog = program.get()
@@ -285,10 +290,11 @@ def derive(ir: KernelIR, variant: str, storage: Callable[[Buffer, str], bool]) -
         ir = reverse_kernel(ir, lambda buf: storage(buf, "grad"))
         if variant == "grad":
             return ir
-    if variant in ("fwd", "grad_fwd"):
+    if variant in ("fwd", "grad_fwd", "fwd_const"):
         from ..autodiff.forward import forward_kernel
 
-        return forward_kernel(ir, lambda buf: storage(buf, "dual"))
+        return forward_kernel(ir, lambda buf: storage(buf, "dual"),
+                              inputs=variant != "fwd_const")
     raise ValueError(f"unknown kernel variant {variant!r}")
 
 

@@ -68,6 +68,9 @@ class Program:
         self.tape = None  # the ti.ad.Tape recording kernel launches, if any
         self.remote = None  # arch=ti.remote: the difftape.client runtime running it on a server
         self.fwd = None  # the ti.ad.FwdMode (or forward-mode helper) in effect, if any
+        # > 0 inside a @ti.ad.no_grad function under forward mode: kernels there give the
+        # fields they write zero tangents (variant "fwd_const")
+        self.no_tangents = 0
         # Bumped whenever a field gains .grad/.dual storage: derivative variants of kernels
         # compiled before then would not read or write it.
         self.storage_epoch = 0

@@ -382,3 +382,55 @@ def test_both_modes_refuse_atomic_max_into_differentiated_storage(ti):
     with pytest.raises(ti.GradientRuleError, match="atomic_max into 'm'"):
         with ti.ad.FwdMode(loss=m, param=x, seed=[1.0] * 4):
             clamp_below()
+
+
+@pytest.mark.difftape_only
+def test_no_grad_gives_zero_tangents_in_forward_mode_as_reverse_mode_gives_no_gradient(ti):
+    """A no_grad kernel (or function) writing a field with dual storage sets its tangent to
+    zero: left alone, the .dual would carry a stale tangent into the loss. Forward and
+    reverse mode agree: d/dx sum(y * x) with y = no_grad copy of x is y."""
+    n = 8
+    x = ti.field(ti.f64, n, needs_grad=True, needs_dual=True)
+    y = ti.field(ti.f64, n, needs_grad=True, needs_dual=True)
+    z = ti.field(ti.f64, n, needs_grad=True, needs_dual=True)
+    loss = ti.field(ti.f64, (), needs_grad=True, needs_dual=True)
+
+    @ti.ad.no_grad
+    @ti.kernel
+    def copy():
+        for i in x:
+            y[i] = x[i] * 2.0
+
+    @ti.kernel
+    def copy_z():
+        for i in x:
+            z[i] = x[i] * 3.0
+
+    @ti.ad.no_grad
+    def bookkeeping():
+        copy_z()
+
+    @ti.kernel
+    def product():
+        for i in x:
+            loss[None] += y[i] * x[i] + z[i] * x[i]
+
+    xs = np.linspace(0.5, 2.0, n)
+    v = np.cos(np.arange(n))
+    x.from_numpy(xs)
+    y.dual.fill(5.0)  # stale tangents, from an earlier computation
+    z.dual.fill(7.0)
+    with ti.ad.FwdMode(loss=loss, param=x, seed=list(v), clear_gradients=False):
+        copy()
+        bookkeeping()
+        product()
+    expected = float((2 * xs + 3 * xs) @ v)  # only the explicit x factors carry tangents
+    assert loss.dual[None] == pytest.approx(expected, rel=1e-13)
+    assert (y.dual.to_numpy() == 0).all() and (z.dual.to_numpy() == 0).all()
+
+    loss[None] = 0
+    with ti.ad.Tape(loss):
+        copy()
+        bookkeeping()
+        product()
+    assert float(x.grad.to_numpy() @ v) == pytest.approx(expected, rel=1e-13)

@@ -29,6 +29,12 @@ def program():
     def run_square():
         square()
 
+    @ti.ad.no_grad
+    @ti.kernel
+    def overwrite():  # under forward mode: zero tangents for y (variant fwd_const)
+        for i in a:
+            y[i] = a[i] * 0.5
+
     a.from_numpy(np.array([0.1, -0.2, 0.3, 0.45]))
     out = {"hvp": ti.ad.hvp(energy, L, a, np.array([1.0, -2.0, 0.5, 3.0])),
            "grad": a.grad.to_numpy(),
@@ -41,6 +47,10 @@ def program():
         square()
     out["fwdmode"] = y.dual.to_numpy()
     out["seed_cleared"] = a.dual.to_numpy()
+    with ti.ad.FwdMode(loss=y, param=a, seed=[1.0, 0.0, -1.0, 2.0]):
+        square()
+        overwrite()
+    out["no_grad_dual"] = y.dual.to_numpy()
     return out
 
 
@@ -50,3 +60,4 @@ def test_forward_mode_and_second_order_remote(remote):  # noqa: F811 - the fixtu
     same(here, there)
     np.testing.assert_allclose(here["jac_fwd"], here["jac_rev"], rtol=1e-14, atol=1e-15)
     assert not here["seed_cleared"].any()
+    assert here["fwdmode"].any() and not here["no_grad_dual"].any()
