@@ -20,8 +20,9 @@ memory it should not.
    ``break`` out of a parallel loop, ``return`` below the top level, reused loop ids, vector or
    matrix component indices that are not constants in range (the bounds checks cover array
    axes only). Also what would take the worker process down or stall it although the frontend
-   can emit it: constant shifts LLVM folds to poison, and shapes that make a pass superlinear
-   (offload's recomputation of top-level expressions, DCE's round per dead local).
+   can emit it: constant shifts LLVM folds to poison. (The passes are linear in the shapes
+   that once made them superlinear: long or doubling top-level expressions, chains of dead
+   locals; tests/core/test_ir_validate.py compiles those.)
 3. *Semantics*, by the IR verifier (:mod:`.verify`), which the compiler also runs between its
    passes: scoping (operands defined earlier in the same or an enclosing block), values versus
    statements without one, attribute ranges (buffer, parameter and return slots, atomic kinds,
@@ -43,7 +44,6 @@ import numpy as np
 from .. import types as T
 from ..errors import IRValidationError
 from .nodes import OPS, Buffer, KernelIR, Param, Stmt
-from .passes.offload import _REMAT_OPS
 from .verify import LOOP_FLAGS, IRVerificationError, verify
 
 # Ops the compiler creates for itself (after the frontend); a client never has a reason to send
@@ -73,9 +73,6 @@ MAX_EXTENT = (1 << 31) - 1  # indices are i32
 # lowering, whatever a caller asks for.
 DEPTH_CEILING = 200
 # Guards for costs in the passes that grow faster than the kernel (see decode_untrusted):
-MAX_TOP_EXPR = 256  # operations in one top-level expression that offload may recompute
-MAX_TOP_EXPR_DEPTH = 64  # its nesting (offload recurses along it)
-MAX_DCE_WORK = 50_000_000  # (allocas + 2) x statements: DCE's worst case, in statement visits
 MAX_MESSAGES = 1024  # distinct assert messages (collected with a linear search per assert)
 
 
@@ -121,9 +118,6 @@ class _Decoder:
         self.paths: dict[Stmt, str] = {}
         self.loop_ids: set[int] = set()
         self.ir: KernelIR | None = None
-        self.expr_size: dict[Stmt, int] = {}  # top-level recomputable expressions
-        self.expr_depth: dict[Stmt, int] = {}
-        self.allocas = 0
         self.messages: set[str] = set()
         self.count = 0  # statements decoded so far
 
@@ -178,10 +172,6 @@ class _Decoder:
         except ValueError as e:
             raise self.fail("buffers", str(e)) from None
         ir.body = self.block(data["body"], "body", 1, ())
-        if (self.allocas + 2) * self.count > MAX_DCE_WORK:
-            raise self.fail("body", f"{self.allocas} local variables in {self.count} statements: "
-                                    "dead-code elimination could take (locals x statements) "
-                                    f"steps, more than {MAX_DCE_WORK}; use fewer locals")
         return ir
 
     def params(self, data: object) -> list[Param]:
@@ -369,12 +359,8 @@ class _Decoder:
         op = s.op
         if s.attr is not None and op not in ATTR_OPS:
             raise self.fail(path, f"op '{op}' takes no attribute (null), got {_short(s.attr)}")
-        if depth == 1:
-            self.top_level_expression(s, path)
         if op == "const":
             self.const(s, path)
-        elif op == "alloca":
-            self.allocas += 1
         elif op == "assert":
             # The frontend asserts a condition; the value operand (reported in the message)
             # belongs to the bounds checks, which read it back as an integer index.
@@ -411,26 +397,6 @@ class _Decoder:
             raise self.fail(path, "`break` out of a parallel loop is not allowed")
         elif op == "return" and depth > 1:
             raise self.fail(path, "a kernel's return is at the top level of its body")
-
-    def top_level_expression(self, s: Stmt, path: str) -> None:
-        """Offloading recomputes a top-level value inside each task that uses it when the value
-        is cheap arithmetic (``offload._rematerializable``), walking its operand tree without
-        memoization and recursively: a long chain of such ops would overflow Python's stack and
-        a doubling one (``x = x + x`` twenty times) take exponential time. Bound both here, with
-        the same operation set and the same walk."""
-        if s.op not in _REMAT_OPS:
-            return
-        size, depth = 1, 1
-        for a in s.args:
-            size += self.expr_size.get(a, 1)
-            depth = max(depth, self.expr_depth.get(a, 1) + 1)
-        if size > MAX_TOP_EXPR or depth > MAX_TOP_EXPR_DEPTH:
-            raise self.fail(path, f"top-level expression too large ({min(size, 10**6)} "
-                                  f"operations nested {depth} deep; at most {MAX_TOP_EXPR} "
-                                  f"and {MAX_TOP_EXPR_DEPTH}): values computed before a "
-                                  "parallel loop are recomputed in it; store this one in a "
-                                  "local variable")
-        self.expr_size[s], self.expr_depth[s] = size, depth
 
     def element_indices(self, s: Stmt, path: str) -> None:
         """The bounds-check pass guards array axes only; the frontend indexes vector/matrix

@@ -16,24 +16,31 @@ def _uses(blocks: list[Block]) -> Counter:
     return uses
 
 
-def _sweep(block: Block, uses: Counter, dead_allocas: set) -> tuple[Block, bool]:
+def _sweep(block: Block, uses: Counter, reads: Counter, dead_allocas: set
+           ) -> tuple[Block, bool]:
+    """One backward pass. ``reads``: loads left per local, kept current as loads go, so a
+    chain of dead locals (``b = a; c = b; ...``) goes in one pass, not one pass per local.
+    An alloca itself goes only when it was dead at the start (``dead_allocas``): a store
+    to it already passed may remain until the next pass."""
     changed = False
     out: Block = []
     for s in reversed(block):
         if s.blocks:
             new_blocks = []
             for b in s.blocks:
-                nb, c = _sweep(b, uses, dead_allocas)
+                nb, c = _sweep(b, uses, reads, dead_allocas)
                 new_blocks.append(nb)
                 changed |= c
             s.blocks = tuple(new_blocks)
         removable = (s.info.pure and uses[s] == 0) or \
             (s.op == "alloca" and s in dead_allocas) or \
-            (s.op == "local_store" and s.args[0] in dead_allocas) or \
+            (s.op == "local_store" and reads[s.args[0]] == 0) or \
             (s.op == "if" and not s.blocks[0] and not s.blocks[1])
         if removable:
             for a in s.args:
                 uses[a] -= 1
+            if s.op == "local_load":
+                reads[s.args[0]] -= 1
             changed = True
             continue
         out.append(s)
@@ -41,16 +48,17 @@ def _sweep(block: Block, uses: Counter, dead_allocas: set) -> tuple[Block, bool]
     return out, changed
 
 
-def _dead_allocas(blocks: list[Block]) -> set[Stmt]:
-    loaded = set()
+def _reads(blocks: list[Block]) -> tuple[Counter, set[Stmt]]:
+    """Loads (and atomic updates, which read) per local, and the locals never read."""
+    reads: Counter = Counter()
     allocas = set()
     for blk in blocks:
         for s in walk(blk):
             if s.op == "alloca":
                 allocas.add(s)
             elif s.op in ("local_load", "local_atomic"):
-                loaded.add(s.args[0])
-    return allocas - loaded
+                reads[s.args[0]] += 1
+    return reads, {a for a in allocas if reads[a] == 0}
 
 
 def eliminate_blocks(blocks: list[Block], roots: tuple[Stmt, ...] = ()) -> list[Block]:
@@ -61,11 +69,11 @@ def eliminate_blocks(blocks: list[Block], roots: tuple[Stmt, ...] = ()) -> list[
         uses = _uses(blocks)
         for r in roots:
             uses[r] += 1
-        dead = _dead_allocas(blocks)
+        reads, dead = _reads(blocks)
         changed = False
         new = []
         for b in blocks:
-            nb, c = _sweep(b, uses, dead)
+            nb, c = _sweep(b, uses, reads, dead)
             new.append(nb)
             changed |= c
         blocks = new

@@ -17,8 +17,8 @@ _REMAT_OPS = {"const", "arg", "buf_shape", "cast", "select", "neg", "abs", "add"
               "shl", "shr"}
 
 
-def _rematerializable(s: Stmt) -> bool:
-    return s.op in _REMAT_OPS and all(_rematerializable(a) for a in s.args)
+#: The most operations recomputed for one value in a task; a larger expression is spilled.
+REMAT_LIMIT = 32
 
 
 def _split(ir: KernelIR) -> list[Task]:
@@ -44,6 +44,7 @@ class _Offloader:
         self.tasks = tasks
         self.owner: dict[Stmt, int] = {}
         self.temps: dict[Stmt, int] = {}  # alloca or spilled value -> temp slot
+        self.cost: dict[Stmt, int] = {}  # value -> operations to recompute it (capped)
         for t_index, t in enumerate(tasks):
             for blk in (t.body,):
                 for s in walk(blk):
@@ -98,18 +99,45 @@ class _Offloader:
             out.append(s)
         return out
 
+    def _cheap(self, d: Stmt) -> bool:
+        """Is ``d`` pure arithmetic on pure arithmetic... costing at most REMAT_LIMIT
+        operations (counted as a tree, so shared operands count once per use: an
+        over-estimate)? Memoized and iterative: long or doubling chains cost linear time."""
+        cost = self.cost
+        stack = [d]
+        while stack:
+            s = stack[-1]
+            if s in cost:
+                stack.pop()
+            elif s.op not in _REMAT_OPS:
+                cost[s] = REMAT_LIMIT + 1
+                stack.pop()
+            elif pending := [a for a in s.args if a not in cost]:
+                stack.extend(pending)
+            else:
+                cost[s] = min(REMAT_LIMIT + 1, 1 + sum(cost[a] for a in s.args))
+                stack.pop()
+        return cost[d] <= REMAT_LIMIT
+
     def _import(self, d: Stmt, t_index: int, into: Block, cache: dict) -> Stmt:
-        """A statement in ``into`` giving the value of foreign statement ``d``."""
-        if d in cache:
-            return cache[d]
-        if _rematerializable(d):
-            args = tuple(self._import(a, t_index, into, cache) for a in d.args)
-            new = d.replace(args=args)
-        else:
-            new = Stmt("temp_load", d.dtype, (), self.temp_slot(d), loc=d.loc)
-        into.append(new)
-        cache[d] = new
-        return new
+        """A statement in ``into`` giving the value of foreign statement ``d``: recomputed
+        when cheap, else read from a temp. Operands first (post-order, without recursion)."""
+        stack: list[tuple[Stmt, bool]] = [(d, False)]
+        while stack:
+            s, operands_done = stack.pop()
+            if s in cache:
+                continue
+            if self._cheap(s):
+                if not operands_done:
+                    stack.append((s, True))
+                    stack.extend((a, False) for a in s.args if a not in cache)
+                    continue
+                new = s.replace(args=tuple(cache[a] for a in s.args))
+            else:
+                new = Stmt("temp_load", s.dtype, (), self.temp_slot(s), loc=s.loc)
+            into.append(new)
+            cache[s] = new
+        return cache[d]
 
     def _localize(self, block: Block, t_index: int, prologue: Block, cache: dict) -> Block:
         for s in block:
