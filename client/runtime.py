@@ -470,6 +470,8 @@ def attach(prog, *, server: str | None = None, token: str | None = None, session
         # server culls it (and saves its fields to disk for nobody).
         atexit.register(_close_at_exit, weakref.ref(rt))
     prog.remote = rt
+    if prog.config.random_seed:  # ti.random on the server starts where it would locally
+        rt.queue({"op": "seed", "value": int(prog.config.random_seed)})
     return rt
 
 

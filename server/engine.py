@@ -348,6 +348,11 @@ class Engine:
                 self.prog.zero(f.grad.arr)
         return {}
 
+    def op_seed(self, op: dict) -> dict:
+        """Restart ``ti.random`` from the client's ``ti.init(random_seed=)``."""
+        self.prog.seed_random(int(op["value"]))
+        return {}
+
     def op_clear_duals(self, op: dict) -> dict:
         """Zero every ``.dual`` and ``.grad.dual`` (as ``FwdMode`` does on entry)."""
         for f in list(self.prog.fields.values()):
@@ -532,6 +537,7 @@ _HANDLERS = {
     "launch": Engine.op_launch,
     "clear_grads": Engine.op_clear_grads,
     "clear_duals": Engine.op_clear_duals,
+    "seed": Engine.op_seed,
     "batch": Engine.op_batch,
     "save": Engine.op_save,
     "load": Engine.op_load,

@@ -107,9 +107,14 @@ class ClearDualsOp(Strict):
     op: Literal["clear_duals"] = "clear_duals"
 
 
+class SeedOp(Strict):
+    op: Literal["seed"] = "seed"
+    value: Annotated[int, Field(ge=0, lt=2**63)]
+
+
 BatchOp = Annotated[
     CreateFieldOp | CompanionOp | FillOp | SetItemOp | GetItemOp | RegisterOp | LaunchOp
-    | ClearGradsOp | ClearDualsOp,
+    | ClearGradsOp | ClearDualsOp | SeedOp,
     Field(discriminator="op"),
 ]
 

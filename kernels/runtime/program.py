@@ -53,6 +53,17 @@ _generations = itertools.count(1)
 
 
 class Program:
+    def seed_random(self, seed: int) -> None:
+        """One 64-bit random state per worker thread (and the caller), from ``seed``
+        (``ti.init(random_seed=)``; the service's ``seed`` op for remote programs)."""
+        seeds = np.random.SeedSequence(int(seed)).generate_state(self.num_threads * 2)
+        state = seeds.view(np.uint64).copy()
+        state[state == 0] = 0x9E3779B97F4A7C15
+        if getattr(self, "rng_state", None) is not None and len(self.rng_state) == len(state):
+            self.rng_state[:] = state  # in place: compiled launches hold its address
+        else:
+            self.rng_state = state
+
     def __init__(self, config: Config) -> None:
         self.config = config
         self.generation = next(_generations)
@@ -60,10 +71,7 @@ class Program:
         self.unplaced: list = []
         nthreads = config.cpu_max_num_threads or os.cpu_count() or 1
         self.num_threads = max(1, nthreads)
-        # One 64-bit random state per worker thread (and the caller), seeded from random_seed.
-        seeds = np.random.SeedSequence(config.random_seed).generate_state(self.num_threads * 2)
-        self.rng_state = seeds.view(np.uint64).copy()
-        self.rng_state[self.rng_state == 0] = 0x9E3779B97F4A7C15
+        self.seed_random(config.random_seed)
         self._pool = None
         self.tape = None  # the ti.ad.Tape recording kernel launches, if any
         self.remote = None  # arch=ti.remote: the difftape.client runtime running it on a server

@@ -466,3 +466,34 @@ def test_tape_is_one_request(remote, monkeypatch):
 
     got = remote(program)
     assert (got == np.float32(2 * 1.5 * sum(range(20)))).all()
+
+
+@pytest.mark.parametrize("kind", ["http", "inproc"])
+def test_random_seed_reaches_the_server(request, kind):
+    """``ti.init(random_seed=)`` under arch=ti.remote: the server's ti.random starts where the
+    local one does (draws outside parallel loops come from one state, so the sequences are
+    comparable bit for bit)."""
+
+    @ti.kernel
+    def draw() -> ti.f64:
+        return ti.random(ti.f64)
+
+    def draws(**init):
+        ti.init(random_seed=7, **init)
+        try:
+            return [draw() for _ in range(3)]
+        finally:
+            ti.reset()
+
+    local = draws(arch=ti.cpu, debug=True)
+    if kind == "http":
+        service = request.getfixturevalue("service")
+        there = draws(arch=ti.remote, server=service.url, token=service.tokens["alice"])
+    else:
+        there = draws(arch=ti.remote, transport=LocalTransport())
+    same(local, there)
+    ti.init(arch=ti.cpu, random_seed=8)
+    try:
+        assert [draw() for _ in range(3)] != local
+    finally:
+        ti.reset()
