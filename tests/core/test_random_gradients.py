@@ -431,13 +431,17 @@ class Case:
         fd2 = (grad_at(2 * h) - grad_at(-2 * h)) / (4 * h)
         for n in names:
             self._set(n, self.inputs[n])
+        # The five-point stencil (as for first derivatives): the central difference alone is
+        # off by up to a third of |fd1 - fd2|, which the kink filter lets reach 3e-6 of the
+        # size on steep programs (seen: H v right to 1e-11, fd1 off by 1.2e-6).
+        fd = (4 * fd1 - fd2) / 3
         got = np.concatenate([x.ravel() for x in hv])
         size = max(scale, float(np.abs(fd1).max()))
         smooth = np.abs(fd1 - fd2) <= 1e-5 * size  # no kink of the gradient in the stencil
-        bad = smooth & (np.abs(got - fd1) > 1e-6 * size)
+        bad = smooth & (np.abs(got - fd) > 1e-6 * size)
         assert not bad.any(), (f"H v disagrees with differences of the gradient at "
                                f"{np.argwhere(bad).ravel()[:6]}: {got[bad][:6]} vs "
-                               f"{fd1[bad][:6]}")
+                               f"{fd[bad][:6]}")
 
 
 def _run(src: str, tmp_path_factory, seed: int, launches=((),), tape=False, d=3) -> None:
