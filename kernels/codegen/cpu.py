@@ -4,8 +4,8 @@ Transcendentals are called through ``dt_<name>`` symbols bound to libm, each car
 ``vector-function-abi-variant`` attribute that names libmvec's AVX2/AVX-512 version. LLVM's
 loop vectorizer then calls e.g. ``_ZGVdN8v_sinf`` on 8 lanes at once (measured 8-16x faster
 than the scalarized ``llvm.sin`` that LLVM emits without a vector library). Where libmvec is
-missing (not glibc), the scalar calls remain and are still correct. The f32 sine and cosine
-of one value (what any derivative of either needs) are one call of our own ``dt_sincosf``
+missing (not glibc), the scalar calls remain and are still correct. The sine and cosine
+of one value (what any derivative of either needs) are one call of our own ``dt_sincos[f]``
 (:mod:`.vecmath`), inlined into the vector loop after vectorization.
 """
 
@@ -49,7 +49,7 @@ class CPUTarget:
         self.triple = llvm.get_process_triple()
         self.datalayout = str(self.tm.target_data)
         self.isa, self.lanes = self._vector_isa()
-        # Our f32 sin/cos pair (vecmath) relies on fused multiply-adds being exact and fast.
+        # Our sin/cos pair (vecmath) relies on fused multiply-adds being exact and fast.
         self.sincos = bool(self.lanes) and "+fma" in self.features.split(",")
         self.libm = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
         self.mvec = self._load_libmvec() if self.isa else None
@@ -117,7 +117,7 @@ class CPUTarget:
     # ------------------------------------------------------------------ lowering hooks
     def math_call(self, low, name: str, t: DType, args: list[str], paired: bool = False) -> str:
         """A call of libm's ``name`` (libmvec's vector version once vectorized). ``paired``:
-        the kernel also takes the other of sin/cos of this value; f32 pairs then share one
+        the kernel also takes the other of sin/cos of this value; such pairs then share one
         argument reduction (:mod:`.vecmath`; a map of ``sin(x) + cos(x)`` over 2^24 f32 went
         from 8.4 to 6.7 ms) while a lone sin stays on libmvec, faster for one."""
         if t.bits == 16:
@@ -130,8 +130,8 @@ class CPUTarget:
         params = ", ".join([ty] * len(args))
         pure = low.attribute_group("nounwind willreturn memory(none)")
         low.declare(f"declare {ty} @{scalar}({params}) {pure}")
-        if paired and t.bits == 32 and self.sincos:
-            return self._sincosf(low, name, args[0], pure)
+        if paired and self.sincos and t.bits in self.lanes:
+            return self._sincos(low, name, t, args[0], pure)
         call_attrs = ""
         vec = self.vector_variant(name, t)
         if vec is not None:
@@ -145,17 +145,19 @@ class CPUTarget:
         call_args = ", ".join(f"{ty} {a}" for a in args)
         return low.fn.ins(f"call {ty} @{scalar}({call_args}){call_attrs}")
 
-    def _sincosf(self, low, name: str, x: str, pure: str) -> str:
-        """f32 sin or cos as one half of ``dt_sincosf`` (see :mod:`.vecmath`): the other
+    def _sincos(self, low, name: str, t: DType, x: str, pure: str) -> str:
+        """sin or cos as one half of ``dt_sincos[f]`` (see :mod:`.vecmath`): the other
         half, when the kernel needs it too, comes from the same (merged) call."""
-        lanes = self.lanes[32]
-        scalar, vector = vecmath.names(lanes)
-        for fn in ("sinf", "cosf"):
-            low.declare(f"declare float @dt_{fn}(float) {pure}")
+        lanes = self.lanes[t.bits]
+        scalar, vector = vecmath.names(lanes, t.bits)
+        ty = "float" if t.bits == 32 else "double"
+        f = "f" if t.bits == 32 else ""
+        for fn in ("sin", "cos"):
+            low.declare(f"declare {ty} @dt_{fn}{f}({ty}) {pure}")
         text, decls = vecmath.definitions(
-            lanes, "dt_sinf", "dt_cosf",
+            lanes, f"dt_sin{f}", f"dt_cos{f}",
             low.attribute_group("alwaysinline nounwind willreturn memory(none)"),
-            low.attribute_group("noinline nounwind willreturn memory(none)"))
+            low.attribute_group("noinline nounwind willreturn memory(none)"), bits=t.bits)
         low.declare(text)
         for d in decls:
             low.declare(d)
@@ -164,8 +166,8 @@ class CPUTarget:
         low.vector_functions = getattr(low, "vector_functions", set()) | {vector, scalar}
         attrs = low.attribute_group(
             f'"vector-function-abi-variant"="_ZGV_LLVM_N{lanes}v_{scalar}({vector})"')
-        pair = low.fn.ins(f"call {{ float, float }} @{scalar}(float {x}) {attrs}")
-        return low.fn.ins(f"extractvalue {{ float, float }} {pair}, {0 if name == 'sin' else 1}")
+        pair = low.fn.ins(f"call {{ {ty}, {ty} }} @{scalar}({ty} {x}) {attrs}")
+        return low.fn.ins(f"extractvalue {{ {ty}, {ty} }} {pair}, {0 if name == 'sin' else 1}")
 
     def module_trailer(self, low) -> list[str]:
         vecs = sorted(getattr(low, "vector_functions", ()))
@@ -226,7 +228,7 @@ class CPUTarget:
         """Inline our vector math functions into the loops the vectorizer made call them
         (they are ``alwaysinline``; the vectorizer runs after the inliner). Inside the loop
         the out-of-order core overlaps iterations, with no call, spills or struct return."""
-        if not any(f.name.startswith("dt_sincosf_v") and not f.is_declaration
+        if not any(f.name.startswith("dt_sincos") and "_v" in f.name and not f.is_declaration
                    for f in mod.functions):
             return
         mpm = llvm.create_new_module_pass_manager()
