@@ -411,9 +411,9 @@ class RemoteTape(Tape):
     queueing the adjoint launches, and sends the whole recording in one request on exit."""
 
     def __enter__(self) -> RemoteTape:
-        if self.validation or self.grad_check:
-            raise DifftapeError("ti.ad.Tape(validation=...) and Tape(grad_check=...) are not "
-                                "available with arch=ti.remote yet; run them locally")
+        if self.validation:
+            raise DifftapeError("ti.ad.Tape(validation=...) is not available with "
+                                "arch=ti.remote yet; run it locally")
         return super().__enter__()
 
     def record(self, kernel, args: tuple) -> None:
@@ -423,18 +423,6 @@ class RemoteTape(Tape):
 
         program.get().remote.check_grad(kernel, args)
         self.entries.append(_Entry(kernel, kernel.grad, args, {}, kernel.name))
-
-    def grad(self) -> None:
-        if self._evaluated:
-            raise DifftapeError("this Tape's gradients were already computed")
-        self._evaluated = True
-        if self.loss is not None:
-            self.loss.grad.fill(1)
-        for entry in reversed(self.entries):
-            if entry.backward is None:
-                raise DifftapeError(f"'{entry.name}' is decorated with @ti.ad.grad_replaced "
-                                    "but no gradient was registered with @ti.ad.grad_for")
-            entry.backward(*entry.args, **entry.kwargs)
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         from difftape.runtime import program

@@ -150,7 +150,7 @@ class Tape:
                 clear_all_gradients()  # Taichi clears nothing for an ndarray loss
             loss.fill(0)
         if self.grad_check:
-            self._snapshot = {i: f.arr.copy() for i, f in prog.fields.items()}
+            self._snapshot = {i: f.to_numpy() for i, f in prog.fields.items()}
         if self.validation:
             from .autodiff import validation
 
@@ -195,7 +195,7 @@ class Tape:
             raise DifftapeError("this Tape's gradients were already computed")
         self._evaluated = True
         if self.loss is not None:
-            self.loss.grad.arr.fill(1)
+            self.loss.grad.fill(1)
         for entry in reversed(self.entries):
             if entry.backward is None:
                 raise DifftapeError(f"'{entry.name}' is decorated with @ti.ad.grad_replaced "
@@ -205,29 +205,34 @@ class Tape:
             self._check_gradients()
 
     # ------------------------------------------------------------------ grad_check
+    # Written against the Field interface (to_numpy/from_numpy), so it runs unchanged on a
+    # server under arch=ti.remote.
     def _replay_loss(self, snapshot: dict[int, np.ndarray], field: Field, index: tuple,
                      delta: float) -> float:
         prog = program.get()
         for i, arr in snapshot.items():
-            prog.fields[i].arr[...] = arr
-        field.arr[index] += delta
+            if i != field.id:
+                prog.fields[i].from_numpy(arr)
+        moved = snapshot[field.id].copy()
+        moved[index] += delta
+        field.from_numpy(moved)
         for entry in self.entries:
             entry.forward(*entry.args, **entry.kwargs)
-        return float(self.loss.arr[()])
+        return float(self.loss.to_numpy())
 
     def _check_gradients(self) -> None:
         prog = program.get()
-        after = {i: f.arr.copy() for i, f in prog.fields.items()}
-        grads = {i: f.grad.arr.copy() for i, f in prog.fields.items() if f.grad is not None}
+        after = {i: f.to_numpy() for i, f in prog.fields.items()}
+        grads = {i: f.grad.to_numpy() for i, f in prog.fields.items() if f.grad is not None}
         bad: list[str] = []
         try:
             for field in self.grad_check:
                 bad += self._check_field(field)
         finally:
             for i, arr in after.items():
-                prog.fields[i].arr[...] = arr
+                prog.fields[i].from_numpy(arr)
             for i, arr in grads.items():
-                prog.fields[i].grad.arr[...] = arr
+                prog.fields[i].grad.from_numpy(arr)
         if bad:
             raise GradientCheckError("gradients disagree with central finite differences:\n  "
                                      + "\n  ".join(bad[:20]))
@@ -235,7 +240,7 @@ class Tape:
     def _check_field(self, field: Field) -> list[str]:
         if field.grad is None:
             raise DifftapeError(f"grad_check: '{field._label()}' has no gradient storage")
-        analytic = field.grad.arr.copy()
+        analytic = field.grad.to_numpy()
         x0 = self._snapshot[field.id]
         f32 = field.dtype.bits < 64
         rel_step, tol = (1e-3, 2e-2) if f32 else (1e-6, 1e-5)

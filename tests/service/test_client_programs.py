@@ -497,3 +497,41 @@ def test_random_seed_reaches_the_server(request, kind):
         assert [draw() for _ in range(3)] != local
     finally:
         ti.reset()
+
+
+def test_grad_check_runs_remotely(remote):
+    """``Tape(grad_check=...)`` replays the recording through the client: a right gradient
+    passes, a deliberately wrong custom gradient is named, as locally; the fields are left as
+    the recorded program left them."""
+
+    def program():
+        x = ti.field(ti.f64, 4, needs_grad=True)
+        loss = ti.field(ti.f64, (), needs_grad=True)
+
+        @ti.kernel
+        def f():
+            for i in x:
+                loss[None] += x[i] ** 2 + ti.sin(x[i])
+
+        @ti.ad.grad_replaced
+        def forward():
+            f()
+
+        @ti.ad.grad_for(forward)
+        def backward():  # deliberately wrong: half the true gradient
+            f.grad()
+            x.grad.from_numpy(x.grad.to_numpy() * 0.5)
+
+        x.from_numpy(np.arange(1.0, 5.0))
+        with ti.ad.Tape(loss, grad_check=[x]):
+            f()
+        right = x.grad.to_numpy()
+        with pytest.raises(ti.ad.GradientCheckError, match=r"x\[0\]"):
+            with ti.ad.Tape(loss, grad_check=[x]):
+                forward()
+        return {"right": right, "loss": loss[None], "x": x.to_numpy()}
+
+    here = run_local(program)
+    same(here, remote(program))
+    xs = np.arange(1.0, 5.0)
+    np.testing.assert_allclose(here["right"], 2 * xs + np.cos(xs), rtol=1e-12)
