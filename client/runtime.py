@@ -164,7 +164,10 @@ class RemoteRuntime:
                 self.transport.close()
 
     # ------------------------------------------------------------------ kernels
-    def _kernel(self, kernel, args: tuple) -> _RemoteKernel:
+    def _kernel(self, kernel, args: tuple, validate: bool = False) -> _RemoteKernel:
+        """The registered IR of a kernel specialization; ``validate``: its instrumented
+        variant for ``Tape(validation=True)`` (built here, where the frontend runs, and
+        registered as a kernel of its own)."""
         if kernel._simple:
             if len(args) != len(kernel.params):
                 raise kernel._arg_count_error(args)
@@ -176,19 +179,20 @@ class RemoteRuntime:
                                     "arguments are not supported with arch=ti.remote yet; "
                                     "use fields", kernel=kernel.name)
             key, spec = kernel._specialize(args)
-        rk = self._kernels.get((kernel, key))
+        rk = self._kernels.get((kernel, key, validate))
         if rk is None:
-            ir = kernel.build_ir(self.prog, spec)
+            ir = kernel.build_ir(self.prog, spec, "validate" if validate else "primal")
             data = serialize.encode(ir)
             kid = serialize.fingerprint(ir)
-            rk = self._kernels[(kernel, key)] = _RemoteKernel(kernel, kid, data, ir, spec)
+            rk = self._kernels[(kernel, key, validate)] = _RemoteKernel(kernel, kid, data, ir,
+                                                                        spec)
             self._names[kid] = kernel.name
             self.queue({"op": "register", "ir": data})
         return rk
 
-    def launch(self, kernel, args: tuple, variant: str = "primal"):
+    def launch(self, kernel, args: tuple, variant: str = "primal", validate: bool = False):
         """Queue one launch; wait only when the kernel returns a value."""
-        rk = self._kernel(kernel, args)
+        rk = self._kernel(kernel, args, validate)
         self._queue.append({"op": "launch", "kernel_id": rk.kid, "variant": variant,
                             "args": rk.flatten(args)})
         if rk.returns:
@@ -204,10 +208,16 @@ class RemoteRuntime:
             # As locally: under forward mode what it writes gets zero tangents.
             return self.launch(kernel, args, "fwd_const" if getattr(prog, "fwd", None) is not None
                                else "primal")
-        if prog.tape is not None:
-            prog.tape.record(kernel, args)
-        return self.launch(kernel, args,
-                           "fwd" if getattr(prog, "fwd", None) is not None else "primal")
+        fwd = getattr(prog, "fwd", None) is not None
+        tape = prog.tape
+        if tape is not None:
+            tape.record(kernel, args)
+            if tape.validation and not tape._suspended:
+                if fwd:
+                    raise DifftapeError("Tape(validation=True) cannot be combined with forward "
+                                        "mode (ti.ad.FwdMode, hvp): validate the Tape alone")
+                return self.launch(kernel, args, validate=True)
+        return self.launch(kernel, args, "fwd" if fwd else "primal")
 
     def check_grad(self, kernel, args: tuple) -> None:
         """Derive the adjoint here once per specialization, so that a kernel whose gradient
@@ -280,9 +290,6 @@ class RemoteField(Field):
             self._program.fields[self.id] = self
             if self in self._program.unplaced:
                 self._program.unplaced.remove(self)
-        elif self.role == "mark":
-            raise DifftapeError("ti.ad.Tape(validation=True) is not available with "
-                                "arch=ti.remote yet")
         else:
             self._remote.queue({"op": "companion", "id": self.id, "role": self.role})
 
@@ -409,12 +416,6 @@ def _element_class(ndim: int) -> type:
 class RemoteTape(Tape):
     """``ti.ad.Tape`` under ``arch=ti.remote``: records as locally, back-propagates by
     queueing the adjoint launches, and sends the whole recording in one request on exit."""
-
-    def __enter__(self) -> RemoteTape:
-        if self.validation:
-            raise DifftapeError("ti.ad.Tape(validation=...) is not available with "
-                                "arch=ti.remote yet; run it locally")
-        return super().__enter__()
 
     def record(self, kernel, args: tuple) -> None:
         if self._suspended:

@@ -43,7 +43,7 @@ from difftape.runtime.kernel import (
 )
 
 #: Storage roles of a field: ``grad_dual`` is ``x.grad.dual`` (forward-over-reverse).
-ROLES = ("primal", "grad", "dual", "grad_dual")
+ROLES = ("primal", "grad", "dual", "grad_dual", "mark")
 VARIANTS = ("primal", "grad", "fwd", "grad_fwd", "fwd_const")
 #: Ops that carry a binary payload: they cannot be part of a ``batch``.
 PAYLOAD_OPS = ("write", "read")
@@ -255,10 +255,16 @@ class Engine:
 
     @staticmethod
     def _field_nbytes(f: Field) -> int:
-        return sum(s.arr.nbytes for s in (f, f.grad, f.dual) if s is not None)
+        return sum(s.arr.nbytes for s in (f, f.grad, f.dual, f.mark) if s is not None)
 
     def _make_companion(self, f: Field, role: str) -> None:
         if f.companion(role) is not None:
+            return
+        if role == "mark":  # Tape(validation=True): one byte per element, no new variants
+            if not f.dtype.is_float:
+                raise EngineError(f"only float fields have read marks, not {f._label()}")
+            with _current(self.prog):
+                f.make_mark()
             return
         if role == "grad_dual":
             self._make_companion(f, "grad")
@@ -378,15 +384,16 @@ class Engine:
             if f is None:
                 raise CompileError(f"kernel uses field id {ident} ('{buf.name}'), which this "
                                    "session does not have", kernel=ir.name)
-            full = f.shape + f.element_shape
-            if (buf.dtype != f.dtype or tuple(buf.shape) != full
-                    or buf.element_ndim != len(f.element_shape)):
-                raise CompileError(f"kernel describes '{buf.name}' as {buf.dtype} "
-                                   f"{tuple(buf.shape)}, but field {ident} is {f.dtype} {full}",
-                                   kernel=ir.name)
-            if f.companion(role) is None:
+            s = f.companion(role)
+            if s is None:
                 raise CompileError(f"'{buf.name}' is used but was never allocated: create the "
                                    f"field with needs_{role}=True", kernel=ir.name)
+            full = f.shape + f.element_shape
+            if (buf.dtype != s.dtype or tuple(buf.shape) != full
+                    or buf.element_ndim != len(f.element_shape)):
+                raise CompileError(f"kernel describes '{buf.name}' as {buf.dtype} "
+                                   f"{tuple(buf.shape)}, but field {ident} ({role}) is "
+                                   f"{s.dtype} {full}", kernel=ir.name)
 
     def op_register(self, op: dict) -> dict:
         data = op.get("ir")

@@ -11,9 +11,10 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 DTypeName = Literal["f16", "f32", "f64", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64"]
-# "data" and "primal" are the same storage; "grad_dual" is x.grad.dual (forward-over-reverse).
-Role = Literal["data", "primal", "grad", "dual", "grad_dual"]
-CompanionRole = Literal["grad", "dual", "grad_dual"]
+# "data" and "primal" are the same storage; "grad_dual" is x.grad.dual (forward-over-reverse);
+# "mark" holds the read marks of Tape(validation=True) (i8).
+Role = Literal["data", "primal", "grad", "dual", "grad_dual", "mark"]
+CompanionRole = Literal["grad", "dual", "grad_dual", "mark"]
 Variant = Literal["primal", "grad", "fwd", "grad_fwd", "fwd_const"]
 FieldId = Annotated[int, Field(ge=1, lt=2**31)]
 Dim = Annotated[int, Field(ge=1, lt=2**31)]

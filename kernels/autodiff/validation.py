@@ -90,4 +90,4 @@ def begin(prog) -> None:
     """A validating Tape starts: forget every mark."""
     for f in prog.fields.values():
         if f.mark is not None:
-            f.mark.arr.fill(0)
+            f.mark.fill(0)

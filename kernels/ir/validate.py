@@ -54,7 +54,7 @@ INTERNAL_OPS = frozenset({"stack_push", "stack_pop", "temp_load", "temp_store", 
 ATTR_OPS = frozenset({"const", "arg", "buf_shape", "loop_index", "load", "store", "atomic",
                       "local_atomic", "assert", "return", "range_for"})
 TOP_LEVEL_KEYS = ("name", "params", "buffers", "returns", "debug", "body")
-ROLES = ("primal", "grad", "dual")
+ROLES = ("primal", "grad", "dual", "mark")  # mark: Tape(validation=True) instrumentation
 
 # The kernel name becomes an LLVM symbol (``@<name>_task0``) written into the module text: only
 # characters that need no quoting, so a name can never inject IR. Parameters are named after
@@ -228,7 +228,9 @@ class _Decoder:
                 raise self.fail(path + "[0]", f"buffer key {list(key)} appears twice")
             keys.add(key)
             dtype = self.dtype(b[1], path + "[1]")
-            if key[2] != "primal" and not dtype.is_float:
+            if key[2] == "mark" and dtype != T.i8:
+                raise self.fail(path + "[1]", f"a .mark buffer holds i8, not {dtype}")
+            if key[2] not in ("primal", "mark") and not dtype.is_float:
                 raise self.fail(path + "[1]", f"a .{key[2]} buffer holds floats, not {dtype}")
             name = self.string(b[3], path + "[3]", "a buffer name")
             endim = b[4]

@@ -383,8 +383,10 @@ def _mutations():
          "params", "9 parameters, at most 8", max_params=8)
     case("ndarray buffer", lambda d: _set(d, ("buffers", 0, 0, "t", 0), "ndarray"),
          r"buffers\[0\]\[0\]", "ndarray arguments are not accepted")
-    case("internal role", lambda d: _set(d, ("buffers", 0, 0, "t", 2), "mark"),
-         r"buffers\[0\]\[0\]", "role 'mark'")
+    case("internal role", lambda d: _set(d, ("buffers", 0, 0, "t", 2), "grad_dual"),
+         r"buffers\[0\]\[0\]", "role 'grad_dual'")
+    case("float marks", lambda d: _set(d, ("buffers", 0, 0, "t", 2), "mark"),
+         r"buffers\[0\]\[1\]", "a .mark buffer holds i8, not f32")
     case("field id 0", lambda d: _set(d, ("buffers", 0, 0, "t", 1), 0), r"buffers\[0\]\[0\]",
          "field id must be an integer >= 1")
     case("field id bool", lambda d: _set(d, ("buffers", 0, 0, "t", 1), True),

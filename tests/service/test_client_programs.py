@@ -535,3 +535,45 @@ def test_grad_check_runs_remotely(remote):
     same(here, remote(program))
     xs = np.arange(1.0, 5.0)
     np.testing.assert_allclose(here["right"], 2 * xs + np.cos(xs), rtol=1e-12)
+
+
+def test_validation_runs_remotely(remote):
+    """``Tape(validation=True)``: the client builds each kernel's instrumented variant (read
+    marks, checked stores) and the server runs it against ``.mark`` storage. A program that
+    keeps the rules gets the same gradient as unvalidated; one that overwrites what an
+    earlier kernel read is refused with GradientRuleError naming the kernel, as locally."""
+
+    def program():
+        f = ti.field(ti.f64, 8, needs_grad=True)
+        g = ti.field(ti.f64, 8, needs_grad=True)
+        loss = ti.field(ti.f64, (), needs_grad=True)
+
+        @ti.kernel
+        def use():
+            for i in f:
+                loss[None] += f[i] * f[i]
+
+        @ti.kernel
+        def scale():
+            for i in f:
+                f[i] = f[i] * 2.0
+
+        @ti.kernel
+        def copy():
+            for i in f:
+                g[i] = f[i] * 3.0
+
+        f.from_numpy(np.arange(8.0))
+        with ti.ad.Tape(loss, validation=True):
+            copy()
+            use()
+        good = f.grad.to_numpy()
+        with pytest.raises(ti.GradientRuleError, match="'scale'"):
+            with ti.ad.Tape(loss, validation=True):
+                use()
+                scale()
+        return good
+
+    here = run_local(program)
+    same(here, remote(program))
+    np.testing.assert_array_equal(here, 2 * np.arange(8.0))
