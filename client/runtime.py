@@ -204,18 +204,18 @@ class RemoteRuntime:
     def call_kernel(self, kernel, args: tuple):
         """``kernel(*args)`` under ``arch=ti.remote`` (the hook in ``Kernel.__call__``)."""
         prog = self.prog
+        fwd = getattr(prog, "fwd", None) is not None
         if kernel.no_grad or getattr(prog, "no_tangents", 0):
             # As locally: under forward mode what it writes gets zero tangents.
-            return self.launch(kernel, args, "fwd_const" if getattr(prog, "fwd", None) is not None
-                               else "primal")
-        fwd = getattr(prog, "fwd", None) is not None
+            return self.launch(kernel, args, "fwd_const" if fwd else "primal")
         tape = prog.tape
         if tape is not None:
             tape.record(kernel, args)
             if tape.validation and not tape._suspended:
                 if fwd:
-                    raise DifftapeError("Tape(validation=True) cannot be combined with forward "
-                                        "mode (ti.ad.FwdMode, hvp): validate the Tape alone")
+                    from difftape.autodiff.validation import NOT_WITH_FORWARD_MODE
+
+                    raise DifftapeError(NOT_WITH_FORWARD_MODE)
                 return self.launch(kernel, args, validate=True)
         return self.launch(kernel, args, "fwd" if fwd else "primal")
 

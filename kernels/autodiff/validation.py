@@ -24,6 +24,10 @@ from ..types import i8, i32
 #: KernelAssertionError when they fire.
 RULE_MARKER = "[gradient rule] "
 
+#: The refusal of Tape(validation=True) under forward mode (local and remote runtimes).
+NOT_WITH_FORWARD_MODE = ("Tape(validation=True) cannot be combined with forward mode "
+                         "(ti.ad.FwdMode, hvp): validate the Tape alone")
+
 
 def _mark_buffer(ir: KernelIR, prog, slot: int, slots: dict[int, int | None]) -> int | None:
     if slot in slots:

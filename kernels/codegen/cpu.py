@@ -112,7 +112,7 @@ class CPUTarget:
                             (self.vector_variant(n, DType("f32", "f", 32)),
                              self.vector_variant(n, DType("f64", "f", 64))))
         return (f"cpu:{self.triple}:{self.cpu}:{self.features}:llvmlite{llvmlite.__version__}"
-                f":{variants}:maxbw")
+                f":{variants}")
 
     # ------------------------------------------------------------------ lowering hooks
     def math_call(self, low, name: str, t: DType, args: list[str], paired: bool = False) -> str:

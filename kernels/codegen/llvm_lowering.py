@@ -170,19 +170,28 @@ class Lowering:
         the other): the target may compute such a pair with one argument reduction. Operands
         are compared by structure (the IR does not merge two loads of ``x[i]``); a wrong match
         would only cost speed, never correctness."""
-        memo: dict[int, object] = {}
+        memo: dict[Stmt, int] = {}  # statement -> number of its structure
+        numbers: dict[tuple, int] = {}
 
-        def key(s: Stmt) -> object:
-            k = memo.get(id(s))
-            if k is None:
-                if s.op in _PURE_KEYED:
-                    k = (s.op, s.dtype, repr(s.attr), tuple(key(a) for a in s.args))
+        def key(root: Stmt) -> int:
+            # Iterative (operand chains can be thousands deep), structures numbered flat.
+            stack = [root]
+            while stack:
+                s = stack[-1]
+                if s in memo:
+                    stack.pop()
+                elif s.op not in _PURE_KEYED:
+                    memo[s] = numbers.setdefault(("stmt", id(s)), len(numbers))
+                    stack.pop()
+                elif pending := [a for a in s.args if a not in memo]:
+                    stack.extend(pending)
                 else:
-                    k = id(s)
-                memo[id(s)] = k
-            return k
+                    shape = (s.op, s.dtype, repr(s.attr), tuple(memo[a] for a in s.args))
+                    memo[s] = numbers.setdefault(shape, len(numbers))
+                    stack.pop()
+            return memo[root]
 
-        seen: dict[str, dict[object, Stmt]] = {"sin": {}, "cos": {}}
+        seen: dict[str, dict[int, Stmt]] = {"sin": {}, "cos": {}}
         for task in self.ir.tasks or ():
             for block in task_blocks(task):
                 for s in walk(block):

@@ -25,6 +25,7 @@ falls.
 
 from __future__ import annotations
 
+import functools
 import struct
 from dataclasses import dataclass
 from decimal import Decimal, getcontext
@@ -92,6 +93,7 @@ def _horner(fma, coeffs: tuple[float, ...], z: str, sp, name: str) -> list[str]:
     return lines
 
 
+@functools.cache
 def definitions(lanes: int, sin_fn: str, cos_fn: str, vector_attrs: str, scalar_attrs: str,
                 bits: int = 32) -> tuple[str, list[str]]:
     """IR of the scalar and the ``lanes``-wide function, and the intrinsics they declare.

@@ -116,8 +116,9 @@ class Kernel:
             tape.record(self, args)
             if tape.validation and not tape._suspended:
                 if prog.fwd is not None:
-                    raise DifftapeError("Tape(validation=True) cannot be combined with forward "
-                                        "mode (ti.ad.FwdMode, hvp): validate the Tape alone")
+                    from ..autodiff.validation import NOT_WITH_FORWARD_MODE
+
+                    raise DifftapeError(NOT_WITH_FORWARD_MODE)
                 return self.instance(args, "validate").launch(args)
         return self.instance(args, "fwd" if prog.fwd is not None else "primal").launch(args)
 
