@@ -57,7 +57,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cache_dir = tempfile.mkdtemp(prefix="bench-diffmpm-cache-")
     try:
         ti = common.load_backend(args.backend)
-        common.init(ti, **common.offline_cache_kwargs(args.backend, cache_dir))
+        kwargs = common.offline_cache_kwargs(args.backend, cache_dir)
+        if args.deterministic:
+            if args.backend != "difftape":
+                raise common.Unsupported("deterministic=True is a difftape option")
+            kwargs["deterministic"] = True
+        common.init(ti, **kwargs)
         try:
             return measure(ti, args)
         finally:
@@ -261,5 +266,8 @@ def measure(ti: ModuleType, args: argparse.Namespace) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    ns = common.parser(__doc__.splitlines()[0], repeat=5).parse_args()
+    p = common.parser(__doc__.splitlines()[0], repeat=5)
+    p.add_argument("--deterministic", action="store_true",
+                   help="difftape only: ti.init(deterministic=True), bitwise-reproducible")
+    ns = p.parse_args()
     sys.exit(common.main(NAME, run, ns))

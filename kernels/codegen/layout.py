@@ -1,9 +1,10 @@
 """The launch context: one array of 64-bit slots shared by the launcher and the generated code.
 
 Buffers' base pointers, ndarray extents, scalar arguments, temps (kernel-level variables shared
-between tasks), return values, the error report and the random-state pointer each have a slot.
-Floats travel as f64 bit patterns and integers as i64, so the Python side writes every scalar
-with one NumPy store and the layout does not depend on argument types.
+between tasks), return values, the error report, the random-state pointer and the commit ticket
+of ordered (deterministic) tasks each have a slot. Floats travel as f64 bit patterns and
+integers as i64, so the Python side writes every scalar with one NumPy store and the layout does
+not depend on argument types.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ class CtxLayout:
     err_code: int = 0
     err_value: int = 0
     rng: int = 0
+    commit: int = 0  # an "ordered" task's next chunk to commit (its begin index)
     size: int = 0
 
 
@@ -45,6 +47,6 @@ def ctx_layout(ir: KernelIR) -> CtxLayout:
     for _ in ir.returns:
         lay.returns.append(n)
         n += 1
-    lay.err_code, lay.err_value, lay.rng = n, n + 1, n + 2
-    lay.size = n + 3
+    lay.err_code, lay.err_value, lay.rng, lay.commit = n, n + 1, n + 2, n + 3
+    lay.size = n + 4
     return lay

@@ -282,6 +282,7 @@ class Lowering:
         self.extents: dict[tuple[int, int], str] = {}
         self.stack: tuple[str, str, str] | None = None  # allocas: data, top, capacity
         self.copies: list[str] = []  # per-chunk copies of privatized scatter targets
+        self.turn: str | None = None  # ordered task: "waiting"/"holding" the commit ticket
         return self.fn
 
     def _task(self, k: int, task: Task) -> str:
@@ -297,14 +298,43 @@ class Lowering:
             self.block(task.body)
         else:
             self.copies = self._private_copies(task)
+            self.turn = "waiting" if task.schedule == "ordered" else None
             self.block(task.prologue)
             b32 = fn.ins("trunc i64 %begin to i32")
             e32 = fn.ins("trunc i64 %end to i32")
             self._counted_loop(task.loop_id, b32, e32, task.body,
                                vectorize=_worth_vectorizing(task.body))
+            if self.turn:
+                # Ordered: this chunk's epilogue runs after the previous chunk's, alone, so
+                # its commits are plain read-modify-writes in chunk order.
+                self._await_turn()
+                self.serial = True
             self.block(task.epilogue)
         self._return()
         return fn.text()
+
+    def _await_turn(self) -> None:
+        """Wait until the commit ticket reaches this chunk's ``%begin`` (acquire): every
+        earlier chunk has committed. Chunks are claimed in index order and none waits before
+        its body is done, so the chunk holding the ticket always makes progress."""
+        fn = self.fn
+        self.declare(f"declare i32 @{self.target.yield_symbol}()")
+        p = self.ctx_slot(self.layout.commit)
+        wait, spin, go = fn.label("turn_wait"), fn.label("turn_spin"), fn.label("turn_go")
+        fn.start_block(wait)
+        c = fn.ins(f"load atomic i64, ptr {p} acquire, align 8")
+        mine = fn.ins(f"icmp eq i64 {c}, %begin")
+        fn.term(f"br i1 {mine}, label %{go}, label %{spin}")
+        fn.start_block(spin)
+        fn.ins(f"call i32 @{self.target.yield_symbol}()")
+        fn.term(f"br label %{wait}")
+        fn.start_block(go)
+        self.turn = "holding"
+
+    def _pass_turn(self) -> None:
+        """Hand the commit ticket to the next chunk (release: our commits are visible)."""
+        p = self.ctx_slot(self.layout.commit)
+        self.fn.void(f"store atomic i64 %end, ptr {p} release, align 8")
 
     def _private_copies(self, task: Task) -> list[str]:
         """Zeroed per-invocation copies of the buffers ``passes/scatter.py`` privatized."""
@@ -331,7 +361,14 @@ class Lowering:
 
     def _return(self) -> None:
         """Leave the task function (also from a failed assertion), releasing the reverse-mode
-        stack and the per-chunk copies if it has them."""
+        stack and the per-chunk copies if it has them. A chunk of an ordered task hands on
+        the commit ticket even when an assertion failed: later chunks wait for it."""
+        turn = self.turn
+        if turn == "waiting":
+            self._await_turn()
+        if turn:
+            self._pass_turn()
+            self.turn = turn  # other exits (assertions) are lowered after this one
         for p in self.copies:
             self.fn.void(f"call void @{self.target.free_symbol}(ptr {p})")
         if self.stack is not None:
@@ -349,6 +386,8 @@ class Lowering:
             w = fn.ins(f"sext {ll_type(s.dtype)} {v} to i64")
             p = fn.ins(f"getelementptr i64, ptr %out, i64 {pos}")
             fn.void(f"store i64 {w}, ptr {p}")
+            if pos == 0 and task.schedule == "ordered":  # the first chunk commits first
+                fn.void(f"store i64 {w}, ptr {self.ctx_slot(self.layout.commit)}")
         fn.term("ret void")
         return fn.text()
 

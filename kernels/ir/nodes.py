@@ -178,6 +178,9 @@ class KernelIR:
     source: dict[int, str] = field(default_factory=dict)  # line -> text, for messages
     file: str = ""
     debug: bool = False
+    # ti.init(deterministic=True): passes/determinism.py gives every range task a schedule
+    # whose results do not depend on timing or the thread count.
+    deterministic: bool = False
 
 
 @dataclass
@@ -195,6 +198,10 @@ class Task:
     prologue: Block = field(default_factory=list)
     epilogue: Block = field(default_factory=list)
     weight: int = 1  # rough per-iteration cost, for choosing inline vs. threaded launch
+    # How a range task may be split (passes/determinism.py): "any" chunking and order;
+    # "ordered": chunks fixed by the range alone, epilogues run in chunk order; "serial":
+    # the whole range as one chunk on one thread, in index order.
+    schedule: str = "any"
 
 
 def walk(block: Block):

@@ -34,7 +34,8 @@ def format_kernel(ir: KernelIR) -> str:
     else:
         for k, t in enumerate(ir.tasks):
             lines.append(f"  task {k} {t.kind}" + (f" loop {t.loop_id}" if t.loop_id is not None
-                                                   else ""))
+                                                   else "")
+                         + (f" schedule {t.schedule}" if t.schedule != "any" else ""))
             for part in ("bounds", "prologue", "body", "epilogue"):
                 blk = getattr(t, part)
                 if blk:

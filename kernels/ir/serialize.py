@@ -54,6 +54,8 @@ def encode(ir: KernelIR) -> dict:
         "returns": [t.name for t in ir.returns],
         "debug": ir.debug,
     }
+    if ir.deterministic:  # only then: the service's wire format has no such key
+        data["deterministic"] = True
     if ir.tasks is None:
         data["body"] = enc.block(ir.body)
     else:
@@ -62,7 +64,8 @@ def encode(ir: KernelIR) -> dict:
             tasks.append({"kind": t.kind, "loop_id": t.loop_id, "bounds": enc.block(t.bounds),
                           "begin": enc.ref(t.begin), "end": enc.ref(t.end),
                           "prologue": enc.block(t.prologue), "body": enc.block(t.body),
-                          "epilogue": enc.block(t.epilogue), "weight": t.weight})
+                          "epilogue": enc.block(t.epilogue), "weight": t.weight,
+                          "schedule": t.schedule})
         data["tasks"] = tasks
         data["num_temps"] = ir.num_temps
     return data
@@ -92,7 +95,8 @@ def decode(data: dict) -> KernelIR:
         params=[Param(n, T.by_name(t)) for n, t in data["params"]],
         buffers=[Buffer(_dec_attr(k), T.by_name(t), tuple(shape), name, endim)
                  for k, t, shape, name, endim in data["buffers"]],
-        body=[], returns=[T.by_name(t) for t in data["returns"]], debug=data["debug"])
+        body=[], returns=[T.by_name(t) for t in data["returns"]], debug=data["debug"],
+        deterministic=data.get("deterministic", False))
     if "body" in data:
         ir.body = dec.block(data["body"])
     else:
@@ -102,7 +106,7 @@ def decode(data: dict) -> KernelIR:
             begin = dec.stmts[t["begin"]] if t["begin"] is not None else None
             end = dec.stmts[t["end"]] if t["end"] is not None else None
             task = Task(t["kind"], [], t["loop_id"], bounds, begin, end,
-                        weight=t["weight"])
+                        weight=t["weight"], schedule=t.get("schedule", "any"))
             task.prologue = dec.block(t["prologue"])
             task.body = dec.block(t["body"])
             task.epilogue = dec.block(t["epilogue"])

@@ -44,6 +44,18 @@ BOUNDS_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
 # Below this many (iterations x statements) a range runs on the calling thread: waking the
 # pool costs tens of microseconds, more than small loops take.
 INLINE_WORK = 1 << 15
+#: Deterministic mode: an ordered task's range is cut into at most this many chunks, of at
+#: least MIN_CHUNK_WORK (iterations x statements) each, so chunk boundaries depend on the range
+#: and the task alone, never on the thread count (enough chunks to balance 16 threads).
+DETERMINISTIC_CHUNKS = 64
+MIN_CHUNK_WORK = 1 << 12
+_ANY, _SERIAL, _ORDERED = 0, 1, 2
+_SCHEDULES = {"any": _ANY, "serial": _SERIAL, "ordered": _ORDERED}
+
+
+def deterministic_chunk(n: int, weight: int) -> int:
+    """The fixed chunk size of an ordered task over ``n`` iterations of ``weight``."""
+    return max(-(-n // DETERMINISTIC_CHUNKS), -(-MIN_CHUNK_WORK // weight))
 
 
 @dataclass
@@ -229,6 +241,7 @@ class Kernel:
         stats = CompileStats()
         t0 = time.perf_counter()
         ir = self.build_ir(prog, spec, variant)
+        ir.deterministic = prog.config.deterministic
         t1 = time.perf_counter()
         ir = run_pipeline(ir)
         t2 = time.perf_counter()
@@ -377,7 +390,8 @@ class CompiledKernel:
         for k, t in enumerate(ir.tasks):
             fn = TASK_FN(addresses[low.task_name(k)])
             bounds = BOUNDS_FN(addresses[low.bounds_name(k)]) if t.kind == "range" else None
-            self.tasks.append((t.kind == "range", fn, bounds, max(1, t.weight)))
+            self.tasks.append((t.kind == "range", fn, bounds, max(1, t.weight),
+                               _SCHEDULES[t.schedule]))
         self.return_type: MatrixType | None = None
         self.bounds_out = (ctypes.c_int64 * 2)()
         self.bounds_addr = ctypes.addressof(self.bounds_out)
@@ -433,13 +447,22 @@ class CompiledKernel:
                     ctx_i64[s] = arr.shape[axis]
         ctx = self.ctx_addr
         pool = None
-        for is_range, fn, bounds, weight in self.tasks:
+        for is_range, fn, bounds, weight, schedule in self.tasks:
             if is_range:
                 bounds(ctx, self.bounds_addr)
                 begin, end = self.bounds_out[0], self.bounds_out[1]
                 if end <= begin:
                     continue
-                if (end - begin) * weight < INLINE_WORK or self.prog.num_threads == 1:
+                if schedule == _ORDERED:
+                    chunk = deterministic_chunk(end - begin, weight)
+                    if chunk >= end - begin:
+                        fn(ctx, begin, end, 0)
+                    else:
+                        pool = pool or self.prog.pool
+                        pool.run_chunks(fn, ctx, begin, end, chunk,
+                                        threaded=(end - begin) * weight >= INLINE_WORK)
+                elif (end - begin) * weight < INLINE_WORK or self.prog.num_threads == 1 \
+                        or schedule == _SERIAL:
                     fn(ctx, begin, end, 0)
                 else:
                     pool = pool or self.prog.pool

@@ -119,6 +119,23 @@ exit:
   ret void
 }
 
+define void @dt_serial(i64 %fn, i64 %ctx, i64 %begin, i64 %end, i64 %chunk) {
+entry:
+  %f = inttoptr i64 %fn to ptr
+  %c = inttoptr i64 %ctx to ptr
+  br label %loop
+loop:
+  %b = phi i64 [ %begin, %entry ], [ %e, %loop ]
+  %e0 = add i64 %b, %chunk
+  %lt = icmp slt i64 %e0, %end
+  %e = select i1 %lt, i64 %e0, i64 %end
+  call void %f(ptr %c, i64 %b, i64 %e, i32 0)
+  %more = icmp slt i64 %e, %end
+  br i1 %more, label %loop, label %exit
+exit:
+  ret void
+}
+
 define void @dt_run(ptr %job, i64 %fn, i64 %ctx, i64 %begin, i64 %end, i64 %chunk,
                     i64 %total) {
 entry:
@@ -166,7 +183,7 @@ exit:
 
 @functools.cache
 def _native():
-    """Compile the scheduler once per process: (engine, worker fn, run fn)."""
+    """Compile the scheduler once per process: (engine, worker fn, run fn, serial fn)."""
     import llvmlite.binding as llvm
 
     from ..codegen.cpu import get_target
@@ -187,12 +204,14 @@ def _native():
     if obj is None:  # compiled once per machine, then loaded from the disk cache
         obj = target.compile(text)
         cache.store(key, obj, directory)
-    engine, names = target.load(obj, ["dt_worker", "dt_run"])
+    engine, names = target.load(obj, ["dt_worker", "dt_run", "dt_serial"])
     worker = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64)(names["dt_worker"])
     run = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                            ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                            ctypes.c_int64)(names["dt_run"])
-    return engine, worker, run
+    serial = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                              ctypes.c_int64, ctypes.c_int64)(names["dt_serial"])
+    return engine, worker, run, serial
 
 
 class ThreadPool:
@@ -200,7 +219,7 @@ class ThreadPool:
         self.num_threads = num_threads
         self._job = np.zeros(16, dtype=np.int64)
         self._job_addr = self._job.ctypes.data
-        self._engine, worker, self._run = _native()
+        self._engine, worker, self._run, self._serial = _native()
         self._workers = [threading.Thread(target=worker, args=(self._job_addr, k + 1),
                                           daemon=True, name=f"difftape-worker-{k + 1}")
                          for k in range(num_threads - 1)]
@@ -217,6 +236,18 @@ class ThreadPool:
         total = -(-n // chunk)
         addr = ctypes.cast(fn, ctypes.c_void_p).value
         self._run(self._job_addr, addr, ctx, begin, end, chunk, total)
+
+    def run_chunks(self, fn, ctx: int, begin: int, end: int, chunk: int,
+                   threaded: bool = True) -> None:
+        """Run ``fn`` over [begin, end) in chunks of exactly ``chunk`` indices (the last one
+        shorter), whatever the thread count: an ordered task's results depend on its chunk
+        boundaries. Not ``threaded`` (small work) or on one thread: the chunks in order on
+        the calling thread."""
+        addr = ctypes.cast(fn, ctypes.c_void_p).value
+        if threaded and self.num_threads > 1:
+            self._run(self._job_addr, addr, ctx, begin, end, chunk, -(-(end - begin) // chunk))
+        else:
+            self._serial(addr, ctx, begin, end, chunk)
 
     def close(self) -> None:
         self._job[STOP] = 1

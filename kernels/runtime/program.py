@@ -46,6 +46,7 @@ class Config:
     offline_cache: bool = True
     offline_cache_file_path: str | None = None
     print_ir: bool = False
+    deterministic: bool = False  # fixed schedules, see ir/passes/determinism.py
     extra: dict = field(default_factory=dict)
 
 
@@ -126,7 +127,8 @@ def get() -> Program:
 
 def init(arch: Arch | None = None, *, default_fp=None, default_ip=None, debug: bool = False,
          random_seed: int = 0, cpu_max_num_threads: int = 0, offline_cache: bool = True,
-         offline_cache_file_path: str | None = None, **kwargs) -> None:
+         offline_cache_file_path: str | None = None, deterministic: bool = False,
+         **kwargs) -> None:
     """``ti.init``: start a fresh program with this configuration (fields and kernels of the
     previous one are dropped)."""
     global _current
@@ -145,7 +147,8 @@ def init(arch: Arch | None = None, *, default_fp=None, default_ip=None, debug: b
                  cpu_max_num_threads=int(cpu_max_num_threads),
                  offline_cache=bool(offline_cache),
                  offline_cache_file_path=offline_cache_file_path,
-                 print_ir=bool(kwargs.pop("print_ir", False)), extra=kwargs)
+                 print_ir=bool(kwargs.pop("print_ir", False)),
+                 deterministic=bool(deterministic), extra=kwargs)
     if default_fp is not None:
         cfg.default_fp = default_fp if isinstance(default_fp, DType) else (
             _t.f64 if default_fp is float else _t.from_numpy(default_fp))
@@ -156,6 +159,13 @@ def init(arch: Arch | None = None, *, default_fp=None, default_ip=None, debug: b
         _current.close()  # its worker threads would otherwise idle on forever
     if arch == remote:  # the program runs on a difftape server (difftape.client)
         from ..client.runtime import attach
+
+        if cfg.deterministic:  # the server compiles with its own options
+            from ..errors import DifftapeError
+
+            raise DifftapeError("ti.init(arch=ti.remote, deterministic=True) is not supported: "
+                                "the server schedules kernels its own way; run locally "
+                                "(arch=ti.cpu) for bitwise-reproducible results")
 
         prog = Program(cfg)
         attach(prog, **remote_opts)

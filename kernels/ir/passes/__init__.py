@@ -14,6 +14,7 @@ from ..printer import format_kernel
 from ..verify import verify
 from .bounds import insert_bounds_checks
 from .dce import dead_code_elimination, eliminate_blocks
+from .determinism import schedule_deterministically
 from .fold import constant_fold
 from .offload import offload
 from .owned import demote_owned_atomics
@@ -39,6 +40,7 @@ PIPELINE = [
     demote_owned_atomics,
     privatize_scatters,
     _task_dce,
+    schedule_deterministically,
 ]
 
 
