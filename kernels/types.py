@@ -35,6 +35,18 @@ class DType:
     def np(self) -> np.dtype:
         return np.dtype(f"{'f' if self.is_float else self.kind}{self.bits // 8}")
 
+    def wrap(self, value):
+        """``value`` as this type holds it: floats rounded to the type's precision, integers
+        wrapped around (two's complement). The one definition of integer wrap-around, shared by
+        kernel constants, constant folding and the reference interpreter."""
+        if self.is_float:
+            with np.errstate(over="ignore"):
+                return float(self.np.type(value))
+        v = int(value) & ((1 << self.bits) - 1)
+        if self.is_signed and v >= 1 << (self.bits - 1):
+            v -= 1 << self.bits
+        return v
+
     def __repr__(self) -> str:
         return self.name
 

@@ -24,8 +24,15 @@ from collections.abc import Callable
 
 from ..errors import GradientRuleError
 from ..ir.nodes import Block, Buffer, KernelIR, Stmt, walk
-from .rules import RISKY, RULES, Emitter, Scaled, partials, scale
-from .structure import _NO_DERIVATIVE, _forward_closure, finite_partials, lower_bounds
+from ..ir.ops import OPS
+from .rules import RISKY, Emitter, Scaled, no_rule_message, partials, scale
+from .structure import (
+    _forward_closure,
+    carries_none,
+    finite_partials,
+    flows_into,
+    lower_bounds,
+)
 
 #: role of a buffer -> role of the buffer holding its tangents
 DUAL_ROLE = {"primal": "dual", "grad": "grad_dual"}
@@ -63,13 +70,20 @@ class ForwardAD:
                 return self.inputs and s.attr in self.dual_slot
             if s.op == "stack_pop":
                 return True
-            if s.op in _NO_DERIVATIVE or s.op not in RULES:
-                return False
-            return None
+            return False if carries_none(s.op) else None
 
         self.active = _forward_closure(body, seed, initial=set(self.tan))
+        # What reaches a tangent output (stores to dual storage, pushes of tangents); None:
+        # everything counts (a func's derivative: its results are the outputs).
+        self.needed = None if not self.dual_slot else flows_into(
+            body, lambda s: (s.op in ("store", "atomic") and self._slot(s) in self.dual_slot)
+            or s.op == "stack_push")
         self.used = {a for x in walk(body) for a in x.args}
         self.bounds = lower_bounds(body)
+
+    @staticmethod
+    def _slot(s: Stmt) -> int:
+        return s.attr if s.op == "store" else s.attr[0]
 
     def buffers_name(self, slot: int) -> str:
         return self.buffers[slot].name if slot < len(self.buffers) else f"buffer {slot}"
@@ -166,8 +180,11 @@ class ForwardAD:
             v = s.args[0]
             if v.dtype is not None and v.dtype.is_float:
                 e.emit("stack_push", None, (self._t_or_zero(e, v),))
-        elif op in RULES and s.dtype is not None and s.dtype.is_float:
-            self._rule(s, e)
+        elif s.dtype is not None and s.dtype.is_float and not carries_none(op):
+            if callable(OPS[op].derivative):
+                self._rule(s, e)
+            elif s in self.active and (self.needed is None or s in self.needed):
+                raise self.error(s, no_rule_message(op, "forward"))
 
     def _rule(self, s: Stmt, e: Emitter) -> None:
         args = s.args[1:] if s.op == "select" else s.args

@@ -38,9 +38,10 @@ from collections.abc import Callable
 
 from ..errors import GradientRuleError
 from ..ir.nodes import Block, Buffer, KernelIR, Stmt, walk
+from ..ir.ops import OPS
 from ..ir.passes.dce import eliminate_blocks
 from ..types import i32
-from .rules import RULES, Emitter, partials, scale
+from .rules import Emitter, no_rule_message, partials, scale
 from .structure import (
     activity,
     feeds_selection,
@@ -354,7 +355,10 @@ class ReverseAD:
             self._current = s
             e.loc = s.loc
             op = s.op
-            if op in RULES:
+            if OPS[op].derivative is None:  # declared without a derivative: never a zero
+                if self.adj_value(scope, s, e) is not None:
+                    raise self.error(s, no_rule_message(op, "reverse"))
+            elif callable(OPS[op].derivative):
                 g = self.adj_value(scope, s, e)
                 if g is None:
                     continue

@@ -6,7 +6,9 @@
   ``while`` loops keep one real exit test at the top of their body (``attr`` = the number of
   statements of that test), so the loop still terminates.
 * :func:`activity` finds the *active* statements: floating-point values that depend on a
-  buffer with gradient storage. Only they get adjoints or tangents.
+  buffer with gradient storage. Only they get adjoints or tangents. An op declared without a
+  derivative (neither a rule nor ``NO_DERIVATIVE``) passes activity on, so that the transforms
+  refuse it where a derivative would flow through it instead of giving a silent zero.
 * :func:`local_sets` computes, for each control statement, the locals declared outside it that
   it reads or writes (restored before a region is recomputed) and those it writes (pushed per
   loop iteration).
@@ -17,11 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..ir.nodes import Block, Stmt, walk
+from ..ir.ops import NO_DERIVATIVE, OPS, STRUCTURAL
 from ..types import i32
-from .rules import RULES
-
-_NO_DERIVATIVE = {"floor", "ceil", "round", "stop_grad", "floordiv"}
-
 
 # ---------------------------------------------------------------------------------------------
 # break / continue -> flags
@@ -174,6 +173,12 @@ def _forward_closure(body: Block, seed: Callable[[Stmt], bool | None],
     return out
 
 
+def carries_none(op: str) -> bool:
+    """Values of ``op`` carry no derivative: its derivative is declared zero, or it is a
+    structural op (loads, atomics' old values, ...) whose derivative the transforms seed."""
+    return OPS[op].derivative in (NO_DERIVATIVE, STRUCTURAL)
+
+
 def activity(body: Block, differentiable: Callable[[int], bool]) -> set[Stmt]:
     """Statements carrying derivatives: float values depending on a load from a buffer slot
     for which ``differentiable(slot)`` holds, and the locals they are stored in."""
@@ -181,11 +186,32 @@ def activity(body: Block, differentiable: Callable[[int], bool]) -> set[Stmt]:
     def seed(s: Stmt) -> bool | None:
         if s.op == "load":
             return differentiable(s.attr)
-        if s.op in _NO_DERIVATIVE or s.op not in RULES:
-            return False
-        return None
+        return False if carries_none(s.op) else None
 
     return _forward_closure(body, seed)
+
+
+def flows_into(body: Block, sink: Callable[[Stmt], bool]) -> set[Stmt]:
+    """The statements whose derivative can reach a statement ``sink`` accepts: backwards from
+    the sinks' derivative-carrying operands (a store's value, not its indices; a select's arms,
+    not its condition; nothing through an op with no derivative), through locals."""
+    stmts = list(walk(body))
+    stored: dict[Stmt, list[Stmt]] = {}
+    for s in stmts:
+        if s.op in ("local_store", "local_atomic"):
+            stored.setdefault(s.args[0], []).append(s.args[1])
+    out: set[Stmt] = set()
+    work = [s.args[-1] for s in stmts if sink(s) and s.args]
+    while work:
+        s = work.pop()
+        if s in out:
+            continue
+        out.add(s)
+        if s.op == "local_load":
+            work += stored.get(s.args[0], ())
+        elif not carries_none(s.op):
+            work += s.args[1:] if s.op == "select" else s.args
+    return out
 
 
 #: Below this lower bound a positive value does not count as safely away from zero.

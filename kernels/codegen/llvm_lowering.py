@@ -18,7 +18,7 @@ import struct
 from dataclasses import dataclass, field
 
 from .. import types as T
-from ..ir.nodes import Block, KernelIR, Stmt, Task, task_blocks, walk
+from ..ir.nodes import OPS, Block, KernelIR, Stmt, Task, task_blocks, walk
 from ..types import DType
 from .layout import CtxLayout
 
@@ -133,16 +133,9 @@ class FunctionText:
                           "start:", *self.body, "}"])
 
 
-_INT_BIN = {"add": "add", "sub": "sub", "mul": "mul", "bit_and": "and", "bit_or": "or",
-            "bit_xor": "xor", "shl": "shl"}
-_FLOAT_BIN = {"add": "fadd", "sub": "fsub", "mul": "fmul", "div": "fdiv"}
-_ICMP = {"lt": "slt", "le": "sle", "gt": "sgt", "ge": "sge", "eq": "eq", "ne": "ne"}
-_UCMP = {"lt": "ult", "le": "ule", "gt": "ugt", "ge": "uge", "eq": "eq", "ne": "ne"}
-_FCMP = {"lt": "olt", "le": "ole", "gt": "ogt", "ge": "oge", "eq": "oeq", "ne": "une"}
-_FLOAT_INTRINSIC = {"sqrt": "sqrt", "abs": "fabs", "floor": "floor", "ceil": "ceil",
-                    "round": "round", "min": "minnum", "max": "maxnum"}
-TRANSCENDENTAL = ("sin", "cos", "tan", "asin", "acos", "atan", "tanh", "exp", "log", "pow",
-                  "atan2")
+#: the ops the target's math library computes (``libm:`` lowering keys)
+TRANSCENDENTAL = tuple(name for name, info in OPS.items()
+                       if any(k.startswith("libm:") for k in info.lower.values()))
 #: ops compared by structure when pairing sin/cos operands (see Lowering.sin_and_cos)
 _PURE_KEYED = frozenset({"load", "const", "arg", "buf_shape", "loop_index", "cast", "add", "sub",
                          "mul", "div", "neg", "min", "max"})
@@ -463,8 +456,7 @@ class Lowering:
             if handler is not None:
                 v = handler(s)
             else:
-                kind = s.info.kind
-                v = getattr(self, "kind_" + kind)(s)
+                v = self.value_op(s)
             if v is not None:
                 self.values[s] = v
 
@@ -525,30 +517,92 @@ class Lowering:
         t = ll_type(s.dtype)
         return self.fn.ins(f"select i1 {ci}, {t} {a}, {t} {b}")
 
-    def kind_unary(self, s: Stmt) -> str:
-        x = self.values[s.args[0]]
-        t = s.dtype
+    # ------------------------------------------------------------------ value ops
+    def value_op(self, s: Stmt) -> str:
+        """A value op, emitted as its lowering key in the op table (:mod:`..ir.ops`) says for
+        the operands' type: ``inst:``, ``fcmp:``/``icmp:``, ``intrinsic:``, ``libm:`` or
+        ``method:`` (a ``lower_<name>`` method here)."""
+        t = s.args[0].dtype
+        key = OPS[s.op].lower.get(t.kind)
+        if key is None:
+            raise NotImplementedError(f"no lowering for {s.op} on {t}")  # the verifier refuses
+        form, name = key.split(":")
+        args = [self.values[x] for x in s.args]
         ty = ll_type(t)
-        op = s.op
-        if op == "neg":
-            return self.fn.ins(f"fneg {ty} {x}") if t.is_float else \
-                self.fn.ins(f"sub {ty} 0, {x}")
-        if op == "logical_not":
-            c = self.fn.ins(f"icmp eq {ll_type(s.args[0].dtype)} {x}, 0")
+        if form == "inst":
+            fast = ""
+            if t.is_float:
+                fast = ("reassoc nsz contract" if s.attr == "reassoc" else FAST) + " "
+            return self.fn.ins(f"{name} {fast}{ty} {args[0]}, {args[1]}")
+        if form in ("fcmp", "icmp"):
+            c = self.fn.ins(f"{form} {name} {ty} {args[0]}, {args[1]}")
             return self.fn.ins(f"zext i1 {c} to i32")
-        if op == "bit_not":
-            return self.fn.ins(f"xor {ty} {x}, -1")
-        if op == "abs" and t.is_int:
-            return self.intrinsic("abs", t, [x], extra=", i1 false")
-        if op == "rsqrt":
-            r = self.intrinsic("sqrt", t, [x])
-            return self.fn.ins(f"fdiv {FAST} {ty} {ll_const(1.0, t)}, {r}")
-        if op in _FLOAT_INTRINSIC:
-            return self.intrinsic(_FLOAT_INTRINSIC[op], t, [x])
-        if op in TRANSCENDENTAL:
-            return self.target.math_call(self, op, t, [x],
-                                         paired=s.args[0] in self.sin_and_cos)
-        raise NotImplementedError(f"no lowering for unary {op}")  # guarded by a test over OPS
+        if form == "intrinsic":
+            return self.intrinsic(name, t, args)
+        if form == "libm":
+            paired = name in ("sin", "cos") and s.args[0] in self.sin_and_cos
+            return self.target.math_call(self, name, t, args, paired=paired)
+        return getattr(self, "lower_" + name)(s, t, args)
+
+    def lower_fneg(self, s: Stmt, t: DType, args: list[str]) -> str:
+        return self.fn.ins(f"fneg {ll_type(t)} {args[0]}")
+
+    def lower_ineg(self, s: Stmt, t: DType, args: list[str]) -> str:
+        return self.fn.ins(f"sub {ll_type(t)} 0, {args[0]}")
+
+    def lower_iabs(self, s: Stmt, t: DType, args: list[str]) -> str:
+        return self.intrinsic("abs", t, args, extra=", i1 false")
+
+    def lower_identity(self, s: Stmt, t: DType, args: list[str]) -> str:
+        return args[0]  # e.g. abs of an unsigned value (llvm.abs would read it as signed)
+
+    def lower_logical_not(self, s: Stmt, t: DType, args: list[str]) -> str:
+        c = self.fn.ins(f"icmp eq {ll_type(t)} {args[0]}, 0")
+        return self.fn.ins(f"zext i1 {c} to i32")
+
+    def lower_bit_not(self, s: Stmt, t: DType, args: list[str]) -> str:
+        return self.fn.ins(f"xor {ll_type(t)} {args[0]}, -1")
+
+    def lower_logical(self, s: Stmt, t: DType, args: list[str]) -> str:
+        ty = ll_type(t)
+        ca = self.fn.ins(f"icmp ne {ty} {args[0]}, 0")
+        cb = self.fn.ins(f"icmp ne {ty} {args[1]}, 0")
+        r = self.fn.ins(f"{'and' if s.op == 'logical_and' else 'or'} i1 {ca}, {cb}")
+        return self.fn.ins(f"zext i1 {r} to i32")
+
+    def lower_rsqrt(self, s: Stmt, t: DType, args: list[str]) -> str:
+        r = self.intrinsic("sqrt", t, args)
+        return self.fn.ins(f"fdiv {FAST} {ll_type(t)} {ll_const(1.0, t)}, {r}")
+
+    def lower_fdiv(self, s: Stmt, t: DType, args: list[str]) -> str:
+        ty = ll_type(t)
+        fast = "reassoc nsz contract" if s.attr == "reassoc" else FAST
+        x = s.args[0]
+        if x.op == "const" and x.attr == -1.0:
+            # -1/b is exactly -(1/b): spelled so, the reciprocal is shared with other uses
+            # of 1/b (derivative code is full of them: d(1/b) = -(1/b)^2 db).
+            r = self.fn.ins(f"fdiv {fast} {ty} {ll_const(1.0, t)}, {args[1]}")
+            return self.fn.ins(f"fneg {ty} {r}")
+        return self.fn.ins(f"fdiv {fast} {ty} {args[0]}, {args[1]}")
+
+    def lower_float_floordiv(self, s: Stmt, t: DType, args: list[str]) -> str:
+        q = self.fn.ins(f"fdiv {ll_type(t)} {args[0]}, {args[1]}")
+        return self.intrinsic("floor", t, [q])
+
+    def lower_float_mod(self, s: Stmt, t: DType, args: list[str]) -> str:
+        """Python semantics: the result has the divisor's sign."""
+        ty = ll_type(t)
+        a, b = args
+        q = self.fn.ins(f"fdiv {ty} {a}, {b}")
+        f = self.intrinsic("floor", t, [q])
+        m = self.fn.ins(f"fmul {ty} {f}, {b}")
+        return self.fn.ins(f"fsub {ty} {a}, {m}")
+
+    def lower_int_div(self, s: Stmt, t: DType, args: list[str]) -> str:
+        return self._int_floordiv_mod(s.op, t, *args)
+
+    def lower_int_pow(self, s: Stmt, t: DType, args: list[str]) -> str:
+        return self._int_pow(t, *args)
 
     def intrinsic(self, name: str, t: DType, args: list[str], extra: str = "") -> str:
         ty = ll_type(t)
@@ -558,55 +612,6 @@ class Lowering:
         self.declare(f"declare {ty} @llvm.{name}.{suffix}({decl_args})")
         call_args = ", ".join(f"{ty} {a}" for a in args) + extra
         return self.fn.ins(f"call {ty} @llvm.{name}.{suffix}({call_args})")
-
-    def kind_binary(self, s: Stmt) -> str:
-        a, b = (self.values[x] for x in s.args)
-        t = s.args[0].dtype
-        ty = ll_type(t)
-        op = s.op
-        fast = "reassoc nsz contract" if s.attr == "reassoc" else FAST
-        if op in ("logical_and", "logical_or"):
-            ca = self.fn.ins(f"icmp ne {ty} {a}, 0")
-            cb = self.fn.ins(f"icmp ne {ty} {b}, 0")
-            r = self.fn.ins(f"{'and' if op == 'logical_and' else 'or'} i1 {ca}, {cb}")
-            return self.fn.ins(f"zext i1 {r} to i32")
-        if t.is_float:
-            x = s.args[0]
-            if op == "div" and x.op == "const" and x.attr == -1.0:
-                # -1/b is exactly -(1/b): spelled so, the reciprocal is shared with other uses
-                # of 1/b (derivative code is full of them: d(1/b) = -(1/b)^2 db).
-                r = self.fn.ins(f"fdiv {fast} {ty} {ll_const(1.0, t)}, {b}")
-                return self.fn.ins(f"fneg {ty} {r}")
-            if op in _FLOAT_BIN:
-                return self.fn.ins(f"{_FLOAT_BIN[op]} {fast} {ty} {a}, {b}")
-            if op in ("min", "max"):
-                return self.intrinsic(_FLOAT_INTRINSIC[op], t, [a, b])
-            if op == "floordiv":
-                q = self.fn.ins(f"fdiv {ty} {a}, {b}")
-                return self.intrinsic("floor", t, [q])
-            if op == "mod":  # Python semantics: the result has the divisor's sign
-                q = self.fn.ins(f"fdiv {ty} {a}, {b}")
-                f = self.intrinsic("floor", t, [q])
-                m = self.fn.ins(f"fmul {ty} {f}, {b}")
-                return self.fn.ins(f"fsub {ty} {a}, {m}")
-            if op in ("pow", "atan2"):
-                return self.target.math_call(self, op, t, [a, b])
-        else:
-            signed = t.is_signed
-            if op in _INT_BIN:
-                return self.fn.ins(f"{_INT_BIN[op]} {ty} {a}, {b}")
-            if op == "shr":
-                return self.fn.ins(f"{'ashr' if signed else 'lshr'} {ty} {a}, {b}")
-            if op in ("min", "max"):
-                name = ("s" if signed else "u") + op
-                return self.intrinsic(name, t, [a, b])
-            if op in ("floordiv", "mod"):
-                return self._int_floordiv_mod(op, t, a, b)
-            if op == "div":
-                return self._int_floordiv_mod("div", t, a, b)
-            if op == "pow":
-                return self._int_pow(t, a, b)
-        raise NotImplementedError(f"no lowering for {op} on {t}")  # guarded by a test over OPS
 
     def _int_floordiv_mod(self, op: str, t: DType, a: str, b: str) -> str:
         """Integer ``div`` (truncating), ``floordiv`` and ``mod`` (Python's signs) that never
@@ -643,33 +648,26 @@ class Lowering:
         return self.fn.ins(f"select i1 {zero}, {ty} 0, {ty} {out}")
 
     def _int_pow(self, t: DType, a: str, b: str) -> str:
+        """``a ** b`` by repeated squaring, wrapping; a non-positive exponent gives 1."""
         ty = ll_type(t)
-        fname = f"dt_ipow_{ty}"
+        signed = t.is_signed
+        fname = f"dt_{'i' if signed else 'u'}pow_{ty}"
+        done = "icmp sle" if signed else "icmp eq"
+        shift = "ashr" if signed else "lshr"
         self.declare(
             f"define internal {ty} @{fname}({ty} %base, {ty} %exp) alwaysinline {{\n"
             f"entry:\n  br label %loop\nloop:\n"
             f"  %r = phi {ty} [1, %entry], [%r2, %step]\n"
             f"  %b = phi {ty} [%base, %entry], [%b2, %step]\n"
             f"  %e = phi {ty} [%exp, %entry], [%e2, %step]\n"
-            f"  %done = icmp sle {ty} %e, 0\n"
+            f"  %done = {done} {ty} %e, 0\n"
             f"  br i1 %done, label %out, label %step\n"
             f"step:\n  %odd = and {ty} %e, 1\n  %isodd = icmp ne {ty} %odd, 0\n"
             f"  %rm = mul {ty} %r, %b\n"
             f"  %r2 = select i1 %isodd, {ty} %rm, {ty} %r\n"
-            f"  %b2 = mul {ty} %b, %b\n  %e2 = ashr {ty} %e, 1\n  br label %loop\n"
+            f"  %b2 = mul {ty} %b, %b\n  %e2 = {shift} {ty} %e, 1\n  br label %loop\n"
             f"out:\n  ret {ty} %r\n}}")
         return self.fn.ins(f"call {ty} @{fname}({ty} {a}, {ty} {b})")
-
-    def kind_cmp(self, s: Stmt) -> str:
-        a, b = (self.values[x] for x in s.args)
-        t = s.args[0].dtype
-        ty = ll_type(t)
-        if t.is_float:
-            c = self.fn.ins(f"fcmp {_FCMP[s.op]} {ty} {a}, {b}")
-        else:
-            table = _ICMP if t.is_signed else _UCMP
-            c = self.fn.ins(f"icmp {table[s.op]} {ty} {a}, {b}")
-        return self.fn.ins(f"zext i1 {c} to i32")
 
     # ------------------------------------------------------------------ memory
     def op_load(self, s: Stmt) -> str:
@@ -711,7 +709,7 @@ class Lowering:
     def _combine(self, kind: str, t: DType, a: str, b: str) -> str:
         fake = Stmt(kind, t, (Stmt("const", t), Stmt("const", t)))
         self.values[fake.args[0]], self.values[fake.args[1]] = a, b
-        return self.kind_binary(fake)
+        return self.value_op(fake)
 
     def op_alloca(self, s: Stmt) -> None:
         self.allocas[s] = self.fn.alloca(ll_type(s.dtype))

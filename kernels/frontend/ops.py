@@ -8,12 +8,12 @@ kernel values emit typed IR with Taichi's promotion rules; matrices apply elemen
 from __future__ import annotations
 
 import builtins
-import math
 import numbers
 
 import numpy as np
 
 from .. import types as T
+from ..ir.ops import OPS
 from ..types import DType
 from . import builder as _b
 from .values import Expr, Ref, Value
@@ -39,14 +39,7 @@ def _is_number(x) -> bool:
 
 def const(value, dtype: DType) -> Expr:
     """A constant of the given type."""
-    if dtype.is_float:
-        value = float(value)
-    else:
-        value = int(value)
-        bits = dtype.bits
-        value &= (1 << bits) - 1
-        if dtype.is_signed and value >= 1 << (bits - 1):
-            value -= 1 << bits
+    value = float(value) if dtype.is_float else dtype.wrap(value)
     return Expr(_b.require().emit("const", dtype, (), value))
 
 
@@ -143,18 +136,6 @@ def _default(which: str) -> DType:
 
 # ----------------------------------------------------------------------------------- binary
 
-_PY_BINARY = {
-    "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
-    "div": lambda a, b: a / b, "floordiv": lambda a, b: a // b, "mod": lambda a, b: a % b,
-    "min": builtins.min, "max": builtins.max, "atan2": math.atan2,
-    "bit_and": lambda a, b: a & b, "bit_or": lambda a, b: a | b, "bit_xor": lambda a, b: a ^ b,
-    "shl": lambda a, b: a << b, "shr": lambda a, b: a >> b,
-    "lt": lambda a, b: int(a < b), "le": lambda a, b: int(a <= b), "gt": lambda a, b: int(a > b),
-    "ge": lambda a, b: int(a >= b), "eq": lambda a, b: int(a == b), "ne": lambda a, b: int(a != b),
-    "logical_and": lambda a, b: int(bool(a) and bool(b)),
-    "logical_or": lambda a, b: int(bool(a) or bool(b)),
-}
-_COMPARE = ("lt", "le", "gt", "ge", "eq", "ne")
 
 
 def to_condition(x) -> Expr:
@@ -171,7 +152,7 @@ def binary(op: str, a, b):
     if _is_matrix(a) or _is_matrix(b):
         return _elementwise(lambda x, y: binary(op, x, y), a, b)
     if _is_number(a) and _is_number(b):
-        return _PY_BINARY[op](a, b)
+        return OPS[op].py(a, b)
     if not isinstance(a, Value | numbers.Number | np.generic) or \
             not isinstance(b, Value | numbers.Number | np.generic):
         raise _err(f"unsupported operand types for {op}: {type(a).__name__} and "
@@ -182,16 +163,15 @@ def binary(op: str, a, b):
         return Expr(bld.emit(op, T.i32, (ea.stmt, eb.stmt)))
     ea, eb = _typed_pair(a, b)
     t = T.promote(ea.dtype, eb.dtype)
-    if op == "div" and t.is_int:
+    rule = OPS[op].types  # the op table's type rule
+    if rule in ("fdiv", "farith") and t.is_int:
         t = bld.default_fp
-    elif op == "atan2" and t.is_int:
-        t = bld.default_fp
-    elif op in ("bit_and", "bit_or", "bit_xor", "shl", "shr") and t.is_float:
+    elif rule in ("bits", "shift") and t.is_float:
         raise bld.error(f"bitwise operation '{op}' needs integer operands, got {t}")
-    if op in ("shl", "shr"):
+    if rule == "shift":
         t = ea.dtype
     ea, eb = _cast_expr(ea, t), _cast_expr(eb, t)
-    out_t = T.i32 if op in _COMPARE or op.startswith("logical_") else t
+    out_t = T.i32 if rule in ("cmp", "logical") else t
     return Expr(bld.emit(op, out_t, (ea.stmt, eb.stmt)))
 
 
@@ -245,30 +225,19 @@ def _pow_by_squaring(x: Expr, n: int) -> Expr:
 
 # ----------------------------------------------------------------------------------- unary
 
-_PY_UNARY = {
-    "sin": math.sin, "cos": math.cos, "tan": math.tan, "asin": math.asin, "acos": math.acos,
-    "atan": math.atan, "tanh": math.tanh, "exp": math.exp, "log": math.log, "sqrt": math.sqrt,
-    "rsqrt": lambda x: 1.0 / math.sqrt(x), "floor": math.floor, "ceil": math.ceil,
-    "round": lambda x: math.copysign(math.floor(builtins.abs(x) + 0.5), x),
-    "neg": lambda x: -x, "abs": builtins.abs,
-    "logical_not": lambda x: int(not x), "bit_not": lambda x: ~x,
-}
-_FLOAT_ONLY = ("sin", "cos", "tan", "asin", "acos", "atan", "tanh", "exp", "log", "sqrt",
-               "rsqrt")
-
-
 def unary(op: str, x):
     if _is_matrix(x):
         return _elementwise(lambda e: unary(op, e), x)
     if _is_number(x):
-        return _PY_UNARY[op](x)
+        return OPS[op].py(x)
     if isinstance(x, np.ndarray):
         raise _err(f"{op} of a NumPy array: use NumPy in Python scope")
     bld = _b.require()
     e = to_expr(x)
-    if op in _FLOAT_ONLY and e.dtype.is_int:
+    rule = OPS[op].types  # the op table's type rule
+    if rule == "float" and e.dtype.is_int:
         e = _cast_expr(e, bld.default_fp)
-    if op in ("floor", "ceil", "round") and e.dtype.is_int:
+    if rule == "round" and e.dtype.is_int:
         return e
     if op == "logical_not":
         return Expr(bld.emit("logical_not", T.i32, (to_condition(e).stmt,)))

@@ -7,11 +7,10 @@ transform (this differs from the truth). It is deliberately simple and slow: nev
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from .nodes import Block, KernelIR, Stmt
+from .ops import OPS, evaluate
 
 
 class _Break(Exception):
@@ -28,57 +27,6 @@ class InterpreterAssertion(Exception):
 
 def _py(v):
     return v.item() if isinstance(v, np.generic) else v
-
-
-def _floordiv(a, b, t):
-    if t.is_float:
-        return math.floor(a / b) if b else (math.copysign(math.inf, a) if a else math.nan)
-    return 0 if b == 0 else a // b
-
-
-def _mod(a, b, t):
-    if t.is_float:
-        return a - math.floor(a / b) * b if b else math.nan
-    return 0 if b == 0 else a % b
-
-
-_BIN = {
-    "add": lambda a, b, t: a + b, "sub": lambda a, b, t: a - b, "mul": lambda a, b, t: a * b,
-    "div": lambda a, b, t: (a / b if b else math.copysign(math.inf, a) if a else math.nan)
-    if t.is_float else (0 if b == 0 else int(a / b)),
-    "floordiv": _floordiv, "mod": _mod,
-    "pow": lambda a, b, t: a ** b if t.is_float else int(a) ** int(b),
-    "min": lambda a, b, t: min(a, b), "max": lambda a, b, t: max(a, b),
-    "atan2": lambda a, b, t: math.atan2(a, b),
-    "bit_and": lambda a, b, t: a & b, "bit_or": lambda a, b, t: a | b,
-    "bit_xor": lambda a, b, t: a ^ b, "shl": lambda a, b, t: a << b,
-    "shr": lambda a, b, t: a >> b,
-    "lt": lambda a, b, t: int(a < b), "le": lambda a, b, t: int(a <= b),
-    "gt": lambda a, b, t: int(a > b), "ge": lambda a, b, t: int(a >= b),
-    "eq": lambda a, b, t: int(a == b), "ne": lambda a, b, t: int(a != b),
-    "logical_and": lambda a, b, t: int(bool(a) and bool(b)),
-    "logical_or": lambda a, b, t: int(bool(a) or bool(b)),
-}
-_UN = {
-    "sin": math.sin, "cos": math.cos, "tan": math.tan, "asin": math.asin, "acos": math.acos,
-    "atan": math.atan, "tanh": math.tanh, "exp": math.exp, "log": math.log,
-    "sqrt": math.sqrt, "rsqrt": lambda x: 1.0 / math.sqrt(x), "floor": math.floor,
-    "ceil": math.ceil, "round": lambda x: math.copysign(math.floor(abs(x) + 0.5), x),
-    "neg": lambda x: -x, "abs": abs, "logical_not": lambda x: int(not x),
-    "bit_not": lambda x: ~x,
-}
-
-
-def _typed(v, t):
-    """Round a Python value to the statement's type (f32 rounding, integer wrap-around)."""
-    if t.is_float:
-        return float(t.np.type(v))
-    v = int(v)
-    mask = (1 << t.bits) - 1
-    v &= mask
-    if t.is_signed and v >= 1 << (t.bits - 1):
-        v -= 1 << t.bits
-    return v
 
 
 class Interpreter:
@@ -127,24 +75,15 @@ class Interpreter:
         if op == "const":
             env[s] = s.attr
         elif op == "arg":
-            env[s] = _typed(self.args[s.attr], t)
+            env[s] = t.wrap(self.args[s.attr])
         elif op == "buf_shape":
             env[s] = self.buffers[s.attr[0]].shape[s.attr[1]]
         elif op == "loop_index":
             env[s] = loops[s.attr]
-        elif op == "cast":
-            v = a[0]
-            env[s] = _typed(math.trunc(v) if t.is_int and isinstance(v, float) else v, t)
-        elif op == "select":
-            env[s] = _typed(a[1] if a[0] else a[2], t)
-        elif op == "stop_grad":
-            env[s] = a[0]
+        elif OPS[op].evaluate is not None:
+            env[s] = evaluate(op, tuple(a), s.args[0].dtype, t)
         elif op == "random":
-            env[s] = _typed(self.random(), t) if t.is_float else int(self.random() * 2**31)
-        elif op in _UN:
-            env[s] = _typed(_UN[op](a[0]), t)
-        elif op in _BIN:
-            env[s] = _typed(_BIN[op](a[0], a[1], s.args[0].dtype), t)
+            env[s] = t.wrap(self.random()) if t.is_float else int(self.random() * 2**31)
         elif op == "load":
             env[s] = _py(self.buffers[s.attr][self._index(s, env, len(s.args))])
         elif op == "store":
@@ -153,7 +92,7 @@ class Interpreter:
             slot, kind = s.attr
             idx = self._index(s, env, len(s.args) - 1)
             old = _py(self.buffers[slot][idx])
-            self.buffers[slot][idx] = _typed(_BIN[kind](old, a[-1], t), t)
+            self.buffers[slot][idx] = evaluate(kind, (old, a[-1]), t, t)
             env[s] = old
         elif op == "alloca":
             env[s] = [0]
@@ -163,12 +102,12 @@ class Interpreter:
             a[0][0] = a[1]
         elif op == "local_atomic":
             env[s] = a[0][0]
-            a[0][0] = _typed(_BIN[s.attr](a[0][0], a[1], t), t)
+            a[0][0] = evaluate(s.attr, (a[0][0], a[1]), t, t)
         elif op == "temp_atomic":
             slot, kind = s.attr
             old = self.temps.get(slot, 0)
             env[s] = old
-            self.temps[slot] = _typed(_BIN[kind](old, a[0], t), t)
+            self.temps[slot] = evaluate(kind, (old, a[0]), t, t)
         elif op == "temp_load":
             env[s] = self.temps.get(s.attr, 0)
         elif op == "temp_store":

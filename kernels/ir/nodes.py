@@ -3,7 +3,7 @@
 One node type, :class:`Stmt`, in the manner of tinygrad's UOp: an op name, a result type, operand
 statements, one hashable attribute and (for structured control flow) nested blocks. A generic
 shape keeps the printer, verifier, serializer and every pass short: they walk ``args`` and
-``blocks`` without knowing each op. The op table :data:`OPS` says what each op is.
+``blocks`` without knowing each op. The op table (:mod:`.ops`) says what each op is.
 
 Statements live in blocks (Python lists) in program order; a statement's value is referred to
 by the statement itself. Control flow is structured (``if``, ``range_for``, ``while``), which is
@@ -21,70 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..types import DType
+from .ops import ATOMIC_KINDS, OPS, OpInfo
 
-# ---------------------------------------------------------------------------------------------
-# The op table. kind: "const" | "unary" | "binary" | "cmp" | "ternary" | "mem" | "control" | ...
-
-UNARY_FLOAT = ("sin", "cos", "tan", "asin", "acos", "atan", "tanh", "exp", "log", "sqrt",
-               "rsqrt", "floor", "ceil", "round")
-UNARY_ANY = ("neg", "abs", "logical_not", "bit_not")
-BINARY_ARITH = ("add", "sub", "mul", "div", "floordiv", "mod", "pow", "min", "max", "atan2")
-BINARY_BITS = ("bit_and", "bit_or", "bit_xor", "shl", "shr")
-COMPARE = ("lt", "le", "gt", "ge", "eq", "ne")
-ATOMIC_KINDS = ("add", "sub", "min", "max", "bit_and", "bit_or", "bit_xor")
-
-
-@dataclass(frozen=True)
-class OpInfo:
-    kind: str
-    nargs: int | None  # None: variable
-    pure: bool  # no side effects, may be removed when unused and re-computed freely
-    nblocks: int = 0
-
-
-OPS: dict[str, OpInfo] = {
-    "const": OpInfo("const", 0, True),
-    "arg": OpInfo("arg", 0, True),  # attr: argument index
-    "buf_shape": OpInfo("arg", 0, True),  # attr: (buffer slot, axis) runtime extent (ndarray)
-    "cast": OpInfo("unary", 1, True),
-    "select": OpInfo("ternary", 3, True),
-    "stop_grad": OpInfo("unary", 1, True),
-    "loop_index": OpInfo("arg", 0, True),  # attr: loop id; the index of an enclosing range_for
-    "random": OpInfo("random", 0, False),
-    "load": OpInfo("mem", None, True),  # args: indices; attr: buffer slot
-    "store": OpInfo("mem", None, False),  # args: indices..., value; attr: buffer slot
-    "atomic": OpInfo("mem", None, False),  # args: indices..., value; attr: (slot, kind)
-    "alloca": OpInfo("local", 0, False),
-    "local_load": OpInfo("local", 1, True),
-    "local_store": OpInfo("local", 2, False),
-    # A reduction into a kernel-level variable from a parallel loop (``s += v``): args alloca,
-    # value; attr: atomic kind; returns the old value.
-    "local_atomic": OpInfo("local", 2, False),
-    "temp_load": OpInfo("local", 0, True),  # attr: temp slot (kernel-level locals, offloaded)
-    "temp_store": OpInfo("local", 1, False),
-    "temp_atomic": OpInfo("local", 1, False),  # attr: (temp slot, atomic kind)
-    "if": OpInfo("control", 1, False, 2),
-    "range_for": OpInfo("control", 2, False, 1),  # args: begin, end; attr: (loop id, flags)
-    "while": OpInfo("control", 0, False, 1),
-    "break": OpInfo("control", 0, False),
-    "continue": OpInfo("control", 0, False),
-    "assert": OpInfo("control", None, False),  # args: cond, *values; attr: message
-    "return": OpInfo("control", 1, False),  # attr: return slot
-    # The reverse-mode stack: one LIFO of 8-byte slots per task invocation, grown on demand.
-    # The adjoint of a loop pushes the loop-carried locals at each iteration and pops them
-    # when it walks the iterations backwards.
-    "stack_push": OpInfo("stack", 1, False),
-    "stack_pop": OpInfo("stack", 0, False),
-}
-for _n in UNARY_FLOAT + UNARY_ANY:
-    OPS[_n] = OpInfo("unary", 1, True)
-for _n in BINARY_ARITH + BINARY_BITS:
-    OPS[_n] = OpInfo("binary", 2, True)
-for _n in COMPARE:
-    OPS[_n] = OpInfo("cmp", 2, True)
-for _n in ("logical_and", "logical_or"):
-    OPS[_n] = OpInfo("binary", 2, True)
-
+__all__ = ["ATOMIC_KINDS", "OPS", "Block", "Buffer", "KernelIR", "OpInfo", "Param", "Stmt", "Task",
+           "task_blocks", "walk"]
 
 # ---------------------------------------------------------------------------------------------
 

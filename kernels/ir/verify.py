@@ -20,17 +20,7 @@ from collections.abc import Callable
 
 from .. import types as T
 from ..errors import DifftapeError
-from .nodes import (
-    ATOMIC_KINDS,
-    BINARY_ARITH,
-    BINARY_BITS,
-    COMPARE,
-    OPS,
-    UNARY_FLOAT,
-    Block,
-    KernelIR,
-    Stmt,
-)
+from .nodes import ATOMIC_KINDS, OPS, Block, KernelIR, Stmt
 
 
 class IRVerificationError(DifftapeError):
@@ -47,7 +37,6 @@ NO_VALUE = frozenset({"store", "alloca", "local_store", "if", "range_for", "whil
 LOCAL_OPS = ("local_load", "local_store", "local_atomic")
 LOOP_FLAGS = ("parallel", "serial", "inner")
 _BIT_KINDS = ("bit_and", "bit_or", "bit_xor")
-_SAME_TYPE_UNARY = ("stop_grad", "neg", "abs", "bit_not") + UNARY_FLOAT
 
 
 def _is_int(x: object) -> bool:
@@ -185,35 +174,8 @@ class _Checker:
                 raise self.fail(s, f"loop_index of loop {s.attr!r}, which does not enclose it")
             if t != T.i32:
                 raise self.fail(s, f"loop indices are i32, not {t}")
-        elif op == "select":
-            self.cond(s, a[0], "a select condition")
-            if a[1].dtype != t or a[2].dtype != t:
-                raise self.fail(s, f"select of {a[1].dtype} and {a[2].dtype} gives {t}")
-        elif op in _SAME_TYPE_UNARY:
-            if a[0].dtype != t:
-                raise self.fail(s, f"op '{op}' of {a[0].dtype} gives {a[0].dtype}, not {t}")
-            if op in UNARY_FLOAT and not t.is_float:
-                raise self.fail(s, f"op '{op}' needs a float operand, not {t}")
-            if op == "bit_not" and not t.is_int:
-                raise self.fail(s, f"bit_not needs an integer operand, not {t}")
-        elif op == "logical_not":
-            self.cond(s, a[0], "the operand of logical_not")
-            if t != T.i32:
-                raise self.fail(s, f"logical_not gives i32, not {t}")
-        elif op in BINARY_ARITH or op in BINARY_BITS:
-            self.same(s, a[0], a[1], s)
-            if op in BINARY_BITS and not t.is_int:
-                raise self.fail(s, f"op '{op}' needs integer operands, not {t}")
-            if op == "atan2" and not t.is_float:
-                raise self.fail(s, f"atan2 needs float operands, not {t}")
-            if s.attr not in (None, "reassoc"):
-                raise self.fail(s, f"op '{op}' takes no attribute, got {s.attr!r}")
-        elif op in COMPARE or op in ("logical_and", "logical_or"):
-            self.same(s, a[0], a[1])
-            if op not in COMPARE:
-                self.cond(s, a[0], f"an operand of {op}")
-            if t != T.i32:
-                raise self.fail(s, f"op '{op}' gives i32, not {t}")
+        elif OPS[op].types is not None:
+            self.value_types(s, OPS[op].types)
         elif op in ("load", "store", "atomic"):
             if op == "atomic":
                 if not _is_pair(s.attr):
@@ -284,6 +246,42 @@ class _Checker:
                     raise self.fail(s, f"range bound {k} is {x.dtype}; loop bounds are i32")
         elif kind not in ("unary", "random", "local", "stack", "control"):
             raise self.fail(s, f"no type rule for op '{op}'")  # a new op needs one here
+
+
+    def value_types(self, s: Stmt, rule: str) -> None:
+        """The type rules of the value ops (``ops.TYPE_RULES``), as the lowering assumes them."""
+        op, a, t = s.op, s.args, s.dtype
+        if rule == "select":
+            self.cond(s, a[0], "a select condition")
+            if a[1].dtype != t or a[2].dtype != t:
+                raise self.fail(s, f"select of {a[1].dtype} and {a[2].dtype} gives {t}")
+        elif rule in ("same", "float", "round", "int"):
+            if a[0].dtype != t:
+                raise self.fail(s, f"op '{op}' of {a[0].dtype} gives {a[0].dtype}, not {t}")
+            if rule in ("float", "round") and not t.is_float:
+                raise self.fail(s, f"op '{op}' needs a float operand, not {t}")
+            if rule == "int" and not t.is_int:
+                raise self.fail(s, f"{op} needs an integer operand, not {t}")
+        elif rule == "cond":
+            self.cond(s, a[0], f"the operand of {op}")
+            if t != T.i32:
+                raise self.fail(s, f"{op} gives i32, not {t}")
+        elif rule in ("arith", "fdiv", "farith", "bits", "shift"):
+            self.same(s, a[0], a[1], s)
+            if rule in ("bits", "shift") and not t.is_int:
+                raise self.fail(s, f"op '{op}' needs integer operands, not {t}")
+            if rule == "farith" and not t.is_float:
+                raise self.fail(s, f"{op} needs float operands, not {t}")
+            if s.attr not in (None, "reassoc"):
+                raise self.fail(s, f"op '{op}' takes no attribute, got {s.attr!r}")
+        elif rule in ("cmp", "logical"):
+            self.same(s, a[0], a[1])
+            if rule == "logical":
+                self.cond(s, a[0], f"an operand of {op}")
+            if t != T.i32:
+                raise self.fail(s, f"op '{op}' gives i32, not {t}")
+        elif rule != "cast":
+            raise self.fail(s, f"no type rule {rule!r} for op '{op}'")
 
 
 def verify(ir: KernelIR, *, locate: Callable[[Stmt], str | None] | None = None) -> KernelIR:

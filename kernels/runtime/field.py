@@ -39,8 +39,8 @@ class Field:
         self.role = role
         self.primal = primal or self
         self.id = primal.id if primal is not None else next(_field_ids)
-        self.grad: Field | None = None
-        self.dual: Field | None = None
+        self._grad: Field | None = None
+        self._dual: Field | None = None
         self.mark: Field | None = None  # read marks of Tape(validation=True)
         self._arr: np.ndarray | None = None
         self._shape: tuple[int, ...] | None = None
@@ -79,14 +79,41 @@ class Field:
         self._program.storage_epoch += 1
         return f
 
+    # A float field has a .grad and a .dual before it is placed (as in Taichi), so that
+    # ``ti.root.dense(ti.i, n).place(x, x.grad)`` works for a field made without needs_grad:
+    # asking for one of an unplaced field creates it, and placing it allocates it. A placed
+    # field has only the companions it was made or given with (None otherwise).
+    @property
+    def grad(self) -> Field | None:
+        if self._grad is None and self._lazy_companion():
+            self._make_companion("grad")
+        return self._grad
+
+    @grad.setter
+    def grad(self, f: Field | None) -> None:
+        self._grad = f
+
+    @property
+    def dual(self) -> Field | None:
+        if self._dual is None and self._lazy_companion():
+            self._make_companion("dual")
+        return self._dual
+
+    @dual.setter
+    def dual(self, f: Field | None) -> None:
+        self._dual = f
+
+    def _lazy_companion(self) -> bool:
+        return self.role == "primal" and self._shape is None and self.dtype.is_float
+
     def companion(self, role: str) -> Field | None:
         """The storage behind a buffer role: ``primal``, ``grad``, ``dual``, ``grad_dual``
         (``x.grad.dual``) or ``mark``; None if not allocated."""
         if role == "primal":
             return self
         if role == "grad_dual":
-            return self.grad.dual if self.grad is not None else None
-        return getattr(self, role, None)
+            return self._grad.dual if self._grad is not None else None
+        return getattr(self, "_" + role if role in ("grad", "dual") else role, None)
 
     def make_mark(self) -> Field:
         """One byte per scalar: set when a validated recording reads the element."""
@@ -356,7 +383,7 @@ class SNode:
                     raise DifftapeError(f"{f._label()} is already placed")
                 f._allocate(shape)
                 for role in ("grad", "dual"):
-                    comp = getattr(f, role)
+                    comp = getattr(f, "_" + role)
                     if comp is not None and comp._shape is None:
                         comp._allocate(shape)
             else:
@@ -366,12 +393,12 @@ class SNode:
     def lazy_grad(self) -> None:
         """Give every float field a ``.grad`` with the primal's layout."""
         for f in list(program.get().fields.values()) + list(program.get().unplaced):
-            if f.grad is None and f.dtype.is_float:
+            if f._grad is None and f.dtype.is_float:
                 f._make_companion("grad")
 
     def lazy_dual(self) -> None:
         for f in list(program.get().fields.values()) + list(program.get().unplaced):
-            if f.dual is None and f.dtype.is_float:
+            if f._dual is None and f.dtype.is_float:
                 f._make_companion("dual")
 
 

@@ -820,3 +820,25 @@ def test_custom_gradient_with_kernel_grad_of_weights(ti, fp, npfp, rtol):
         double_block()
         reduce()
     close(x.grad.to_numpy(), 2 * np.arange(1, n + 1), rtol=rtol)
+
+
+def test_placing_the_grad_of_a_field_made_without_needs_grad(ti):
+    # Taichi's pattern (its grad_check tests): a float field has a .grad before it is placed;
+    # ti.root...place(x, x.grad) allocates both.
+    x = ti.field(ti.f32)
+    y = ti.field(ti.f32)
+    loss = ti.field(ti.f32)
+    ti.root.dense(ti.i, 4).place(x, x.grad, y, y.grad)
+    ti.root.place(loss, loss.grad)
+
+    @ti.kernel
+    def compute():
+        for i in x:
+            y[i] = x[i] * x[i]
+            loss[None] += y[i]
+
+    xs = np.array([0.5, -1.0, 2.0, 3.0], np.float32)
+    x.from_numpy(xs)
+    with ti.ad.Tape(loss=loss):
+        compute()
+    np.testing.assert_allclose(x.grad.to_numpy(), 2 * xs)

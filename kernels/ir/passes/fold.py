@@ -1,70 +1,23 @@
 """Constant folding and algebraic simplification.
 
-Folds operations on constants with the target's arithmetic (NumPy scalars of the same width,
-so f32 folds round like f32 code), removes identities (x+0, x*1, casts to the same type),
-and resolves ``if``/``select`` on constant conditions. Runs in place on a freshly built IR.
+Folds operations on constants with the op table's evaluators (:func:`..ops.evaluate`, which
+rounds and wraps to the result type, so f32 folds round like f32 code), removes identities
+(x+0, x*1, casts to the same type), and resolves ``if``/``select`` on constant conditions.
+Runs in place on a freshly built IR.
 """
 
 from __future__ import annotations
 
-import math
-
-import numpy as np
-
 from ..nodes import Block, KernelIR, Stmt
-
-_FOLD_BINARY = {
-    "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
-    "min": lambda a, b: min(a, b), "max": lambda a, b: max(a, b),
-    "bit_and": lambda a, b: a & b, "bit_or": lambda a, b: a | b, "bit_xor": lambda a, b: a ^ b,
-    "lt": lambda a, b: int(a < b), "le": lambda a, b: int(a <= b), "gt": lambda a, b: int(a > b),
-    "ge": lambda a, b: int(a >= b), "eq": lambda a, b: int(a == b), "ne": lambda a, b: int(a != b),
-    "logical_and": lambda a, b: int(bool(a) and bool(b)),
-    "logical_or": lambda a, b: int(bool(a) or bool(b)),
-}
-
-
-def _scalar(value, dtype):
-    return dtype.np.type(value)
-
-
-def _const_value(s: Stmt):
-    return s.attr if s.op == "const" else None
+from ..ops import OPS, evaluate
 
 
 def _fold(s: Stmt):
-    """The folded Python value of ``s`` if all its operands are constants, else None."""
-    if not s.args or any(a.op != "const" for a in s.args) or s.blocks:
+    """The folded Python value of ``s`` if all its operands are constants and its op folds
+    (``OpInfo.fold``: exact in the target's arithmetic), else None."""
+    if not s.args or s.blocks or not OPS[s.op].fold or any(a.op != "const" for a in s.args):
         return None
-    vals = [a.attr for a in s.args]
-    with np.errstate(all="ignore"):
-        if s.op == "cast":
-            v = vals[0]
-            if s.dtype.is_int and isinstance(v, float):
-                if not math.isfinite(v):
-                    return None
-                v = int(v)  # truncation toward zero, as the generated code does
-            return _normalize(_scalar(v, s.dtype).item() if s.dtype.is_float else v, s.dtype)
-        if s.op in _FOLD_BINARY:
-            t = s.args[0].dtype
-            r = _FOLD_BINARY[s.op](_scalar(vals[0], t), _scalar(vals[1], t))
-            return _normalize(r.item() if hasattr(r, "item") else r, s.dtype)
-        if s.op == "neg":
-            return _normalize((-_scalar(vals[0], s.dtype)).item(), s.dtype)
-        if s.op == "select":
-            return None
-    return None
-
-
-def _normalize(v, dtype):
-    if dtype.is_float:
-        return float(v)
-    v = int(v)
-    bits = dtype.bits
-    v &= (1 << bits) - 1
-    if dtype.is_signed and v >= 1 << (bits - 1):
-        v -= 1 << bits
-    return v
+    return evaluate(s.op, tuple(a.attr for a in s.args), s.args[0].dtype, s.dtype)
 
 
 def _is_const(s: Stmt, value) -> bool:
