@@ -269,7 +269,9 @@ class FunctionTransformer:
         self.eval(node.value)
 
     def build_Assign(self, node: ast.Assign) -> None:
-        value = self.eval(node.value)
+        # Python evaluates the whole right-hand side before storing anything, so `a, b = b, a`
+        # swaps: the places on the right are loaded now, before any target is written.
+        value = _materialize(self.eval(node.value))
         for target in node.targets:
             self.assign(target, value)
 
@@ -766,7 +768,27 @@ def _py_float(x):
     return ops.cast(x, ops.resolve_dtype(float)) if isinstance(x, Value | Matrix) else float(x)
 
 
+def _py_reduction(which: str):
+    """Python's ``any``/``all`` in a kernel: over a vector/matrix (every entry, not its rows),
+    or over a list/tuple holding runtime values, a runtime 0/1 like ``v.any()``/``v.all()``;
+    over compile-time iterables, Python's own."""
+    python = getattr(builtins, which)
+
+    def reduce(x):
+        if isinstance(x, list | tuple) and any(isinstance(e, Value) for e in x) and \
+                all(isinstance(e, Value) or ops._is_number(e) for e in x):
+            x = Vector(list(x))
+        if isinstance(x, Matrix):
+            return getattr(x, which)()
+        return python(x)
+
+    reduce.__name__ = which
+    return reduce
+
+
 _PY_BUILTIN_MAP = {
+    builtins.any: _py_reduction("any"),
+    builtins.all: _py_reduction("all"),
     builtins.abs: lambda x: ops.abs(x),
     builtins.min: lambda *xs: ops.min(*xs),
     builtins.max: lambda *xs: ops.max(*xs),
@@ -775,6 +797,17 @@ _PY_BUILTIN_MAP = {
     builtins.pow: lambda a, b: ops.pow(a, b),
     builtins.round: lambda x: ops.round(x),
 }
+
+
+def _materialize(x):
+    """``x`` with every place in it loaded (inside tuples and lists too): the values now."""
+    if isinstance(x, Ref):
+        return x.expr()
+    if isinstance(x, Matrix):
+        return x._values() if any(isinstance(e, Ref) for e in x.entries) else x
+    if type(x) in (tuple, list):
+        return type(x)(_materialize(e) for e in x)
+    return x
 
 
 def _as_value(x):

@@ -275,3 +275,41 @@ def test_cast_between_integer_widths_and_to_f32(ti):
     assert narrow(2**32 + 5) == 5
     assert narrow(2**31) == -(2**31)
     assert to_f32(2**32 + 5) == float(np.float32(2**32 + 5))
+
+
+# ----------------------------------------------------------------- evaluation order and laziness
+
+
+def test_tuple_assignment_evaluates_the_whole_right_side_first(ti):
+    a = ti.field(ti.f32, shape=())
+    b = ti.field(ti.f32, shape=())
+    out = ti.field(ti.i32, shape=12)
+
+    @ti.kernel
+    def swap_fields():
+        a[None], b[None] = b[None], a[None]
+
+    @ti.kernel
+    def swap_locals(x: ti.i32, y: ti.i32, z: ti.i32):
+        x_, y_, z_ = x, y, z
+        x_, y_ = y_, x_
+        out[0], out[1] = x_, y_
+        x_, y_, z_ = y_, z_, x_  # a rotation
+        out[2], out[3], out[4] = x_, y_, z_
+        v = ti.Vector([x, y, z])
+        v[0], v[2] = v[2], v[0]
+        out[5], out[6] = v[0], v[2]
+        p = ti.Vector([x, y])
+        q = ti.Vector([z, x])
+        p, q = q, p
+        out[7], out[8] = p[0], q[0]
+        m = ti.Matrix([[x, y], [z, x + y]])
+        m[0, 1], m[1, 0] = m[1, 0], m[0, 1]
+        out[9], out[10] = m[0, 1], m[1, 0]
+        out[11] = m[1, 1]
+
+    a[None], b[None] = 1.5, -2.0
+    swap_fields()
+    assert (a[None], b[None]) == (-2.0, 1.5)
+    swap_locals(1, 2, 3)
+    np.testing.assert_array_equal(out.to_numpy(), [2, 1, 1, 3, 2, 3, 1, 3, 1, 3, 2, 3])
