@@ -71,14 +71,22 @@ class Builder:
         return alloca in self.kernel_allocas and any(k == "parallel" for k, _ in self.loop_stack)
 
     @contextmanager
-    def block(self):
-        """Emit into a fresh block for the duration of the ``with``; yields the block."""
-        blk: Block = []
+    def block(self, blk: Block | None = None):
+        """Emit into ``blk`` (a fresh block by default) for the duration of the ``with``;
+        yields the block. A block not yet placed in the IR can be reopened to append to it."""
+        blk = [] if blk is None else blk
         self._blocks.append(blk)
         try:
             yield blk
         finally:
             self._blocks.pop()
+
+    def splice(self, blk: Block) -> None:
+        """Append the statements of a detached block (built with :meth:`block`) to the current
+        block, as if they had been emitted here."""
+        if len(self._blocks) == 1:
+            self.kernel_allocas.update(s for s in blk if s.op == "alloca")
+        self._blocks[-1].extend(blk)
 
     @property
     def at_top_level(self) -> bool:

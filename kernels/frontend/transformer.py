@@ -19,7 +19,7 @@ from typing import Any
 
 from .. import types as T
 from ..errors import CompileError
-from ..ir.nodes import Buffer
+from ..ir.nodes import OPS, Block, Buffer
 from . import builder as _b
 from . import ops
 from .annotations import NdarrayType, Template
@@ -269,7 +269,9 @@ class FunctionTransformer:
         self.eval(node.value)
 
     def build_Assign(self, node: ast.Assign) -> None:
-        value = self.eval(node.value)
+        # Python evaluates the whole right-hand side before storing anything, so `a, b = b, a`
+        # swaps: the places on the right are loaded now, before any target is written.
+        value = _materialize(self.eval(node.value))
         for target in node.targets:
             self.assign(target, value)
 
@@ -643,20 +645,68 @@ class FunctionTransformer:
         raise self.bld.error("unsupported unary operator")
 
     def expr_BoolOp(self, node: ast.BoolOp):
-        values = [self.eval(v) for v in node.values]
-        op = "logical_and" if isinstance(node.op, ast.And) else "logical_or"
-        if not any(isinstance(v, Value | Matrix) for v in values):
-            out = values[0]
-            for v in values[1:]:
-                out = (out and v) if op == "logical_and" else (out or v)
-            return out
-        out = _as_value(values[0])
-        for v in values[1:]:  # like Python: `a and b` is b if a else a (both evaluated)
-            v = _as_value(v)
-            truthy = ops.binary("ne", out, 0)
-            out = ops.select(truthy, v, out) if op == "logical_and" else \
-                ops.select(truthy, out, v)
-        return out
+        return self._bool_op(isinstance(node.op, ast.And), node.values)
+
+    def _bool_op(self, is_and: bool, nodes: list[ast.expr]):
+        """``a and b and ...`` / ``a or b or ...`` (right-nested as Taichi builds it; the same
+        value as Python's left-to-right reading).
+
+        * A compile-time first operand decides as in Python; the rest is evaluated only when
+          it does not (so ``ti.static(x is not None) and x[i] > 0`` works).
+        * Runtime integer scalars give what Python and Taichi give: an operand's value (the
+          promoted type), and the right side runs only when the left does not decide, so
+          ``i > 0 and a[i - 1] > 0`` never reads ``a[-1]``.
+        * Vectors/matrices give elementwise truth values (0/1), every operand evaluated, as in
+          Taichi.
+        * Float operands are refused, as Taichi refuses them.
+        """
+        first = _as_value(self.eval(nodes[0]))
+        if len(nodes) == 1:
+            return first
+        self._at(nodes[0])
+        if not isinstance(first, Value | Matrix):  # compile time
+            if bool(first) != is_and:
+                return first  # `and` after a falsy value, `or` after a truthy one: decided
+            rest = _as_value(self._bool_op(is_and, nodes[1:]))
+            if isinstance(rest, Matrix):
+                return self._elementwise_logic(is_and, first, rest, nodes[1])
+            if isinstance(rest, Value):
+                self._logic_operand(rest, nodes[1])
+            return rest
+        self._logic_operand(first, nodes[0])
+        if isinstance(first, Matrix):
+            rest = _as_value(self._bool_op(is_and, nodes[1:]))
+            return self._elementwise_logic(is_and, first, rest, nodes[1])
+        rest, rest_blk = self._detached(lambda: self._bool_op(is_and, nodes[1:]))
+        if isinstance(rest, Matrix):  # vectors do not short-circuit (Taichi)
+            self.bld.splice(rest_blk)
+            return self._elementwise_logic(is_and, first, rest, nodes[1])
+        self._logic_operand(rest, nodes[1])
+        c = ops.to_condition(first)
+        if is_and:
+            return self._conditional(c, rest, rest_blk, first, [])
+        return self._conditional(c, first, [], rest, rest_blk)
+
+    def _elementwise_logic(self, is_and: bool, a, b, node: ast.expr):
+        self._logic_operand(a, node)
+        self._logic_operand(b, node)
+        return ops.binary("logical_and" if is_and else "logical_or", a, b)
+
+    def _logic_operand(self, v, node: ast.expr) -> None:
+        """Refuse what Taichi's ``and``/``or`` refuse: floats, and non-numbers beside runtime
+        values."""
+        for e in (v.entries if isinstance(v, Matrix) else [v]):
+            if isinstance(e, Value):
+                t = e.dtype
+            elif ops._is_number(e):
+                t = ops.literal_dtype(e)
+            else:
+                raise self._at(node).error(f"`and`/`or` cannot combine a {type(e).__name__} "
+                                           "with runtime values")
+            if t.is_float:
+                raise self._at(node).error(
+                    f"`and`/`or` need integer operands (as in Taichi), got {t}; compare "
+                    "explicitly, e.g. `x != 0 and y > 0.5`")
 
     def expr_Compare(self, node: ast.Compare):
         left = _as_value(self.eval(node.left))
@@ -677,11 +727,57 @@ class FunctionTransformer:
         return result
 
     def expr_IfExp(self, node: ast.IfExp):
-        cond = self.eval(node.test)
+        cond = _as_value(self.eval(node.test))
+        if isinstance(cond, Matrix):
+            raise self._at(node).error(
+                "the condition of `x if c else y` must be a scalar, not a vector/matrix; choose "
+                "elementwise with ti.select(c, x, y), or reduce it with c.any() / c.all()")
         if not isinstance(cond, Value):
             return self.eval(node.body) if cond else self.eval(node.orelse)
-        return ops.select(cond, _as_value(self.eval(node.body)),
-                          _as_value(self.eval(node.orelse)))
+        c = ops.to_condition(cond)
+        then, then_blk = self._detached(lambda: self.eval(node.body))
+        other, other_blk = self._detached(lambda: self.eval(node.orelse))
+        self._at(node)
+        return self._conditional(c, then, then_blk, other, other_blk)
+
+    def _detached(self, evaluate) -> tuple[Any, Block]:
+        """Evaluate into a block of its own, not yet placed: the caller decides whether it runs
+        unconditionally (:meth:`Builder.splice`) or under a condition."""
+        with self.bld.block() as blk:
+            value = _as_value(evaluate())
+        return value, blk
+
+    def _conditional(self, c: Expr, a, a_blk: Block, b, b_blk: Block):
+        """``a if c else b``, where ``a`` and ``b`` were computed by the detached blocks.
+
+        Only the taken side may run, as in Python and Taichi: its loads (which may be out of
+        range on the other side, and whose adjoints would be written there), func calls,
+        atomics and random numbers. So the value is a temporary written by an ``if``, unless
+        both blocks are pure arithmetic on values at hand: then both run and a ``select``
+        picks (no branch, vectorizes; autodiff guards the zero adjoint of the other side).
+        """
+        for v in (a, b):
+            if not (isinstance(v, Value | Matrix) or ops._is_number(v)):
+                raise self.bld.error("with a runtime condition, both sides of a conditional "
+                                     "must be numbers or vectors/matrices, got a "
+                                     f"{type(v).__name__}")
+        if _speculatable(a_blk) and _speculatable(b_blk):
+            self.bld.splice(a_blk)
+            self.bld.splice(b_blk)
+            return ops.select(c, a, b)
+        shape = a if isinstance(a, Matrix) else b if isinstance(b, Matrix) else None
+        pairs = _paired_entries(a, b)
+        slots = [LocalRef(self.bld.emit("alloca", T.promote(_dtype_of(x), _dtype_of(y))))
+                 for x, y in pairs]
+        for side, blk in enumerate((a_blk, b_blk)):
+            with self.bld.block(blk):
+                for slot, pair in zip(slots, pairs, strict=True):
+                    slot.store(pair[side])
+        self.bld.emit("if", None, (c.stmt,), None, (a_blk, b_blk))
+        values = [slot.expr() for slot in slots]
+        if shape is None:
+            return values[0]
+        return Matrix._from_entries(values, shape.n, shape.m, shape.ndim)
 
     def expr_Subscript(self, node: ast.Subscript):
         container = self.eval(node.value)
@@ -766,7 +862,27 @@ def _py_float(x):
     return ops.cast(x, ops.resolve_dtype(float)) if isinstance(x, Value | Matrix) else float(x)
 
 
+def _py_reduction(which: str):
+    """Python's ``any``/``all`` in a kernel: over a vector/matrix (every entry, not its rows),
+    or over a list/tuple holding runtime values, a runtime 0/1 like ``v.any()``/``v.all()``;
+    over compile-time iterables, Python's own."""
+    python = getattr(builtins, which)
+
+    def reduce(x):
+        if isinstance(x, list | tuple) and any(isinstance(e, Value) for e in x) and \
+                all(isinstance(e, Value) or ops._is_number(e) for e in x):
+            x = Vector(list(x))
+        if isinstance(x, Matrix):
+            return getattr(x, which)()
+        return python(x)
+
+    reduce.__name__ = which
+    return reduce
+
+
 _PY_BUILTIN_MAP = {
+    builtins.any: _py_reduction("any"),
+    builtins.all: _py_reduction("all"),
     builtins.abs: lambda x: ops.abs(x),
     builtins.min: lambda *xs: ops.min(*xs),
     builtins.max: lambda *xs: ops.max(*xs),
@@ -775,6 +891,39 @@ _PY_BUILTIN_MAP = {
     builtins.pow: lambda a, b: ops.pow(a, b),
     builtins.round: lambda x: ops.round(x),
 }
+
+
+def _materialize(x):
+    """``x`` with every place in it loaded (inside tuples and lists too): the values now."""
+    if isinstance(x, Ref):
+        return x.expr()
+    if isinstance(x, Matrix):
+        return x._values() if any(isinstance(e, Ref) for e in x.entries) else x
+    if type(x) in (tuple, list):
+        return type(x)(_materialize(e) for e in x)
+    return x
+
+
+def _speculatable(blk: Block) -> bool:
+    """May this block run although its value is not needed? Pure statements without memory
+    reads: arithmetic (integer division never traps here), casts, selects, locals' values."""
+    return all(OPS[s.op].pure and s.op != "load" for s in blk)
+
+
+def _dtype_of(x) -> T.DType:
+    return x.dtype if isinstance(x, Value) else ops.literal_dtype(x)
+
+
+def _paired_entries(a, b) -> list[tuple]:
+    """The entries of ``a`` and ``b`` side by side; a scalar pairs with every entry."""
+    shapes = {(v.n, v.m) for v in (a, b) if isinstance(v, Matrix)}
+    if len(shapes) > 1:
+        raise ops._err("the two sides of a conditional are matrices of different shapes: "
+                       + " vs ".join(f"{n}x{m}" for n, m in sorted(shapes)))
+    size = next((len(v.entries) for v in (a, b) if isinstance(v, Matrix)), 1)
+    ea = a.entries if isinstance(a, Matrix) else [a] * size
+    eb = b.entries if isinstance(b, Matrix) else [b] * size
+    return list(zip(ea, eb, strict=True))
 
 
 def _as_value(x):

@@ -135,6 +135,46 @@ def test_ternary_expression_and_logic(ti, fp, npfp, rtol):
     _run_elementwise(ti, npfp, rtol, kernel, ref, np.linspace(-1, 3, 9) + 0.013)
 
 
+def _taken_branch_kernel(ti, x, y, n):
+    @ti.kernel
+    def run():
+        for i in y:
+            v = x[i]
+            s = x[i - 1] * v if i > 0 else v * v  # x[-1] exists neither as value nor adjoint
+            s += ti.sin(x[i + 1]) if i < n - 1 and x[i + 1] > 0 else 0.5 * v
+            y[i] = s
+
+    return run
+
+
+def _taken_branch_ref(a):
+    n = len(a)
+    out = np.zeros(n)
+    for i in range(n):
+        v = a[i]
+        s = a[i - 1] * v if i > 0 else v * v
+        s += np.sin(a[i + 1]) if i < n - 1 and a[i + 1] > 0 else 0.5 * v
+        out[i] = s
+    return out
+
+
+def test_ternary_differentiates_only_the_taken_branch(ti, fp, npfp, rtol):
+    ti.init(arch=ti.cpu, default_fp=fp, debug=True)  # an out-of-range read or write raises
+    n = 8
+    x = ti.field(float, n, needs_grad=True)
+    y = ti.field(float, n, needs_grad=True)
+    run = _taken_branch_kernel(ti, x, y, n)
+    w = weights(n, seed=5).astype(npfp)
+    x.from_numpy((np.linspace(-1, 1, n) + 0.05).astype(npfp))
+    y.grad.from_numpy(w)
+    run()
+    run.grad()
+    xs = x.to_numpy().astype(np.float64)
+    close(y.to_numpy(), _taken_branch_ref(xs), rtol=_tol(rtol), err_msg="forward")
+    want = fd_grad(lambda a: np.dot(w.astype(np.float64), _taken_branch_ref(a)), xs)[0]
+    close(x.grad.to_numpy(), want, rtol=_tol(rtol), err_msg="gradient")
+
+
 # --------------------------------------------------------------------------------- inner loops
 
 

@@ -181,6 +181,35 @@ def _directional_fd(ref, x0, v):
     return float(fd_grad(lambda t: ref(x0 + t * v), 0.0)[0])
 
 
+def test_ternary_tangents_come_only_from_the_taken_branch(ti, fp, npfp, rtol):
+    from .test_control import _taken_branch_kernel, _taken_branch_ref
+
+    # Under debug=True an out-of-range read raises; Taichi 1.7.4 aborts compiling forward-mode
+    # kernels in debug mode (an LLVM assertion), so it runs this test without.
+    ti.init(arch=ti.cpu, default_fp=fp, debug=ti.__name__ == "difftape")
+    n = 8
+    x = ti.field(float, n, needs_dual=True)
+    y = ti.field(float, n, needs_dual=True)
+    loss = ti.field(float, (), needs_dual=True)
+    run = _taken_branch_kernel(ti, x, y, n)
+
+    @ti.kernel
+    def total():
+        for i in y:
+            loss[None] += y[i] * (i + 1)
+
+    x0 = (np.linspace(-1, 1, n) + 0.05).astype(npfp)
+    v = (np.arange(n) / 4 - 0.875).astype(npfp)  # exact in f32 (Taichi rounds seeds)
+    x.from_numpy(x0)
+    with ti.ad.FwdMode(loss=loss, param=x, seed=list(v)):
+        run()
+        total()
+    xs = x.to_numpy().astype(np.float64)
+    k = np.arange(1, n + 1)
+    want = _directional_fd(lambda a: np.dot(k, _taken_branch_ref(a)), xs, v.astype(np.float64))
+    close(loss.dual[None], want, rtol=max(20 * rtol, 1e-9))
+
+
 @pytest.mark.difftape_only  # Taichi's forward mode: "Not supported" for while/break
 def test_control_flow_and_loops(ti, fp, npfp, rtol):
     n = 6

@@ -3,6 +3,7 @@ the on-disk cache. These check difftape's own machinery, so they run on difftape
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -80,6 +81,34 @@ def test_reduction_is_privatized_and_vectorized(prog):
     text = llvm_lowering.Lowering(ir, ctx_layout(ir), get_target()).module()
     opt = get_target().optimized_ir(text)
     assert "<4 x double>" in opt or "<8 x double>" in opt or "<2 x double>" in opt
+
+
+def test_conditional_expression_selects_on_pure_values_and_branches_around_loads(prog):
+    x = ti.field(ti.f32, shape=1 << 12)
+    y = ti.field(ti.f32, shape=1 << 12)
+
+    @ti.kernel
+    def pure():
+        for i in x:
+            v = x[i]
+            y[i] = v * 2.0 if v > 0 else ti.sin(v) - v
+
+    @ti.kernel
+    def guarded():
+        for i in x:
+            y[i] = x[i - 1] if i > 0 else 0.0
+
+    ir = _ir(pure, prog)
+    ops = [s.op for s in walk(ir.tasks[-1].body)]
+    assert "select" in ops and "if" not in ops  # both arms computed, no branch: vectorizes
+    opt = get_target().optimized_ir(llvm_lowering.Lowering(ir, ctx_layout(ir), get_target())
+                                    .module())
+    assert re.search(r"<(4|8|16) x float>", opt)
+    body = _ir(guarded, prog).tasks[-1].body
+    loads = [s for s in walk(body) if s.op == "load"]
+    assert len(loads) == 1 and not any(s.op == "load" for s in body)  # only inside the `if`
+    branch = next(s for s in body if s.op == "if")
+    assert loads[0] in list(walk(branch.blocks[0]))
 
 
 def test_reduction_accuracy_f32(prog):

@@ -7,6 +7,7 @@ but evaluates them at run time with Python's floor semantics (-7 // 2 == -4). On
 """
 
 import numpy as np
+import pytest
 
 
 def test_if_elif_else_per_element(ti, fp, rtol):
@@ -275,3 +276,171 @@ def test_cast_between_integer_widths_and_to_f32(ti):
     assert narrow(2**32 + 5) == 5
     assert narrow(2**31) == -(2**31)
     assert to_f32(2**32 + 5) == float(np.float32(2**32 + 5))
+
+
+# ----------------------------------------------------------------- evaluation order and laziness
+
+
+def test_tuple_assignment_evaluates_the_whole_right_side_first(ti):
+    a = ti.field(ti.f32, shape=())
+    b = ti.field(ti.f32, shape=())
+    out = ti.field(ti.i32, shape=12)
+
+    @ti.kernel
+    def swap_fields():
+        a[None], b[None] = b[None], a[None]
+
+    @ti.kernel
+    def swap_locals(x: ti.i32, y: ti.i32, z: ti.i32):
+        x_, y_, z_ = x, y, z
+        x_, y_ = y_, x_
+        out[0], out[1] = x_, y_
+        x_, y_, z_ = y_, z_, x_  # a rotation
+        out[2], out[3], out[4] = x_, y_, z_
+        v = ti.Vector([x, y, z])
+        v[0], v[2] = v[2], v[0]
+        out[5], out[6] = v[0], v[2]
+        p = ti.Vector([x, y])
+        q = ti.Vector([z, x])
+        p, q = q, p
+        out[7], out[8] = p[0], q[0]
+        m = ti.Matrix([[x, y], [z, x + y]])
+        m[0, 1], m[1, 0] = m[1, 0], m[0, 1]
+        out[9], out[10] = m[0, 1], m[1, 0]
+        out[11] = m[1, 1]
+
+    a[None], b[None] = 1.5, -2.0
+    swap_fields()
+    assert (a[None], b[None]) == (-2.0, 1.5)
+    swap_locals(1, 2, 3)
+    np.testing.assert_array_equal(out.to_numpy(), [2, 1, 1, 3, 2, 3, 1, 3, 1, 3, 2, 3])
+
+
+def test_and_or_chains_on_integers(ti):
+    @ti.kernel
+    def run(a: ti.i32, b: ti.i32, c: ti.i32) -> ti.types.vector(4, ti.i32):
+        return ti.Vector([a and b and c, a or b or c, a and (b or c), (a or b) and c])
+
+    for a, b, c in [(3, 5, 7), (0, 5, 7), (3, 0, 7), (3, 5, 0), (0, 0, 0), (0, 0, 4)]:
+        want = [a and b and c, a or b or c, a and (b or c), (a or b) and c]
+        np.testing.assert_array_equal(run(a, b, c), want)
+
+
+def test_and_or_on_integer_vectors_are_elementwise_truth_values(ti):
+    out = ti.Vector.field(4, ti.i32, shape=4)
+
+    @ti.kernel
+    def run(a: ti.types.vector(4, ti.i32), b: ti.types.vector(4, ti.i32), s: ti.i32):
+        out[0] = a and b
+        out[1] = a or b
+        out[2] = a and s
+        out[3] = s or a
+
+    a = np.array([2, 0, 3, 0])
+    b = np.array([5, 4, 0, 0])
+    for s in (0, 7):
+        run(a, b, s)
+        want = [(a != 0) & (b != 0), (a != 0) | (b != 0), (a != 0) & (s != 0),
+                (a != 0) | (s != 0)]
+        np.testing.assert_array_equal(out.to_numpy(), np.array(want, dtype=np.int32))
+
+
+def test_and_or_do_not_evaluate_the_right_operand_when_the_left_decides(ti):
+    ti.init(arch=ti.cpu, debug=True)  # an out-of-range read would raise
+    n = 6
+    x = ti.field(ti.i32, shape=n)
+    both = ti.field(ti.i32, shape=n)
+    either = ti.field(ti.i32, shape=n)
+
+    @ti.kernel
+    def run():
+        for i in x:
+            both[i] = i > 0 and x[i - 1] > 2
+            either[i] = i == n - 1 or x[i + 1] > 2
+
+    xs = np.array([5, 1, 3, 4, 0, 9], dtype=np.int32)
+    x.from_numpy(xs)
+    run()
+    prev = np.concatenate([[0], xs[:-1]])
+    nxt = np.concatenate([xs[1:], [0]])
+    idx = np.arange(n)
+    np.testing.assert_array_equal(both.to_numpy(), (idx > 0) & (prev > 2))
+    np.testing.assert_array_equal(either.to_numpy(), (idx == n - 1) | (nxt > 2))
+
+
+def test_conditional_expression_evaluates_only_the_taken_branch(ti, fp, rtol):
+    ti.init(arch=ti.cpu, default_fp=fp, debug=True)  # an out-of-range read would raise
+    n = 7
+    a = ti.field(float, shape=n)
+    b = ti.field(float, shape=n)
+    c = ti.field(float, shape=n)
+    d = ti.field(float, shape=n)
+
+    @ti.func
+    def left(i):
+        return a[i - 1] * 2.0 if i > 0 else -1.0
+
+    @ti.kernel
+    def run():
+        for i in a:
+            b[i] = a[i - 1] if i > 0 else 0.0
+            c[i] = a[i - 1] if i > 0 else (a[i + 1] if i < n - 1 else 0.5)  # nested
+            d[i] = left(i)
+
+    xs = np.linspace(-1, 2, n)
+    a.from_numpy(xs)
+    run()
+    prev = np.concatenate([[0.0], xs[:-1]])
+    np.testing.assert_allclose(b.to_numpy(), prev, rtol=rtol)
+    np.testing.assert_allclose(c.to_numpy(), np.concatenate([[xs[1]], xs[:-1]]), rtol=rtol)
+    np.testing.assert_allclose(d.to_numpy(), np.concatenate([[-1.0], 2 * xs[:-1]]), rtol=rtol)
+
+
+@pytest.mark.difftape_only  # Taichi 1.7.4 selects between vector branches: it reads v[-1]
+def test_conditional_expression_with_vector_branches_reads_only_the_taken_one(ti, fp, rtol):
+    ti.init(arch=ti.cpu, default_fp=fp, debug=True)  # an out-of-range read would raise
+    n = 5
+    v = ti.Vector.field(2, float, shape=n)
+    w = ti.Vector.field(2, float, shape=n)
+
+    @ti.kernel
+    def run():
+        for i in v:
+            w[i] = v[i - 1] if i > 0 else ti.Vector([0.0, 3.0])
+
+    vs = np.stack([np.arange(n) - 1.5, np.arange(n) ** 2], 1)
+    v.from_numpy(vs)
+    run()
+    np.testing.assert_allclose(w.to_numpy(), np.concatenate([[[0.0, 3.0]], vs[:-1]]),
+                               rtol=rtol)
+
+
+def test_conditional_expression_with_vector_branches_and_scalar_condition(ti, fp, rtol):
+    @ti.kernel
+    def run(c: ti.i32, x: float) -> ti.types.vector(3, float):
+        v = ti.Vector([x, 2 * x, 3.0])
+        return v if c > 0 else 0.5 if c == 0 else -v
+
+    for c in (1, 0, -1):
+        want = [1.25, 2.5, 3.0] if c > 0 else [0.5] * 3 if c == 0 else [-1.25, -2.5, -3.0]
+        np.testing.assert_allclose(run(c, 1.25), want, rtol=rtol)
+
+
+@pytest.mark.difftape_only  # Taichi inlines func calls eagerly, so it runs both branches' calls
+def test_conditional_expression_runs_a_func_call_only_in_the_taken_branch(ti):
+    count = ti.field(ti.i32, shape=())
+    out = ti.field(ti.i32, shape=())
+
+    @ti.func
+    def counted(k):
+        count[None] += 1
+        return k * 2
+
+    @ti.kernel
+    def run(c: ti.i32):
+        out[None] = counted(c) if c > 0 else (counted(-c) + 1 if c < -5 else 0)
+
+    for c, calls, value in [(3, 1, 6), (0, 0, 0), (-1, 0, 0), (-7, 1, 15)]:
+        count[None] = 0
+        run(c)
+        assert (count[None], out[None]) == (calls, value)

@@ -185,3 +185,42 @@ def test_debug_mode_out_of_range_index(ti):
             store(bad)
         _assert_points_at(info.value, "store", "out of range")
         assert str(bad) in str(info.value)
+
+
+def test_conditional_expression_with_a_vector_condition_is_a_compile_error(ti):
+    # Taichi (since 1.5) refuses it too and points to ti.select.
+    @ti.kernel
+    def runtime_vector(c: ti.i32) -> ti.i32:
+        v = ti.Vector([c, 0])
+        return 0 if v else 1  # marker: vector condition
+
+    @ti.kernel
+    def constant_matrix() -> ti.i32:
+        return 0 if ti.Matrix([[0, 0], [0, 0]]) else 1  # marker: constant condition
+
+    for kernel, name, key, args in [
+            (runtime_vector, "runtime_vector", "vector condition", (1,)),
+            (constant_matrix, "constant_matrix", "constant condition", ())]:
+        with pytest.raises(ti.CompileError) as info:
+            kernel(*args)
+        _assert_points_at(info.value, name, key)
+        assert "ti.select" in str(info.value)
+
+
+def test_and_or_on_floats_is_a_compile_error(ti):
+    # Taichi refuses float operands of `and`/`or` ("unsupported operand type(s) for '&&'").
+    @ti.kernel
+    def scalars(a: ti.f32, b: ti.f32) -> ti.f32:
+        return a and b  # marker: float and
+
+    @ti.kernel
+    def vectors(a: ti.f32) -> ti.i32:
+        v = ti.Vector([a, 1.0]) or ti.Vector([0.0, a])  # marker: float or
+        return v[0]
+
+    for kernel, name, key, args in [(scalars, "scalars", "float and", (1.5, 1.0)),
+                                    (vectors, "vectors", "float or", (1.5,))]:
+        with pytest.raises(ti.CompileError) as info:
+            kernel(*args)
+        _assert_points_at(info.value, name, key)
+        assert "x != 0" in str(info.value)

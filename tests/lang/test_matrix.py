@@ -1,6 +1,7 @@
 """ti.Vector / ti.Matrix / ti.math vector types: construction, indexing and linear algebra."""
 
 import numpy as np
+import pytest
 
 
 def _rand(shape, seed=0):
@@ -262,3 +263,34 @@ def test_kernel_returns_vector_and_matrix(ti, fp, rtol):
 
     np.testing.assert_allclose(np.asarray(vec(1.5)), [1.5, 3.0, 4.5], rtol=rtol)
     np.testing.assert_allclose(np.asarray(mat(3.0)), [[3.0, 1.0], [2.0, 9.0]], rtol=rtol)
+
+
+def test_any_and_all_of_vectors_and_matrices(ti, fp):
+    out = ti.Vector.field(4, ti.i32, shape=4)
+
+    @ti.kernel
+    def run(x: float, k: ti.i32):
+        z = ti.Matrix([[0.0, 0.0], [0.0, 0.0]]) * x
+        m = ti.Matrix([[3.0, x], [1.0, 2.0]])
+        v = ti.Vector([k, 1, 2])
+        c = ti.Matrix([[0, 0], [0, 0]])  # compile-time constants
+        out[0] = ti.Vector([any(z), all(z), any(m), all(m)])
+        out[1] = ti.Vector([z.any(), z.all(), m.any(), m.all()])
+        out[2] = ti.Vector([any(v), all(v), v.any(), v.all()])
+        out[3] = ti.Vector([any(c), all(c), c.any(), c.all()])
+
+    for x, k in [(1.5, 0), (0.0, 3), (-2.0, -1)]:
+        run(x, k)
+        want = [[0, 0, 1, int(x != 0)], [0, 0, 1, int(x != 0)], [1, int(k != 0)] * 2,
+                [0, 0, 0, 0]]
+        np.testing.assert_array_equal(out.to_numpy(), want)
+
+
+@pytest.mark.difftape_only  # Taichi 1.7.4 refuses any()/all() of a list ("not tensor type")
+def test_any_and_all_of_a_list_of_runtime_conditions(ti):
+    @ti.kernel
+    def run(x: ti.i32) -> ti.types.vector(4, ti.i32):
+        return ti.Vector([any([x > 0, x > 5]), all((x > 0, x > 5)), any([0, 0]), all([1, 2])])
+
+    for x in (-1, 1, 6):
+        np.testing.assert_array_equal(run(x), [x > 0, x > 5, 0, 1])
