@@ -59,7 +59,26 @@ from .frontend.ops import (  # noqa: E402
     tanh,
 )
 from .frontend.transformer import Grouped, NdRange, loop_config, static  # noqa: E402
-from .runtime.field import Field, i, ij, ijk, ijkl, j, k, l, root  # noqa: E402, E741
+from .runtime.field import (  # noqa: E402
+    Field,
+    axes,
+    i,
+    ij,
+    ijk,
+    ijkl,
+    ijl,
+    ik,
+    ikl,
+    il,
+    j,
+    jk,
+    jkl,
+    jl,
+    k,
+    kl,
+    l,  # noqa: E741
+    root,
+)
 from .runtime.field import make_field as field  # noqa: E402
 from .runtime.ndarray import Ndarray, ndarray  # noqa: E402
 from .runtime.program import (  # noqa: E402

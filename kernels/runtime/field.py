@@ -304,15 +304,29 @@ def make_field(dtype, shape=None, *, element_shape=(), needs_grad=False, needs_d
 # ---------------------------------------------------------------------------- SNode builder
 
 class Axis:
+    """One index of a field (``ti.i`` is axis 0). A field's dimensions are the axes its dense
+    levels use, in axis-number order: ``dense(ti.l, 5).dense(ti.i, 2)`` makes a (2, 5) field."""
+
     def __init__(self, index: int) -> None:
         self.index = index
 
     def __repr__(self) -> str:
-        return "ijkl"[self.index]
+        return "ijkl"[self.index] if self.index < 4 else f"axis{self.index}"
 
 
-i, j, k, l = (Axis(n) for n in range(4))  # noqa: E741
-ij, ik, jk, ijk, ijkl = (i, j), (i, k), (j, k), (i, j, k), (i, j, k, l)
+def axes(*indices: int) -> tuple[Axis, ...]:
+    """``ti.axes(0, 2)``: the axes with these numbers (``ti.ik``)."""
+    for n in indices:
+        if not isinstance(n, numbers.Integral) or n < 0:
+            raise ShapeError(f"axis numbers are non-negative integers, got {n!r}")
+    return tuple(Axis(int(n)) for n in indices)
+
+
+# Every combination of ti.i, ti.j, ti.k, ti.l in axis order, as Taichi exports them.
+i, j, k, l = axes(0), axes(1), axes(2), axes(3)  # noqa: E741
+ij, ik, il, jk, jl, kl = axes(0, 1), axes(0, 2), axes(0, 3), axes(1, 2), axes(1, 3), axes(2, 3)
+ijk, ijl, ikl, jkl, ijkl = axes(0, 1, 2), axes(0, 1, 3), axes(0, 2, 3), axes(1, 2, 3), \
+    axes(0, 1, 2, 3)
 
 
 class SNode:
@@ -342,9 +356,8 @@ class SNode:
             for a, s in zip(node.axes, node.sizes, strict=True):
                 extent[a.index] = extent.get(a.index, 1) * s
             node = node.parent
-        if sorted(extent) != list(range(len(extent))):
-            raise ShapeError(f"axes {sorted(extent)} must be consecutive from ti.i")
-        return tuple(extent[a] for a in range(len(extent)))
+        # Unused axes are dropped: dense(ti.k, 4).dense(ti.l, 3) is a (4, 3) field.
+        return tuple(extent[a] for a in sorted(extent))
 
     def place(self, *fields, offset=None) -> SNode:
         shape = self.shape
