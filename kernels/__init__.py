@@ -16,9 +16,25 @@ from .errors import (  # noqa: E402
     CompileError,
     DifftapeError,
     GradientRuleError,
+    IndexOutOfRangeError,
     IRValidationError,
     KernelAssertionError,
+    KernelIndexError,
+    KernelNameError,
+    KernelRuntimeError,
+    KernelSyntaxError,
+    KernelTypeError,
+    OptionError,
     ShapeError,
+    TaichiAssertionError,
+    TaichiCompilationError,
+    TaichiIndexError,
+    TaichiNameError,
+    TaichiRuntimeError,
+    TaichiRuntimeTypeError,
+    TaichiSyntaxError,
+    TaichiTypeError,
+    UnknownOptionError,
 )
 from .frontend.annotations import template  # noqa: E402
 from .frontend.decorators import func, kernel, pyfunc, real_func  # noqa: E402
@@ -160,7 +176,7 @@ def is_active(*_args) -> int:
     return 1
 
 
-from . import ad  # noqa: E402
+from . import ad, profiler  # noqa: E402
 from .ad import FwdMode, Tape  # noqa: E402
 
 __all__ = [n for n in dir() if not n.startswith("_")]
