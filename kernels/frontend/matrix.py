@@ -147,6 +147,9 @@ class Matrix:
         return [self.entries[i * self.m:(i + 1) * self.m] for i in range(self.n)]
 
     def to_numpy(self, dtype=None) -> np.ndarray:
+        if any(isinstance(e, Value) for e in self.entries):
+            raise ops._err("to_numpy() of a vector/matrix of kernel values: NumPy arrays exist "
+                           "in Python scope only")
         arr = np.array(self.to_list())
         return arr.astype(dtype) if dtype is not None else arr
 

@@ -171,10 +171,12 @@ class Field:
             if self.element_shape else value
 
     # ------------------------------------------------------------------ bulk access
+    @_b.python_scope
     def to_numpy(self, dtype=None, keep_dims: bool = False) -> np.ndarray:
         out = self.arr.copy()
         return out.astype(dtype) if dtype is not None else out
 
+    @_b.python_scope
     def from_numpy(self, arr) -> None:
         arr = np.asarray(arr)
         expected = self.shape + self.element_shape
@@ -185,8 +187,26 @@ class Field:
         np.copyto(self.arr, arr, casting="unsafe")
 
     def fill(self, value) -> None:
-        self.arr[...] = value
+        """Set every element to ``value``. Inside a kernel this compiles to a loop over the
+        field that runs at every launch (parallel at the kernel's top level), as in Taichi."""
+        bld = _b.current()
+        if bld is None:
+            self.arr[...] = value
+            return
+        if bld.loop_stack:
+            raise bld.error(f"{self._label()}.fill() inside a loop: it is itself a loop over "
+                            "the field; call it at the kernel's top level")
+        from ..frontend.matrix import Matrix, _coerce
 
+        if isinstance(value, list | tuple):
+            value = _coerce(value)
+        if isinstance(value, Matrix) and value.shape != self.element_shape:
+            raise bld.error(f"{self._label()}.fill(): the value is a {value._shape_text()} but "
+                            f"the elements have shape {self.element_shape}")
+        buf = self.buffer()
+        bld.loop_nest(self.shape, lambda idx: assign(kernel_element(buf, tuple(idx)), value))
+
+    @_b.python_scope
     def copy_from(self, other: Field) -> None:
         np.copyto(self.arr, other.arr)
 

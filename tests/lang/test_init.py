@@ -1,4 +1,5 @@
-"""ti.init options (default_fp, default_ip, random_seed elsewhere), ti.reset, ti.sync, ti.profiler."""
+"""ti.init options (default_fp, default_ip, random_seed elsewhere), ti.reset, ti.sync and
+ti.profiler."""
 
 import warnings
 
