@@ -83,6 +83,16 @@ class ArgumentError(CompileError, TypeError):
     """A kernel was called with arguments that do not match its signature."""
 
 
+def compile_error_class(exc: BaseException) -> type[CompileError]:
+    """The CompileError subclass for a builtin exception that user Python code (run while a
+    kernel compiles: ti.static expressions, helper functions) raised."""
+    for builtin, cls in ((SyntaxError, KernelSyntaxError), (NameError, KernelNameError),
+                         (IndexError, KernelIndexError), (TypeError, KernelTypeError)):
+        if isinstance(exc, builtin):
+            return cls
+    return CompileError
+
+
 class OptionError(DifftapeError, ValueError):
     """``ti.init`` was given an option value difftape cannot honour."""
 

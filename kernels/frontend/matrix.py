@@ -13,6 +13,7 @@ import numbers
 import numpy as np
 
 from .. import types as T
+from ..errors import KernelIndexError
 from . import builder as _b
 from . import ops
 from .values import Ref, Value
@@ -98,7 +99,8 @@ class Matrix:
         if _static(k):
             k = int(k)
             if not -len(self.entries) <= k < len(self.entries):
-                raise ops._err(f"index {index} out of range for a {self._shape_text()}")
+                raise ops._err(f"index {index} out of range for a {self._shape_text()}",
+                               KernelIndexError)
             return self.entries[k]
         return _dynamic_pick(self.entries, k)
 

@@ -13,7 +13,7 @@ import numbers
 import numpy as np
 
 from .. import types as T
-from ..errors import DifftapeError, ShapeError
+from ..errors import DifftapeError, KernelIndexError, KernelTypeError, ShapeError
 from ..frontend import builder as _b
 from ..ir.nodes import Buffer
 from . import program
@@ -220,7 +220,7 @@ class Field:
 
 def _index_error(msg: str):
     b = _b.current()
-    return b.error(msg) if b else IndexError(msg)
+    return b.error(msg, KernelIndexError) if b else IndexError(msg)
 
 
 def _to_python(value, element_shape, writable: bool = False):
@@ -272,7 +272,7 @@ def kernel_element(buf: Buffer, key: tuple):
         e = ops.to_expr(k)
         if e.dtype.is_float:
             raise bld.error(f"index into '{buf.name}' must be an integer, got {e.dtype}; "
-                            "use ti.cast(i, ti.i32) or int(i)")
+                            "use ti.cast(i, ti.i32) or int(i)", KernelTypeError)
         idx.append(ops.to_expr(e, T.i32) if e.dtype != T.i32 else e)
     esh = buf.shape[len(buf.shape) - buf.element_ndim:] if buf.element_ndim else ()
     if not esh:
