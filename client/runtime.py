@@ -347,6 +347,7 @@ class RemoteField(Field):
     def _small(self) -> bool:
         return int(np.prod(self.shape, dtype=np.int64)) <= SMALL_FIELD
 
+    @_b.python_scope
     def to_numpy(self, dtype=None, keep_dims: bool = False) -> np.ndarray:
         full = self.shape + self.element_shape
         if self._small():
@@ -363,6 +364,7 @@ class RemoteField(Field):
             out = self._remote.read(self.id, self.role, self.dtype.np, full)
         return out.astype(dtype) if dtype is not None else out
 
+    @_b.python_scope
     def from_numpy(self, arr) -> None:
         arr = np.asarray(arr)
         expected = self.shape + self.element_shape
@@ -385,11 +387,15 @@ class RemoteField(Field):
             self._remote.write(self.id, self.role, data)
 
     def fill(self, value) -> None:
+        if _b.current() is not None:  # in a kernel: a loop in the kernel's IR
+            super().fill(value)
+            return
         conv = np.asarray(value.entries if isinstance(value, Matrix) else value,
                           dtype=self.dtype.np)
         self._remote.queue({"op": "fill", "id": self.id, "role": self.role,
                             "value": _jsonable(conv)})
 
+    @_b.python_scope
     def copy_from(self, other: Field) -> None:
         self.from_numpy(other.to_numpy())
 

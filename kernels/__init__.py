@@ -16,9 +16,25 @@ from .errors import (  # noqa: E402
     CompileError,
     DifftapeError,
     GradientRuleError,
+    IndexOutOfRangeError,
     IRValidationError,
     KernelAssertionError,
+    KernelIndexError,
+    KernelNameError,
+    KernelRuntimeError,
+    KernelSyntaxError,
+    KernelTypeError,
+    OptionError,
     ShapeError,
+    TaichiAssertionError,
+    TaichiCompilationError,
+    TaichiIndexError,
+    TaichiNameError,
+    TaichiRuntimeError,
+    TaichiRuntimeTypeError,
+    TaichiSyntaxError,
+    TaichiTypeError,
+    UnknownOptionError,
 )
 from .frontend.annotations import template  # noqa: E402
 from .frontend.decorators import func, kernel, pyfunc, real_func  # noqa: E402
@@ -59,7 +75,26 @@ from .frontend.ops import (  # noqa: E402
     tanh,
 )
 from .frontend.transformer import Grouped, NdRange, loop_config, static  # noqa: E402
-from .runtime.field import Field, i, ij, ijk, ijkl, j, k, l, root  # noqa: E402, E741
+from .runtime.field import (  # noqa: E402
+    Field,
+    axes,
+    i,
+    ij,
+    ijk,
+    ijkl,
+    ijl,
+    ik,
+    ikl,
+    il,
+    j,
+    jk,
+    jkl,
+    jl,
+    k,
+    kl,
+    l,  # noqa: E741
+    root,
+)
 from .runtime.field import make_field as field  # noqa: E402
 from .runtime.ndarray import Ndarray, ndarray  # noqa: E402
 from .runtime.program import (  # noqa: E402
@@ -141,7 +176,7 @@ def is_active(*_args) -> int:
     return 1
 
 
-from . import ad  # noqa: E402
+from . import ad, profiler  # noqa: E402
 from .ad import FwdMode, Tape  # noqa: E402
 
 __all__ = [n for n in dir() if not n.startswith("_")]

@@ -1,7 +1,11 @@
 """The difftape exception hierarchy.
 
 Every error difftape raises on purpose derives from :class:`DifftapeError`, so a user (or the
-remote client, which re-raises server errors by name) can catch them all in one place.
+remote client, which re-raises server errors by name) can catch them all in one place. Each
+class also derives from the builtin exception a Python (and Taichi) user expects: a type error
+in a kernel is a ``TypeError``, a failed ``assert`` an ``AssertionError``, an index out of range
+an ``IndexError``. Taichi's names (``TaichiCompilationError``, ``TaichiTypeError``, ...) are
+aliases of the classes with the same meaning.
 """
 
 from __future__ import annotations
@@ -41,16 +45,63 @@ class CompileError(DifftapeError):
         return text
 
 
+class KernelSyntaxError(CompileError, SyntaxError):
+    """Python syntax that kernels do not support (``try``, ``lambda``, ``for/else``, ...)."""
+
+
+class KernelNameError(CompileError, NameError):
+    """A kernel or func uses a name that is not defined."""
+
+
+class KernelTypeError(CompileError, TypeError):
+    """A value of the wrong type in a kernel: a float index, a bitwise op on floats, a vector
+    where a scalar is needed, a runtime value where a compile-time one is needed."""
+
+
+class KernelIndexError(CompileError, IndexError):
+    """An index that is wrong at compile time: the wrong number of indices for a field, a
+    constant index outside a vector."""
+
+
 class GradientRuleError(CompileError):
     """A kernel breaks a rule under which its gradient could be computed correctly."""
 
 
-class KernelAssertionError(DifftapeError):
-    """A check inside a running kernel failed (e.g. an index out of range with debug=True)."""
+class KernelRuntimeError(DifftapeError, RuntimeError):
+    """A kernel failed while running."""
 
 
-class ArgumentError(CompileError):
+class KernelAssertionError(KernelRuntimeError, AssertionError):
+    """A check inside a running kernel failed: an ``assert`` under ``debug=True``."""
+
+
+class IndexOutOfRangeError(KernelAssertionError, IndexError):
+    """An index out of range, caught by the bounds checks of ``debug=True``."""
+
+
+class ArgumentError(CompileError, TypeError):
     """A kernel was called with arguments that do not match its signature."""
+
+
+def compile_error_class(exc: BaseException) -> type[CompileError]:
+    """The CompileError subclass for a builtin exception that user Python code (run while a
+    kernel compiles: ti.static expressions, helper functions) raised."""
+    for builtin, cls in ((SyntaxError, KernelSyntaxError), (NameError, KernelNameError),
+                         (IndexError, KernelIndexError), (TypeError, KernelTypeError)):
+        if isinstance(exc, builtin):
+            return cls
+    return CompileError
+
+
+class OptionError(DifftapeError, ValueError):
+    """``ti.init`` was given an option value difftape cannot honour."""
+
+
+class UnknownOptionError(OptionError, KeyError):
+    """``ti.init`` was given a keyword that is not an option (Taichi raises KeyError)."""
+
+    def __str__(self) -> str:  # KeyError's own would quote the message
+        return str(self.args[0]) if self.args else ""
 
 
 class IRValidationError(DifftapeError):
@@ -65,3 +116,14 @@ class IRValidationError(DifftapeError):
 
 class ShapeError(DifftapeError, ValueError):
     """Array shapes do not match (e.g. ``from_numpy`` with the wrong shape)."""
+
+
+# Taichi's exception names (taichi/lang/exception.py), for programs that catch them.
+TaichiCompilationError = CompileError
+TaichiSyntaxError = KernelSyntaxError
+TaichiNameError = KernelNameError
+TaichiTypeError = KernelTypeError
+TaichiIndexError = KernelIndexError
+TaichiRuntimeError = KernelRuntimeError
+TaichiAssertionError = KernelAssertionError
+TaichiRuntimeTypeError = ArgumentError

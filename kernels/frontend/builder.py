@@ -8,15 +8,17 @@ Python scope and emits IR inside a kernel.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import linecache
 import threading
+from collections.abc import Callable
 from contextlib import contextmanager
 from typing import Any
 
 from ..errors import CompileError
 from ..ir.nodes import Block, Buffer, Param, Stmt
-from ..types import DType
+from ..types import DType, i32
 
 _state = threading.local()
 
@@ -92,6 +94,30 @@ class Builder:
     def at_top_level(self) -> bool:
         return len(self._blocks) == 1
 
+    def loop_nest(self, extents: tuple[int, ...], body: Callable[[list], None]) -> None:
+        """Emit loops over ``extents`` (constant sizes) around ``body(indices)``: the outermost
+        parallel at the kernel's top level, serial elsewhere. For operations that loop over a
+        whole field from one call (``x.fill(v)`` in a kernel)."""
+        def nest(level: int, indices: list) -> None:
+            if level == len(extents):
+                body(indices)
+                return
+            from .ops import const
+            from .values import Expr
+
+            begin, end = const(0, i32), const(extents[level], i32)
+            loop_id = next(self.loop_ids)
+            kind = "parallel" if level == 0 and self.at_top_level else "range"
+            with self.block() as blk:
+                self.loop_stack.append((kind, loop_id))
+                index = Expr(self.emit("loop_index", i32, (), loop_id))
+                nest(level + 1, indices + [index])
+                self.loop_stack.pop()
+            self.emit("range_for", None, (begin.stmt, end.stmt),
+                      (loop_id, "parallel" if kind == "parallel" else "inner"), (blk,))
+
+        nest(0, [])
+
     # -- tables --------------------------------------------------------------------------------
     def buffer_slot(self, buf: Buffer) -> int:
         slot = self._buffer_slots.get(buf.key)
@@ -112,6 +138,23 @@ class Builder:
         text = linecache.getline(file, line) if line else ""
         return cls(message, kernel=self.kernel_name, file=file, line=line,
                    source_line=text or None)
+
+
+def python_scope(method: Callable) -> Callable:
+    """Mark a method Python-scope only (``to_numpy``, ``from_numpy``, ...). Called from a
+    kernel, it would run once while the kernel compiles instead of at every launch, so there
+    it raises a CompileError naming the kernel and the line."""
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        b = current()
+        if b is not None:
+            owner = type(args[0]).__name__ if args else ""
+            raise b.error(f"{owner}.{method.__name__}() runs in Python scope only: inside a "
+                          "kernel it would run once, at compile time, not at each launch; "
+                          "call it before or after the kernel")
+        return method(*args, **kwargs)
+
+    return wrapper
 
 
 @contextmanager

@@ -13,6 +13,7 @@ import numbers
 import numpy as np
 
 from .. import types as T
+from ..errors import KernelIndexError
 from . import builder as _b
 from . import ops
 from .values import Ref, Value
@@ -98,7 +99,8 @@ class Matrix:
         if _static(k):
             k = int(k)
             if not -len(self.entries) <= k < len(self.entries):
-                raise ops._err(f"index {index} out of range for a {self._shape_text()}")
+                raise ops._err(f"index {index} out of range for a {self._shape_text()}",
+                               KernelIndexError)
             return self.entries[k]
         return _dynamic_pick(self.entries, k)
 
@@ -147,6 +149,9 @@ class Matrix:
         return [self.entries[i * self.m:(i + 1) * self.m] for i in range(self.n)]
 
     def to_numpy(self, dtype=None) -> np.ndarray:
+        if any(isinstance(e, Value) for e in self.entries):
+            raise ops._err("to_numpy() of a vector/matrix of kernel values: NumPy arrays exist "
+                           "in Python scope only")
         arr = np.array(self.to_list())
         return arr.astype(dtype) if dtype is not None else arr
 
@@ -312,20 +317,24 @@ class Matrix:
     def norm_sqr(self):
         return self.dot(self)
 
+    # The formulas below are Taichi's (python/taichi/lang/matrix_ops.py), operation for
+    # operation: programs ported from Taichi must get the same values, rounding included.
     def norm(self, eps=0):
-        s = self.norm_sqr()
-        if not (_static(eps) and eps == 0):
-            s = ops.binary("add", s, eps)
-        return ops.sqrt(s)
+        """``sqrt(norm_sqr() + eps)``."""
+        return ops.sqrt(self._plus_eps(self.norm_sqr(), eps))
 
     def norm_inv(self, eps=0):
-        s = self.norm_sqr()
-        if not (_static(eps) and eps == 0):
-            s = ops.binary("add", s, eps)
-        return ops.rsqrt(s)
+        """``rsqrt(norm_sqr() + eps)``."""
+        return ops.rsqrt(self._plus_eps(self.norm_sqr(), eps))
 
     def normalized(self, eps=0):
-        return ops.binary("mul", self, self.norm_inv(eps))
+        """``self * (1 / (norm() + eps))``: eps guards the length, not the squared length."""
+        inv_len = ops.binary("div", 1, self._plus_eps(self.norm(), eps))
+        return ops.binary("mul", inv_len, self)
+
+    @staticmethod
+    def _plus_eps(x, eps):
+        return x if _static(eps) and eps == 0 else ops.binary("add", x, eps)
 
     def trace(self):
         return Matrix._from_entries([self.entries[i * self.m + i] for i in range(self.n)],
@@ -334,46 +343,71 @@ class Matrix:
     def _square(self, what: str) -> int:
         if self.ndim != 2 or self.n != self.m:
             raise ops._err(f"{what} needs a square matrix, got a {self._shape_text()}")
+        if self.n > 4:
+            raise ops._err(f"{what} is supported up to 4x4, got a {self._shape_text()}")
         return self.n
 
-    def _minor(self, i: int, j: int) -> Matrix:
-        n = self.n
-        return Matrix._from_entries([self.entries[r * n + c] for r in range(n) if r != i
-                                     for c in range(n) if c != j], n - 1, n - 1, 2)
+    def _cyclic(self, n: int):
+        """Entry (r mod n, c mod n): Taichi writes its 3x3 and 4x4 cofactors with it."""
+        e = self.entries
+        return lambda r, c: e[(r % n) * n + c % n]
 
     def determinant(self):
         n = self._square("determinant")
-        e = self.entries
+        e, E = self.entries, self._cyclic(n)  # noqa: N806
+        mul, sub, add = (lambda a, b, op=op: ops.binary(op, a, b) for op in ("mul", "sub", "add"))
         if n == 1:
             return e[0]
         if n == 2:
-            return ops.binary("sub", ops.binary("mul", e[0], e[3]), ops.binary("mul", e[1], e[2]))
-        acc = None
-        for j in range(n):
-            term = ops.binary("mul", e[j], self._minor(0, j).determinant())
-            if acc is None:
-                acc = term
-            else:
-                acc = ops.binary("add" if j % 2 == 0 else "sub", acc, term)
-        return acc
+            return sub(mul(e[0], e[3]), mul(e[1], e[2]))
+        if n == 3:  # expansion along the first column
+            return add(sub(mul(E(0, 0), sub(mul(E(1, 1), E(2, 2)), mul(E(2, 1), E(1, 2)))),
+                           mul(E(1, 0), sub(mul(E(0, 1), E(2, 2)), mul(E(2, 1), E(0, 2))))),
+                       mul(E(2, 0), sub(mul(E(0, 1), E(1, 2)), mul(E(1, 1), E(0, 2)))))
+        det = None
+        for i in range(4):
+            term = mul(E(i, 0), self._cofactor4(E, i, 0))
+            det = term if det is None else (add if i % 2 == 0 else sub)(det, term)
+        return det
+
+    @staticmethod
+    def _cofactor4(E, i: int, j: int):  # noqa: N803
+        """The 3x3 minor of a 4x4 matrix left by row i and column j (unsigned), in Taichi's
+        cyclic form."""
+        def m(a, b):
+            return ops.binary("mul", a, b)
+
+        def s(a, b):
+            return ops.binary("sub", a, b)
+
+        return ops.binary("add", s(
+            m(E(i + 1, j + 1), s(m(E(i + 2, j + 2), E(i + 3, j + 3)),
+                                 m(E(i + 3, j + 2), E(i + 2, j + 3)))),
+            m(E(i + 2, j + 1), s(m(E(i + 1, j + 2), E(i + 3, j + 3)),
+                                 m(E(i + 3, j + 2), E(i + 1, j + 3))))),
+            m(E(i + 3, j + 1), s(m(E(i + 1, j + 2), E(i + 2, j + 3)),
+                                 m(E(i + 2, j + 2), E(i + 1, j + 3)))))
 
     def inverse(self):
-        """Closed-form inverse (adjugate over determinant) for n <= 4."""
+        """Adjugate times ``1.0 / determinant()`` (1x1 to 4x4)."""
         n = self._square("inverse")
-        if n > 4:
-            raise ops._err("inverse is supported up to 4x4")
-        det = self.determinant()
-        inv_det = ops.binary("div", 1.0, det)
+        e, E = self.entries, self._cyclic(n)  # noqa: N806
         if n == 1:
-            return Matrix._from_entries([inv_det], 1, 1, 2)
-        out = []
-        for i in range(n):
-            for j in range(n):
-                cof = self._minor(j, i).determinant()
-                if (i + j) % 2:
-                    cof = ops.unary("neg", cof)
-                out.append(ops.binary("mul", cof, inv_det))
-        return Matrix._from_entries(out, n, n, 2)
+            return Matrix._from_entries([ops.binary("div", 1.0, e[0])], 1, 1, 2)
+        inv_det = ops.binary("div", 1.0, self.determinant())
+        if n == 2:
+            adj = [e[3], ops.unary("neg", e[1]), ops.unary("neg", e[2]), e[0]]
+        elif n == 3:
+            adj = [ops.binary("sub", ops.binary("mul", E(i + 1, j + 1), E(i + 2, j + 2)),
+                              ops.binary("mul", E(i + 2, j + 1), E(i + 1, j + 2)))
+                   for j in range(3) for i in range(3)]
+        else:
+            adj = []
+            for j in range(4):
+                for i in range(4):
+                    c = self._cofactor4(E, i, j)
+                    adj.append(ops.unary("neg", c) if (i + j) % 2 else c)
+        return Matrix._from_entries([ops.binary("mul", inv_det, a) for a in adj], n, n, 2)
 
     def cast(self, dtype):
         return ops.cast(self, dtype)
@@ -469,12 +503,15 @@ class Vector(Matrix):
                                     n, 1, 1)
 
 
+UNSIGNED_DEFAULT = "unsigned default_ip"  # the element type of ti.math.uvec2..4
+
+
 class MatrixType:
     """A vector/matrix type such as ``ti.math.vec3`` or ``ti.types.matrix(2, 2, ti.f32)``:
     callable to construct values, usable as a field or ndarray dtype and as an annotation."""
 
     def __init__(self, n: int, m: int, ndim: int, dtype) -> None:
-        self.n, self.m, self.ndim, self.dtype = n, m, ndim, dtype
+        self.n, self.m, self.ndim, self._dtype = n, m, ndim, dtype
 
     @property
     def element_shape(self) -> tuple[int, ...]:
@@ -482,7 +519,13 @@ class MatrixType:
 
     @property
     def scalar_dtype(self):
-        return ops.resolve_dtype(self.dtype if self.dtype is not None else float)
+        """The element type; ``float``/``int`` (ti.math.vec3, ivec3) follow ti.init's
+        default_fp/default_ip at the time of use, as in Taichi."""
+        if self._dtype is UNSIGNED_DEFAULT:  # ti.math.uvec3: the unsigned twin of default_ip
+            return T.ALL[f"u{ops.resolve_dtype(int).bits}"]
+        return ops.resolve_dtype(self._dtype if self._dtype is not None else float)
+
+    dtype = scalar_dtype
 
     def __call__(self, *args):
         dt = self.scalar_dtype
@@ -511,8 +554,8 @@ class MatrixType:
 
     def __repr__(self) -> str:
         if self.ndim == 1:
-            return f"vector({self.n}, {self.dtype})"
-        return f"matrix({self.n}, {self.m}, {self.dtype})"
+            return f"vector({self.n}, {self._dtype})"
+        return f"matrix({self.n}, {self.m}, {self._dtype})"
 
 
 def _flatten(xs) -> list:

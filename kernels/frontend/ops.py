@@ -13,6 +13,7 @@ import numbers
 import numpy as np
 
 from .. import types as T
+from ..errors import CompileError, KernelTypeError
 from ..ir.ops import OPS
 from ..types import DType
 from . import builder as _b
@@ -92,9 +93,12 @@ def _elementwise(fn, *xs):
     return Matrix._from_entries(entries, shape.n, shape.m, shape.ndim)
 
 
-def _err(msg: str):
+def _err(msg: str, cls: type[CompileError] = KernelTypeError):
+    """A type error (``cls``) naming the kernel line; the plain builtin in Python scope."""
     b = _b.current()
-    return b.error(msg) if b else TypeError(msg)
+    if b is not None:
+        return b.error(msg, cls)
+    return (IndexError if issubclass(cls, IndexError) else TypeError)(msg)
 
 
 # ----------------------------------------------------------------------------------- casts
@@ -167,7 +171,8 @@ def binary(op: str, a, b):
     if rule in ("fdiv", "farith") and t.is_int:
         t = bld.default_fp
     elif rule in ("bits", "shift") and t.is_float:
-        raise bld.error(f"bitwise operation '{op}' needs integer operands, got {t}")
+        raise bld.error(f"bitwise operation '{op}' needs integer operands, got {t}",
+                        KernelTypeError)
     if rule == "shift":
         t = ea.dtype
     ea, eb = _cast_expr(ea, t), _cast_expr(eb, t)
@@ -242,7 +247,7 @@ def unary(op: str, x):
     if op == "logical_not":
         return Expr(bld.emit("logical_not", T.i32, (to_condition(e).stmt,)))
     if op == "bit_not" and e.dtype.is_float:
-        raise bld.error("bitwise not (~) needs an integer operand")
+        raise bld.error("bitwise not (~) needs an integer operand", KernelTypeError)
     return Expr(bld.emit(op, e.dtype, (e.stmt,)))
 
 

@@ -18,7 +18,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import types as T
-from ..errors import CompileError
+from ..errors import (
+    CompileError,
+    KernelNameError,
+    KernelSyntaxError,
+    KernelTypeError,
+    compile_error_class,
+)
 from ..ir.nodes import OPS, Block, Buffer
 from . import builder as _b
 from . import ops
@@ -134,7 +140,15 @@ class Grouped:
 
 
 def static(x, *xs):
-    """``ti.static``: evaluate at compile time (conditions, loop ranges, values)."""
+    """``ti.static``: evaluate at compile time (conditions, loop ranges, values). A value only
+    known when the kernel runs is refused: the branch or loop cannot be decided from it."""
+    for v in (x, *xs):
+        if isinstance(v, Value) or (isinstance(v, Matrix) and
+                                     any(isinstance(e, Value) for e in v.entries)):
+            bld = _b.current()
+            msg = ("ti.static() needs a compile-time value (a constant, a global, a field, a "
+                   "ti.template() argument); this one is only known when the kernel runs")
+            raise bld.error(msg, KernelTypeError) if bld else TypeError(msg)
     return (x, *xs) if xs else x
 
 
@@ -207,7 +221,7 @@ class FunctionTransformer:
             return self.parsed.globals[name]
         if hasattr(builtins, name):
             return getattr(builtins, name)
-        raise self.bld.error(f"name '{name}' is not defined")
+        raise self.bld.error(f"name '{name}' is not defined", KernelNameError)
 
     def _find_var(self, name: str):
         for scope in reversed(self.scopes):
@@ -251,14 +265,14 @@ class FunctionTransformer:
         method = getattr(self, "build_" + type(node).__name__, None)
         if method is None:
             raise self.bld.error(f"'{type(node).__name__}' statements are not supported in "
-                                 "difftape kernels")
+                                 "difftape kernels", KernelSyntaxError)
         try:
             method(node)
         except CompileError:
             raise
         except Exception as e:  # user Python run at compile time failed: report the line
             self._at(node)
-            raise self.bld.error(f"{type(e).__name__}: {e}") from e
+            raise self.bld.error(f"{type(e).__name__}: {e}", compile_error_class(e)) from e
 
     def build_Pass(self, node: ast.Pass) -> None:
         pass
@@ -394,7 +408,7 @@ class FunctionTransformer:
 
     def build_While(self, node: ast.While) -> None:
         if node.orelse:
-            raise self.bld.error("while/else is not supported")
+            raise self.bld.error("while/else is not supported", KernelSyntaxError)
         with self.bld.block() as body:
             test = self.eval(node.test)
             if isinstance(test, Value):
@@ -475,7 +489,7 @@ class FunctionTransformer:
     # ------------------------------------------------------------------ for loops
     def build_For(self, node: ast.For) -> None:
         if node.orelse:
-            raise self.bld.error("for/else is not supported")
+            raise self.bld.error("for/else is not supported", KernelSyntaxError)
         it = node.iter
         if isinstance(it, ast.Call):
             fn = self.eval(it.func)
@@ -594,7 +608,7 @@ class FunctionTransformer:
         if method is None:
             self._at(node)
             raise self.bld.error(f"'{type(node).__name__}' expressions are not supported in "
-                                 "difftape kernels")
+                                 "difftape kernels", KernelSyntaxError)
         return method(node)
 
     def eval_index(self, node: ast.expr):
@@ -639,7 +653,13 @@ class FunctionTransformer:
         if isinstance(node.op, ast.UAdd):
             return v
         if isinstance(node.op, ast.Not):
-            return ops.logical_not(v) if isinstance(v, Value | Matrix) else (not v)
+            if not isinstance(v, Value | Matrix):
+                return not v
+            if any(e.dtype.is_float for e in (v.entries if isinstance(v, Matrix) else [v])
+                   if isinstance(e, Value)):
+                raise self.bld.error("`not` takes integers (as in Taichi); for a float x write "
+                                     "`x == 0`", KernelTypeError)
+            return ops.logical_not(v)
         if isinstance(node.op, ast.Invert):
             return ~v
         raise self.bld.error("unsupported unary operator")
@@ -819,7 +839,7 @@ class FunctionTransformer:
         return bool(v)
 
     def expr_JoinedStr(self, node: ast.JoinedStr):
-        raise self.bld.error("f-strings are not supported in kernels")
+        raise self.bld.error("f-strings are not supported in kernels", KernelSyntaxError)
 
     def expr_Call(self, node: ast.Call):
         fn = self.eval(node.func)

@@ -13,7 +13,7 @@ import numbers
 import numpy as np
 
 from .. import types as T
-from ..errors import DifftapeError, ShapeError
+from ..errors import DifftapeError, KernelIndexError, KernelTypeError, ShapeError
 from ..frontend import builder as _b
 from ..ir.nodes import Buffer
 from . import program
@@ -198,10 +198,12 @@ class Field:
             if self.element_shape else value
 
     # ------------------------------------------------------------------ bulk access
+    @_b.python_scope
     def to_numpy(self, dtype=None, keep_dims: bool = False) -> np.ndarray:
         out = self.arr.copy()
         return out.astype(dtype) if dtype is not None else out
 
+    @_b.python_scope
     def from_numpy(self, arr) -> None:
         arr = np.asarray(arr)
         expected = self.shape + self.element_shape
@@ -212,8 +214,26 @@ class Field:
         np.copyto(self.arr, arr, casting="unsafe")
 
     def fill(self, value) -> None:
-        self.arr[...] = value
+        """Set every element to ``value``. Inside a kernel this compiles to a loop over the
+        field that runs at every launch (parallel at the kernel's top level), as in Taichi."""
+        bld = _b.current()
+        if bld is None:
+            self.arr[...] = value
+            return
+        if bld.loop_stack:
+            raise bld.error(f"{self._label()}.fill() inside a loop: it is itself a loop over "
+                            "the field; call it at the kernel's top level")
+        from ..frontend.matrix import Matrix, _coerce
 
+        if isinstance(value, list | tuple):
+            value = _coerce(value)
+        if isinstance(value, Matrix) and value.shape != self.element_shape:
+            raise bld.error(f"{self._label()}.fill(): the value is a {value._shape_text()} but "
+                            f"the elements have shape {self.element_shape}")
+        buf = self.buffer()
+        bld.loop_nest(self.shape, lambda idx: assign(kernel_element(buf, tuple(idx)), value))
+
+    @_b.python_scope
     def copy_from(self, other: Field) -> None:
         np.copyto(self.arr, other.arr)
 
@@ -227,7 +247,7 @@ class Field:
 
 def _index_error(msg: str):
     b = _b.current()
-    return b.error(msg) if b else IndexError(msg)
+    return b.error(msg, KernelIndexError) if b else IndexError(msg)
 
 
 def _to_python(value, element_shape, writable: bool = False):
@@ -279,7 +299,7 @@ def kernel_element(buf: Buffer, key: tuple):
         e = ops.to_expr(k)
         if e.dtype.is_float:
             raise bld.error(f"index into '{buf.name}' must be an integer, got {e.dtype}; "
-                            "use ti.cast(i, ti.i32) or int(i)")
+                            "use ti.cast(i, ti.i32) or int(i)", KernelTypeError)
         idx.append(ops.to_expr(e, T.i32) if e.dtype != T.i32 else e)
     esh = buf.shape[len(buf.shape) - buf.element_ndim:] if buf.element_ndim else ()
     if not esh:
@@ -331,15 +351,29 @@ def make_field(dtype, shape=None, *, element_shape=(), needs_grad=False, needs_d
 # ---------------------------------------------------------------------------- SNode builder
 
 class Axis:
+    """One index of a field (``ti.i`` is axis 0). A field's dimensions are the axes its dense
+    levels use, in axis-number order: ``dense(ti.l, 5).dense(ti.i, 2)`` makes a (2, 5) field."""
+
     def __init__(self, index: int) -> None:
         self.index = index
 
     def __repr__(self) -> str:
-        return "ijkl"[self.index]
+        return "ijkl"[self.index] if self.index < 4 else f"axis{self.index}"
 
 
-i, j, k, l = (Axis(n) for n in range(4))  # noqa: E741
-ij, ik, jk, ijk, ijkl = (i, j), (i, k), (j, k), (i, j, k), (i, j, k, l)
+def axes(*indices: int) -> tuple[Axis, ...]:
+    """``ti.axes(0, 2)``: the axes with these numbers (``ti.ik``)."""
+    for n in indices:
+        if not isinstance(n, numbers.Integral) or n < 0:
+            raise ShapeError(f"axis numbers are non-negative integers, got {n!r}")
+    return tuple(Axis(int(n)) for n in indices)
+
+
+# Every combination of ti.i, ti.j, ti.k, ti.l in axis order, as Taichi exports them.
+i, j, k, l = axes(0), axes(1), axes(2), axes(3)  # noqa: E741
+ij, ik, il, jk, jl, kl = axes(0, 1), axes(0, 2), axes(0, 3), axes(1, 2), axes(1, 3), axes(2, 3)
+ijk, ijl, ikl, jkl, ijkl = axes(0, 1, 2), axes(0, 1, 3), axes(0, 2, 3), axes(1, 2, 3), \
+    axes(0, 1, 2, 3)
 
 
 class SNode:
@@ -369,9 +403,8 @@ class SNode:
             for a, s in zip(node.axes, node.sizes, strict=True):
                 extent[a.index] = extent.get(a.index, 1) * s
             node = node.parent
-        if sorted(extent) != list(range(len(extent))):
-            raise ShapeError(f"axes {sorted(extent)} must be consecutive from ti.i")
-        return tuple(extent[a] for a in range(len(extent)))
+        # Unused axes are dropped: dense(ti.k, 4).dense(ti.l, 3) is a (4, 3) field.
+        return tuple(extent[a] for a in sorted(extent))
 
     def place(self, *fields, offset=None) -> SNode:
         shape = self.shape

@@ -27,6 +27,7 @@ from ..errors import (
     CompileError,
     DifftapeError,
     GradientRuleError,
+    IndexOutOfRangeError,
     KernelAssertionError,
 )
 from ..frontend import builder as _b
@@ -36,6 +37,7 @@ from ..frontend.transformer import build_kernel_body, parse_function
 from ..ir import serialize
 from ..ir.nodes import Buffer, KernelIR
 from ..ir.passes import run_pipeline
+from ..ir.passes.bounds import OUT_OF_RANGE
 from . import cache, program
 from .ndarray import Ndarray
 
@@ -245,6 +247,10 @@ class Kernel:
         t1 = time.perf_counter()
         ir = run_pipeline(ir)
         t2 = time.perf_counter()
+        if prog.config.print_ir:  # ti.init(print_ir=True): the IR that is compiled
+            from ..ir.printer import format_kernel
+
+            print(format_kernel(ir))
         inst = compile_ir(ir, prog, stats, [p.name for p in self.params])
         stats.frontend_s, stats.passes_s = t1 - t0, t2 - t1
         self.last_compile = stats
@@ -422,6 +428,17 @@ class CompiledKernel:
         for k, p in enumerate(ir.params):
             self._writers.append((layout.params[k], p.dtype.is_float))
         self._arg_map = _param_arg_map(ir, arg_names or [p.name for p in ir.params])
+        if prog.config.kernel_profiler:  # an instance attribute: no cost when profiling is off
+            self.launch = self._profiled_launch
+
+    def _profiled_launch(self, args: tuple):
+        """``launch``, timed into the program's profile (ti.init(kernel_profiler=True))."""
+        start = time.perf_counter()
+        try:
+            return CompiledKernel.launch(self, args)
+        finally:
+            self.prog.profile.append((self.ir.name, start,
+                                      (time.perf_counter() - start) * 1000.0))
 
     def launch(self, args: tuple):
         ctx_f64, ctx_i64 = self.ctx_f64, self.ctx_i64
@@ -492,7 +509,8 @@ class CompiledKernel:
 
         if msg.startswith(RULE_MARKER):
             raise GradientRuleError(msg[len(RULE_MARKER):], kernel=self.ir.name)
-        raise KernelAssertionError(msg.replace("{}", str(value), 1))
+        cls = IndexOutOfRangeError if msg.startswith(OUT_OF_RANGE) else KernelAssertionError
+        raise cls(msg.replace("{}", str(value), 1))
 
 
 def _param_arg_map(ir: KernelIR, arg_names: list[str]) -> list[tuple[int, int | None]]:

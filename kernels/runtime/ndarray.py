@@ -11,6 +11,7 @@ import numbers
 import numpy as np
 
 from ..errors import ShapeError
+from ..frontend.builder import python_scope
 
 
 class Ndarray:
@@ -32,17 +33,21 @@ class Ndarray:
                                                           dtype=self.dtype.np)
         self.grad = Ndarray(self.dtype, shape, self.element_shape) if needs_grad else None
 
+    @python_scope
     def __getitem__(self, key):
         from .field import _to_python
 
         return _to_python(self.arr[key], self.element_shape)
 
+    @python_scope
     def __setitem__(self, key, value) -> None:
         self.arr[key] = value
 
+    @python_scope
     def to_numpy(self) -> np.ndarray:
         return self.arr.copy()
 
+    @python_scope
     def from_numpy(self, arr) -> None:
         arr = np.asarray(arr)
         if arr.shape != self.arr.shape:
@@ -50,6 +55,7 @@ class Ndarray:
                              f"{arr.shape}")
         np.copyto(self.arr, arr, casting="unsafe")
 
+    @python_scope
     def fill(self, value) -> None:
         self.arr[...] = value
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 import itertools
 import os
 import warnings
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -46,8 +48,117 @@ class Config:
     offline_cache: bool = True
     offline_cache_file_path: str | None = None
     print_ir: bool = False
+    kernel_profiler: bool = False
     deterministic: bool = False  # fixed schedules, see ir/passes/determinism.py
-    extra: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Option:
+    """How ``ti.init`` treats one keyword.
+
+    ``convert``: the option sets the :class:`Config` field of that name, converted by this.
+    ``no_effect``: accepted, with a warning (once per process) giving this reason: what the
+    option asks of Taichi has no counterpart here, and leaving it out changes no result.
+    ``only``/``refusal``: only the value ``only`` (what difftape always does) is accepted;
+    any other raises :class:`~difftape.errors.OptionError` with ``refusal``.
+    """
+
+    convert: Callable[[Any], Any] | None = None
+    no_effect: str = ""
+    only: Any = None
+    refusal: str = ""
+
+
+def _opt_str(v):
+    return None if v is None else str(v)
+
+
+_GPU_ONLY = "it configures GPU backends; difftape runs on the CPU"
+_PASSES = "it toggles one of Taichi's compiler passes; difftape's pipeline is fixed"
+_MESH = "it configures ti.Mesh, which difftape does not have"
+_DUMP = "it prints Taichi compiler internals that difftape does not have (use print_ir=True)"
+
+# Every ti.init keyword difftape accepts (besides arch, default_fp and default_ip), in one
+# place: an option difftape acts on is one line here plus its Config field.
+OPTIONS: dict[str, Option] = {
+    # acted on
+    "debug": Option(bool),
+    "random_seed": Option(int),
+    "cpu_max_num_threads": Option(int),
+    "offline_cache": Option(bool),
+    "offline_cache_file_path": Option(_opt_str),
+    "print_ir": Option(bool),
+    "kernel_profiler": Option(bool),
+    "deterministic": Option(bool),
+    # arch=ti.remote: where the program runs (difftape.client)
+    **{k: Option() for k in ("server", "token", "session", "transport", "timeout")},
+    # what difftape always does; the other value is refused
+    "short_circuit_operators": Option(no_effect=(
+        "difftape evaluates the right operand of a scalar `and`/`or` only when the left one "
+        "does not decide the result (Python's rule) whatever this says; vector operands are "
+        "evaluated whole")),
+    "enable_fallback": Option(only=True, refusal=(
+        "difftape has no GPU backend yet; it can only run arch=ti.gpu/ti.cuda/... programs by "
+        "falling back to the CPU")),
+    # accepted, no effect (warned once)
+    "fast_math": Option(no_effect="difftape never trades accuracy for speed beyond fused "
+                                  "multiply-adds (Taichi's fast_math=False behaviour)"),
+    "advanced_optimization": Option(no_effect=_PASSES),
+    "opt_level": Option(no_effect=_PASSES),
+    "cfg_optimization": Option(no_effect=_PASSES),
+    "flatten_if": Option(no_effect=_PASSES),
+    "lower_access": Option(no_effect=_PASSES),
+    "simplify_before_lower_access": Option(no_effect=_PASSES),
+    "simplify_after_lower_access": Option(no_effect=_PASSES),
+    "demote_dense_struct_fors": Option(no_effect=_PASSES),
+    "move_loop_invariant_outside_if": Option(no_effect=_PASSES),
+    "cache_loop_invariant_global_vars": Option(no_effect=_PASSES),
+    "detect_read_only": Option(no_effect=_PASSES),
+    "make_block_local": Option(no_effect=_PASSES),
+    "make_thread_local": Option(no_effect=_PASSES),
+    "make_cpu_multithreading_loop": Option(no_effect=_PASSES),
+    "real_matrix_scalarize": Option(no_effect=_PASSES),
+    "force_scalarize_matrix": Option(no_effect=_PASSES),
+    "quant_opt_atomic_demotion": Option(no_effect=_PASSES),
+    "quant_opt_store_fusion": Option(no_effect=_PASSES),
+    "half2_vectorization": Option(no_effect=_PASSES),
+    "num_compile_threads": Option(no_effect="difftape compiles on the calling thread"),
+    "default_cpu_block_dim": Option(no_effect="difftape sizes parallel chunks itself"),
+    "cpu_block_dim_adaptive": Option(no_effect="difftape sizes parallel chunks itself"),
+    "dynamic_index": Option(no_effect="indexing vectors and matrices by runtime values is "
+                                      "always supported"),
+    "ad_stack_size": Option(no_effect="difftape's autodiff stacks grow as needed"),
+    "check_out_of_bound": Option(no_effect="difftape checks indices under debug=True; pass "
+                                           "that to have out-of-range indices raise"),
+    "unrolling_limit": Option(no_effect="difftape unrolls ti.static loops without a limit"),
+    "offline_cache_max_size_of_files": Option(no_effect="difftape's cache is not trimmed"),
+    "offline_cache_cleaning_policy": Option(no_effect="difftape's cache is not trimmed"),
+    "offline_cache_cleaning_factor": Option(no_effect="difftape's cache is not trimmed"),
+    "use_llvm": Option(no_effect="difftape always compiles through LLVM"),
+    "log_level": Option(no_effect="difftape does not log"),
+    "verbose": Option(no_effect="difftape does not log"),
+    "verbose_kernel_launches": Option(no_effect="difftape does not log"),
+    "print_full_traceback": Option(no_effect="difftape's compile errors always name the "
+                                             "kernel, file and line"),
+    "gdb_trigger": Option(no_effect="difftape does not start debuggers"),
+    "timeline": Option(no_effect="difftape has no timeline; use kernel_profiler=True"),
+    "require_version": Option(no_effect="it names a Taichi version"),
+    **{k: Option(no_effect=_DUMP) for k in (
+        "print_preprocessed_ir", "print_accessor_ir", "print_ir_dbg_info", "print_kernel_asm",
+        "print_kernel_llvm_ir", "print_kernel_llvm_ir_optimized", "print_struct_llvm_ir",
+        "print_kernel_amdgcn")},
+    **{k: Option(no_effect=_GPU_ONLY) for k in (
+        "device_memory_GB", "device_memory_fraction", "default_gpu_block_dim", "gpu_max_reg",
+        "saturating_grid_dim", "max_block_dim", "cuda_stack_limit", "vk_api_version",
+        "allow_nv_shader_extension")},
+    **{k: Option(no_effect=_MESH) for k in (
+        "auto_mesh_local_default_occupacy", "experimental_auto_mesh_local",
+        "make_mesh_block_local", "mesh_localize_all_attr_mappings",
+        "mesh_localize_from_end_mapping", "mesh_localize_to_end_mapping",
+        "optimize_mesh_reordered_mapping", "demote_no_access_mesh_fors")},
+}
+
+_warned: set[str] = set()
 
 
 _generations = itertools.count(1)
@@ -83,6 +194,8 @@ class Program:
         # Bumped whenever a field gains .grad/.dual storage: derivative variants of kernels
         # compiled before then would not read or write it.
         self.storage_epoch = 0
+        # ti.init(kernel_profiler=True): (kernel name, start in s, duration in ms) per launch
+        self.profile: list[tuple[str, float, float]] = []
 
     @property
     def pool(self):
@@ -125,47 +238,62 @@ def get() -> Program:
     return _current
 
 
-def init(arch: Arch | None = None, *, default_fp=None, default_ip=None, debug: bool = False,
-         random_seed: int = 0, cpu_max_num_threads: int = 0, offline_cache: bool = True,
-         offline_cache_file_path: str | None = None, deterministic: bool = False,
-         **kwargs) -> None:
+def init(arch: Arch | None = None, default_fp=None, default_ip=None, **options) -> None:
     """``ti.init``: start a fresh program with this configuration (fields and kernels of the
-    previous one are dropped)."""
+    previous one are dropped). The keywords are Taichi's; :data:`OPTIONS` says what each does
+    here. Unknown keywords raise ``KeyError`` (:class:`~difftape.errors.UnknownOptionError`)."""
     global _current
     from .. import types as _t
+    from ..errors import OptionError, UnknownOptionError
 
-    reset()
+    unknown = [k for k in options if k not in OPTIONS]
+    if "default_up" in options:
+        raise UnknownOptionError("'default_up' is always the unsigned type of 'default_ip'; "
+                                 "set 'default_ip' instead")
+    if unknown:
+        raise UnknownOptionError(f"Unrecognized keyword argument(s) for ti.init: "
+                                 f"{', '.join(unknown)}")
     arch = arch or cpu
+    remote_opts = {}
+    settings = {}
+    for name, value in options.items():
+        opt = OPTIONS[name]
+        if opt.refusal:
+            if value != opt.only:
+                raise OptionError(f"ti.init({name}={value!r}): {opt.refusal}")
+        elif opt.no_effect:
+            if name not in _warned:
+                _warned.add(name)
+                warnings.warn(f"difftape: ti.init({name}=...) has no effect: {opt.no_effect}",
+                              stacklevel=2)
+        elif opt.convert is None:
+            remote_opts[name] = value
+        else:
+            settings[name] = opt.convert(value)
+    if arch == remote and settings.get("kernel_profiler"):
+        raise OptionError("ti.init(kernel_profiler=True) is not available under arch=ti.remote: "
+                          "kernels run on the server")
+    if arch == remote and settings.get("deterministic"):  # the server compiles its own way
+        raise OptionError("ti.init(arch=ti.remote, deterministic=True) is not supported: the "
+                          "server schedules kernels its own way; run locally (arch=ti.cpu) for "
+                          "bitwise-reproducible results")
+    if remote_opts and arch != remote:
+        raise OptionError(f"ti.init({', '.join(remote_opts)}=...) applies to arch=ti.remote "
+                          f"only, not arch={arch}")
+    reset()
     if arch in (cuda, gpu, vulkan, metal, opengl):
         warnings.warn(f"difftape: arch={arch} has no backend here yet; falling back to the CPU",
                       stacklevel=2)
         arch = cpu
-    # arch=ti.remote: server=, token= (or session=) say where the program runs.
-    remote_opts = {k: kwargs.pop(k) for k in ("server", "token", "session", "transport",
-                                              "timeout") if k in kwargs}
-    cfg = Config(arch=arch, debug=bool(debug), random_seed=int(random_seed),
-                 cpu_max_num_threads=int(cpu_max_num_threads),
-                 offline_cache=bool(offline_cache),
-                 offline_cache_file_path=offline_cache_file_path,
-                 print_ir=bool(kwargs.pop("print_ir", False)),
-                 deterministic=bool(deterministic), extra=kwargs)
+    cfg = Config(arch=arch, **settings)
     if default_fp is not None:
         cfg.default_fp = default_fp if isinstance(default_fp, DType) else (
             _t.f64 if default_fp is float else _t.from_numpy(default_fp))
     if default_ip is not None:
         cfg.default_ip = default_ip if isinstance(default_ip, DType) else (
             _t.i32 if default_ip is int else _t.from_numpy(default_ip))
-    if _current is not None:
-        _current.close()  # its worker threads would otherwise idle on forever
     if arch == remote:  # the program runs on a difftape server (difftape.client)
         from ..client.runtime import attach
-
-        if cfg.deterministic:  # the server compiles with its own options
-            from ..errors import DifftapeError
-
-            raise DifftapeError("ti.init(arch=ti.remote, deterministic=True) is not supported: "
-                                "the server schedules kernels its own way; run locally "
-                                "(arch=ti.cpu) for bitwise-reproducible results")
 
         prog = Program(cfg)
         attach(prog, **remote_opts)

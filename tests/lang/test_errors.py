@@ -37,10 +37,37 @@ def _assert_points_at(error, kernel_name, key):
 
 
 def test_error_hierarchy(ti):
-    for name in ("CompileError", "KernelAssertionError"):
+    expected = {
+        # class: the builtins it must also be
+        "CompileError": (),
+        "KernelSyntaxError": (SyntaxError,),
+        "KernelNameError": (NameError,),
+        "KernelTypeError": (TypeError,),
+        "KernelIndexError": (IndexError,),
+        "ArgumentError": (TypeError,),
+        "GradientRuleError": (),
+        "KernelRuntimeError": (RuntimeError,),
+        "KernelAssertionError": (RuntimeError, AssertionError),
+        "IndexOutOfRangeError": (RuntimeError, AssertionError, IndexError),
+        "ShapeError": (ValueError,),
+        "OptionError": (ValueError,),
+        "UnknownOptionError": (KeyError,),
+    }
+    for name, builtins in expected.items():
         cls = getattr(ti, name)
-        assert issubclass(cls, ti.DifftapeError)
+        assert issubclass(cls, ti.DifftapeError), name
+        for b in builtins:
+            assert issubclass(cls, b), (name, b)
+    for name in ("KernelSyntaxError", "KernelNameError", "KernelTypeError", "KernelIndexError",
+                 "ArgumentError", "GradientRuleError"):
+        assert issubclass(getattr(ti, name), ti.CompileError), name
+    assert issubclass(ti.IndexOutOfRangeError, ti.KernelAssertionError)
     assert issubclass(ti.DifftapeError, Exception)
+    # Taichi's names are aliases of the classes with the same meaning
+    assert ti.TaichiCompilationError is ti.CompileError
+    assert ti.TaichiTypeError is ti.KernelTypeError
+    assert ti.TaichiIndexError is ti.KernelIndexError
+    assert ti.TaichiAssertionError is ti.KernelAssertionError
 
 
 def test_lambda_in_kernel_is_a_compile_error(ti):
@@ -49,7 +76,7 @@ def test_lambda_in_kernel_is_a_compile_error(ti):
         f = lambda a: a + 1  # marker: lambda
         return f(1)
 
-    with pytest.raises(ti.CompileError) as info:
+    with pytest.raises(ti.KernelSyntaxError) as info:
         uses_lambda()
     _assert_points_at(info.value, "uses_lambda", "lambda")
 
@@ -105,7 +132,7 @@ def test_float_index_is_a_compile_error(ti):
     def float_index(i: ti.f32):
         x[i] = 1.0  # marker: float index
 
-    with pytest.raises(ti.CompileError) as info:
+    with pytest.raises(ti.KernelTypeError) as info:
         float_index(1.5)
     _assert_points_at(info.value, "float_index", "float index")
 
@@ -117,7 +144,7 @@ def test_unknown_function_is_a_compile_error(ti):
     def calls_unknown():
         x[0] = no_such_function(1.0)  # noqa: F821 # marker: unknown
 
-    with pytest.raises(ti.CompileError) as info:
+    with pytest.raises(ti.KernelNameError) as info:
         calls_unknown()
     _assert_points_at(info.value, "calls_unknown", "unknown")
     assert "no_such_function" in str(info.value)
@@ -181,7 +208,7 @@ def test_debug_mode_out_of_range_index(ti):
     store(3)
     assert x[3] == 1.0
     for bad in (4, -1):
-        with pytest.raises(ti.KernelAssertionError) as info:
+        with pytest.raises(ti.IndexOutOfRangeError) as info:
             store(bad)
         _assert_points_at(info.value, "store", "out of range")
         assert str(bad) in str(info.value)
@@ -224,3 +251,30 @@ def test_and_or_on_floats_is_a_compile_error(ti):
             kernel(*args)
         _assert_points_at(info.value, name, key)
         assert "x != 0" in str(info.value)
+
+
+def test_user_assert_is_not_an_index_error(ti):
+    ti.init(arch=ti.cpu, debug=True)
+
+    @ti.kernel
+    def check(a: ti.i32):
+        assert a > 0, "a must be positive"
+
+    with pytest.raises(ti.KernelAssertionError) as info:
+        check(-1)
+    assert not isinstance(info.value, IndexError)
+    assert "a must be positive" in str(info.value)
+
+
+def test_static_of_a_runtime_value_points_at_the_line(ti):
+    @ti.kernel
+    def static_branch(a: ti.i32) -> ti.i32:
+        r = 0
+        if ti.static(a > 0):  # marker: static runtime
+            r = 1
+        return r
+
+    with pytest.raises(ti.KernelTypeError) as info:
+        static_branch(1)
+    _assert_points_at(info.value, "static_branch", "static runtime")
+    assert "compile-time" in str(info.value)

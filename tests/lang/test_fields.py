@@ -196,3 +196,57 @@ def test_fields_and_ndarrays_together(ti, fp, npfp, rtol):
     weighted(a, out)
     want = a.astype(np.float64) @ [0.5, 1.0, 2.0, 4.0]
     np.testing.assert_allclose(out, want, rtol=10 * rtol, atol=10 * rtol)
+
+
+def test_layout_dimensions_follow_axis_numbers(ti):
+    """A field's dimensions are the axes its dense levels use, in axis-number order (ti.i
+    first), whatever order the levels are nested in and whichever axis comes first."""
+    x = ti.field(ti.f32)
+    ti.root.dense(ti.k, 4).dense(ti.l, 3).place(x)
+    y = ti.field(ti.f32)
+    ti.root.dense(ti.l, 5).dense(ti.i, 2).place(y)
+    z = ti.field(ti.i32)
+    ti.root.dense(ti.jk, (3, 4)).dense(ti.i, 2).place(z)
+    w = ti.field(ti.i32)
+    ti.root.dense(ti.j, 3).place(w)
+    assert x.shape == (4, 3)
+    assert y.shape == (2, 5)
+    assert z.shape == (2, 3, 4)
+    assert w.shape == (3,)
+
+    @ti.kernel
+    def fill():
+        for a, b in x:
+            x[a, b] = a * 10 + b
+        for a, b in y:
+            y[a, b] = a * 10 + b
+        for a, b, c in z:
+            z[a, b, c] = a * 100 + b * 10 + c
+        for a in w:
+            w[a] = a + 1
+
+    fill()
+    a, b = np.indices((4, 3))
+    np.testing.assert_array_equal(x.to_numpy(), a * 10 + b)
+    a, b = np.indices((2, 5))
+    np.testing.assert_array_equal(y.to_numpy(), a * 10 + b)
+    a, b, c = np.indices((2, 3, 4))
+    np.testing.assert_array_equal(z.to_numpy(), a * 100 + b * 10 + c)
+    np.testing.assert_array_equal(w.to_numpy(), [1, 2, 3])
+    assert x[3, 2] == 32
+
+
+def test_every_axis_combination_is_exported(ti):
+    names = ["i", "j", "k", "l", "ij", "ik", "il", "jk", "jl", "kl",
+             "ijk", "ijl", "ikl", "jkl", "ijkl"]
+    for name in names:
+        f = ti.field(ti.i32)
+        sizes = tuple(range(2, 2 + len(name)))
+        ti.root.dense(getattr(ti, name), sizes).place(f)
+        assert f.shape == sizes, name
+    g = ti.field(ti.i32)
+    ti.root.dense(ti.axes(0, 2), (3, 5)).place(g)
+    assert g.shape == (3, 5)
+    h = ti.field(ti.i32)
+    ti.root.dense(ti.axes(1), 4).dense(ti.axes(0), 2).place(h)
+    assert h.shape == (2, 4)

@@ -1,6 +1,10 @@
-"""ti.init options (default_fp, default_ip, random_seed elsewhere), ti.reset and ti.sync."""
+"""ti.init options (default_fp, default_ip, random_seed elsewhere), ti.reset, ti.sync and
+ti.profiler."""
+
+import warnings
 
 import numpy as np
+import pytest
 
 
 def test_default_fp_f64_makes_float_fields_and_literals_f64(ti):
@@ -99,3 +103,112 @@ def test_sync_waits_for_kernels(ti):
     fill()
     ti.sync()
     assert int(x.to_numpy().sum()) == 999 * 1000 // 2
+
+
+def test_unknown_init_options_raise_key_error(ti):
+    with pytest.raises(KeyError, match="foo_bar"):
+        ti.init(arch=ti.cpu, foo_bar=3)
+    with pytest.raises(KeyError, match="default_up"):
+        ti.init(arch=ti.cpu, default_up=ti.u64)
+
+
+@pytest.mark.difftape_only
+def test_unknown_init_option_keeps_the_current_program(ti):
+    x = ti.field(ti.i32, shape=2)
+    with pytest.raises(ti.UnknownOptionError) as info:
+        ti.init(arch=ti.cpu, foo_bar=3, fast_mth=True)
+    assert "foo_bar, fast_mth" in str(info.value)
+    assert isinstance(info.value, ti.DifftapeError)
+    x[1] = 4  # the program was not reset by the refused call
+    assert x[1] == 4
+
+
+def test_taichi_options_without_effect_leave_results_unchanged(ti):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ti.init(arch=ti.cpu, fast_math=False, advanced_optimization=True, ad_stack_size=64,
+                default_cpu_block_dim=32, log_level="warn", short_circuit_operators=False)
+    x = ti.field(ti.f32, shape=8)
+
+    @ti.kernel
+    def run():
+        for i in x:
+            x[i] = ti.sqrt(i * 1.0)
+
+    run()
+    np.testing.assert_allclose(x.to_numpy(), np.sqrt(np.arange(8.0)), rtol=1e-6)
+
+
+@pytest.mark.difftape_only
+def test_options_without_effect_warn_once_saying_why(ti):
+    from difftape.runtime import program
+
+    program._warned.discard("ad_stack_size")
+    with pytest.warns(UserWarning, match=r"ad_stack_size=.*no effect: .*grow"):
+        ti.init(arch=ti.cpu, ad_stack_size=32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ti.init(arch=ti.cpu, ad_stack_size=64)  # once per process
+
+
+@pytest.mark.difftape_only
+def test_options_difftape_cannot_honour_are_refused(ti):
+    with pytest.raises(ti.OptionError, match="falling back"):
+        ti.init(arch=ti.cuda, enable_fallback=False)
+    with pytest.raises(ti.OptionError, match="arch=ti.remote"):
+        ti.init(arch=ti.cpu, server="http://localhost:1")
+
+
+@pytest.mark.difftape_only
+def test_every_option_is_accepted_or_refused_by_its_table_entry(ti):
+    """The option table is the one place that names ti.init's keywords."""
+    from difftape.runtime import program
+
+    for name, opt in program.OPTIONS.items():
+        if opt.convert is None and not opt.no_effect and not opt.refusal:
+            continue  # arch=ti.remote's own
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ti.init(arch=ti.cpu, **{name: opt.only if opt.refusal else
+                                    (opt.convert(0) if opt.convert else 1)})
+    ti.init(arch=ti.cpu)
+
+
+@pytest.mark.difftape_only
+def test_print_ir(ti, capsys):
+    ti.init(arch=ti.cpu, print_ir=True)
+    x = ti.field(ti.f32, shape=4)
+
+    @ti.kernel
+    def scaled_copy_for_print():
+        for i in x:
+            x[i] = i * 2.0
+
+    scaled_copy_for_print()
+    out = capsys.readouterr().out
+    assert "kernel scaled_copy_for_print" in out and "store" in out
+    np.testing.assert_array_equal(x.to_numpy(), [0, 2, 4, 6])
+
+
+def test_kernel_profiler_records_each_launch(ti, capsys):
+    ti.init(arch=ti.cpu, kernel_profiler=True)
+    x = ti.field(ti.f32, shape=200_000)
+
+    @ti.kernel
+    def profiled_sines():
+        for i in x:
+            x[i] = ti.sin(i * 1e-3)
+
+    for _ in range(3):
+        profiled_sines()
+    r = ti.profiler.query_kernel_profiler_info("profiled_sines")
+    assert r.counter == 3
+    assert 0 < r.min <= r.avg <= r.max
+    assert ti.profiler.get_kernel_profiler_total_time() >= 3 * r.min / 1000 * 0.999
+    ti.profiler.print_kernel_profiler_info()
+    assert "profiled_sines" in capsys.readouterr().out
+    ti.profiler.print_kernel_profiler_info("trace")
+    assert capsys.readouterr().out.count("profiled_sines") == 3
+    ti.profiler.clear_kernel_profiler_info()
+    assert ti.profiler.query_kernel_profiler_info("profiled_sines").counter == 0
+    np.testing.assert_allclose(x.to_numpy()[:5], np.sin(np.arange(5) * 1e-3), rtol=1e-6)

@@ -64,7 +64,7 @@ def test_float_truth_values_and_saturating_casts(ti):
             out[i] = 0
             if x[i]:
                 out[i] = 1
-            if not x[i] or x[i] != 0 and i > 1:  # `and`/`or` refuse floats, as Taichi does
+            if x[i] == 0 or x[i] != 0 and i > 1:  # `and`/`or` and `not` refuse floats
                 out[i] += 10
             out[i] += ti.select(x[i], 100, 0)
             out[i] += ti.cast(x[i] * 1e30, ti.i32) // 1000000

@@ -577,3 +577,28 @@ def test_validation_runs_remotely(remote):
     here = run_local(program)
     same(here, remote(program))
     np.testing.assert_array_equal(here, 2 * np.arange(8.0))
+
+
+def _fill_in_kernel_program():
+    g = ti.field(ti.f32, shape=(6, 3))
+    v = ti.Vector.field(2, ti.f32, shape=4)
+
+    @ti.kernel
+    def step(a: ti.f32):
+        g.fill(2.0)
+        v.fill(ti.Vector([a, 1.0]))
+        for i, j in g:
+            g[i, j] += 10 + i
+
+    out = []
+    for k in range(3):
+        step(float(k))
+        out.append((g.to_numpy(), v.to_numpy()))
+    return out
+
+
+def test_fill_in_a_kernel_runs_at_each_launch_remotely(remote):
+    """x.fill() inside a kernel is kernel code, under arch=ti.remote as locally."""
+    local = run_local(_fill_in_kernel_program)
+    np.testing.assert_array_equal(local[2][0], np.full((6, 3), 12.0) + np.arange(6)[:, None])
+    same(local, remote(_fill_in_kernel_program))

@@ -40,10 +40,11 @@ def test_malformed_ir_is_422(alice, session, kernels):
 def test_bad_index_is_an_error_response_not_a_crash(alice, session, kernels):
     ids = setup_session(alice, session, kernels, "poke")
     url = f"/v1/sessions/{session}/kernels/{ids['poke']}/launch"
+    # IndexOutOfRangeError: the KernelAssertionError (and IndexError) of the bounds checks
     body = problem(alice.post(url, json={"args": [kernels.n + 5]}), 422,
-                   "KernelAssertionError")
+                   "IndexOutOfRangeError")
     assert body["kernel"] in (None, "poke")
-    problem(alice.post(url, json={"args": [-1]}), 422, "KernelAssertionError")
+    problem(alice.post(url, json={"args": [-1]}), 422, "IndexOutOfRangeError")
     assert alice.post(url, json={"args": [3]}).status_code == 200
     problem(alice.post(url, json={"args": []}), 422, "ArgumentError")
     r = alice.get(f"/v1/sessions/{session}/fields/{kernels.y.id}/data/item",
@@ -65,7 +66,7 @@ def test_batch_error_reports_its_index(alice, session, kernels):
            {"op": "launch", "kernel_id": ids["poke"], "args": [1000]},
            {"op": "fill", "id": kernels.x.id, "value": 7}]
     body = problem(alice.post(f"/v1/sessions/{session}/batch", json={"ops": ops}), 422,
-                   "KernelAssertionError")
+                   "IndexOutOfRangeError")
     assert body["index"] == 2
     r = alice.get(f"/v1/sessions/{session}/fields/{kernels.x.id}/data/item",
                   params={"index": "0"})

@@ -1,7 +1,8 @@
 """Bounds checks: an ``assert`` before every buffer access (``debug=True`` and remote kernels).
 
-A failing check stops the kernel and raises ``KernelAssertionError`` with the index, the
-buffer, its shape and the source line, instead of reading or writing outside the array.
+A failing check stops the kernel and raises ``IndexOutOfRangeError`` (a
+``KernelAssertionError`` and an ``IndexError``) with the index, the buffer, its shape and the
+source line, instead of reading or writing outside the array.
 """
 
 from __future__ import annotations
@@ -10,6 +11,10 @@ import linecache
 
 from ...types import i32
 from ..nodes import Block, KernelIR, Stmt
+
+#: How every bounds-check message starts ("{}" is the index): the runtime raises
+#: IndexOutOfRangeError for these, KernelAssertionError for other failed asserts.
+OUT_OF_RANGE = "index {} out of range"
 
 
 def _checks_for(s: Stmt, ir: KernelIR) -> list[Stmt]:
@@ -33,7 +38,7 @@ def _checks_for(s: Stmt, ir: KernelIR) -> list[Stmt]:
         if s.loc:
             text = linecache.getline(s.loc[0], s.loc[1]).strip()
             where = f"\n  in kernel '{ir.name}', {s.loc[0]}:{s.loc[1]}\n    {text}"
-        msg = (f"index {{}} out of range for axis {axis} of '{buf.name}' with shape "
+        msg = (f"{OUT_OF_RANGE} for axis {axis} of '{buf.name}' with shape "
                f"{shape}{where}")
         out += [ext, zero, lo, hi, ok, Stmt("assert", None, (ok, idx), msg, loc=s.loc)]
     return out
