@@ -58,7 +58,14 @@ from .frontend.ops import (  # noqa: E402
     tan,
     tanh,
 )
-from .frontend.transformer import Grouped, NdRange, loop_config, static  # noqa: E402
+from .frontend.transformer import (  # noqa: E402
+    Grouped,
+    NdRange,
+    loop_config,
+    static,
+    static_assert,
+    static_print,
+)
 from .runtime.field import Field, i, ij, ijk, ijkl, j, k, l, root  # noqa: E402, E741
 from .runtime.field import make_field as field  # noqa: E402
 from .runtime.ndarray import Ndarray, ndarray  # noqa: E402

@@ -18,6 +18,8 @@ import textwrap
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from .. import types as T
 from ..errors import CompileError
 from ..ir.nodes import Buffer, Stmt
@@ -137,6 +139,25 @@ class Grouped:
 def static(x, *xs):
     """``ti.static``: evaluate at compile time (conditions, loop ranges, values)."""
     return (x, *xs) if xs else x
+
+
+def static_assert(cond, msg: str | None = None) -> None:
+    """``ti.static_assert``: check a compile-time condition while the kernel is compiled (no
+    runtime cost); a false one is a CompileError naming the line (in Python scope, an
+    AssertionError)."""
+    bld = _b.current()
+    if isinstance(cond, Value | Matrix):
+        raise (bld.error if bld else TypeError)(
+            "ti.static_assert needs a compile-time condition; this one is a runtime value (use "
+            "`assert`, checked with ti.init(debug=True))")
+    if not cond:
+        text = "static assertion failed" + (f": {msg}" if msg is not None else "")
+        raise bld.error(text) if bld else AssertionError(text)
+
+
+def static_print(*args, **kwargs) -> None:
+    """``ti.static_print``: Python's print, run once while the kernel is compiled."""
+    print(*args, **kwargs)
 
 
 def loop_config(*, serialize: bool = False, block_dim: int | None = None,
@@ -1061,7 +1082,8 @@ def _annotation_kind(ann, where: str) -> str:
         return "ndarray"
     if isinstance(ann, MatrixType):
         return "matrix"
-    if isinstance(ann, T.DType) or ann in (int, float):
+    if isinstance(ann, T.DType) or ann in (int, float) or (
+            isinstance(ann, type) and issubclass(ann, np.generic)):
         return "scalar"
     raise CompileError(f"unsupported annotation {ann!r} of {where}: use a dtype (ti.f32, "
                        "float), a vector/matrix type, ti.template() or ti.types.ndarray()")
@@ -1117,7 +1139,10 @@ def inline_func(bld: _b.Builder, fn, args: list, kwargs: dict):
     """Inline a ``@ti.func`` call: a fresh scope whose parameters are copies of the arguments
     (template parameters bind the object itself)."""
     parsed = parse_function(fn.pyfunc)
-    params, ret = _func_annotations(fn)
+    try:
+        params, ret = _func_annotations(fn)
+    except CompileError as e:
+        raise bld.error(e.bare_message) from None
     try:
         bound = fn.signature.bind(*args, **kwargs)
     except TypeError as e:
