@@ -385,9 +385,7 @@ class FunctionTransformer:
         if has_value and ann is not None:
             value = self._convert_return(value, ann)
         elif has_value:
-            value = _as_value(value)
-            if isinstance(value, tuple):
-                value = tuple(_as_value(v) for v in value)
+            value = _loaded(value)
         elif ann is not None:
             raise self.bld.error(f"func '{self.name}' is annotated to return a value; this "
                                  "`return` gives none")
@@ -396,9 +394,9 @@ class FunctionTransformer:
             return
         if has_value and ann is None:
             raise self.bld.error(
-                f"func '{self.name}' returns a value from inside a runtime `if`/loop: annotate "
-                "its return type, e.g. `def f(...) -> ti.f32:` (as Taichi requires of funcs "
-                "with such returns), so that every return stores the same type")
+                f"func '{self.name}' returns a value and has a `return` inside a runtime "
+                "`if`/loop: annotate its return type, e.g. `def f(...) -> ti.f32:` (as Taichi "
+                "requires of funcs with such returns), so that every return gives that type")
         slots = self._return_slots()
         if has_value:
             self._store_return(slots, value)
@@ -980,6 +978,17 @@ def _as_value(x):
         return x._values() if any(isinstance(e, Ref) for e in x.entries) else x
     if isinstance(x, list) and x and all(isinstance(e, Value | int | float) for e in x):
         return Vector(x)
+    return x
+
+
+def _loaded(x):
+    """A returned value with its places loaded (tuples item by item)."""
+    if isinstance(x, tuple):
+        return tuple(_loaded(v) for v in x)
+    if isinstance(x, Ref):
+        return x.expr()
+    if isinstance(x, Matrix):
+        return x._values()
     return x
 
 
