@@ -74,7 +74,14 @@ from .frontend.ops import (  # noqa: E402
     tan,
     tanh,
 )
-from .frontend.transformer import Grouped, NdRange, loop_config, static  # noqa: E402
+from .frontend.transformer import (  # noqa: E402
+    Grouped,
+    NdRange,
+    loop_config,
+    static,
+    static_assert,
+    static_print,
+)
 from .runtime.field import (  # noqa: E402
     Field,
     axes,

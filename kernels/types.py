@@ -54,7 +54,7 @@ class DType:
         """``ti.f32(x)`` casts, as in Taichi (works in kernels and in Python scope)."""
         from .frontend import ops
 
-        return ops.cast(value, self)
+        return ops.construct(value, self)
 
 
 f16 = DType("f16", "f", 16)

@@ -81,7 +81,30 @@ class Builder:
         try:
             yield blk
         finally:
-            self._blocks.pop()
+            self.pop_block()
+
+    def push_block(self) -> Block:
+        """Start emitting into a fresh block (until :meth:`pop_block`); returns it. For blocks
+        whose end is not lexically known where they start (the frontend's return guards)."""
+        blk: Block = []
+        self._blocks.append(blk)
+        return blk
+
+    def pop_block(self) -> Block:
+        return self._blocks.pop()
+
+    def insertion_point(self) -> tuple[Block, int]:
+        """Where the next statement would go; statements are only ever appended to blocks, so
+        :meth:`insert` can later put statements exactly there."""
+        return self._blocks[-1], len(self._blocks[-1])
+
+    def insert(self, point: tuple[Block, int], stmts: list[Stmt]) -> None:
+        """Insert statements at an earlier :meth:`insertion_point` (e.g. a local that must
+        dominate uses found later). Later points of the same block move accordingly."""
+        blk, k = point
+        blk[k:k] = stmts
+        if blk is self.body:
+            self.kernel_allocas.update(s for s in stmts if s.op == "alloca")
 
     def splice(self, blk: Block) -> None:
         """Append the statements of a detached block (built with :meth:`block`) to the current

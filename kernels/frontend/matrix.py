@@ -8,12 +8,13 @@ fixed set of scalar statements that LLVM sees through and autodiff differentiate
 
 from __future__ import annotations
 
+import linecache
 import numbers
 
 import numpy as np
 
 from .. import types as T
-from ..errors import KernelIndexError
+from ..errors import KernelIndexError, KernelTypeError
 from . import builder as _b
 from . import ops
 from .values import Ref, Value
@@ -72,41 +73,69 @@ class Matrix:
     def shape(self) -> tuple[int, ...]:
         return (self.n,) if self.ndim == 1 else (self.n, self.m)
 
+    def _checked(self, k, extent: int, axis: str):
+        """One index of one axis, checked: a constant out of range is an error at compile time
+        (negative constants too inside kernels, as in Taichi; Python scope wraps them like a
+        list), a runtime one is checked when the kernel runs with ``debug=True``."""
+        bld = _b.current()
+        if _static(k):
+            k = int(k)
+            if 0 <= k < extent:
+                return k
+            if bld is None and -extent <= k < 0:
+                return k + extent
+            if bld is not None and -extent <= k < 0:
+                raise ops._err(f"negative index {k}{axis} of a {self._shape_text()}: kernels do "
+                               f"not wrap negative indices (neither does Taichi); write "
+                               f"{k + extent}", KernelIndexError)
+            raise ops._err(f"index {k}{axis} out of range for a {self._shape_text()}",
+                           KernelIndexError)
+        if isinstance(k, Value) and k.dtype.is_float:
+            raise ops._err(f"a {self._shape_text()} index must be an integer, got {k.dtype}",
+                           KernelTypeError)
+        if bld is not None and bld.debug and isinstance(k, Value):
+            e = k.expr()
+            ok = ops.logical_and(ops.binary("ge", e, 0), ops.binary("lt", e, extent))
+            where = ""
+            if bld.loc:
+                text = linecache.getline(bld.loc[0], bld.loc[1]).strip()
+                where = f"\n  in kernel '{bld.kernel_name}', {bld.loc[0]}:{bld.loc[1]}\n    {text}"
+            bld.emit("assert", None, (ok.stmt, e.stmt),
+                     f"index {{}}{axis} out of range for a {self._shape_text()}{where}")
+        return k
+
     def _flat_index(self, index) -> int | Value:
         if not isinstance(index, tuple):
             index = (index,)
         if self.ndim == 1:
             if len(index) != 1:
                 raise ops._err(f"a vector takes one index, got {len(index)}")
-            return index[0]
+            return self._checked(index[0], self.n, "")
         if len(index) == 1:
             return index[0]  # row access handled by caller
         if len(index) != 2:
             raise ops._err(f"a matrix takes two indices, got {len(index)}")
-        i, j = index
+        i = self._checked(index[0], self.n, " (row)")
+        j = self._checked(index[1], self.m, " (column)")
         if _static(i) and _static(j):
-            return int(i) * self.m + int(j)
+            return i * self.m + j
         return ops.binary("add", ops.binary("mul", i, self.m), j)
 
     def __getitem__(self, index):
         if self.ndim == 2 and not (isinstance(index, tuple) and len(index) == 2):
-            i = index[0] if isinstance(index, tuple) else index
+            i = self._checked(index[0] if isinstance(index, tuple) else index, self.n, " (row)")
             if _static(i):
-                return self._row(int(i))
+                return self._row(i)
             rows = [self._row(r) for r in range(self.n)]
             return _dynamic_pick(rows, i)
         k = self._flat_index(index)
         if _static(k):
-            k = int(k)
-            if not -len(self.entries) <= k < len(self.entries):
-                raise ops._err(f"index {index} out of range for a {self._shape_text()}",
-                               KernelIndexError)
             return self.entries[k]
         return _dynamic_pick(self.entries, k)
 
     def __setitem__(self, index, value) -> None:
         if self.ndim == 2 and not (isinstance(index, tuple) and len(index) == 2):
-            i = index[0] if isinstance(index, tuple) else index
+            i = self._checked(index[0] if isinstance(index, tuple) else index, self.n, " (row)")
             row = value.entries if isinstance(value, Matrix) else list(value)
             for j in range(self.m):
                 self[i, j] = row[j]
@@ -133,14 +162,19 @@ class Matrix:
 
     # component access .x .y .z .w (and setters on variables)
     def _component(self, k: int):
+        return self.entries[self._component_index(k)]
+
+    def _component_index(self, k: int) -> int:
         if self.ndim != 1 and self.m != 1:
             raise ops._err("component access (.x/.y/.z/.w) is for vectors")
-        return self.entries[k]
+        if k >= len(self.entries):
+            raise ops._err(f"a {self._shape_text()} has no component .{'xyzw'[k]}")
+        return k
 
-    x = property(lambda s: s._component(0), lambda s, v: s._assign_entry(0, v))
-    y = property(lambda s: s._component(1), lambda s, v: s._assign_entry(1, v))
-    z = property(lambda s: s._component(2), lambda s, v: s._assign_entry(2, v))
-    w = property(lambda s: s._component(3), lambda s, v: s._assign_entry(3, v))
+    x = property(lambda s: s._component(0), lambda s, v: s._assign_entry(s._component_index(0), v))
+    y = property(lambda s: s._component(1), lambda s, v: s._assign_entry(s._component_index(1), v))
+    z = property(lambda s: s._component(2), lambda s, v: s._assign_entry(s._component_index(2), v))
+    w = property(lambda s: s._component(3), lambda s, v: s._assign_entry(s._component_index(3), v))
     r, g, b, a = x, y, z, w
 
     def to_list(self) -> list:

@@ -56,12 +56,39 @@ def literal_dtype(value) -> DType:
     return b.default_fp
 
 
+def _int_fits(value: int, dtype: DType) -> bool:
+    if dtype.is_float:
+        return True
+    if dtype.is_signed:
+        return -(1 << (dtype.bits - 1)) <= value < 1 << (dtype.bits - 1)
+    return 0 <= value < 1 << dtype.bits
+
+
+def literal(value, dtype: DType | None = None) -> Expr:
+    """A Python number entering a kernel, as a value of ``dtype`` if given. As in Taichi, an
+    integer literal is a ``default_ip`` value (then converted like any value, so 300 stored
+    into a u8 wraps as a C cast would); one that fits neither ``default_ip`` nor the type it
+    is given here is an error instead of silently wrapping (Taichi raises too)."""
+    inferred = literal_dtype(value)
+    target = dtype or inferred
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool | np.generic):
+        v = int(value)
+        if not _int_fits(v, target) and not _int_fits(v, inferred):
+            raise _b.require().error(
+                f"integer literal {v} is out of the range of default_ip ({inferred})"
+                + (f" and of {target}, the type it is given here" if target != inferred
+                   else "")
+                + f"; give it a wide enough type, e.g. ti.i64({v}) or ti.u64({v}), or set "
+                "default_ip in ti.init()")
+    return const(value, target)
+
+
 def to_expr(x, dtype: DType | None = None) -> Expr:
     """A kernel value from a number or value, cast to ``dtype`` when given."""
     if isinstance(x, Value):
         e = x.expr()
     elif _is_number(x):
-        return const(x, dtype or literal_dtype(x))
+        return literal(x, dtype)
     elif _is_matrix(x):
         raise _b.require().error(
             f"expected a scalar but got a {x.n}x{x.m} matrix/vector" if x.ndim == 2 else
@@ -111,9 +138,21 @@ def cast(x, dtype):
         return _elementwise(lambda e: cast(e, dtype), x)
     if _is_number(x):
         if _b.current() is not None:
-            return const(int(x) if dtype.is_int else float(x), dtype)
+            if dtype.is_int and not isinstance(x, numbers.Integral):
+                x = int(x)  # a float literal truncates toward zero
+            return literal(x, dtype)
         return dtype.np.type(int(x) if dtype.is_int else x)
     return to_expr(x, dtype)
+
+
+def construct(x, dtype: DType):
+    """``ti.u8(x)`` etc.: a cast, except that an integer literal must fit the type it names
+    (``ti.u8(300)`` is an error, as in Taichi, rather than 44)."""
+    if (isinstance(x, numbers.Integral) and not isinstance(x, bool | np.generic)
+            and _b.current() is not None and not _int_fits(int(x), dtype)):
+        raise _b.require().error(f"integer literal {int(x)} is out of the range of {dtype}, "
+                                 f"the type it is given here")
+    return cast(x, dtype)
 
 
 def resolve_dtype(dtype) -> DType:
@@ -185,10 +224,22 @@ def _typed_pair(a, b) -> tuple[Expr, Expr]:
     ea = a.expr() if isinstance(a, Value) else None
     eb = b.expr() if isinstance(b, Value) else None
     if ea is None:
-        ea = const(a, literal_dtype(a))
+        ea = literal(a, _wide_literal_type(a, eb))
     if eb is None:
-        eb = const(b, literal_dtype(b))
+        eb = literal(b, _wide_literal_type(b, ea))
     return ea, eb
+
+
+def _wide_literal_type(value, other: Expr | None) -> DType | None:
+    """An integer literal too wide for ``default_ip`` next to a value of a type it fits (an
+    i64, a float) takes that type, which the result is promoted to anyway: ``n64 * 9000000000``
+    is exact (Taichi refuses it). Otherwise the literal takes ``default_ip``."""
+    if (other is not None and isinstance(value, numbers.Integral)
+            and not isinstance(value, bool | np.generic)
+            and not _int_fits(int(value), literal_dtype(value))
+            and _int_fits(int(value), other.dtype)):
+        return other.dtype
+    return None
 
 
 def pow(a, b):  # noqa: A001 - mirrors ti.pow

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import ast
 import builtins
+import contextlib
 import inspect
 import linecache
 import textwrap
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from .. import types as T
 from ..errors import (
@@ -25,10 +28,10 @@ from ..errors import (
     KernelTypeError,
     compile_error_class,
 )
-from ..ir.nodes import OPS, Block, Buffer
+from ..ir.nodes import OPS, Block, Buffer, Stmt
 from . import builder as _b
 from . import ops
-from .annotations import NdarrayType, Template
+from .annotations import NdarrayType, Template, template
 from .matrix import Matrix, MatrixType, Vector
 from .values import Expr, LocalRef, Ref, Value
 
@@ -152,6 +155,25 @@ def static(x, *xs):
     return (x, *xs) if xs else x
 
 
+def static_assert(cond, msg: str | None = None) -> None:
+    """``ti.static_assert``: check a compile-time condition while the kernel is compiled (no
+    runtime cost); a false one is a CompileError naming the line (in Python scope, an
+    AssertionError)."""
+    bld = _b.current()
+    if isinstance(cond, Value | Matrix):
+        raise (bld.error if bld else TypeError)(
+            "ti.static_assert needs a compile-time condition; this one is a runtime value (use "
+            "`assert`, checked with ti.init(debug=True))")
+    if not cond:
+        text = "static assertion failed" + (f": {msg}" if msg is not None else "")
+        raise bld.error(text) if bld else AssertionError(text)
+
+
+def static_print(*args, **kwargs) -> None:
+    """``ti.static_print``: Python's print, run once while the kernel is compiled."""
+    print(*args, **kwargs)
+
+
 def loop_config(*, serialize: bool = False, block_dim: int | None = None,
                 parallelize: int | None = None, **_: object) -> None:
     """``ti.loop_config``: settings for the next for loop (``serialize=True`` runs it in order
@@ -187,8 +209,13 @@ def apply_binop(op: str, a, b):
     return ops.binary(op, a, b)
 
 
-class _Return(Exception):
-    pass
+@dataclass
+class _ReturnSlots:
+    """A func's early-return state: ``flag`` (an i32 local, 1 once a ``return`` ran) and the
+    locals the returned value is stored in (``None`` for a func that returns nothing)."""
+
+    flag: LocalRef
+    value: Any
 
 
 # --------------------------------------------------------------------------- the transformer
@@ -204,11 +231,23 @@ class FunctionTransformer:
         self.name = name
         self.is_kernel = is_kernel
         self.scopes: list[dict[str, Any]] = [{}]
-        self.loop_depth = 0
+        self.loop_depth = 0  # runtime loops of this function around the current statement
         self.static_loop_depth = 0
+        self.loop_user_breaks: list[bool] = []  # per runtime loop: has a `break` of its own
         self.return_value: Any = None
+        # The rest of the current block is unreachable: a `return` ran (at compile time).
         self.returned = False
         self.kernel_args: set[str] = set()
+        # Early returns (funcs): a `return` inside runtime control flow sets a flag and leaves
+        # the enclosing loops with `break`; the statements after the construct that contained
+        # it run only while the flag is clear (see _settle).
+        self.return_annotation: Any = None  # the func's parsed `->` annotation, or None
+        self.entry: tuple | None = None  # where the return slots go once they are needed
+        self.slots: _ReturnSlots | None = None
+        self.runtime_depth = 0  # runtime if/loop bodies of this function we are inside
+        self.runtime_returns = 0  # how many returns inside runtime control flow so far
+        self.pending: str | None = None  # "loop"/"branch": the last construct may have returned
+        self.guards: list[Stmt] = []  # open `if not returned:` blocks (their conditions)
 
     # ------------------------------------------------------------------ names
     def lookup(self, name: str):
@@ -251,9 +290,156 @@ class FunctionTransformer:
     def run_body(self, body: list[ast.stmt]) -> None:
         for st in body:
             if self.returned:
-                raise self._at(st).error(
-                    "statements after `return` are not allowed in difftape funcs/kernels")
+                return  # unreachable after a `return`, as in Python (Taichi skips it too)
+            self._settle()
             self.stmt(st)
+
+    # ------------------------------------------------------------------ early returns
+    def _settle(self, at_end: bool = False) -> None:
+        """Before a statement (or at the end of a runtime if/loop body): if the construct just
+        built may have returned, make what follows respect it. Inside a loop of this function,
+        a return inside a branch already left the loop with `break`, but one inside an inner
+        loop only left that loop: leave this one too. Outside loops, the rest of the enclosing
+        block runs only while no return has happened (a guard block, closed with the body)."""
+        kind, self.pending = self.pending, None
+        if kind is None or self.slots is None:
+            return
+        if self.loop_depth:
+            if kind == "loop":
+                flag = self.slots.flag.expr()
+                with self.bld.block() as brk:
+                    self.bld.emit("break", None)
+                self.bld.emit("if", None, (flag.stmt,), None, (brk, []))
+        elif not at_end:
+            ok = ops.logical_not(self.slots.flag.expr())
+            self.guards.append(ok.stmt)
+            self.bld.push_block()
+
+    def _close_guards(self, depth: int) -> None:
+        while len(self.guards) > depth:
+            ok = self.guards.pop()
+            blk = self.bld.pop_block()
+            self.bld.emit("if", None, (ok,), None, (blk, []))
+
+    @contextlib.contextmanager
+    def _region(self, kind: str):
+        """The body of a runtime branch or loop of this function: a `return` inside it is an
+        early return. Yields a dict whose "returned" says whether every path through the body
+        returned (then, for both branches of an `if`, so does the `if`)."""
+        count, guards = self.runtime_returns, len(self.guards)
+        self.runtime_depth += 1
+        self.scopes.append({})
+        info = {"returned": False}
+        yield info
+        self.scopes.pop()
+        self._settle(at_end=True)
+        self._close_guards(guards)
+        self.runtime_depth -= 1
+        info["returned"] = self.returned
+        self.returned = False
+        if self.runtime_returns != count:
+            self.pending = kind
+
+    def _return_slots(self) -> _ReturnSlots:
+        """The flag and value locals of an early return, declared (once) at the start of the
+        func so that they dominate every use: zero-initialised, then set by each return."""
+        if self.slots is None:
+            loc = self.bld.loc
+            stmts: list[Stmt] = []
+
+            def local(dt: T.DType) -> LocalRef:
+                a = Stmt("alloca", dt, loc=loc)
+                zero = Stmt("const", dt, (), 0.0 if dt.is_float else 0, loc=loc)
+                stmts.extend([a, zero, Stmt("local_store", None, (a, zero), loc=loc)])
+                return LocalRef(a)
+
+            def places(ann):
+                if isinstance(ann, tuple):
+                    return tuple(places(a) for a in ann)
+                if isinstance(ann, MatrixType):
+                    dt = ann.scalar_dtype
+                    size = ann.n * (ann.m if ann.ndim == 2 else 1)
+                    return Matrix._from_entries([local(dt) for _ in range(size)], ann.n,
+                                                ann.m if ann.ndim == 2 else 1, ann.ndim)
+                return local(ops.resolve_dtype(ann))
+
+            flag = local(T.i32)
+            value = None if self.return_annotation is None else places(self.return_annotation)
+            self.bld.insert(self.entry, stmts)
+            self.slots = _ReturnSlots(flag, value)
+        return self.slots
+
+    def _store_return(self, slots: _ReturnSlots, value) -> None:
+        def store(place, v) -> None:
+            if isinstance(place, tuple):
+                for p, x in zip(place, v, strict=True):
+                    store(p, x)
+            elif isinstance(place, Matrix):
+                for p, x in zip(place.entries, v.entries, strict=True):
+                    p.store(x)
+            else:
+                place.store(v)
+
+        if slots.value is not None:
+            store(slots.value, value)
+
+    def _convert_return(self, value, ann):
+        """The returned value as the annotation says: cast to its dtype, shape checked."""
+        value = _as_value(value)
+        if isinstance(ann, tuple):
+            if not isinstance(value, tuple) or len(value) != len(ann):
+                got = f"{len(value)} values" if isinstance(value, tuple) else "one value"
+                raise self.bld.error(f"'{self.name}' is annotated to return {len(ann)} values "
+                                     f"but returns {got}")
+            return tuple(self._convert_return(v, a) for v, a in zip(value, ann, strict=True))
+        return _convert_to_annotation(self.bld, value, ann, f"the return value of '{self.name}'")
+
+    def _func_return(self, value, has_value: bool) -> None:
+        ann = self.return_annotation
+        if has_value and ann is not None:
+            value = self._convert_return(value, ann)
+        elif has_value:
+            value = _loaded(value)
+        elif ann is not None:
+            raise self.bld.error(f"func '{self.name}' is annotated to return a value; this "
+                                 "`return` gives none")
+        if self.runtime_depth == 0 and self.slots is None:
+            self.return_value = value  # the only return that runs: no flag needed
+            return
+        if has_value and ann is None:
+            raise self.bld.error(
+                f"func '{self.name}' returns a value and has a `return` inside a runtime "
+                "`if`/loop: annotate its return type, e.g. `def f(...) -> ti.f32:` (as Taichi "
+                "requires of funcs with such returns), so that every return gives that type")
+        slots = self._return_slots()
+        if has_value:
+            self._store_return(slots, value)
+        if self.runtime_depth:
+            slots.flag.store(1)
+            if self.loop_depth:
+                self.bld.emit("break", None)
+            self.runtime_returns += 1
+
+    def finish_func(self):
+        """After the body: close the guards and produce the func's value."""
+        self._close_guards(0)
+        ann = self.return_annotation
+        if ann is not None and not self.returned:
+            self.bld.loc = (self.parsed.file, self.parsed.tree.lineno)
+            raise self.bld.error(
+                f"func '{self.name}' is annotated to return a value but not every path "
+                "through it ends in a `return`; add a final `return`")
+        if self.slots is None or self.slots.value is None:
+            return self.return_value
+
+        def load(place):
+            if isinstance(place, tuple):
+                return tuple(load(p) for p in place)
+            if isinstance(place, Matrix):
+                return place._values()
+            return place.expr()
+
+        return load(self.slots.value)
 
     def _at(self, node: ast.AST) -> _b.Builder:
         if hasattr(node, "lineno"):
@@ -389,22 +575,16 @@ class FunctionTransformer:
             self.run_body(node.body if cond else node.orelse)  # compile-time condition
             return
         c = ops.to_condition(cond)
-        with self.bld.block() as then_blk:
-            self.scopes.append({})
-            self._branch_body(node.body)
-            self.scopes.pop()
-        with self.bld.block() as else_blk:
-            self.scopes.append({})
-            self._branch_body(node.orelse)
-            self.scopes.pop()
+        with self.bld.block() as then_blk, self._region("branch") as then_info:
+            self.run_body(node.body)
+        pending, self.pending = self.pending, None
+        with self.bld.block() as else_blk, self._region("branch") as else_info:
+            self.run_body(node.orelse)
+        self.pending = self.pending or pending
         self._at(node)
         self.bld.emit("if", None, (c.stmt,), None, (then_blk, else_blk))
-
-    def _branch_body(self, body) -> None:
-        self.run_body(body)
-        if self.returned and not self.is_kernel:
-            raise self.bld.error("`return` inside a branch is not supported in funcs yet: "
-                                 "assign to a variable and return it at the end")
+        if then_info["returned"] and else_info["returned"]:
+            self.returned = True  # every path returned: what follows is unreachable
 
     def build_While(self, node: ast.While) -> None:
         if node.orelse:
@@ -418,15 +598,19 @@ class FunctionTransformer:
                 self.bld.emit("if", None, (stop.stmt,), None, (brk, []))
             elif not test:
                 return
-            self.scopes.append({})
             self.loop_depth += 1
             self.bld.loop_stack.append(("while", None))
-            self.run_body(node.body)
+            self.loop_user_breaks.append(False)
+            count = self.runtime_returns
+            with self._region("loop"):
+                self.run_body(node.body)
+            user_break = self.loop_user_breaks.pop()
             self.bld.loop_stack.pop()
             self.loop_depth -= 1
-            self.scopes.pop()
         self._at(node)
         self.bld.emit("while", None, (), None, (body,))
+        if not isinstance(test, Value) and not user_break and self.runtime_returns != count:
+            self.returned = True  # `while True` left only by a return: nothing follows
 
     def build_Break(self, node: ast.Break) -> None:
         self._loop_control("break")
@@ -439,6 +623,8 @@ class FunctionTransformer:
             raise self.bld.error(f"`{what}` in a ti.static loop is not supported")
         if not self.loop_depth:
             raise self.bld.error(f"`{what}` outside a loop")
+        if what == "break":
+            self.loop_user_breaks[-1] = True
         if self.bld.loop_stack and self.bld.loop_stack[-1][0] == "parallel" and what == "break":
             raise self.bld.error("`break` in a parallel (outermost) loop is not allowed: its "
                                  "iterations run concurrently. Use ti.loop_config(serialize="
@@ -446,24 +632,28 @@ class FunctionTransformer:
         self.bld.emit(what, None)
 
     def build_Return(self, node: ast.Return) -> None:
-        value = self.eval(node.value) if node.value is not None else None
+        has_value = node.value is not None and not (
+            isinstance(node.value, ast.Constant) and node.value.value is None)
+        if self.is_kernel and not self.bld.at_top_level:
+            raise self.bld.error(
+                "a kernel's `return` must be at the top level of its body, not inside a "
+                "runtime `if` or loop (as in Taichi); compute the value into a variable and "
+                "return it at the end, or move the logic into a @ti.func")
+        value = self.eval(node.value) if has_value else None
+        self._at(node)
         if self.is_kernel:
-            self._kernel_return(value)
+            self._kernel_return(value, has_value)
         else:
-            if isinstance(value, Matrix):
-                value = value._values()
-            elif isinstance(value, Ref):
-                value = value.expr()
-            elif isinstance(value, tuple):
-                value = tuple(v._values() if isinstance(v, Matrix) else
-                              v.expr() if isinstance(v, Ref) else v for v in value)
-            self.return_value = value
+            self._func_return(value, has_value)
         self.returned = True
 
-    def _kernel_return(self, value) -> None:
-        if not self.bld.at_top_level:
-            raise self.bld.error("a kernel's `return` must be at the top level of its body")
+    def _kernel_return(self, value, has_value: bool) -> None:
         rt = self.bld.return_type
+        if not has_value:
+            if rt is not None:
+                raise self.bld.error("this kernel is annotated to return a value; this "
+                                     "`return` gives none")
+            return
         if rt is None:
             raise self.bld.error("this kernel returns a value but has no return annotation; "
                                  "add e.g. `-> ti.f32`")
@@ -535,6 +725,8 @@ class FunctionTransformer:
             iterable = iterable.entries if iterable.ndim == 1 else list(iterable)
         self.static_loop_depth += 1
         for item in iterable:
+            if self.returned:
+                break  # a return in an unrolled iteration ends the loop
             self.scopes.append({})
             self._bind_target(node.target, item)
             self.run_body(node.body)
@@ -576,14 +768,12 @@ class FunctionTransformer:
     def _nested_loops(self, node, names, bounds, level, indices, *, grouped, parallel,
                       serialize) -> None:
         if level == len(bounds):
-            self.scopes.append({})
             if grouped:
                 self.scopes[-1][names[0].id] = Matrix._from_entries(indices, len(indices), 1, 1)
             else:
                 for n, ix in zip(names, indices, strict=True):
                     self.scopes[-1][n.id] = ix
             self.run_body(node.body)
-            self.scopes.pop()
             return
         begin, end = bounds[level]
         b = ops.to_expr(begin, T.i32)
@@ -593,9 +783,12 @@ class FunctionTransformer:
         with self.bld.block() as body:
             self.loop_depth += 1
             self.bld.loop_stack.append((kind, loop_id))
+            self.loop_user_breaks.append(False)
             index = Expr(self.bld.emit("loop_index", T.i32, (), loop_id))
-            self._nested_loops(node, names, bounds, level + 1, indices + [index],
-                               grouped=grouped, parallel=parallel, serialize=serialize)
+            with self._region("loop"):  # one per level: a return leaves every level
+                self._nested_loops(node, names, bounds, level + 1, indices + [index],
+                                   grouped=grouped, parallel=parallel, serialize=serialize)
+            self.loop_user_breaks.pop()
             self.bld.loop_stack.pop()
             self.loop_depth -= 1
         self._at(node)
@@ -957,6 +1150,17 @@ def _as_value(x):
     return x
 
 
+def _loaded(x):
+    """A returned value with its places loaded (tuples item by item)."""
+    if isinstance(x, tuple):
+        return tuple(_loaded(v) for v in x)
+    if isinstance(x, Ref):
+        return x.expr()
+    if isinstance(x, Matrix):
+        return x._values()
+    return x
+
+
 def _is_place(x) -> bool:
     if isinstance(x, Ref):
         return True
@@ -1021,31 +1225,120 @@ class NdarrayArg:
 # --------------------------------------------------------------------------- entry points
 
 
+def _convert_to_annotation(bld: _b.Builder, value, ann, what: str):
+    """``value`` as a scalar dtype or vector/matrix type annotation says: cast to its dtype,
+    its shape checked (Taichi casts annotated scalars; a wrong shape is an error)."""
+    if isinstance(ann, MatrixType):
+        if isinstance(value, list | tuple) and not isinstance(value, Matrix):
+            try:
+                value = Matrix(list(value))
+            except Exception:
+                raise bld.error(f"{what} should be a {ann!r}, got a {type(value).__name__}") \
+                    from None
+        if not isinstance(value, Matrix):
+            scalar = isinstance(value, Value) or ops._is_number(value)
+            raise bld.error(f"{what} should be a {ann!r}, got "
+                            f"{'a scalar' if scalar else 'a ' + type(value).__name__}")
+        m = ann.m if ann.ndim == 2 else 1
+        if (value.n, value.m, value.ndim) != (ann.n, m, ann.ndim):
+            raise bld.error(f"{what} should be a {ann!r}, got a {value._shape_text()}")
+        return ops.cast(value._values(), ann.scalar_dtype)
+    if isinstance(value, Matrix):
+        raise bld.error(f"{what} should be a scalar ({ann!r}), got a {value._shape_text()}")
+    if not (isinstance(value, Value) or ops._is_number(value)):
+        raise bld.error(f"{what} should be a scalar ({ann!r}), got a {type(value).__name__}")
+    return ops.cast(value, ops.resolve_dtype(ann))
+
+
+def _annotation_kind(ann, where: str) -> str:
+    """'none', 'template', 'ndarray', 'matrix' or 'scalar' for a func's (resolved) annotation."""
+    if ann is None:
+        return "none"
+    if isinstance(ann, Template) or ann is template:
+        return "template"
+    if isinstance(ann, NdarrayType):
+        return "ndarray"
+    if isinstance(ann, MatrixType):
+        return "matrix"
+    if isinstance(ann, T.DType) or ann in (int, float) or (
+            isinstance(ann, type) and issubclass(ann, np.generic)):
+        return "scalar"
+    raise CompileError(f"unsupported annotation {ann!r} of {where}: use a dtype (ti.f32, "
+                       "float), a vector/matrix type, ti.template() or ti.types.ndarray()")
+
+
+def _func_annotations(fn) -> tuple[dict[str, Any], Any]:
+    """A func's parameter annotations and its return annotation (``None``, a dtype, a
+    vector/matrix type or a tuple of those), resolved once per func."""
+    cached = getattr(fn, "_annotations", None)
+    if cached is not None:
+        return cached
+    from ..runtime.kernel import _resolve_annotation
+
+    name = fn.pyfunc.__name__
+    params = {}
+    for p in fn.signature.parameters.values():
+        ann = _resolve_annotation(p.annotation, fn.pyfunc)
+        _annotation_kind(ann, f"parameter '{p.name}' of func '{name}'")
+        params[p.name] = ann
+    ret = _resolve_annotation(fn.signature.return_annotation, fn.pyfunc)
+    if isinstance(ret, list):
+        ret = tuple(ret)
+    for r in ret if isinstance(ret, tuple) else (ret,):
+        if _annotation_kind(r, f"the return of func '{name}'") not in ("none", "matrix",
+                                                                       "scalar"):
+            raise CompileError(f"func '{name}' has an unsupported return annotation {r!r}")
+    fn._annotations = (params, ret)
+    return fn._annotations
+
+
+def _bind_param(bld: _b.Builder, tr: FunctionTransformer, name: str, value, ann) -> Any:
+    """What a func parameter is inside the func: templates and ndarrays bind the object
+    itself, other runtime values a copy (cast to the annotation, if any)."""
+    kind = _annotation_kind(ann, f"parameter '{name}'")
+    what = f"argument '{name}' of func '{tr.name}'"
+    if kind == "template":
+        return value
+    if kind == "ndarray":
+        if not isinstance(value, NdarrayArg):
+            raise bld.error(f"{what} is annotated ti.types.ndarray() but got a "
+                            f"{type(value).__name__}; pass an ndarray argument of the kernel")
+        return value
+    if kind in ("scalar", "matrix"):
+        return tr.new_variable(_convert_to_annotation(bld, _as_value(value), ann, what))
+    if not isinstance(value, Value | Matrix):
+        return value
+    if isinstance(value, Matrix) and not any(isinstance(e, Value) for e in value.entries):
+        return value  # a compile-time constant matrix
+    return tr.new_variable(_as_value(value))
+
+
 def inline_func(bld: _b.Builder, fn, args: list, kwargs: dict):
     """Inline a ``@ti.func`` call: a fresh scope whose parameters are copies of the arguments
     (template parameters bind the object itself)."""
     parsed = parse_function(fn.pyfunc)
-    sig = fn.signature
     try:
-        bound = sig.bind(*args, **kwargs)
+        params, ret = _func_annotations(fn)
+    except CompileError as e:
+        raise bld.error(e.bare_message) from None
+    try:
+        bound = fn.signature.bind(*args, **kwargs)
     except TypeError as e:
         raise bld.error(f"bad arguments to func '{fn.pyfunc.__name__}': {e}") from None
     bound.apply_defaults()
     saved_loc = bld.loc
     tr = FunctionTransformer(bld, parsed, fn.pyfunc.__name__, is_kernel=False)
+    tr.return_annotation = ret
     for name, value in bound.arguments.items():
-        ann = sig.parameters[name].annotation
-        if isinstance(ann, Template) or not isinstance(value, Value | Matrix):
-            tr.scopes[0][name] = value
-        elif isinstance(value, Matrix) and not any(isinstance(e, Value) for e in value.entries):
-            tr.scopes[0][name] = value  # a compile-time constant matrix
-        else:
-            tr.scopes[0][name] = tr.new_variable(_as_value(value))
+        tr.scopes[0][name] = _bind_param(bld, tr, name, value, params[name])
     if len(bld.loop_stack) > 64:
         raise bld.error("func recursion is too deep (difftape inlines funcs)")
+    bld.loc = (parsed.file, parsed.tree.lineno)
+    tr.entry = bld.insertion_point()
     tr.run_body(parsed.tree.body)
+    result = tr.finish_func()
     bld.loc = saved_loc
-    return tr.return_value
+    return result
 
 
 def build_kernel_body(bld: _b.Builder, kernel, args: tuple) -> None:
@@ -1071,6 +1364,11 @@ def build_kernel_body(bld: _b.Builder, kernel, args: tuple) -> None:
             tr.scopes[0][p.name] = Expr(bld.emit("arg", dt, (), bld.add_param(p.name, dt)))
             tr.kernel_args.add(p.name)
     tr.run_body(parsed.tree.body)
+    if bld.return_type is not None and not tr.returned:
+        bld.loc = (parsed.file, parsed.tree.lineno)
+        raise bld.error(f"kernel '{kernel.name}' is annotated to return a value but has no "
+                        "`return` (as Taichi, difftape refuses to make one up); add one at the "
+                        "end of its body")
 
 
 def _ndarray_binding(bld: _b.Builder, index: int, name: str, value) -> NdarrayArg:

@@ -997,3 +997,113 @@ def test_serial_kernel_with_loop_carried_locals(ti, fp, npfp, rtol):
 
     x.from_numpy(np.linspace(-1, 1, n).astype(npfp))
     check_loss_gradient(x, loss, run, ref, _tol(rtol, 64))
+
+
+class _Dual:
+    """A number with its exact derivative (forward-mode chain rule), for analytic truth."""
+
+    def __init__(self, v, d=0.0):
+        self.v, self.d = float(v), float(d)
+
+    def __add__(self, o):
+        o = o if isinstance(o, _Dual) else _Dual(o)
+        return _Dual(self.v + o.v, self.d + o.d)
+
+    __radd__ = __add__
+
+    def __mul__(self, o):
+        o = o if isinstance(o, _Dual) else _Dual(o)
+        return _Dual(self.v * o.v, self.d * o.v + self.v * o.d)
+
+    __rmul__ = __mul__
+
+    def __neg__(self):
+        return _Dual(-self.v, -self.d)
+
+    def sin(self):
+        return _Dual(np.sin(self.v), np.cos(self.v) * self.d)
+
+
+def _early_return_ref(v, paths):
+    """The func of the early-return tests in plain Python; records which return was taken."""
+    if v.v > 0.8:
+        paths.add("cube")
+        return v * v * v
+    s = v.sin()
+    for _ in range(4):
+        s = s * v + 0.5
+        if s.v > 1.0:
+            paths.add("for")
+            return s * 2.0
+    k = 0
+    while k < 3:
+        if s.v < 0.4:
+            paths.add("while")
+            return -s * v
+        s = s * 0.8
+        k += 1
+    paths.add("end")
+    return s
+
+
+def _early_return_kernel(ti, x, y):
+    @ti.func
+    def g(v) -> float:
+        if v > 0.8:
+            return v * v * v
+        s = ti.sin(v)
+        for _ in range(4):
+            s = s * v + 0.5
+            if s > 1.0:
+                return s * 2.0
+        k = 0
+        while k < 3:
+            if s < 0.4:
+                return -s * v
+            s = s * 0.8
+            k += 1
+        return s
+
+    @ti.kernel
+    def run():
+        for i in x:
+            y[i] = g(x[i])
+
+    return run
+
+
+_EARLY_RETURN_XS = np.array([-0.9, -0.6, -0.3, -0.05, 0.15, 0.3, 0.45, 0.7, 0.9])
+
+
+def _early_return_truth(xv):
+    paths: set = set()
+    out = [_early_return_ref(_Dual(v, 1.0), paths) for v in xv]
+    assert paths == {"cube", "for", "while", "end"}, paths  # every return is exercised
+    return np.array([o.v for o in out]), np.array([o.d for o in out])
+
+
+@pytest.mark.difftape_only  # Taichi refuses a return inside non-static if/for in a func
+def test_reverse_through_func_with_early_returns(ti, fp, npfp, rtol):
+    x, y, w = _setup_xy(ti, npfp, _EARLY_RETURN_XS)
+    run = _early_return_kernel(ti, x, y)
+    run()
+    run.grad()
+    value, slope = _early_return_truth(x.to_numpy().astype(np.float64))
+    close(y.to_numpy(), value, rtol=_tol(rtol), err_msg="forward")
+    close(x.grad.to_numpy(), w * slope, rtol=_tol(rtol), err_msg="gradient")
+
+
+@pytest.mark.difftape_only  # Taichi refuses a return inside non-static if/for in a func
+def test_forward_mode_through_func_with_early_returns(ti, fp, npfp, rtol):
+    n = len(_EARLY_RETURN_XS)
+    x = ti.field(float, n, needs_dual=True)
+    y = ti.field(float, n, needs_dual=True)
+    x.from_numpy(_EARLY_RETURN_XS.astype(npfp))
+    run = _early_return_kernel(ti, x, y)
+    seed = (np.arange(n) / 4 - 1.125).astype(npfp)
+    with ti.ad.FwdMode(loss=y, param=x, seed=list(seed)):
+        run()
+    value, slope = _early_return_truth(x.to_numpy().astype(np.float64))
+    close(y.to_numpy(), value, rtol=_tol(rtol), err_msg="forward")
+    close(y.dual.to_numpy(), seed.astype(np.float64) * slope, rtol=_tol(rtol),
+          err_msg="tangent")

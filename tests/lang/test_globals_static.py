@@ -1,6 +1,7 @@
 """Python values captured by kernels at compile time, and ti.static."""
 
 import numpy as np
+import pytest
 
 SCALE = 3.0
 OFFSETS = (1, 10, 100)
@@ -205,3 +206,32 @@ def test_list_comprehension_is_unrolled_at_compile_time(ti, fp, rtol):
     x.from_numpy(xs)
     want = 2.0 * 10 + 4.0 * 100 + sum(xs[j] * 1000 + xs[(j + 1) % 4] for j in range(4))
     np.testing.assert_allclose(run(2.0), want, rtol=rtol)
+
+
+def test_static_assert_and_static_print_run_at_compile_time(ti, capsys):
+    x = ti.field(ti.i32, shape=4)
+
+    @ti.kernel
+    def fill(n: ti.template()):
+        ti.static_print("compiling fill for n =", n)
+        ti.static_assert(n <= x.shape[0], "n must fit the field")
+        for i in range(n):
+            x[i] = i + 1
+
+    fill(3)
+    fill(3)  # cached: no second compile, no second print
+    np.testing.assert_array_equal(x.to_numpy(), [1, 2, 3, 0])
+    assert capsys.readouterr().out.count("compiling fill for n = 3") == 1
+    error = getattr(ti, "CompileError", None) or ti.TaichiCompilationError
+    with pytest.raises(error, match="n must fit the field"):
+        fill(5)
+
+
+def test_static_assert_refuses_a_runtime_condition(ti):
+    @ti.kernel
+    def check(a: ti.i32):
+        ti.static_assert(a > 0)
+
+    error = getattr(ti, "CompileError", None) or ti.TaichiCompilationError
+    with pytest.raises(error, match="[Ss]tatic.assert (with|needs)"):
+        check(1)

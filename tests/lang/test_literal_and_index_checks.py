@@ -1,0 +1,173 @@
+"""Values that do not fit: integer literals out of their type's range, indices out of a local
+vector's or matrix's range. Each is an error (at compile time for constants, at run time under
+``debug=True`` for runtime indices), never a silently wrapped number or a dropped write.
+
+Where Taichi 1.7.4 raises too, the tests run on it with its error classes; where it accepts the
+program and does something else (drops the write, crashes), they are difftape-only.
+"""
+
+import numpy as np
+import pytest
+
+
+def _compile_error(ti):
+    return getattr(ti, "CompileError", None) or ti.TaichiCompilationError
+
+
+def _assertion_error(ti):
+    return getattr(ti, "KernelAssertionError", None) or ti.TaichiAssertionError
+
+
+# ------------------------------------------------------------------ integer literals
+
+
+def test_int_literal_out_of_default_ip_range_is_an_error(ti):
+    @ti.kernel
+    def assigned() -> ti.i32:
+        b = 0x80000000
+        return b
+
+    @ti.kernel
+    def in_an_i32_sum() -> ti.i32:
+        b = 5
+        b = b + 0x80000000
+        return b
+
+    @ti.kernel
+    def annotated_i32() -> ti.i32:
+        b: ti.i32 = 3000000000
+        return b
+
+    @ti.kernel
+    def u8_constructor() -> ti.i32:
+        return ti.u8(300)
+
+    for k in (assigned, in_an_i32_sum, annotated_i32, u8_constructor):
+        with pytest.raises(_compile_error(ti), match="literal"):
+            k()
+
+
+def test_int_literals_in_range_keep_their_value(ti):
+    u8f = ti.field(ti.u8, shape=2)
+
+    @ti.kernel
+    def values() -> ti.types.vector(5, ti.i64):
+        u8f[0] = 300  # an i32 300 stored into a u8: converted as a C cast, as in Taichi
+        return ti.Vector([-2147483648, ti.u32(4294967295), ti.i64(3000000000),
+                          ti.cast(-1, ti.u8), ti.i8(-128)], dt=ti.i64)
+
+    got = values().to_numpy()
+    np.testing.assert_array_equal(got, [-2147483648, 4294967295, 3000000000, 255, -128])
+    assert u8f[0] == 300 % 256
+
+
+@pytest.mark.difftape_only  # Taichi makes every literal an i32 first and refuses these
+def test_wide_int_literal_in_a_wide_context(ti):
+    i64f = ti.field(ti.i64, shape=1)
+
+    @ti.kernel
+    def wide() -> ti.i64:
+        b: ti.i64 = 3000000000
+        i64f[0] = 3000000001
+        return b + i64f[0] + b * 3000000000  # next to an i64, the literal is an i64
+
+    @ti.kernel
+    def in_a_float_sum() -> ti.f64:
+        x = ti.f64(0.5)
+        return x + 3000000000
+
+    assert wide() == 6000000001 + 3000000000 * 3000000000
+    assert i64f[0] == 3000000001
+    assert in_a_float_sum() == 3000000000.5
+
+
+# ------------------------------------------------------------------ local vector indices
+
+
+@pytest.mark.difftape_only  # Taichi drops the write, and crashes on the read
+def test_constant_index_out_of_a_local_vector_is_an_error(ti):
+    @ti.kernel
+    def write() -> ti.f32:
+        v = ti.Vector([1.0, 2.0])
+        v[2] = 1.0
+        return v[0]
+
+    @ti.kernel
+    def read() -> ti.f32:
+        v = ti.Vector([1.0, 2.0])
+        return v[2]
+
+    @ti.kernel
+    def matrix_column() -> ti.f32:
+        m = ti.Matrix([[1.0, 2.0], [3.0, 4.0]])
+        m[1, 2] = 0.0
+        return m[0, 0]
+
+    @ti.kernel
+    def matrix_row() -> ti.f32:
+        m = ti.Matrix([[1.0, 2.0], [3.0, 4.0]])
+        r = m[2]
+        return r[0]
+
+    @ti.kernel
+    def component() -> ti.f32:
+        v = ti.Vector([1.0, 2.0])
+        v.z = 3.0
+        return v[0]
+
+    for k in (write, read, matrix_column, matrix_row, component):
+        with pytest.raises(ti.CompileError, match="out of range|no component"):
+            k()
+
+
+def test_negative_constant_index_of_a_local_vector_is_an_error(ti):
+    @ti.kernel
+    def last() -> ti.f32:
+        v = ti.Vector([1.0, 2.0])
+        return v[-1]
+
+    with pytest.raises(_compile_error(ti), match="[Nn]egative"):
+        last()
+
+
+def test_runtime_index_out_of_a_local_vector_raises_in_debug_mode(ti):
+    ti.init(arch=ti.cpu, debug=True)
+
+    @ti.kernel
+    def write(i: ti.i32) -> ti.f32:
+        v = ti.Vector([1.0, 2.0])
+        v[i] = 5.0
+        return v[0] + 10 * v[1]
+
+    @ti.kernel
+    def read(i: ti.i32) -> ti.f32:
+        v = ti.Vector([1.0, 2.0, 3.0])
+        return v[i]
+
+    @ti.kernel
+    def matrix(i: ti.i32, j: ti.i32) -> ti.f32:
+        m = ti.Matrix([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+        return m[i, j]
+
+    assert write(0) == 25.0 and write(1) == 51.0
+    assert [read(i) for i in range(3)] == [1.0, 2.0, 3.0]
+    assert matrix(1, 2) == 6.0
+    for call in (lambda: write(2), lambda: write(-1), lambda: read(3), lambda: read(-1),
+                 lambda: matrix(2, 0), lambda: matrix(-1, 1)):
+        with pytest.raises(_assertion_error(ti)):
+            call()
+
+
+@pytest.mark.difftape_only  # Taichi checks the flattened index only: m[0, 3] reads m[1, 0]
+def test_runtime_column_index_out_of_a_local_matrix_raises_in_debug_mode(ti):
+    ti.init(arch=ti.cpu, debug=True)
+
+    @ti.kernel
+    def matrix(i: ti.i32, j: ti.i32) -> ti.f32:
+        m = ti.Matrix([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+        m[i, j] = 10.0
+        return m[0, 0] + m[1, 0]
+
+    assert matrix(1, 0) == 11.0
+    with pytest.raises(ti.KernelAssertionError, match="column"):
+        matrix(0, 3)
