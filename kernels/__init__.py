@@ -61,7 +61,13 @@ from .frontend.ops import (  # noqa: E402
 from .frontend.transformer import Grouped, NdRange, loop_config, static  # noqa: E402
 from .runtime.field import Field, i, ij, ijk, ijkl, j, k, l, root  # noqa: E402, E741
 from .runtime.field import make_field as field  # noqa: E402
-from .runtime.ndarray import Ndarray, ndarray  # noqa: E402
+from .runtime.ndarray import (  # noqa: E402
+    MatrixNdarray,
+    Ndarray,
+    ScalarNdarray,
+    VectorNdarray,
+    ndarray,
+)
 from .runtime.program import (  # noqa: E402
     arm64,
     cpu,

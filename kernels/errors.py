@@ -49,8 +49,10 @@ class KernelAssertionError(DifftapeError):
     """A check inside a running kernel failed (e.g. an index out of range with debug=True)."""
 
 
-class ArgumentError(CompileError):
-    """A kernel was called with arguments that do not match its signature."""
+class ArgumentError(CompileError, TypeError, ValueError):
+    """A kernel was called with arguments that do not match its signature (or an annotation
+    is malformed). It is also a ``TypeError`` and a ``ValueError``: Taichi raises one or the
+    other for these mistakes, so code written against either keeps catching it."""
 
 
 class IRValidationError(DifftapeError):

@@ -80,8 +80,8 @@ def from_numpy(dt: np.dtype) -> DType:
 
 
 def promote(a: DType, b: DType) -> DType:
-    """Taichi's binary promotion: floats beat ints, wider beats narrower, signed beats unsigned
-    at equal width."""
+    """Taichi's binary promotion: floats beat ints, wider beats narrower, unsigned beats signed
+    at equal width (``u32 + i32`` is ``u32``, as in C)."""
     if a == b:
         return a
     if a.is_float or b.is_float:
@@ -90,7 +90,28 @@ def promote(a: DType, b: DType) -> DType:
         return a if a.is_float else b
     if a.bits != b.bits:
         return a if a.bits > b.bits else b
-    return a if a.is_signed else b
+    return b if a.is_signed else a
+
+
+def is_signed(dt) -> bool:
+    """``ti.types.is_signed``: true for signed integer (and float) types."""
+    return _cook(dt).is_signed
+
+
+def is_integral(dt) -> bool:
+    """``ti.types.is_integral``: true for integer types, signed or not."""
+    return _cook(dt).is_int
+
+
+def is_real(dt) -> bool:
+    """``ti.types.is_real``: true for floating-point types."""
+    return _cook(dt).is_float
+
+
+def _cook(dt) -> DType:
+    from .frontend.ops import resolve_dtype
+
+    return resolve_dtype(dt)
 
 
 def __getattr__(name: str):
@@ -101,9 +122,9 @@ def __getattr__(name: str):
 
         return getattr(_m, name)
     if name == "ndarray":
-        from .frontend.annotations import ndarray_type
+        from .frontend.annotations import NdarrayType
 
-        return ndarray_type
+        return NdarrayType
     if name == "template":
         from .frontend.annotations import template
 

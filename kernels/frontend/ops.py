@@ -34,7 +34,11 @@ def _is_matrix(x) -> bool:
 
 
 def _is_number(x) -> bool:
-    return isinstance(x, numbers.Number | np.generic) and not isinstance(x, np.ndarray)
+    """A compile-time number: Python and NumPy scalars, and 0-d NumPy arrays (``np.array(5)``
+    used as a loop bound or a constant)."""
+    if isinstance(x, np.ndarray):
+        return x.ndim == 0 and x.dtype.kind in "biuf"
+    return isinstance(x, numbers.Number | np.generic)
 
 
 def const(value, dtype: DType) -> Expr:
@@ -53,7 +57,7 @@ def const(value, dtype: DType) -> Expr:
 def literal_dtype(value) -> DType:
     """The type a Python literal takes in a kernel: Taichi's default_fp / default_ip."""
     b = _b.require()
-    if isinstance(value, np.generic):
+    if isinstance(value, np.generic | np.ndarray):
         return T.from_numpy(value.dtype)
     if isinstance(value, bool):
         return T.i32
@@ -172,8 +176,7 @@ def binary(op: str, a, b):
         return _elementwise(lambda x, y: binary(op, x, y), a, b)
     if _is_number(a) and _is_number(b):
         return _PY_BINARY[op](a, b)
-    if not isinstance(a, Value | numbers.Number | np.generic) or \
-            not isinstance(b, Value | numbers.Number | np.generic):
+    if not (isinstance(a, Value) or _is_number(a)) or not (isinstance(b, Value) or _is_number(b)):
         raise _err(f"unsupported operand types for {op}: {type(a).__name__} and "
                    f"{type(b).__name__}")
     bld = _b.require()
