@@ -96,6 +96,7 @@ from .types import (  # noqa: E402
     int16,
     int32,
     int64,
+    u1,
     u8,
     u16,
     u32,

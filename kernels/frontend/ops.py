@@ -45,6 +45,8 @@ def const(value, dtype: DType) -> Expr:
     """A constant of the given type."""
     if dtype.is_float:
         value = float(value)
+    elif dtype.bits == 1:  # u1: a number converts by "is nonzero", as in Taichi
+        value = 1 if value else 0
     else:
         value = int(value)
         bits = dtype.bits
@@ -118,7 +120,7 @@ def cast(x, dtype):
         return _elementwise(lambda e: cast(e, dtype), x)
     if _is_number(x):
         if _b.current() is not None:
-            return const(int(x) if dtype.is_int else float(x), dtype)
+            return const(int(x) if dtype.is_int and dtype.bits > 1 else x, dtype)
         return dtype.np.type(int(x) if dtype.is_int else x)
     return to_expr(x, dtype)
 

@@ -132,6 +132,8 @@ class Interpreter:
             env[s] = self.buffers[s.attr[0]].shape[s.attr[1]]
         elif op == "loop_index":
             env[s] = loops[s.attr]
+        elif op == "cast" and t.bits == 1:  # u1: "is nonzero"
+            env[s] = 1 if a[0] else 0
         elif op == "cast":
             v = a[0]
             env[s] = _typed(math.trunc(v) if t.is_int and isinstance(v, float) else v, t)

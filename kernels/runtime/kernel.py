@@ -481,6 +481,8 @@ class CompiledKernel:
     def _unsigned_bits(self, v, bits: int, arg_index: int) -> int:
         """An unsigned argument as the int64 bit pattern of its value. Values wrap modulo
         2**bits (as in Taichi); negative values are refused, as Taichi does."""
+        if bits == 1:  # u1: "is nonzero", as a cast to u1
+            return 1 if v else 0
         v = int(v)
         if v < 0:
             raise ArgumentError(f"kernel '{self.ir.name}': argument {arg_index + 1} is unsigned "

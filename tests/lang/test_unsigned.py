@@ -134,3 +134,60 @@ def test_type_predicates(ti):
     assert ti.types.is_integral(ti.u16) and ti.types.is_integral(ti.i64)
     assert not ti.types.is_integral(ti.f32)
     assert ti.types.is_real(ti.f64) and not ti.types.is_real(ti.u32)
+
+
+def test_u1_is_a_one_bit_unsigned_type(ti):
+    """u1 stores NumPy bools; arithmetic wraps modulo 2; converting to u1 means "nonzero"."""
+    flags = ti.field(ti.u1, 4)
+    out = ti.field(ti.i32, 3)
+
+    @ti.kernel
+    def run(a: ti.u1, b: ti.u1):
+        out[0] = a + b
+        out[1] = a * b
+        out[2] = ti.cast(a, ti.i32) + 5
+        flags[0] = a + b
+        flags[1] = 6  # nonzero: true (not the low bit)
+        flags[2] = a
+
+    for a, b in ((1, 1), (1, 0), (0, 0)):
+        run(a, b)
+        assert out.to_numpy().tolist() == [(a + b) % 2, a * b, a + 5]
+        assert flags.to_numpy().tolist() == [bool((a + b) % 2), True, bool(a), False]
+    assert flags.to_numpy().dtype == np.bool_
+    assert ti.ndarray(ti.u1, 2).to_numpy().dtype == np.bool_
+    flags.from_numpy(np.array([0, 2, 1, 0]))
+    assert flags.to_numpy().tolist() == [False, True, True, False]
+
+    @ti.kernel
+    def count(m: ti.types.ndarray(), out: ti.types.ndarray()):
+        for i in m:
+            out[i] = m[i] + 1
+
+    mask = np.array([True, False, True])
+    counted = np.zeros(3, np.int32)
+    count(mask, counted)
+    assert counted.tolist() == [2, 1, 2]
+
+
+@pytest.mark.difftape_only
+def test_u1_casts_from_float_and_refuses_atomics(ti):
+    @ti.kernel
+    def nonzero(x: ti.f32) -> ti.u1:
+        return ti.cast(x, ti.u1)
+
+    @ti.kernel
+    def folded() -> ti.i32:
+        return ti.cast(0.25, ti.u1) + 2 * ti.cast(-3, ti.u1) + 4 * ti.cast(0.0, ti.u1)
+
+    assert [nonzero(v) for v in (0.5, 0.0, -2.0)] == [1, 0, 1]
+    assert folded() == 3
+    flags = ti.field(ti.u1, 2)
+
+    @ti.kernel
+    def bump():
+        for i in range(4):
+            flags[i % 2] += 1
+
+    with pytest.raises(ti.CompileError, match="u1"):
+        bump()

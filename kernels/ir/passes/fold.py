@@ -25,7 +25,8 @@ _FOLD_BINARY = {
 
 
 def _scalar(value, dtype):
-    return dtype.np.type(value)
+    # u1 folds in u8 and wraps (NumPy's bool arithmetic is logical, not modular).
+    return (np.uint8 if dtype.bits == 1 else dtype.np.type)(value)
 
 
 def _const_value(s: Stmt):
@@ -40,6 +41,8 @@ def _fold(s: Stmt):
     with np.errstate(all="ignore"):
         if s.op == "cast":
             v = vals[0]
+            if s.dtype.bits == 1:  # u1: "is nonzero"
+                return 1 if v else 0
             if s.dtype.is_int and isinstance(v, float):
                 if not math.isfinite(v):
                     return None
