@@ -75,6 +75,7 @@ class Kernel:
                        for p in sig.parameters.values()]
         self.return_annotation = _resolve_annotation(sig.return_annotation, pyfunc)
         self._instances: dict = {}
+        self._ndarray_descs: dict = {}
         self._generation = -1
         self._fast: CompiledKernel | None = None
         self._simple = all(not isinstance(p.annotation, Template | NdarrayType)
@@ -124,6 +125,7 @@ class Kernel:
 
     def _reset_instances(self, prog) -> None:
         self._instances.clear()
+        self._ndarray_descs.clear()  # float/int annotations follow the new default_fp/ip
         self._fast = None
         if self._adjoint is not None:
             self._adjoint.instances.clear()
@@ -172,7 +174,7 @@ class Kernel:
             raise self._arg_count_error(args)
         key = []
         spec = []
-        for p, a in zip(self.params, args, strict=True):
+        for index, (p, a) in enumerate(zip(self.params, args, strict=True)):
             ann = p.annotation
             if isinstance(ann, Template):
                 if isinstance(a, Ndarray):
@@ -184,7 +186,13 @@ class Kernel:
                 key.append(k)
                 spec.append(a)
             elif isinstance(ann, NdarrayType):
-                desc = _ndarray_desc(self.name, p.name, ann, a)
+                # The checks run on every call; their verdict is cached per kind of array.
+                kind = (index, _ndarray_kind(ann, a))
+                desc = self._ndarray_descs.get(kind)
+                if desc is None:
+                    desc = _ndarray_desc(self.name, p.name, ann, a)
+                    if kind[1] is not None:
+                        self._ndarray_descs[kind] = desc
                 key.append(desc)
                 spec.append(desc)
             else:
@@ -442,7 +450,8 @@ class CompiledKernel:
         copies = None
         for slot, arg_index, role, extents, writes in self._ndarray_slots:
             arr = _ndarray_storage(args[arg_index], role)
-            if not arr.flags.c_contiguous or (writes and not arr.flags.writeable):
+            flags = arr.flags
+            if not flags.c_contiguous or (writes and not flags.writeable):
                 arr, copies = self._staged(arr, arg_index, writes, copies)
             keep.append(arr)
             ctx_i64[self.layout.buffer_ptr[slot]] = arr.ctypes.data
@@ -626,6 +635,18 @@ def _ndarray_desc(kernel: str, name: str, ann: NdarrayType, a) -> tuple:
         raise refuse(f"must have ndim={ann.ndim}, got an array with {ndim} dimension(s) "
                      f"(shape {arr.shape[:ndim]})")
     return (dtype, ndim, tuple(esh), has_grad, ann.boundary)
+
+
+def _ndarray_kind(ann: NdarrayType, a) -> tuple | None:
+    """Everything :func:`_ndarray_desc` looks at, as a cheap key (None: not an array)."""
+    if isinstance(a, Ndarray):
+        return (a.dtype, a.element_shape, a.arr.ndim, a.grad is not None)
+    if isinstance(a, np.ndarray):
+        flags = a.flags
+        edim = ann.dtype.ndim if isinstance(ann.dtype, MatrixType) else 0
+        return (a.dtype, a.ndim, a.shape[a.ndim - edim:] if edim else (),
+                flags.c_contiguous or flags.f_contiguous)
+    return None
 
 
 def _resolve(dtype) -> T.DType:
