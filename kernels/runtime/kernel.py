@@ -451,7 +451,7 @@ class CompiledKernel:
         for slot, arg_index, role, extents, writes in self._ndarray_slots:
             arr = _ndarray_storage(args[arg_index], role)
             flags = arr.flags
-            if not flags.c_contiguous or (writes and not flags.writeable):
+            if not (flags.c_contiguous and flags.aligned) or (writes and not flags.writeable):
                 arr, copies = self._staged(arr, arg_index, writes, copies)
             keep.append(arr)
             ctx_i64[self.layout.buffer_ptr[slot]] = arr.ctypes.data
@@ -500,16 +500,17 @@ class CompiledKernel:
         return v - (1 << 64) if v >= 1 << 63 else v
 
     def _staged(self, arr: np.ndarray, arg_index: int, writes: bool, copies: dict | None):
-        """A C-ordered copy of a Fortran-ordered NumPy argument (as Taichi makes one), copied
-        back after the launch when the kernel writes it. One copy per array per launch, so an
-        array passed twice stays one array. A read-only array the kernel writes is refused."""
+        """A C-ordered, aligned copy of a Fortran-ordered (as Taichi makes one) or misaligned
+        NumPy argument, copied back after the launch when the kernel writes it. One copy per
+        array per launch, so an array passed twice stays one array. A read-only array the
+        kernel writes is refused."""
         if writes and not arr.flags.writeable:
             raise ArgumentError(f"kernel '{self.ir.name}' writes argument {arg_index + 1}, but "
                                 "it is a read-only NumPy array", kernel=self.ir.name)
         copies = {} if copies is None else copies
         entry = copies.get(id(arr))
         if entry is None:
-            entry = copies[id(arr)] = [arr, np.ascontiguousarray(arr), False]
+            entry = copies[id(arr)] = [arr, np.array(arr, order="C"), False]
         entry[2] = entry[2] or writes
         return entry[1], copies
 
@@ -605,6 +606,9 @@ def _ndarray_desc(kernel: str, name: str, ann: NdarrayType, a) -> tuple:
             dtype = T.from_numpy(arr.dtype)
         except TypeError as e:
             raise refuse(f"has NumPy dtype {arr.dtype}: {e}") from None
+        if not arr.dtype.isnative:
+            raise refuse(f"has non-native byte order ({arr.dtype.str}): convert it with "
+                         f"arr.astype(arr.dtype.newbyteorder('='))")
         esh = ()
         if isinstance(want, MatrixType):
             # Taichi: the trailing axes of a NumPy array are the element's (its dtype wins).

@@ -194,6 +194,24 @@ def test_read_only_arrays_may_be_read_but_not_written(ti):
     assert frozen.tolist() == [1, 2, 3]
 
 
+@pytest.mark.difftape_only
+def test_misaligned_and_byte_swapped_numpy_arrays(ti):
+    @ti.kernel
+    def bump(a: ti.types.ndarray()):
+        for i in a:
+            a[i] = a[i] * 2 + 1
+
+    raw = np.zeros(8 * 5 + 1, np.uint8)
+    odd = raw[1:].view(np.float64)  # contiguous but not 8-byte aligned
+    assert not odd.flags.aligned
+    odd[:] = np.arange(5.0)
+    bump(odd)
+    np.testing.assert_array_equal(odd, np.arange(5.0) * 2 + 1)
+    swapped = np.arange(4.0).astype(">f8")
+    with pytest.raises(ti.ArgumentError, match="byte order"):
+        bump(swapped)
+
+
 def test_ndarray_is_refused_as_template_argument(ti):
     @ti.kernel
     def copy2d(src: ti.template(), dst: ti.template()):
