@@ -250,6 +250,8 @@ class Kernel:
         self.last_compile = stats
         if isinstance(self.return_annotation, MatrixType):
             inst.return_type = self.return_annotation
+        inst.arg_shapes = {k: p.annotation.element_shape for k, p in enumerate(self.params)
+                           if isinstance(p.annotation, MatrixType)}
         return inst
 
     @property
@@ -426,25 +428,40 @@ class CompiledKernel:
         self._returns = [(slot, _FLOAT if t.is_float else _INT if t.is_signed or t.bits < 64
                           else _U64) for t, slot in zip(ir.returns, layout.returns, strict=True)]
         self._arg_map = _param_arg_map(ir, arg_names or [p.name for p in ir.params])
+        # Vector/matrix parameter shapes by argument index (set by Kernel._compile).
+        self.arg_shapes: dict[int, tuple[int, ...]] = {}
 
     def launch(self, args: tuple):
         ctx_f64, ctx_i64 = self.ctx_f64, self.ctx_i64
+        entries = None
         for (slot, kind), (arg_index, comp) in zip(self._writers, self._arg_map, strict=True):
             v = args[arg_index]
-            if comp is not None:
-                v = _component(v, comp)
+            if comp is not None:  # one component of a vector/matrix argument
+                if entries is None:
+                    entries = {}
+                flat = entries.get(arg_index)
+                if flat is None:
+                    flat = entries[arg_index] = self._matrix_entries(v, arg_index)
+                v = flat[comp]
+            t = type(v)
             try:
                 if kind is _FLOAT:
+                    if t is not float and not _is_real(v):
+                        raise TypeError
                     ctx_f64[slot] = v
-                elif kind is _INT:
-                    ctx_i64[slot] = v
                 else:
-                    ctx_i64[slot] = self._unsigned_bits(v, kind, arg_index)
+                    if t is not int and not _is_integer(v):
+                        raise TypeError
+                    if kind is _INT:
+                        ctx_i64[slot] = v
+                    else:
+                        ctx_i64[slot] = self._unsigned_bits(v, kind, arg_index)
             except ArgumentError:
                 raise
             except (TypeError, ValueError, OverflowError):
+                want = "a number" if kind is _FLOAT else "an integer"
                 raise ArgumentError(f"kernel '{self.ir.name}': argument {arg_index + 1} must be "
-                                    f"a number, got {type(v).__name__} ({v!r:.40})",
+                                    f"{want}, got {type(v).__name__} ({v!r:.40})",
                                     kernel=self.ir.name) from None
         keep = []
         copies = None
@@ -486,6 +503,25 @@ class CompiledKernel:
                 return Matrix._from_entries(out, rt.n, rt.m, rt.ndim)
             return out[0] if len(out) == 1 else out
         return None
+
+    def _matrix_entries(self, v, arg_index: int) -> list:
+        """The entries of a vector/matrix argument, row-major, after checking its shape against
+        the parameter's (``arg_shapes``, when the kernel's annotations are known)."""
+        if isinstance(v, Matrix):
+            shape, flat = v.shape, v.entries
+        else:
+            try:
+                a = np.asarray(v)
+            except ValueError:  # ragged nesting
+                a = np.asarray(None)
+            shape, flat = a.shape, a.ravel().tolist()
+        want = self.arg_shapes.get(arg_index)
+        if (shape != want) if want is not None else not shape:
+            what = f"a vector/matrix of shape {want}" if want else "a vector/matrix"
+            raise ArgumentError(f"kernel '{self.ir.name}': argument {arg_index + 1} must be "
+                                f"{what}, got {type(v).__name__} of shape {shape}",
+                                kernel=self.ir.name)
+        return flat
 
     def _unsigned_bits(self, v, bits: int, arg_index: int) -> int:
         """An unsigned argument as the int64 bit pattern of its value. Values wrap modulo
@@ -562,10 +598,19 @@ def _param_arg_map(ir: KernelIR, arg_names: list[str]) -> list[tuple[int, int | 
     return out
 
 
-def _component(v, k: int):
-    if isinstance(v, Matrix):
-        return v.entries[k]
-    return np.asarray(v).ravel()[k]
+def _is_real(v) -> bool:
+    """A value a float parameter takes: a real number (Python, NumPy or 0-d array), not a
+    string or a sequence (NumPy would convert those silently)."""
+    if isinstance(v, np.ndarray):
+        return v.ndim == 0 and v.dtype.kind in "biuf"
+    return isinstance(v, numbers.Real | np.bool_)
+
+
+def _is_integer(v) -> bool:
+    """A value an integer parameter takes: an integer (floats are refused, as in Taichi)."""
+    if isinstance(v, np.ndarray):
+        return v.ndim == 0 and v.dtype.kind in "biu"
+    return isinstance(v, numbers.Integral | np.bool_)
 
 
 def _ndarray_storage(a, role: str) -> np.ndarray:
