@@ -362,16 +362,13 @@ class RemoteField(Field):
             out = np.array(values, dtype=self.dtype.np).reshape(full)
         else:
             out = self._remote.read(self.id, self.role, self.dtype.np, full)
+        out = self._numpy_dims(out, keep_dims)
         return out.astype(dtype) if dtype is not None else out
 
     @_b.python_scope
     def from_numpy(self, arr) -> None:
-        arr = np.asarray(arr)
-        expected = self.shape + self.element_shape
-        if arr.shape != expected:
-            raise ShapeError(f"from_numpy: {self._label()} has shape {expected} "
-                             f"(field {self.shape}, element {self.element_shape}) but the array "
-                             f"has shape {arr.shape}")
+        arr = self._numpy_in(arr)
+        expected = arr.shape
         if arr.dtype == self.dtype.np and arr.flags.c_contiguous:
             data = arr  # sent as it is: the transport reads it once, without a copy
         else:

@@ -103,7 +103,13 @@ from .runtime.field import (  # noqa: E402
     root,
 )
 from .runtime.field import make_field as field  # noqa: E402
-from .runtime.ndarray import Ndarray, ndarray  # noqa: E402
+from .runtime.ndarray import (  # noqa: E402
+    MatrixNdarray,
+    Ndarray,
+    ScalarNdarray,
+    VectorNdarray,
+    ndarray,
+)
 from .runtime.program import (  # noqa: E402
     arm64,
     cpu,
@@ -132,6 +138,7 @@ from .types import (  # noqa: E402
     int16,
     int32,
     int64,
+    u1,
     u8,
     u16,
     u32,

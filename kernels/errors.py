@@ -79,8 +79,10 @@ class IndexOutOfRangeError(KernelAssertionError, IndexError):
     """An index out of range, caught by the bounds checks of ``debug=True``."""
 
 
-class ArgumentError(CompileError, TypeError):
-    """A kernel was called with arguments that do not match its signature."""
+class ArgumentError(CompileError, TypeError, ValueError):
+    """A kernel was called with arguments that do not match its signature (or an annotation
+    is malformed). It is also a ``TypeError`` and a ``ValueError``: Taichi raises one or the
+    other for these mistakes, so code written against either keeps catching it."""
 
 
 def compile_error_class(exc: BaseException) -> type[CompileError]:

@@ -13,7 +13,8 @@ import numpy as np
 
 @dataclass(frozen=True)
 class DType:
-    """A scalar type: ``f32``, ``f64``, ``i8``..``i64``, ``u8``..``u64``."""
+    """A scalar type: ``f32``, ``f64``, ``i8``..``i64``, ``u1`` (a boolean: stored as NumPy
+    ``bool``, converted by "is nonzero"), ``u8``..``u64``."""
 
     name: str
     kind: str  # "f" float, "i" signed int, "u" unsigned int
@@ -33,6 +34,8 @@ class DType:
 
     @property
     def np(self) -> np.dtype:
+        if self.bits == 1:
+            return np.dtype(np.bool_)
         return np.dtype(f"{'f' if self.is_float else self.kind}{self.bits // 8}")
 
     def wrap(self, value):
@@ -64,12 +67,13 @@ i8 = DType("i8", "i", 8)
 i16 = DType("i16", "i", 16)
 i32 = DType("i32", "i", 32)
 i64 = DType("i64", "i", 64)
+u1 = DType("u1", "u", 1)
 u8 = DType("u8", "u", 8)
 u16 = DType("u16", "u", 16)
 u32 = DType("u32", "u", 32)
 u64 = DType("u64", "u", 64)
 
-ALL = {t.name: t for t in (f16, f32, f64, i8, i16, i32, i64, u8, u16, u32, u64)}
+ALL = {t.name: t for t in (f16, f32, f64, i8, i16, i32, i64, u1, u8, u16, u32, u64)}
 float16, float32, float64 = f16, f32, f64
 int8, int16, int32, int64 = i8, i16, i32, i64
 uint8, uint16, uint32, uint64 = u8, u16, u32, u64
@@ -85,15 +89,15 @@ def by_name(name: str) -> DType:
 def from_numpy(dt: np.dtype) -> DType:
     dt = np.dtype(dt)
     if dt.kind == "b":
-        return u8
+        return u1
     if dt.kind not in "fiu":
         raise TypeError(f"difftape arrays hold numbers; got numpy dtype {dt}")
     return by_name(f"{dt.kind}{dt.itemsize * 8}")
 
 
 def promote(a: DType, b: DType) -> DType:
-    """Taichi's binary promotion: floats beat ints, wider beats narrower, signed beats unsigned
-    at equal width."""
+    """Taichi's binary promotion: floats beat ints, wider beats narrower, unsigned beats signed
+    at equal width (``u32 + i32`` is ``u32``, as in C)."""
     if a == b:
         return a
     if a.is_float or b.is_float:
@@ -102,7 +106,28 @@ def promote(a: DType, b: DType) -> DType:
         return a if a.is_float else b
     if a.bits != b.bits:
         return a if a.bits > b.bits else b
-    return a if a.is_signed else b
+    return b if a.is_signed else a
+
+
+def is_signed(dt) -> bool:
+    """``ti.types.is_signed``: true for signed integer (and float) types."""
+    return _cook(dt).is_signed
+
+
+def is_integral(dt) -> bool:
+    """``ti.types.is_integral``: true for integer types, signed or not."""
+    return _cook(dt).is_int
+
+
+def is_real(dt) -> bool:
+    """``ti.types.is_real``: true for floating-point types."""
+    return _cook(dt).is_float
+
+
+def _cook(dt) -> DType:
+    from .frontend.ops import resolve_dtype
+
+    return resolve_dtype(dt)
 
 
 def __getattr__(name: str):
@@ -113,9 +138,9 @@ def __getattr__(name: str):
 
         return getattr(_m, name)
     if name == "ndarray":
-        from .frontend.annotations import ndarray_type
+        from .frontend.annotations import NdarrayType
 
-        return ndarray_type
+        return NdarrayType
     if name == "template":
         from .frontend.annotations import template
 

@@ -489,6 +489,10 @@ class Lowering:
         a, b = ll_type(src), ll_type(dst)
         if src == dst:
             return v
+        if dst.bits == 1:  # u1: "is nonzero", as in Taichi (not the low bit)
+            if src.is_float:
+                return self.fn.ins(f"fcmp une {a} {v}, {ll_const(0.0, src)}")
+            return self.fn.ins(f"icmp ne {a} {v}, 0")
         if src.is_float and dst.is_float:
             op = "fpext" if dst.bits > src.bits else "fptrunc"
         elif src.is_float:

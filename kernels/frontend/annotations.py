@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from ..errors import ArgumentError
+
+BOUNDARIES = ("unsafe", "clamp")
 
 
 class Template:
@@ -17,19 +19,64 @@ def template() -> Template:
     return Template()
 
 
-@dataclass
 class NdarrayType:
-    """``ti.types.ndarray(dtype=None, ndim=None)``: an array passed by pointer."""
+    """``ti.types.ndarray(dtype=None, ndim=None, element_dim=None, element_shape=None,
+    needs_grad=None, boundary="unsafe")``: an array passed by pointer.
 
-    dtype: object = None
-    ndim: int | None = None
-    needs_grad: bool | None = None
-    boundary: str = "unsafe"
+    ``dtype`` is a scalar type or a ``ti.types.vector/matrix`` (whose sizes may be None: any
+    size); ``element_dim``/``element_shape`` are the older spelling of a vector/matrix dtype.
+    ``needs_grad``: None follows the argument (its ``.grad`` is used when it has one); False
+    compiles the kernel as if it had none; True requires one. ``boundary="clamp"`` clamps every
+    index into the array (reads and writes out of range go to the nearest element).
+    """
 
-    def __call__(self, *a, **kw):  # allow ti.types.ndarray used without parentheses
-        return NdarrayType(*a, **kw)
+    def __init__(self, dtype=None, ndim: int | None = None, element_dim: int | None = None,
+                 element_shape: tuple | None = None, field_dim: int | None = None,
+                 needs_grad: bool | None = None, boundary: str = "unsafe") -> None:
+        if field_dim is not None:
+            raise ArgumentError("ti.types.ndarray(field_dim=...) is deprecated (as in Taichi): "
+                                "use ndim=")
+        if element_dim is not None or element_shape is not None:
+            dtype = _element_dtype(element_dim, element_shape, dtype)
+        if ndim is not None and (not isinstance(ndim, int) or ndim < 0):
+            raise ArgumentError(f"ti.types.ndarray(ndim=...) must be a non-negative int, got "
+                                f"{ndim!r}")
+        if boundary not in BOUNDARIES:
+            raise ArgumentError(f"Invalid boundary argument: {boundary!r} (use 'unsafe' or "
+                                "'clamp')")
+        self.dtype = dtype
+        self.ndim = ndim
+        self.needs_grad = needs_grad
+        self.boundary = boundary
+
+    def __repr__(self) -> str:
+        return (f"ndarray(dtype={self.dtype}, ndim={self.ndim}, needs_grad={self.needs_grad}, "
+                f"boundary={self.boundary!r})")
 
 
-def ndarray_type(dtype=None, ndim: int | None = None, needs_grad: bool | None = None,
-                 boundary: str = "unsafe", **_: object) -> NdarrayType:
-    return NdarrayType(dtype, ndim, needs_grad, boundary)
+def _element_dtype(element_dim: int | None, element_shape: tuple | None, dtype):
+    """The vector/matrix dtype that ``element_dim``/``element_shape`` describe."""
+    from .matrix import MatrixType, matrix, vector
+
+    if isinstance(dtype, MatrixType):
+        raise ArgumentError(f"cannot give both a vector/matrix dtype ({dtype!r}) and "
+                            "element_dim/element_shape")
+    if element_shape is not None:
+        element_shape = tuple(element_shape)
+    if element_dim is not None:
+        if element_dim not in (0, 1, 2):
+            raise ArgumentError("ti.types.ndarray(element_dim=...) must be 0 (scalars), "
+                                "1 (vectors) or 2 (matrices)")
+        if element_shape is not None and len(element_shape) != element_dim:
+            raise ArgumentError(f"element_shape {element_shape} does not have element_dim="
+                                f"{element_dim} entries")
+    dim = element_dim if element_dim is not None else len(element_shape)
+    shape = element_shape if element_shape is not None else (None,) * dim
+    if dim == 0:
+        return dtype
+    if dim == 1:
+        return vector(shape[0], dtype)
+    if dim == 2:
+        return matrix(shape[0], shape[1], dtype)
+    raise ArgumentError("only scalars, vectors and matrices can be elements of ti.types.ndarray()")
+

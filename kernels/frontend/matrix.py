@@ -491,9 +491,9 @@ class Matrix:
 
     @classmethod
     def ndarray(cls, n: int, m: int, dtype, shape, needs_grad: bool = False):
-        from ..runtime.ndarray import Ndarray
+        from ..runtime.ndarray import MatrixNdarray
 
-        return Ndarray(dtype, shape, element_shape=(n, m), needs_grad=needs_grad)
+        return MatrixNdarray(n, m, dtype, shape, needs_grad)
 
 
 class Vector(Matrix):
@@ -518,9 +518,9 @@ class Vector(Matrix):
 
     @classmethod
     def ndarray(cls, n: int, dtype, shape, needs_grad: bool = False):  # type: ignore[override]
-        from ..runtime.ndarray import Ndarray
+        from ..runtime.ndarray import VectorNdarray
 
-        return Ndarray(dtype, shape, element_shape=(n,), needs_grad=needs_grad)
+        return VectorNdarray(n, dtype, shape, needs_grad)
 
     @staticmethod
     def zero(dt, n: int) -> Vector:  # type: ignore[override]
@@ -622,11 +622,13 @@ def _dynamic_pick(options: list, index):
     return result
 
 
-def vector(n: int, dtype=None) -> MatrixType:
+def vector(n: int | None = None, dtype=None) -> MatrixType:
+    """``ti.types.vector(n, dtype)``; ``n=None`` only in ndarray annotations (any length)."""
     return MatrixType(n, 1, 1, dtype)
 
 
-def matrix(n: int, m: int, dtype=None) -> MatrixType:
+def matrix(n: int | None = None, m: int | None = None, dtype=None) -> MatrixType:
+    """``ti.types.matrix(n, m, dtype)``; ``None`` sizes only in ndarray annotations."""
     return MatrixType(n, m, 2, dtype)
 
 

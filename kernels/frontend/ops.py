@@ -35,11 +35,17 @@ def _is_matrix(x) -> bool:
 
 
 def _is_number(x) -> bool:
-    return isinstance(x, numbers.Number | np.generic) and not isinstance(x, np.ndarray)
+    """A compile-time number: Python and NumPy scalars, and 0-d NumPy arrays (``np.array(5)``
+    used as a loop bound or a constant)."""
+    if isinstance(x, np.ndarray):
+        return x.ndim == 0 and x.dtype.kind in "biuf"
+    return isinstance(x, numbers.Number | np.generic)
 
 
 def const(value, dtype: DType) -> Expr:
     """A constant of the given type."""
+    if dtype.bits == 1:  # u1: a number converts by "is nonzero", as in Taichi
+        value = 1 if value else 0
     value = float(value) if dtype.is_float else dtype.wrap(value)
     return Expr(_b.require().emit("const", dtype, (), value))
 
@@ -47,7 +53,7 @@ def const(value, dtype: DType) -> Expr:
 def literal_dtype(value) -> DType:
     """The type a Python literal takes in a kernel: Taichi's default_fp / default_ip."""
     b = _b.require()
-    if isinstance(value, np.generic):
+    if isinstance(value, np.generic | np.ndarray):
         return T.from_numpy(value.dtype)
     if isinstance(value, bool):
         return T.i32
@@ -138,6 +144,8 @@ def cast(x, dtype):
         return _elementwise(lambda e: cast(e, dtype), x)
     if _is_number(x):
         if _b.current() is not None:
+            if dtype.bits == 1:  # u1: "is nonzero"
+                return const(x, dtype)
             if dtype.is_int and not isinstance(x, numbers.Integral):
                 x = int(x)  # a float literal truncates toward zero
             return literal(x, dtype)
@@ -196,8 +204,7 @@ def binary(op: str, a, b):
         return _elementwise(lambda x, y: binary(op, x, y), a, b)
     if _is_number(a) and _is_number(b):
         return OPS[op].py(a, b)
-    if not isinstance(a, Value | numbers.Number | np.generic) or \
-            not isinstance(b, Value | numbers.Number | np.generic):
+    if not (isinstance(a, Value) or _is_number(a)) or not (isinstance(b, Value) or _is_number(b)):
         raise _err(f"unsupported operand types for {op}: {type(a).__name__} and "
                    f"{type(b).__name__}")
     bld = _b.require()

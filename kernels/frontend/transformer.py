@@ -1188,12 +1188,16 @@ def _is_reduction(x) -> bool:
 
 
 class NdarrayArg:
-    """An ndarray parameter inside a kernel: indexable, with a runtime ``shape``."""
+    """An ndarray parameter inside a kernel: indexable, with a runtime ``shape``. With
+    ``clamp`` (``boundary="clamp"``) every index is clamped into the array: the array axes to
+    [0, shape - 1] and the element components to their range."""
 
-    def __init__(self, buf: Buffer, field_ndim: int, grad: NdarrayArg | None = None) -> None:
+    def __init__(self, buf: Buffer, field_ndim: int, grad: NdarrayArg | None = None,
+                 clamp: bool = False) -> None:
         self.buf = buf
         self.field_ndim = field_ndim
         self.grad = grad
+        self.clamp = clamp
 
     @property
     def shape(self) -> tuple:
@@ -1214,12 +1218,50 @@ class NdarrayArg:
         if len(flat) != self.field_ndim:
             raise _b.require().error(f"ndarray '{self.buf.name}' has {self.field_ndim} "
                                      f"dimensions but was indexed with {len(flat)}")
-        return kernel_element(self.buf, tuple(flat))
+        if not self.clamp:
+            return kernel_element(self.buf, tuple(flat))
+        flat = [_clamp_index(k, 0, ops.binary("sub", n, 1)) for k, n in zip(flat, self.shape,
+                                                                          strict=True)]
+        element = kernel_element(self.buf, tuple(flat))
+        if isinstance(element, Matrix):
+            element.__class__ = _clamped_element_class(element.ndim)
+        return element
 
     def __setitem__(self, key, value) -> None:
         from ..runtime.field import assign
 
         assign(self[key], value)
+
+
+def _clamp_index(k, lo, hi):
+    """``min(max(k, lo), hi)`` for a kernel index (a number or an integer value)."""
+    e = ops.to_expr(k)
+    if e.dtype.is_float:
+        raise _b.require().error(f"ndarray indices must be integers, got {e.dtype}")
+    return ops.min(ops.max(e, lo), hi)
+
+
+_CLAMPED: dict[int, type] = {}
+
+
+def _clamped_element_class(ndim: int) -> type:
+    """A Vector/Matrix subclass whose component index is clamped into the element (for
+    ``boundary="clamp"``). As in Taichi, a matrix clamps its flattened offset ``i * m + j``
+    into [0, n * m - 1], not each index."""
+    cls = _CLAMPED.get(ndim)
+    if cls is None:
+        base = Vector if ndim == 1 else Matrix
+
+        def _flat_index(self, index):
+            k = base._flat_index(self, index)
+            last = len(self.entries) - 1
+            if isinstance(k, int):
+                return builtins.min(builtins.max(k, 0), last)
+            return _clamp_index(k, 0, last)
+
+        cls = _CLAMPED[ndim] = type(f"Clamped{base.__name__}", (base,),
+                                    {"_flat_index": _flat_index})
+    return cls
 
 
 # --------------------------------------------------------------------------- entry points
@@ -1372,9 +1414,12 @@ def build_kernel_body(bld: _b.Builder, kernel, args: tuple) -> None:
 
 
 def _ndarray_binding(bld: _b.Builder, index: int, name: str, value) -> NdarrayArg:
-    dtype, field_ndim, esh, has_grad = value
+    """The kernel-side view of ndarray argument ``index``, from its launch description
+    ``(dtype, ndim, element shape, has_grad, boundary)`` (see ``runtime.kernel``)."""
+    dtype, field_ndim, esh, has_grad, boundary = value
+    clamp = boundary == "clamp"
     buf = Buffer(("ndarray", index, "primal"), dtype, (None,) * field_ndim + esh, name, len(esh))
     grad = None
     if has_grad:
-        grad = NdarrayArg(buf.with_role("grad"), field_ndim)
-    return NdarrayArg(buf, field_ndim, grad)
+        grad = NdarrayArg(buf.with_role("grad"), field_ndim, clamp=clamp)
+    return NdarrayArg(buf, field_ndim, grad, clamp)

@@ -210,6 +210,10 @@ class GlobalRef(Ref):
         _b.require().emit("store", None, self._args() + (v.stmt,), self.slot)
 
     def atomic(self, kind: str, value) -> Expr:
+        if self.dtype.bits == 1:
+            raise _b.require().error("atomic operations on u1 are not supported (hardware "
+                                     "atomics are at least 8 bits wide): use a u8 or i32 "
+                                     "field, or assign instead of +=")
         v = _ops().to_expr(value, self.dtype)
         return Expr(_b.require().emit("atomic", self.dtype, self._args() + (v.stmt,),
                                       (self.slot, kind)))

@@ -216,6 +216,8 @@ def _round_half_away(x: float) -> float:
 
 def _cast(xs, src, dst):
     (v,) = xs
+    if dst.bits == 1:  # u1: "is nonzero", as Taichi converts to its boolean type
+        return 1 if v else 0
     if dst.is_int and src.is_float:  # saturating, as llvm.fpto[su]i.sat
         if math.isnan(v):
             return 0

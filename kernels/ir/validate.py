@@ -395,6 +395,8 @@ class _Decoder:
                 raise self.fail(path, "only top-level loops are parallel")
         elif op in ("load", "store", "atomic"):
             self.element_indices(s, path)
+            if op == "atomic" and s.dtype is not None and s.dtype.bits == 1:
+                raise self.fail(path, "atomics on u1 are not supported (at least 8 bits)")
         elif op == "break" and loops and loops[-1] == "parallel":
             raise self.fail(path, "`break` out of a parallel loop is not allowed")
         elif op == "return" and depth > 1:

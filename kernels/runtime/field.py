@@ -200,18 +200,39 @@ class Field:
     # ------------------------------------------------------------------ bulk access
     @_b.python_scope
     def to_numpy(self, dtype=None, keep_dims: bool = False) -> np.ndarray:
-        out = self.arr.copy()
+        """The field as a NumPy array of shape ``shape + element_shape`` (see
+        :meth:`_numpy_dims` for ``keep_dims``)."""
+        out = self._numpy_dims(self.arr.copy(), keep_dims)
         return out.astype(dtype) if dtype is not None else out
 
     @_b.python_scope
     def from_numpy(self, arr) -> None:
+        np.copyto(self.arr, self._numpy_in(arr), casting="unsafe")
+
+    def _numpy_dims(self, out: np.ndarray, keep_dims: bool) -> np.ndarray:
+        """Taichi's ``keep_dims``: the size-1 column of an n x 1 matrix field is dropped unless
+        ``keep_dims``, and ``keep_dims`` gives vector fields that column (shape + (n, 1))."""
+        if len(self.element_shape) == 1 and keep_dims:
+            return out.reshape(out.shape + (1,))
+        if len(self.element_shape) == 2 and self.element_shape[1] == 1 and not keep_dims:
+            return out.reshape(out.shape[:-1])
+        return out
+
+    def _numpy_in(self, arr) -> np.ndarray:
+        """``arr`` checked (and reshaped) for ``from_numpy``: vector and n x 1 matrix fields
+        take both ``shape + (n,)`` and ``shape + (n, 1)``, what ``to_numpy`` gives with and
+        without ``keep_dims``."""
         arr = np.asarray(arr)
         expected = self.shape + self.element_shape
+        column = self.shape + self.element_shape[:1]
+        if arr.shape != expected and self.element_shape[1:] in ((), (1,)) and \
+                arr.shape in (column, column + (1,)):
+            arr = arr.reshape(expected)
         if arr.shape != expected:
             raise ShapeError(f"from_numpy: {self._label()} has shape {expected} "
                              f"(field {self.shape}, element {self.element_shape}) but the array "
                              f"has shape {arr.shape}")
-        np.copyto(self.arr, arr, casting="unsafe")
+        return arr
 
     def fill(self, value) -> None:
         """Set every element to ``value``. Inside a kernel this compiles to a loop over the

@@ -89,6 +89,7 @@ class Kernel:
                        for p in sig.parameters.values()]
         self.return_annotation = _resolve_annotation(sig.return_annotation, pyfunc)
         self._instances: dict = {}
+        self._ndarray_descs: dict = {}
         self._generation = -1
         self._fast: CompiledKernel | None = None
         self._simple = all(not isinstance(p.annotation, Template | NdarrayType)
@@ -138,6 +139,7 @@ class Kernel:
 
     def _reset_instances(self, prog) -> None:
         self._instances.clear()
+        self._ndarray_descs.clear()  # float/int annotations follow the new default_fp/ip
         self._fast = None
         if self._adjoint is not None:
             self._adjoint.instances.clear()
@@ -186,14 +188,25 @@ class Kernel:
             raise self._arg_count_error(args)
         key = []
         spec = []
-        for p, a in zip(self.params, args, strict=True):
+        for index, (p, a) in enumerate(zip(self.params, args, strict=True)):
             ann = p.annotation
             if isinstance(ann, Template):
+                if isinstance(a, Ndarray):
+                    raise ArgumentError(f"kernel '{self.name}': argument '{p.name}' is a "
+                                        "ti.ndarray; ndarrays are passed through parameters "
+                                        "annotated ti.types.ndarray(), not ti.template()",
+                                        kernel=self.name)
                 k = ("t", id(a)) if not isinstance(a, numbers.Number | str | tuple) else ("v", a)
                 key.append(k)
                 spec.append(a)
             elif isinstance(ann, NdarrayType):
-                desc = _ndarray_desc(self.name, p.name, ann, a)
+                # The checks run on every call; their verdict is cached per kind of array.
+                kind = (index, _ndarray_kind(ann, a))
+                desc = self._ndarray_descs.get(kind)
+                if desc is None:
+                    desc = _ndarray_desc(self.name, p.name, ann, a)
+                    if kind[1] is not None:
+                        self._ndarray_descs[kind] = desc
                 key.append(desc)
                 spec.append(desc)
             else:
@@ -256,6 +269,8 @@ class Kernel:
         self.last_compile = stats
         if isinstance(self.return_annotation, MatrixType):
             inst.return_type = self.return_annotation
+        inst.arg_shapes = {k: p.annotation.element_shape for k, p in enumerate(self.params)
+                           if isinstance(p.annotation, MatrixType)}
         return inst
 
     @property
@@ -406,6 +421,7 @@ class CompiledKernel:
         self.messages = assert_messages(ir)
         self.ctx_i64[layout.rng] = prog.rng_state.ctypes.data
         self._ndarray_slots = []
+        written = _written_slots(ir)
         for slot, buf in enumerate(ir.buffers):
             if buf.key[0] == "private":  # per-chunk copies the generated code allocates
                 continue
@@ -423,11 +439,19 @@ class CompiledKernel:
                 self.ctx_i64[layout.buffer_ptr[slot]] = storage.arr.ctypes.data
             else:
                 extents = [layout.buffer_extent.get((slot, a)) for a in range(buf.ndim)]
-                self._ndarray_slots.append((slot, buf.key[1], buf.key[2], extents))
+                self._ndarray_slots.append((slot, buf.key[1], buf.key[2], extents,
+                                            slot in written))
+        # Scalar parameters: (ctx slot, how to write it): _FLOAT, _INT, or the bit width of
+        # an unsigned type (written as its two's complement bit pattern).
         self._writers = []
         for k, p in enumerate(ir.params):
-            self._writers.append((layout.params[k], p.dtype.is_float))
+            kind = _FLOAT if p.dtype.is_float else _INT if p.dtype.is_signed else p.dtype.bits
+            self._writers.append((layout.params[k], kind))
+        self._returns = [(slot, _FLOAT if t.is_float else _INT if t.is_signed or t.bits < 64
+                          else _U64) for t, slot in zip(ir.returns, layout.returns, strict=True)]
         self._arg_map = _param_arg_map(ir, arg_names or [p.name for p in ir.params])
+        # Vector/matrix parameter shapes by argument index (set by Kernel._compile).
+        self.arg_shapes: dict[int, tuple[int, ...]] = {}
         if prog.config.kernel_profiler:  # an instance attribute: no cost when profiling is off
             self.launch = self._profiled_launch
 
@@ -442,23 +466,43 @@ class CompiledKernel:
 
     def launch(self, args: tuple):
         ctx_f64, ctx_i64 = self.ctx_f64, self.ctx_i64
-        for (slot, is_float), (arg_index, comp) in zip(self._writers, self._arg_map,
-                                                     strict=True):
+        entries = None
+        for (slot, kind), (arg_index, comp) in zip(self._writers, self._arg_map, strict=True):
             v = args[arg_index]
-            if comp is not None:
-                v = _component(v, comp)
+            if comp is not None:  # one component of a vector/matrix argument
+                if entries is None:
+                    entries = {}
+                flat = entries.get(arg_index)
+                if flat is None:
+                    flat = entries[arg_index] = self._matrix_entries(v, arg_index)
+                v = flat[comp]
+            t = type(v)
             try:
-                if is_float:
+                if kind is _FLOAT:
+                    if t is not float and not _is_real(v):
+                        raise TypeError
                     ctx_f64[slot] = v
                 else:
-                    ctx_i64[slot] = v
+                    if t is not int and not _is_integer(v):
+                        raise TypeError
+                    if kind is _INT:
+                        ctx_i64[slot] = v
+                    else:
+                        ctx_i64[slot] = self._unsigned_bits(v, kind, arg_index)
+            except ArgumentError:
+                raise
             except (TypeError, ValueError, OverflowError):
+                want = "a number" if kind is _FLOAT else "an integer"
                 raise ArgumentError(f"kernel '{self.ir.name}': argument {arg_index + 1} must be "
-                                    f"a number, got {type(v).__name__} ({v!r:.40})",
+                                    f"{want}, got {type(v).__name__} ({v!r:.40})",
                                     kernel=self.ir.name) from None
         keep = []
-        for slot, arg_index, role, extents in self._ndarray_slots:
+        copies = None
+        for slot, arg_index, role, extents, writes in self._ndarray_slots:
             arr = _ndarray_storage(args[arg_index], role)
+            flags = arr.flags
+            if not (flags.c_contiguous and flags.aligned) or (writes and not flags.writeable):
+                arr, copies = self._staged(arr, arg_index, writes, copies)
             keep.append(arr)
             ctx_i64[self.layout.buffer_ptr[slot]] = arr.ctypes.data
             for axis, s in enumerate(extents):
@@ -489,16 +533,71 @@ class CompiledKernel:
             else:
                 fn(ctx, 0, 0, 0)
             if ctx_i64[self.layout.err_code]:
+                self._copy_back(copies)
                 self._raise_assertion()
-        if self.ir.returns:
-            out = []
-            for t, slot in zip(self.ir.returns, self.layout.returns, strict=True):
-                out.append(float(ctx_f64[slot]) if t.is_float else int(ctx_i64[slot]))
+        self._copy_back(copies)
+        if self._returns:
+            out = [float(ctx_f64[slot]) if kind is _FLOAT else
+                   int(ctx_i64[slot]) if kind is _INT else int(ctx_i64[slot]) & _U64_MASK
+                   for slot, kind in self._returns]
             rt = self.return_type
             if rt is not None:
                 return Matrix._from_entries(out, rt.n, rt.m, rt.ndim)
             return out[0] if len(out) == 1 else out
         return None
+
+    def _matrix_entries(self, v, arg_index: int) -> list:
+        """The entries of a vector/matrix argument, row-major, after checking its shape against
+        the parameter's (``arg_shapes``, when the kernel's annotations are known)."""
+        if isinstance(v, Matrix):
+            shape, flat = v.shape, v.entries
+        else:
+            try:
+                a = np.asarray(v)
+            except ValueError:  # ragged nesting
+                a = np.asarray(None)
+            shape, flat = a.shape, a.ravel().tolist()
+        want = self.arg_shapes.get(arg_index)
+        if (shape != want) if want is not None else not shape:
+            what = f"a vector/matrix of shape {want}" if want else "a vector/matrix"
+            raise ArgumentError(f"kernel '{self.ir.name}': argument {arg_index + 1} must be "
+                                f"{what}, got {type(v).__name__} of shape {shape}",
+                                kernel=self.ir.name)
+        return flat
+
+    def _unsigned_bits(self, v, bits: int, arg_index: int) -> int:
+        """An unsigned argument as the int64 bit pattern of its value. Values wrap modulo
+        2**bits (as in Taichi); negative values are refused, as Taichi does."""
+        if bits == 1:  # u1: "is nonzero", as a cast to u1
+            return 1 if v else 0
+        v = int(v)
+        if v < 0:
+            raise ArgumentError(f"kernel '{self.ir.name}': argument {arg_index + 1} is unsigned "
+                                f"(u{bits}) but got {v}", kernel=self.ir.name)
+        v &= (1 << bits) - 1
+        return v - (1 << 64) if v >= 1 << 63 else v
+
+    def _staged(self, arr: np.ndarray, arg_index: int, writes: bool, copies: dict | None):
+        """A C-ordered, aligned copy of a Fortran-ordered (as Taichi makes one) or misaligned
+        NumPy argument, copied back after the launch when the kernel writes it. One copy per
+        array per launch, so an array passed twice stays one array. A read-only array the
+        kernel writes is refused."""
+        if writes and not arr.flags.writeable:
+            raise ArgumentError(f"kernel '{self.ir.name}' writes argument {arg_index + 1}, but "
+                                "it is a read-only NumPy array", kernel=self.ir.name)
+        copies = {} if copies is None else copies
+        entry = copies.get(id(arr))
+        if entry is None:
+            entry = copies[id(arr)] = [arr, np.array(arr, order="C"), False]
+        entry[2] = entry[2] or writes
+        return entry[1], copies
+
+    @staticmethod
+    def _copy_back(copies: dict | None) -> None:
+        if copies:
+            for original, staged, writes in copies.values():
+                if writes:
+                    np.copyto(original, staged)
 
     def _raise_assertion(self) -> None:
         code = int(self.ctx_i64[self.layout.err_code])
@@ -513,6 +612,25 @@ class CompiledKernel:
         raise cls(msg.replace("{}", str(value), 1))
 
 
+_FLOAT, _INT, _U64 = "f", "i", "u64"
+_U64_MASK = (1 << 64) - 1
+
+
+def _written_slots(ir: KernelIR) -> set[int]:
+    """The buffer slots the kernel stores into (so a staged copy must be copied back)."""
+    from ..ir.nodes import task_blocks, walk
+
+    out = set()
+    blocks = [b for t in ir.tasks for b in task_blocks(t)] if ir.tasks else [ir.body]
+    for block in blocks:
+        for s in walk(block):
+            if s.op == "store":
+                out.add(s.attr)
+            elif s.op == "atomic":
+                out.add(s.attr[0])
+    return out
+
+
 def _param_arg_map(ir: KernelIR, arg_names: list[str]) -> list[tuple[int, int | None]]:
     """For each scalar param: (kernel argument index, vector component or None). Vector
     arguments are flattened into params named ``v[0]``, ``v[1]``..."""
@@ -523,10 +641,19 @@ def _param_arg_map(ir: KernelIR, arg_names: list[str]) -> list[tuple[int, int | 
     return out
 
 
-def _component(v, k: int):
-    if isinstance(v, Matrix):
-        return v.entries[k]
-    return np.asarray(v).ravel()[k]
+def _is_real(v) -> bool:
+    """A value a float parameter takes: a real number (Python, NumPy or 0-d array), not a
+    string or a sequence (NumPy would convert those silently)."""
+    if isinstance(v, np.ndarray):
+        return v.ndim == 0 and v.dtype.kind in "biuf"
+    return isinstance(v, numbers.Real | np.bool_)
+
+
+def _is_integer(v) -> bool:
+    """A value an integer parameter takes: an integer (floats are refused, as in Taichi)."""
+    if isinstance(v, np.ndarray):
+        return v.ndim == 0 and v.dtype.kind in "biu"
+    return isinstance(v, numbers.Integral | np.bool_)
 
 
 def _ndarray_storage(a, role: str) -> np.ndarray:
@@ -537,25 +664,105 @@ def _ndarray_storage(a, role: str) -> np.ndarray:
 
 
 def _ndarray_desc(kernel: str, name: str, ann: NdarrayType, a) -> tuple:
+    """What a kernel is compiled for, given one ndarray argument: ``(dtype, ndim, element
+    shape, has_grad, boundary)``. Everything the generated code assumes about the array is
+    checked here, before any launch: the code indexes element components with constants and
+    the array axes with the extents passed at launch, so an array whose trailing axes are not
+    the element shape would be read and written out of bounds."""
+    def refuse(msg: str) -> ArgumentError:
+        return ArgumentError(f"kernel '{kernel}': argument '{name}' {msg}", kernel=kernel)
+
+    want = ann.dtype
     if isinstance(a, Ndarray):
-        arr, esh, has_grad = a.arr, a.element_shape, a.grad is not None
+        arr, dtype, esh = a.arr, a.dtype, a.element_shape
+        if isinstance(want, MatrixType):
+            if not _element_matches(want, esh, dtype):
+                what = f"{esh} elements of {dtype}" if esh else f"scalar elements of {dtype}"
+                raise refuse(f"must have {_element_text(want)} elements, got an ndarray with "
+                             f"{what}")
+        elif want is not None:
+            if esh or _resolve(want) != dtype:
+                what = f"{esh} elements of {dtype}" if esh else f"{dtype} elements"
+                raise refuse(f"must have {_resolve(want)} elements, got an ndarray with {what}")
+        if ann.needs_grad and a.grad is None:
+            raise refuse("needs a gradient (needs_grad=True): create it with "
+                         "ti.ndarray(..., needs_grad=True)")
+        has_grad = a.grad is not None if ann.needs_grad is None else bool(ann.needs_grad)
     elif isinstance(a, np.ndarray):
-        arr, esh, has_grad = a, (), False
-        if isinstance(ann.dtype, MatrixType):
-            esh = ann.dtype.element_shape
+        arr = a
+        try:
+            dtype = T.from_numpy(arr.dtype)
+        except TypeError as e:
+            raise refuse(f"has NumPy dtype {arr.dtype}: {e}") from None
+        if not arr.dtype.isnative:
+            raise refuse(f"has non-native byte order ({arr.dtype.str}): convert it with "
+                         f"arr.astype(arr.dtype.newbyteorder('='))")
+        esh = ()
+        if isinstance(want, MatrixType):
+            # Taichi: the trailing axes of a NumPy array are the element's (its dtype wins).
+            edim = want.ndim
+            if arr.ndim < edim + (ann.ndim or 0):
+                raise refuse(f"must have {_element_text(want)} elements"
+                             f"{'' if ann.ndim is None else f' in {ann.ndim} dimension(s)'}: "
+                             f"the array has only {arr.ndim} axes (shape {arr.shape})")
+            esh = arr.shape[arr.ndim - edim:]
+            if not _element_matches(want, esh, None):
+                raise refuse(f"must have {_element_text(want)} elements: the array's trailing "
+                             f"axes are {esh} (shape {arr.shape})")
+        elif want is not None and _resolve(want) != dtype:
+            raise refuse(f"must be an array of {_resolve(want)}, got NumPy dtype {arr.dtype} "
+                         f"(convert it with .astype(np.{_resolve(want).np}))")
+        if not (arr.flags.c_contiguous or arr.flags.f_contiguous):
+            raise refuse("is a non-contiguous NumPy array (a strided view): pass "
+                         "np.ascontiguousarray(arr), and copy the result back if the kernel "
+                         "writes it")
+        if ann.needs_grad:
+            raise refuse("needs a gradient (needs_grad=True), but NumPy arrays have none: "
+                         "pass ti.ndarray(..., needs_grad=True)")
+        has_grad = False
     else:
-        raise ArgumentError(f"kernel '{kernel}': argument '{name}' must be a NumPy array or a "
-                            f"ti.ndarray, got {type(a).__name__}", kernel=kernel)
-    if not arr.flags.c_contiguous:
-        raise ArgumentError(f"kernel '{kernel}': argument '{name}' must be C-contiguous "
-                            "(use np.ascontiguousarray); difftape passes arrays without copying",
-                            kernel=kernel)
-    dtype = T.from_numpy(arr.dtype)
+        raise refuse(f"must be a NumPy array or a ti.ndarray, got {type(a).__name__}")
     ndim = arr.ndim - len(esh)
     if ann.ndim is not None and ann.ndim != ndim:
-        raise ArgumentError(f"kernel '{kernel}': argument '{name}' must have ndim={ann.ndim}, "
-                            f"got {ndim}", kernel=kernel)
-    return (dtype, ndim, tuple(esh), has_grad)
+        raise refuse(f"must have ndim={ann.ndim}, got an array with {ndim} dimension(s) "
+                     f"(shape {arr.shape[:ndim]})")
+    return (dtype, ndim, tuple(esh), has_grad, ann.boundary)
+
+
+def _ndarray_kind(ann: NdarrayType, a) -> tuple | None:
+    """Everything :func:`_ndarray_desc` looks at, as a cheap key (None: not an array)."""
+    if isinstance(a, Ndarray):
+        return (a.dtype, a.element_shape, a.arr.ndim, a.grad is not None)
+    if isinstance(a, np.ndarray):
+        flags = a.flags
+        edim = ann.dtype.ndim if isinstance(ann.dtype, MatrixType) else 0
+        return (a.dtype, a.ndim, a.shape[a.ndim - edim:] if edim else (),
+                flags.c_contiguous or flags.f_contiguous)
+    return None
+
+
+def _resolve(dtype) -> T.DType:
+    from ..frontend.ops import resolve_dtype
+
+    return resolve_dtype(dtype)
+
+
+def _element_matches(want: MatrixType, esh: tuple, dtype: T.DType | None) -> bool:
+    """Does an element of shape ``esh`` (and scalar type ``dtype``, when given) fit ``want``?
+    None sizes in ``want`` (``ti.types.vector()``) match any size."""
+    sizes = (want.n,) if want.ndim == 1 else (want.n, want.m)
+    if len(esh) != len(sizes) or any(s is not None and s != e for s, e in zip(sizes, esh,
+                                                                               strict=True)):
+        return False
+    return dtype is None or want.dtype is None or _resolve(want.dtype) == dtype
+
+
+def _element_text(want: MatrixType) -> str:
+    size = lambda k: "any" if k is None else str(k)
+    dt = "" if want.dtype is None else f" of {_resolve(want.dtype)}"
+    if want.ndim == 1:
+        return f"{size(want.n)}-vector{dt}"
+    return f"{size(want.n)}x{size(want.m)} matrix{dt}"
 
 
 def _scalar_dtype(ann, cfg):

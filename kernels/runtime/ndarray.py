@@ -1,7 +1,12 @@
 """``ti.ndarray``: an array passed to kernels as an argument (not captured like a field).
 
 Kernels with ``ti.types.ndarray()`` parameters also accept NumPy arrays directly; both are
-passed by pointer, never copied, so a kernel's writes are visible in the caller's array.
+passed by pointer, never copied (except Fortran-ordered NumPy arrays, see ``kernel.py``), so a
+kernel's writes are visible in the caller's array.
+
+Three classes mirror Taichi's: :class:`ScalarNdarray`, :class:`VectorNdarray` and
+:class:`MatrixNdarray`, all :class:`Ndarray`; ``ti.ndarray(dtype, shape)`` picks one from the
+dtype. Each owns one C-contiguous NumPy array of shape ``shape + element_shape``.
 """
 
 from __future__ import annotations
@@ -10,7 +15,8 @@ import numbers
 
 import numpy as np
 
-from ..errors import ShapeError
+from ..errors import DifftapeError, ShapeError
+from ..frontend import builder as _b
 from ..frontend.builder import python_scope
 
 
@@ -26,23 +32,84 @@ class Ndarray:
             element_shape = dtype.element_shape
             dtype = dtype.scalar_dtype
         self.dtype = resolve_dtype(dtype)
-        shape = (int(shape),) if isinstance(shape, numbers.Integral) else tuple(shape)
-        self.shape = shape
-        self.element_shape = tuple(element_shape)
-        self.arr = _arr if _arr is not None else np.zeros(shape + self.element_shape,
+        self.shape = _check_shape(shape)
+        self.element_shape = tuple(int(n) for n in element_shape)
+        self.arr = _arr if _arr is not None else np.zeros(self.shape + self.element_shape,
                                                           dtype=self.dtype.np)
-        self.grad = Ndarray(self.dtype, shape, self.element_shape) if needs_grad else None
+        self.grad: Ndarray | None = None
+        if needs_grad:
+            if not self.dtype.is_float:
+                raise DifftapeError(f"an ndarray of {self.dtype} cannot have needs_grad=True: "
+                                    "only float ndarrays have gradients")
+            self.grad = type(self)._like(self)
+
+    @classmethod
+    def _like(cls, other: Ndarray) -> Ndarray:
+        """A zero-filled ndarray of the same class, dtype and shapes (no gradient)."""
+        out = object.__new__(cls)
+        Ndarray.__init__(out, other.dtype, other.shape, other.element_shape)
+        return out
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def n(self) -> int:
+        if not self.element_shape:
+            raise AttributeError("a scalar ndarray has no .n")
+        return self.element_shape[0]
+
+    @property
+    def m(self) -> int:
+        if not self.element_shape:
+            raise AttributeError("a scalar ndarray has no .m")
+        return self.element_shape[1] if len(self.element_shape) > 1 else 1
+
+    # ------------------------------------------------------------------ element access
+    def _norm_key(self, key) -> tuple:
+        """Taichi's Python-scope keys: one index per array axis (``None``/``()`` for 0-D);
+        vector keys are flattened."""
+        from ..frontend.matrix import Matrix
+
+        if _b.current() is not None:
+            raise _b.current().error(
+                "ti.ndarray objects cannot be captured by a kernel: pass the ndarray as an "
+                "argument annotated with ti.types.ndarray()")
+        if key is None:
+            key = ()
+        elif not isinstance(key, tuple | list):
+            key = (key,)
+        flat: list = []
+        for k in key:
+            flat.extend(k.entries if isinstance(k, Matrix) else [k])
+        if len(flat) != len(self.shape):
+            raise IndexError(f"{len(self.shape)}d ndarray indexed with {len(flat)}d indices: "
+                             f"{tuple(flat)}")
+        out = []
+        for axis, k in enumerate(flat):
+            if not isinstance(k, numbers.Integral | np.integer):
+                raise IndexError(f"ndarray indices must be integers, got {k!r}")
+            if not -self.shape[axis] <= k < self.shape[axis]:
+                raise IndexError(f"index {k} is out of bounds for axis {axis} with size "
+                                 f"{self.shape[axis]}")
+            out.append(int(k))
+        return tuple(out)
 
     @python_scope
     def __getitem__(self, key):
         from .field import _to_python
 
-        return _to_python(self.arr[key], self.element_shape)
+        # Vector/matrix elements write through: nd[i][j] = v changes the ndarray.
+        return _to_python(self.arr[self._norm_key(key)], self.element_shape, writable=True)
 
     @python_scope
     def __setitem__(self, key, value) -> None:
-        self.arr[key] = value
+        key = self._norm_key(key)
+        self.arr[key] = _element_value(value, self.element_shape)
 
+    # ------------------------------------------------------------------ bulk access
     @python_scope
     def to_numpy(self) -> np.ndarray:
         return self.arr.copy()
@@ -51,18 +118,104 @@ class Ndarray:
     def from_numpy(self, arr) -> None:
         arr = np.asarray(arr)
         if arr.shape != self.arr.shape:
-            raise ShapeError(f"from_numpy: ndarray has shape {self.arr.shape}, array has "
+            raise ShapeError(f"from_numpy: the ndarray has shape {self.arr.shape} (shape "
+                             f"{self.shape}, element {self.element_shape}), the array has "
                              f"{arr.shape}")
         np.copyto(self.arr, arr, casting="unsafe")
 
     @python_scope
     def fill(self, value) -> None:
-        self.arr[...] = value
+        """Set every element to ``value``: a scalar, or one vector/matrix element."""
+        self.arr[...] = _element_value(value, self.element_shape)
+
+    @python_scope
+    def copy_from(self, other: Ndarray) -> None:
+        if not isinstance(other, Ndarray):
+            raise TypeError(f"copy_from takes an ndarray, got {type(other).__name__}")
+        if other.arr.shape != self.arr.shape:
+            raise ShapeError(f"copy_from: shapes differ: {self.arr.shape} vs {other.arr.shape}")
+        np.copyto(self.arr, other.arr, casting="unsafe")
+
+    def __deepcopy__(self, memo=None) -> Ndarray:
+        out = type(self)._like(self)
+        out.copy_from(self)
+        return out
+
+    def _get_element_size(self) -> int:
+        """Bytes per element (all components of a vector/matrix element)."""
+        return self.arr.itemsize * int(np.prod(self.element_shape, dtype=np.int64))
+
+    def _get_nelement(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
 
     def __repr__(self) -> str:
-        return f"<difftape Ndarray {self.dtype} shape={self.shape} element={self.element_shape}>"
+        return f"<difftape {type(self).__name__} {self.dtype} shape={self.shape} " \
+               f"element={self.element_shape}>"
+
+
+class ScalarNdarray(Ndarray):
+    """An ndarray of scalars: ``ti.ndarray(ti.f32, shape)``."""
+
+    def __init__(self, dtype, shape, needs_grad: bool = False) -> None:
+        super().__init__(dtype, shape, (), needs_grad)
+
+
+class VectorNdarray(Ndarray):
+    """An ndarray of n-vectors: ``ti.Vector.ndarray(n, dtype, shape)``."""
+
+    def __init__(self, n: int, dtype, shape, needs_grad: bool = False) -> None:
+        super().__init__(dtype, shape, (n,), needs_grad)
+
+
+class MatrixNdarray(Ndarray):
+    """An ndarray of n x m matrices: ``ti.Matrix.ndarray(n, m, dtype, shape)``."""
+
+    def __init__(self, n: int, m: int, dtype, shape, needs_grad: bool = False) -> None:
+        super().__init__(dtype, shape, (n, m), needs_grad)
 
 
 def ndarray(dtype, shape, needs_grad: bool = False) -> Ndarray:
-    """``ti.ndarray(dtype, shape)``."""
-    return Ndarray(dtype, shape, needs_grad=needs_grad)
+    """``ti.ndarray(dtype, shape, needs_grad=False)``: scalar, vector or matrix elements
+    according to ``dtype`` (a scalar type or ``ti.types.vector/matrix``)."""
+    from ..frontend.matrix import MatrixType
+
+    if isinstance(dtype, MatrixType):
+        if dtype.n is None or (dtype.ndim == 2 and dtype.m is None):
+            raise DifftapeError(f"ti.ndarray needs a complete element type, got {dtype!r}")
+        if dtype.ndim == 1:
+            return VectorNdarray(dtype.n, dtype.scalar_dtype, shape, needs_grad)
+        return MatrixNdarray(dtype.n, dtype.m, dtype.scalar_dtype, shape, needs_grad)
+    return ScalarNdarray(dtype, shape, needs_grad)
+
+
+def _check_shape(shape) -> tuple[int, ...]:
+    """Taichi's rule: an int or a tuple of ints in [1, 2**31 - 1] (``()`` is a 0-D array)."""
+    dims = (shape,) if isinstance(shape, numbers.Number) else shape
+    try:
+        dims = tuple(dims)
+    except TypeError:
+        dims = None
+    if dims is None or not all(isinstance(s, numbers.Integral | np.integer) and
+                               not isinstance(s, bool) and 0 < s <= 2**31 - 1 for s in dims):
+        raise ShapeError(f"{shape!r} is not a valid shape for ndarray: give an int or a tuple "
+                         "of ints between 1 and 2**31 - 1")
+    return tuple(int(s) for s in dims)
+
+
+def _element_value(value, element_shape: tuple) -> np.ndarray | int | float:
+    """A Python-scope value for one element, checked against the element shape (a scalar is
+    broadcast to all components, as in Taichi's fill)."""
+    from ..frontend.matrix import Matrix
+
+    if isinstance(value, Matrix):
+        value = value.to_list()
+    arr = np.asarray(value)
+    if arr.ndim == 0:
+        return arr.item()
+    if not element_shape:
+        raise ShapeError(f"a scalar ndarray element cannot hold a value of shape {arr.shape}")
+    if arr.size != int(np.prod(element_shape)) or \
+            arr.shape not in (element_shape, (arr.size,)):
+        raise ShapeError(f"value of shape {arr.shape} does not fit an element of shape "
+                         f"{element_shape}")
+    return arr.reshape(element_shape)

@@ -455,6 +455,7 @@ def _mutations():
          "atomic kind 'mul' is not one of")
     case("float bit atomic", lambda d: _set(body_stmt(d, "atomic"), 3, {"t": [2, "bit_and"]}),
          None, "atomic bit_and needs an integer type", retype_atomic="f32")
+    case("u1 atomic", _u1_atomic, None, "atomics on u1 are not supported")
     case("atomic attr", lambda d: _set(body_stmt(d, "atomic"), 3, 2), None,
          r"atomic takes \(buffer slot, kind\)")
     case("attr list", lambda d: _set(body_stmt(d, "atomic"), 3, [2, "add"]), None,
@@ -544,6 +545,16 @@ def _mutations():
     case("too deep", lambda d: _set(d, "body", _nest(d["body"], 10)),
          r"body(\[0\]\.blocks\[0\]){8}", "blocks nested deeper than 8", max_depth=8)
     return out
+
+
+def _u1_atomic(data):
+    """The atomic on n (i32) becomes an atomic on a u1 buffer (LLVM has no 1-bit atomics)."""
+    data["buffers"][2][1] = "u1"
+    for st_ in _loop_body(data):
+        if st_[0] == "atomic":
+            st_[1] = "u1"
+        if st_[0] == "const" and st_[1] == "i32" and st_[3] == 1:
+            st_[1] = "u1"
 
 
 def _nest(block, depth):

@@ -250,3 +250,25 @@ def test_every_axis_combination_is_exported(ti):
     h = ti.field(ti.i32)
     ti.root.dense(ti.axes(1), 4).dense(ti.axes(0), 2).place(h)
     assert h.shape == (2, 4)
+
+
+def test_to_numpy_keep_dims_and_column_matrices(ti):
+    """Taichi's keep_dims: an n x 1 matrix field comes out as shape + (n,) unless keep_dims,
+    a vector field as shape + (n, 1) with keep_dims; from_numpy takes either shape."""
+    v = ti.Vector.field(3, ti.i32, shape=4)
+    c = ti.Matrix.field(3, 1, ti.i32, shape=4)
+    data = np.arange(12, dtype=np.int32).reshape(4, 3)
+    v.from_numpy(data)
+    c.from_numpy(data)
+    assert v.to_numpy().shape == (4, 3) and c.to_numpy().shape == (4, 3)
+    np.testing.assert_array_equal(v.to_numpy(keep_dims=True), data[:, :, None])
+    np.testing.assert_array_equal(c.to_numpy(keep_dims=True), data[:, :, None])
+    np.testing.assert_array_equal(c.to_numpy(), data)
+    v.from_numpy(data[:, :, None] * 2)
+    c.from_numpy(data[:, :, None] * 3)
+    np.testing.assert_array_equal(v.to_numpy(), data * 2)
+    assert c[1][2, 0] == 15
+    m = ti.Matrix.field(2, 3, ti.f32, shape=2)
+    assert m.to_numpy(keep_dims=True).shape == m.to_numpy().shape == (2, 2, 3)
+    with pytest.raises((ValueError, AssertionError)):  # Taichi asserts
+        m.from_numpy(np.zeros((2, 2), np.float32))

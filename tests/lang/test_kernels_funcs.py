@@ -1,6 +1,7 @@
 """@ti.kernel / @ti.func: argument kinds, return values, inlined and nested funcs."""
 
 import numpy as np
+import pytest
 
 
 def test_kernel_writes_field_from_index(ti, fp, npfp, rtol):
@@ -264,3 +265,47 @@ def test_same_kernel_called_repeatedly_with_new_arguments(ti):
     for v in range(1, 11):
         add(v)
     assert acc[None] == 55
+
+
+def test_scalar_arguments_of_the_wrong_kind_are_refused(ti):
+    """An integer parameter takes integers only (a float would be truncated silently); no
+    parameter takes a string (NumPy would parse it)."""
+
+    @ti.kernel
+    def echo_int(n: ti.i32) -> ti.i32:
+        return n
+
+    @ti.kernel
+    def echo_float(x: ti.f32) -> ti.f32:
+        return x
+
+    assert echo_int(np.int64(7)) == 7 and echo_int(True) == 1
+    assert echo_float(3) == 3.0 and echo_float(np.float32(0.5)) == 0.5
+    for bad in (2.7, 3.0, "3"):
+        with pytest.raises(TypeError):
+            echo_int(bad)
+    with pytest.raises(TypeError):
+        echo_float(np.array([2.0]))
+
+
+@pytest.mark.difftape_only
+def test_vector_and_matrix_arguments_must_have_the_parameters_shape(ti):
+    @ti.kernel
+    def weigh(v: ti.math.vec3) -> ti.f32:
+        return v[0] + 10 * v[1] + 100 * v[2]
+
+    @ti.kernel
+    def corner(m: ti.math.mat2) -> ti.f32:
+        return m[0, 1] + 10 * m[1, 0]
+
+    assert weigh([1, 2, 3]) == 321 and weigh(np.array([1.0, 2.0, 3.0])) == 321
+    assert corner(ti.Matrix([[1, 2], [3, 4]])) == 32 and corner([[1, 2], [3, 4]]) == 32
+    for bad in ([1, 2, 3, 4], [1, 2], ti.Vector([1, 2, 3, 4]), 1.0, [[1], [2], [3]]):
+        with pytest.raises(ti.ArgumentError, match=r"argument 1 must be a vector/matrix"):
+            weigh(bad)
+    # A 3x3 matrix used to be read as a flat list of entries (giving 2, not 32).
+    for bad in (ti.Matrix([[1, 2, 0], [3, 4, 0], [0, 0, 0]]), [1, 2, 3, 4]):
+        with pytest.raises(ti.ArgumentError, match=r"shape \(2, 2\)"):
+            corner(bad)
+    with pytest.raises(ti.ArgumentError, match="must be a number"):
+        weigh(["a", "b", "c"])
