@@ -48,6 +48,7 @@ from .frontend.ops import (  # noqa: E402
     max,
     min,
     pow,
+    randn,
     random,
     round,
     rsqrt,

@@ -844,8 +844,10 @@ class Lowering:
             m = fn.ins(f"lshr i64 {r}, 40")
             f = fn.ins(f"uitofp i64 {m} to {ll_type(t)}")
             return fn.ins(f"fmul {ll_type(t)} {f}, {ll_const(2.0 ** -24, t)}")
-        hi = fn.ins(f"lshr i64 {r}, 32")
-        return hi if t.bits == 64 else fn.ins(f"trunc i64 {hi} to {ll_type(t)}")
+        if t.bits == 64:  # all 64 bits, as Taichi's rand_u64/rand_i64
+            return r
+        hi = fn.ins(f"lshr i64 {r}, 32")  # the high half: xorshift64*'s best bits
+        return fn.ins(f"trunc i64 {hi} to {ll_type(t)}")
 
     # ------------------------------------------------------------------ control flow
     def op_if(self, s: Stmt) -> None:

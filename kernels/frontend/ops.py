@@ -344,14 +344,34 @@ def stop_grad(x):
 
 
 def random(dtype=float):
-    """``ti.random(dtype=float)``: uniform in [0, 1) for floats, uniform bits for ints."""
+    """``ti.random(dtype=float)``: uniform in [0, 1) for floats; for integers, uniform over
+    all values of the type (all 64 bits for i64/u64, as in Taichi)."""
     bld = _b.current()
     dtype = resolve_dtype(dtype)
     if bld is None:
         import random as _pyrandom
 
-        return _pyrandom.random() if dtype.is_float else _pyrandom.getrandbits(31)
+        return _pyrandom.random() if dtype.is_float else \
+            dtype.wrap(_pyrandom.getrandbits(dtype.bits))
     return Expr(bld.emit("random", dtype))
+
+
+def randn(dt=None):
+    """``ti.randn(dt=None)``: a standard normal sample (mean 0, variance 1) of float type
+    ``dt`` (default_fp), by the Box-Muller transform as Taichi computes it:
+    ``sqrt(-2 log(1 - u1)) cos(2 pi u2)`` with ``u1``, ``u2`` uniform in [0, 1) (so the
+    logarithm's argument is never 0)."""
+    dtype = resolve_dtype(dt if dt is not None else float)
+    if not dtype.is_float:
+        raise _err(f"ti.randn: dt must be a float type, got {dtype}")
+    if _b.current() is None:
+        import random as _pyrandom
+
+        return _pyrandom.gauss(0.0, 1.0)
+    u1 = binary("sub", const(1.0, dtype), random(dtype))
+    u2 = random(dtype)
+    r = unary("sqrt", binary("mul", const(-2.0, dtype), unary("log", u1)))
+    return binary("mul", r, unary("cos", binary("mul", const(2 * np.pi, dtype), u2)))
 
 
 # ----------------------------------------------------------------------------------- atomics

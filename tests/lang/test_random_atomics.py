@@ -184,3 +184,77 @@ def test_parallel_float_sum(ti, fp, rtol):
     run()
     # summation order is not fixed, so allow for f32 round-off accumulation
     np.testing.assert_allclose(total[None], data.sum(), rtol=100 * rtol)
+
+
+def _draw_serial(ti, dtype, n, fn=None):
+    """``n`` draws of ``ti.random(dtype)`` (or ``fn()``) in one thread, from a fixed seed:
+    the same numbers on every run, so the statistical checks below cannot be flaky."""
+    ti.init(arch=ti.cpu, random_seed=7)
+    x = ti.field(dtype, shape=n)
+    one = fn or (lambda: ti.random(dtype))
+
+    @ti.kernel
+    def draw():
+        ti.loop_config(serialize=True)
+        for i in x:
+            x[i] = one()
+
+    draw()
+    return x.to_numpy()
+
+
+def test_random_64_bit_integers_cover_the_whole_range(ti):
+    """As Taichi's rand_u64/rand_i64: every one of the 64 bits is random, so i64 draws are
+    negative half of the time and u64 draws reach [2**63, 2**64)."""
+    n = 20_000
+    for dtype, signed in ((ti.i64, True), (ti.u64, False)):
+        v = _draw_serial(ti, dtype, n)
+        bits = v.view(np.uint64)
+        ones = [float(np.mean((bits >> np.uint64(k)) & np.uint64(1))) for k in range(64)]
+        assert all(abs(f - 0.5) < 0.03 for f in ones), ones  # 8 sigma
+        if signed:
+            assert abs(np.mean(v < 0) - 0.5) < 0.03 and v.min() < -2**62 and v.max() > 2**62
+        else:
+            assert abs(np.mean(v >= 2**63) - 0.5) < 0.03
+        assert len(np.unique(v)) == n
+
+
+def test_random_32_bit_integers_cover_the_whole_range(ti):
+    v = _draw_serial(ti, ti.i32, 20_000)
+    bits = v.view(np.uint32)
+    ones = [float(np.mean((bits >> np.uint32(k)) & np.uint32(1))) for k in range(32)]
+    assert all(abs(f - 0.5) < 0.03 for f in ones), ones
+
+
+def test_randn_is_standard_normal(ti):
+    """Mean, variance and the mass within 1, 2 and 3 standard deviations of 200000 draws
+    (fixed seed, one thread), each within about 6 standard errors of the normal law's."""
+    import math
+
+    n = 200_000
+    for dtype in (ti.f32, ti.f64):
+        v = _draw_serial(ti, dtype, n, fn=lambda dt=dtype: ti.randn(dt)).astype(np.float64)
+        assert np.isfinite(v).all()
+        assert abs(v.mean()) < 0.015
+        assert abs(v.var() - 1.0) < 0.02
+        for k in (1, 2, 3):
+            p = math.erf(k / math.sqrt(2))
+            se = math.sqrt(p * (1 - p) / n)
+            assert abs(np.mean(np.abs(v) < k) - p) < 6 * se, (k, np.mean(np.abs(v) < k), p)
+        # the tails are reached (Box-Muller from [0, 1) uniforms reaches about 5.6 in f32)
+        assert np.abs(v).max() > 3.5
+
+
+def test_randn_default_type_is_default_fp(ti):
+    """With default_fp=f64, ti.randn() draws in f64: its values are not f32 numbers."""
+    ti.init(arch=ti.cpu, default_fp=ti.f64, random_seed=7)
+    x = ti.field(ti.f64, shape=1000)
+
+    @ti.kernel
+    def draw():
+        for i in x:
+            x[i] = ti.randn()
+
+    draw()
+    v = x.to_numpy()
+    assert np.mean(v.astype(np.float32).astype(np.float64) != v) > 0.99
