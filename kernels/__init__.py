@@ -33,6 +33,7 @@ from .frontend.ops import (  # noqa: E402
     atomic_and,
     atomic_max,
     atomic_min,
+    atomic_mul,
     atomic_or,
     atomic_sub,
     atomic_xor,

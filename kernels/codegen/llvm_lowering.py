@@ -696,6 +696,8 @@ class Lowering:
 
     def _atomic_rmw(self, kind: str, t: DType, p: str, v: str, tags: str = "") -> str:
         ty = ll_type(t)
+        if kind == "mul":  # LLVM has no atomicrmw mul
+            return self._atomic_cas(kind, t, p, v, tags)
         if t.is_float:
             op = {"add": "fadd", "sub": "fsub", "min": "fmin", "max": "fmax"}.get(kind)
         else:
@@ -705,6 +707,29 @@ class Lowering:
         if op is None:
             raise NotImplementedError(f"atomic {kind} on {t}")  # frontend only emits the above
         return self.fn.ins(f"atomicrmw {op} ptr {p}, {ty} {v} monotonic{tags}")
+
+    def _atomic_cas(self, kind: str, t: DType, p: str, v: str, tags: str = "") -> str:
+        """An atomic read-modify-write as a compare-and-swap loop: read the element, combine,
+        swap the result in if the element still holds what was read, else retry with what it
+        holds now. Returns the old value (the one the successful swap replaced)."""
+        fn = self.fn
+        ty, it = ll_type(t), f"i{t.bits}"
+        seen = fn.alloca(it)
+        first = fn.ins(f"load atomic {it}, ptr {p} monotonic, align {t.bits // 8}")
+        fn.void(f"store {it} {first}, ptr {seen}")
+        loop, done = fn.label("cas"), fn.label("cas_done")
+        fn.term(f"br label %{loop}")
+        fn.start_block(loop)
+        cur = fn.ins(f"load {it}, ptr {seen}")
+        old = fn.ins(f"bitcast {it} {cur} to {ty}") if t.is_float else cur
+        new = self._combine(kind, t, old, v)
+        new_bits = fn.ins(f"bitcast {ty} {new} to {it}") if t.is_float else new
+        pair = fn.ins(f"cmpxchg ptr {p}, {it} {cur}, {it} {new_bits} monotonic monotonic")
+        fn.void(f"store {it} {fn.ins(f'extractvalue {{ {it}, i1 }} {pair}, 0')}, ptr {seen}")
+        ok = fn.ins(f"extractvalue {{ {it}, i1 }} {pair}, 1")
+        fn.term(f"br i1 {ok}, label %{done}, label %{loop}")
+        fn.start_block(done)
+        return old
 
     def _combine(self, kind: str, t: DType, a: str, b: str) -> str:
         fake = Stmt(kind, t, (Stmt("const", t), Stmt("const", t)))

@@ -394,6 +394,11 @@ def atomic_sub(ref, value):
     return atomic("sub", ref, value)
 
 
+def atomic_mul(ref, value):
+    """``ti.atomic_mul(x, y)``: ``x *= y`` atomically; returns the old value of ``x``."""
+    return atomic("mul", ref, value)
+
+
 def atomic_min(ref, value):
     return atomic("min", ref, value)
 

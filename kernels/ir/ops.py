@@ -458,7 +458,12 @@ OPS: dict[str, OpInfo] = {
     "stack_pop": _structural("stack", 0, False),
 }
 
-ATOMIC_KINDS = ("add", "sub", "min", "max", "bit_and", "bit_or", "bit_xor")
+#: The kinds of ``atomic``/``local_atomic``/``temp_atomic``: each names the binary op that
+#: combines the old value with the operand. The lowering emits ``atomicrmw`` where LLVM has
+#: one and a compare-and-swap loop for ``mul``. None carries a derivative rule of its own:
+#: the transforms differentiate ``add``/``sub`` and refuse the others into storage with
+#: derivatives. ``passes/determinism.py`` classifies each kind.
+ATOMIC_KINDS = ("add", "sub", "mul", "min", "max", "bit_and", "bit_or", "bit_xor")
 
 
 def has_derivative(op: str) -> bool:
