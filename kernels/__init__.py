@@ -37,6 +37,7 @@ from .frontend.ops import (  # noqa: E402
     atomic_or,
     atomic_sub,
     atomic_xor,
+    bit_cast,
     cast,
     ceil,
     cos,
@@ -48,9 +49,12 @@ from .frontend.ops import (  # noqa: E402
     logical_or,
     max,
     min,
+    one,
     pow,
     randn,
     random,
+    raw_div,
+    raw_mod,
     round,
     rsqrt,
     select,
@@ -59,6 +63,7 @@ from .frontend.ops import (  # noqa: E402
     stop_grad,
     tan,
     tanh,
+    zero,
 )
 from .frontend.transformer import Grouped, NdRange, loop_config, static  # noqa: E402
 from .runtime.field import Field, i, ij, ijk, ijkl, j, k, l, root  # noqa: E402, E741

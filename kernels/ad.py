@@ -72,6 +72,7 @@ def no_grad(func):
     decorated.__name__ = getattr(func, "__name__", "no_grad")
     decorated.__doc__ = func.__doc__
     decorated.__wrapped__ = func
+    decorated.grad = _nothing  # as in Taichi: the gradient of a no_grad function is empty
     return decorated
 
 

@@ -12,6 +12,7 @@ from .frontend.ops import (  # noqa: F401 - re-exported API
     atan2,
     ceil,
     clamp,
+    clz,
     cos,
     exp,
     floor,

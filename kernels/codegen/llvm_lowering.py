@@ -480,6 +480,16 @@ class Lowering:
     def op_loop_index(self, s: Stmt) -> str:
         return self.fn.ins(f"load i32, ptr {self.loop_index[s.attr]}")
 
+    def op_bit_cast(self, s: Stmt) -> str:
+        src, dst = s.args[0].dtype, s.dtype
+        v = self.values[s.args[0]]
+        if ll_type(src) == ll_type(dst):  # i32 <-> u32: one LLVM type
+            return v
+        return self.fn.ins(f"bitcast {ll_type(src)} {v} to {ll_type(dst)}")
+
+    def lower_clz(self, s: Stmt, t: DType, args: list[str]) -> str:
+        return self.intrinsic("ctlz", t, args, extra=", i1 false")
+
     def op_stop_grad(self, s: Stmt) -> str:
         return self.values[s.args[0]]
 
@@ -622,7 +632,7 @@ class Lowering:
         zero = fn.ins(f"icmp eq {ty} {b}, 0")
         if not t.is_signed:
             safe_b = fn.ins(f"select i1 {zero}, {ty} 1, {ty} {b}")
-            q = fn.ins(f"{'urem' if op == 'mod' else 'udiv'} {ty} {a}, {safe_b}")
+            q = fn.ins(f"{'urem' if op in ('mod', 'rem') else 'udiv'} {ty} {a}, {safe_b}")
             return fn.ins(f"select i1 {zero}, {ty} 0, {ty} {q}")
         minus1 = fn.ins(f"icmp eq {ty} {b}, -1")
         bad = fn.ins(f"or i1 {zero}, {minus1}")
@@ -633,6 +643,8 @@ class Lowering:
             q = fn.ins(f"select i1 {minus1}, {ty} {neg}, {ty} {q}")
             return fn.ins(f"select i1 {zero}, {ty} 0, {ty} {q}")
         r = fn.ins(f"srem {ty} {a}, {safe_b}")
+        if op == "rem":  # C's remainder; a % -1 is 0 (r is 0 with safe_b = 1)
+            return fn.ins(f"select i1 {zero}, {ty} 0, {ty} {r}")
         rnz = self.fn.ins(f"icmp ne {ty} {r}, 0")
         x = self.fn.ins(f"xor {ty} {r}, {safe_b}")
         neg = self.fn.ins(f"icmp slt {ty} {x}, 0")
