@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from difftape.ad import Tape, _Entry
+from difftape.autodiff.lost import Flow, lost_flow
 from difftape.errors import ArgumentError, DifftapeError, ShapeError
 from difftape.frontend import builder as _b
 from difftape.frontend.annotations import NdarrayType
@@ -32,7 +33,7 @@ from difftape.frontend.matrix import Matrix, MatrixType, Vector
 from difftape.ir import serialize
 from difftape.ir.serialize import from_jsonable
 from difftape.runtime.field import Field, _to_python
-from difftape.runtime.kernel import derive, has_storage
+from difftape.runtime.kernel import LOST_ROLE, derive, has_storage
 
 #: Queued ops beyond this many are sent without waiting for a synchronisation point.
 MAX_QUEUE = 4096
@@ -100,6 +101,7 @@ class RemoteRuntime:
         self._kernels: dict[tuple, _RemoteKernel] = {}
         self._names: dict[str, str] = {}  # kernel id -> name, for error messages
         self._grad_checked: set = set()
+        self._flows: dict[tuple, Flow] = {}
         self.closed = False
 
     # ------------------------------------------------------------------ the queue
@@ -217,21 +219,36 @@ class RemoteRuntime:
 
                     raise DifftapeError(NOT_WITH_FORWARD_MODE)
                 return self.launch(kernel, args, validate=True)
+        if fwd:  # refuse reading tangents lost by storage without .dual (as locally)
+            prog.fwd.lost.launch(kernel.name, self._lost_flow(self._kernel(kernel, args), "fwd"),
+                                 args)
         return self.launch(kernel, args, "fwd" if fwd else "primal")
 
-    def check_grad(self, kernel, args: tuple) -> None:
+    def _lost_flow(self, rk: _RemoteKernel, variant: str) -> Flow:
+        """What the variant's launches may lose (autodiff/lost.py), from the IR here, where
+        the client knows which companions exist, as the local runtime computes it."""
+        key = (rk.kid, variant, getattr(self.prog, "storage_epoch", 0))
+        flow = self._flows.get(key)
+        if flow is None:
+            prog, role = self.prog, LOST_ROLE[variant]
+            flow = self._flows[key] = lost_flow(serialize.decode(rk.data),
+                                                lambda buf: has_storage(prog, (), buf, role))
+        return flow
+
+    def check_grad(self, kernel, args: tuple) -> Flow:
         """Derive the adjoint here once per specialization, so that a kernel whose gradient
-        cannot be computed is refused when it is recorded (as locally), not at Tape exit."""
+        cannot be computed is refused when it is recorded (as locally), not at Tape exit.
+        Returns what its gradient may lose through fields without ``.grad``."""
         rk = self._kernel(kernel, args)
         # Under forward mode (a Tape inside FwdMode) the adjoint runs with tangents.
         variant = "grad_fwd" if getattr(self.prog, "fwd", None) is not None else "grad"
         key = (rk.kid, variant, getattr(self.prog, "storage_epoch", 0))
-        if key in self._grad_checked:
-            return
-        prog = self.prog
-        derive(serialize.decode(rk.data), variant,
-               lambda buf, role: has_storage(prog, (), buf, role))
-        self._grad_checked.add(key)
+        if key not in self._grad_checked:
+            prog = self.prog
+            derive(serialize.decode(rk.data), variant,
+                   lambda buf, role: has_storage(prog, (), buf, role))
+            self._grad_checked.add(key)
+        return self._lost_flow(rk, variant)
 
     def clear_grads(self) -> None:
         self.queue({"op": "clear_grads"})
@@ -425,7 +442,8 @@ class RemoteTape(Tape):
             return
         from difftape.runtime import program
 
-        program.get().remote.check_grad(kernel, args)
+        flow = program.get().remote.check_grad(kernel, args)
+        self.lost.launch(kernel.name, flow, args)
         self.entries.append(_Entry(kernel, kernel.grad, args, {}, kernel.name))
 
     def __exit__(self, exc_type, exc, tb) -> bool:

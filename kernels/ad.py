@@ -15,6 +15,7 @@ import numpy as np
 
 from .autodiff import functional as _fn
 from .autodiff.functional import clear_all_duals, hessian, hvp, jacobian
+from .autodiff.lost import LostTracker
 from .errors import DifftapeError, GradientRuleError
 from .runtime import program
 from .runtime.field import Field
@@ -71,6 +72,7 @@ def no_grad(func):
     decorated.__name__ = getattr(func, "__name__", "no_grad")
     decorated.__doc__ = func.__doc__
     decorated.__wrapped__ = func
+    decorated.grad = _nothing  # as in Taichi: the gradient of a no_grad function is empty
     return decorated
 
 
@@ -116,6 +118,8 @@ class Tape:
         self._entered = False
         self._evaluated = False
         self._snapshot: dict[int, np.ndarray] | None = None
+        # Storage holding values whose gradient would be dropped (no .grad): autodiff/lost.py
+        self.lost = LostTracker("reverse")
 
     # ------------------------------------------------------------------ recording
     def __enter__(self) -> Tape:
@@ -164,7 +168,8 @@ class Tape:
             return
         # Compile now: refuse an undifferentiable kernel early. Under forward mode (ti.ad.hvp)
         # the adjoint runs with tangents.
-        kernel.instance(args, "grad_fwd" if program.get().fwd is not None else "grad")
+        inst = kernel.instance(args, "grad_fwd" if program.get().fwd is not None else "grad")
+        self.lost.launch(kernel.name, inst.lost, args)
         self.entries.append(_Entry(kernel, kernel.grad, args, {}, kernel.name))
 
     def record_custom(self, forward: Callable, backward: Callable | None, args: tuple,

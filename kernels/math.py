@@ -19,6 +19,7 @@ from .frontend.ops import (  # noqa: F401 - re-exported API
     atan,
     atan2,
     ceil,
+    clz,
     cos,
     exp,
     floor,

@@ -234,6 +234,14 @@ class ForwardAD:
         if d is None:
             return
         *idx, v = s.args
+        if kind == "mul":
+            raise self.error(s, f"forward mode cannot differentiate atomic_mul into "
+                                f"'{self.buffers_name(slot)}', which has dual storage: the "
+                                "tangent of a product needs the element's value before each "
+                                "multiplication, which an atomic does not keep. Multiply in a "
+                                "loop of your own (or a serial one), or keep the target out of "
+                                "the differentiated program (a field without needs_dual, or a "
+                                "kernel marked @ti.ad.no_grad)")
         if kind in ("min", "max"):
             raise self.error(s, f"forward mode cannot differentiate atomic_{kind} into "
                                 f"'{self.buffers_name(slot)}', which has dual storage: the "

@@ -22,19 +22,23 @@ import numpy as np
 from ..errors import DifftapeError
 from ..runtime import program
 from ..runtime.field import Field, root
+from .lost import LostTracker
 
 
 class forward_mode:
-    """Kernels launched inside run their forward-mode variant (value and tangent)."""
+    """Kernels launched inside run their forward-mode variant (value and tangent). While it
+    is active it is ``program.fwd``; ``lost`` tracks tangents dropped by storage without
+    ``.dual`` (:mod:`.lost`)."""
 
     def __init__(self, owner: object = True) -> None:
         self.owner = owner
+        self.lost = LostTracker("forward")
 
     def __enter__(self) -> None:
         prog = program.get()
         if prog.fwd is not None:
             raise DifftapeError("forward-mode blocks (ti.ad.FwdMode, jvp, hvp) cannot be nested")
-        prog.fwd = self.owner
+        prog.fwd = self
 
     def __exit__(self, *exc) -> None:
         program.get().fwd = None

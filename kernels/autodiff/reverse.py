@@ -417,6 +417,13 @@ class ReverseAD:
             if v in self.active:
                 g = e.emit("load", t, idx, gs)
                 self.accumulate(scope, v, g if kind == "add" else e.un("neg", g), e)
+        elif kind == "mul":
+            raise self.error(s, f"atomic mul into '{self.buffers[slot].name}', which has "
+                             "gradient storage: the derivative of a product needs the "
+                             "element's value before each multiplication, which an atomic "
+                             "does not keep. Multiply in a loop of your own, or keep the "
+                             "target out of the differentiated program (a field without "
+                             "needs_grad, or a kernel marked @ti.ad.no_grad)")
         else:
             # Even with a constant value: where it wins, the element's previous value (and
             # whatever it depended on) stops mattering, and only the winner knows.

@@ -480,6 +480,16 @@ class Lowering:
     def op_loop_index(self, s: Stmt) -> str:
         return self.fn.ins(f"load i32, ptr {self.loop_index[s.attr]}")
 
+    def op_bit_cast(self, s: Stmt) -> str:
+        src, dst = s.args[0].dtype, s.dtype
+        v = self.values[s.args[0]]
+        if ll_type(src) == ll_type(dst):  # i32 <-> u32: one LLVM type
+            return v
+        return self.fn.ins(f"bitcast {ll_type(src)} {v} to {ll_type(dst)}")
+
+    def lower_clz(self, s: Stmt, t: DType, args: list[str]) -> str:
+        return self.intrinsic("ctlz", t, args, extra=", i1 false")
+
     def op_stop_grad(self, s: Stmt) -> str:
         return self.values[s.args[0]]
 
@@ -626,7 +636,7 @@ class Lowering:
         zero = fn.ins(f"icmp eq {ty} {b}, 0")
         if not t.is_signed:
             safe_b = fn.ins(f"select i1 {zero}, {ty} 1, {ty} {b}")
-            q = fn.ins(f"{'urem' if op == 'mod' else 'udiv'} {ty} {a}, {safe_b}")
+            q = fn.ins(f"{'urem' if op in ('mod', 'rem') else 'udiv'} {ty} {a}, {safe_b}")
             return fn.ins(f"select i1 {zero}, {ty} 0, {ty} {q}")
         minus1 = fn.ins(f"icmp eq {ty} {b}, -1")
         bad = fn.ins(f"or i1 {zero}, {minus1}")
@@ -637,6 +647,8 @@ class Lowering:
             q = fn.ins(f"select i1 {minus1}, {ty} {neg}, {ty} {q}")
             return fn.ins(f"select i1 {zero}, {ty} 0, {ty} {q}")
         r = fn.ins(f"srem {ty} {a}, {safe_b}")
+        if op == "rem":  # C's remainder; a % -1 is 0 (r is 0 with safe_b = 1)
+            return fn.ins(f"select i1 {zero}, {ty} 0, {ty} {r}")
         rnz = self.fn.ins(f"icmp ne {ty} {r}, 0")
         x = self.fn.ins(f"xor {ty} {r}, {safe_b}")
         neg = self.fn.ins(f"icmp slt {ty} {x}, 0")
@@ -700,6 +712,8 @@ class Lowering:
 
     def _atomic_rmw(self, kind: str, t: DType, p: str, v: str, tags: str = "") -> str:
         ty = ll_type(t)
+        if kind == "mul":  # LLVM has no atomicrmw mul
+            return self._atomic_cas(kind, t, p, v, tags)
         if t.is_float:
             op = {"add": "fadd", "sub": "fsub", "min": "fmin", "max": "fmax"}.get(kind)
         else:
@@ -709,6 +723,29 @@ class Lowering:
         if op is None:
             raise NotImplementedError(f"atomic {kind} on {t}")  # frontend only emits the above
         return self.fn.ins(f"atomicrmw {op} ptr {p}, {ty} {v} monotonic{tags}")
+
+    def _atomic_cas(self, kind: str, t: DType, p: str, v: str, tags: str = "") -> str:
+        """An atomic read-modify-write as a compare-and-swap loop: read the element, combine,
+        swap the result in if the element still holds what was read, else retry with what it
+        holds now. Returns the old value (the one the successful swap replaced)."""
+        fn = self.fn
+        ty, it = ll_type(t), f"i{t.bits}"
+        seen = fn.alloca(it)
+        first = fn.ins(f"load atomic {it}, ptr {p} monotonic, align {t.bits // 8}")
+        fn.void(f"store {it} {first}, ptr {seen}")
+        loop, done = fn.label("cas"), fn.label("cas_done")
+        fn.term(f"br label %{loop}")
+        fn.start_block(loop)
+        cur = fn.ins(f"load {it}, ptr {seen}")
+        old = fn.ins(f"bitcast {it} {cur} to {ty}") if t.is_float else cur
+        new = self._combine(kind, t, old, v)
+        new_bits = fn.ins(f"bitcast {ty} {new} to {it}") if t.is_float else new
+        pair = fn.ins(f"cmpxchg ptr {p}, {it} {cur}, {it} {new_bits} monotonic monotonic")
+        fn.void(f"store {it} {fn.ins(f'extractvalue {{ {it}, i1 }} {pair}, 0')}, ptr {seen}")
+        ok = fn.ins(f"extractvalue {{ {it}, i1 }} {pair}, 1")
+        fn.term(f"br i1 {ok}, label %{done}, label %{loop}")
+        fn.start_block(done)
+        return old
 
     def _combine(self, kind: str, t: DType, a: str, b: str) -> str:
         fake = Stmt(kind, t, (Stmt("const", t), Stmt("const", t)))
@@ -848,8 +885,10 @@ class Lowering:
             m = fn.ins(f"lshr i64 {r}, 40")
             f = fn.ins(f"uitofp i64 {m} to {ll_type(t)}")
             return fn.ins(f"fmul {ll_type(t)} {f}, {ll_const(2.0 ** -24, t)}")
-        hi = fn.ins(f"lshr i64 {r}, 32")
-        return hi if t.bits == 64 else fn.ins(f"trunc i64 {hi} to {ll_type(t)}")
+        if t.bits == 64:  # all 64 bits, as Taichi's rand_u64/rand_i64
+            return r
+        hi = fn.ins(f"lshr i64 {r}, 32")  # the high half: xorshift64*'s best bits
+        return fn.ins(f"trunc i64 {hi} to {ll_type(t)}")
 
     # ------------------------------------------------------------------ control flow
     def op_if(self, s: Stmt) -> None:

@@ -172,9 +172,10 @@ def python_scope(method: Callable) -> Callable:
         b = current()
         if b is not None:
             owner = type(args[0]).__name__ if args else ""
+            hint = getattr(args[0], "_python_scope_hint", "call it before or after the kernel")
             raise b.error(f"{owner}.{method.__name__}() runs in Python scope only: inside a "
-                          "kernel it would run once, at compile time, not at each launch; "
-                          "call it before or after the kernel")
+                          f"kernel it would run once, at compile time, not at each launch; "
+                          f"{hint}")
         return method(*args, **kwargs)
 
     return wrapper

@@ -249,6 +249,76 @@ def _wide_literal_type(value, other: Expr | None) -> DType | None:
     return None
 
 
+def raw_div(a, b):
+    """``ti.raw_div(a, b)``: C's division: truncating on two integers (a zero divisor gives
+    0 instead of trapping), true division otherwise. In Python scope, as Taichi, two integers
+    give Python's floor division."""
+    if _is_matrix(a) or _is_matrix(b):
+        return _elementwise(raw_div, a, b)
+    if _is_number(a) and _is_number(b):
+        ints = isinstance(a, numbers.Integral) and isinstance(b, numbers.Integral)
+        return a // b if ints else a / b
+    bld = _b.require()
+    ea, eb = _typed_pair(a, b)
+    t = T.promote(ea.dtype, eb.dtype)
+    if t.is_float:
+        return binary("div", ea, eb)
+    return Expr(bld.emit("div", t, (_cast_expr(ea, t).stmt, _cast_expr(eb, t).stmt)))
+
+
+def raw_mod(a, b):
+    """``ti.raw_mod(a, b)``: C's remainder, with the sign of the dividend (``ti.raw_mod(-4,
+    3)`` is -1 where ``%`` gives 2); ``fmod`` on floats (Taichi 1.7.4 fails to compile that);
+    a zero integer divisor gives 0. In Python scope, Taichi's ``a - b * int(a / b)``."""
+    if _is_matrix(a) or _is_matrix(b):
+        return _elementwise(raw_mod, a, b)
+    if _is_number(a) and _is_number(b):
+        return a - b * int(float(a) / b)
+    return binary("rem", a, b)
+
+
+def bit_cast(x, dtype):
+    """``ti.bit_cast(x, dtype)``: the bits of scalar ``x`` read as ``dtype``, which must have
+    the same width (C++'s ``reinterpret_cast``, e.g. f32 <-> i32)."""
+    dtype = resolve_dtype(dtype)
+    if _is_matrix(x):
+        raise _err("ti.bit_cast takes a scalar, not a vector or matrix")
+    if _is_number(x):
+        src = T.from_numpy(np.asarray(x).dtype) if isinstance(x, np.generic) else (
+            _default("fp") if isinstance(x, float) else _default("ip"))
+        if _b.current() is None:
+            return dtype.np.type(np.array(x, dtype=src.np).view(dtype.np).item())
+    e = to_expr(x)
+    if e.dtype.bits != dtype.bits:
+        raise _b.require().error(f"ti.bit_cast: {e.dtype} has {e.dtype.bits} bits and {dtype} "
+                                 f"{dtype.bits}; bit_cast needs types of the same width "
+                                 "(use ti.cast to convert values)")
+    return Expr(_b.require().emit("bit_cast", dtype, (e.stmt,)))
+
+
+def clz(x):
+    """``ti.math.clz(x)``: the number of leading zero bits of integer ``x`` in its type (32
+    for a zero i32). In Python scope, as Taichi, for a 32-bit value."""
+    if _is_matrix(x):
+        return _elementwise(clz, x)
+    if _is_number(x):
+        return next((32 - i for i in range(32) if 2**i > x), 0)
+    e = to_expr(x)
+    if not e.dtype.is_int:
+        raise _b.require().error(f"ti.math.clz needs an integer, got {e.dtype}")
+    return Expr(_b.require().emit("clz", e.dtype, (e.stmt,)))
+
+
+def zero(x):
+    """``ti.zero(x)``: zeros of the type and shape of ``x`` (``x * 0``, as Taichi)."""
+    return binary("mul", x, 0)
+
+
+def one(x):
+    """``ti.one(x)``: ones of the type and shape of ``x`` (``zero(x) + 1``, as Taichi)."""
+    return binary("add", zero(x), 1)
+
+
 def pow(a, b):  # noqa: A001 - mirrors ti.pow
     """``a ** b``. Small constant integer exponents become multiplications, which is both
     faster and exact, and differentiates cleanly at x = 0."""
@@ -407,14 +477,34 @@ def stop_grad(x):
 
 
 def random(dtype=float):
-    """``ti.random(dtype=float)``: uniform in [0, 1) for floats, uniform bits for ints."""
+    """``ti.random(dtype=float)``: uniform in [0, 1) for floats; for integers, uniform over
+    all values of the type (all 64 bits for i64/u64, as in Taichi)."""
     bld = _b.current()
     dtype = resolve_dtype(dtype)
     if bld is None:
         import random as _pyrandom
 
-        return _pyrandom.random() if dtype.is_float else _pyrandom.getrandbits(31)
+        return _pyrandom.random() if dtype.is_float else \
+            dtype.wrap(_pyrandom.getrandbits(dtype.bits))
     return Expr(bld.emit("random", dtype))
+
+
+def randn(dt=None):
+    """``ti.randn(dt=None)``: a standard normal sample (mean 0, variance 1) of float type
+    ``dt`` (default_fp), by the Box-Muller transform as Taichi computes it:
+    ``sqrt(-2 log(1 - u1)) cos(2 pi u2)`` with ``u1``, ``u2`` uniform in [0, 1) (so the
+    logarithm's argument is never 0)."""
+    dtype = resolve_dtype(dt if dt is not None else float)
+    if not dtype.is_float:
+        raise _err(f"ti.randn: dt must be a float type, got {dtype}")
+    if _b.current() is None:
+        import random as _pyrandom
+
+        return _pyrandom.gauss(0.0, 1.0)
+    u1 = binary("sub", const(1.0, dtype), random(dtype))
+    u2 = random(dtype)
+    r = unary("sqrt", binary("mul", const(-2.0, dtype), unary("log", u1)))
+    return binary("mul", r, unary("cos", binary("mul", const(2 * np.pi, dtype), u2)))
 
 
 # ----------------------------------------------------------------------------------- atomics
@@ -435,6 +525,11 @@ def atomic_add(ref, value):
 
 def atomic_sub(ref, value):
     return atomic("sub", ref, value)
+
+
+def atomic_mul(ref, value):
+    """``ti.atomic_mul(x, y)``: ``x *= y`` atomically; returns the old value of ``x``."""
+    return atomic("mul", ref, value)
 
 
 def atomic_min(ref, value):

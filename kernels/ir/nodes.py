@@ -121,6 +121,9 @@ class KernelIR:
     # ti.init(deterministic=True): passes/determinism.py gives every range task a schedule
     # whose results do not depend on timing or the thread count.
     deterministic: bool = False
+    # Of a derivative variant: the derivatives its launches may lose through storage without
+    # .dual/.grad (autodiff/lost.py's Flow), checked by the runtime at launch; not compiled.
+    lost: Any = None
 
 
 @dataclass

@@ -158,6 +158,37 @@ def _floordiv(xs, src, dst):
     return 0 if b == 0 else a // b
 
 
+def _rem(xs, src, dst):
+    """C's remainder (the dividend's sign): ``fmod`` on floats (exact), ``%`` truncating on
+    integers with a zero divisor giving 0 (the lowering never traps)."""
+    a, b = xs
+    if src.is_float:
+        t = src.np.type
+        with np.errstate(all="ignore"):
+            return float(np.fmod(t(a), t(b)))
+    return a - b * _int_div(a, b) if b != 0 else 0
+
+
+def _d_rem(e, y, a, b):
+    # a rem b = a - b * trunc(a / b); trunc is piecewise constant
+    q = e.bin("div", a, b)
+    trunc = e.select(e.cmp("lt", q, e.const(0, q.dtype)), e.un("ceil", q), e.un("floor", q))
+    return [ONE, e.un("neg", trunc)]
+
+
+def _bit_cast(xs, src, dst):
+    """The same bits read as another type of the same width."""
+    (v,) = xs
+    return np.array(src.wrap(v), dtype=src.np).view(dst.np).item()
+
+
+def _clz(xs, src, dst):
+    """Leading zero bits of the value's two's-complement pattern (``llvm.ctlz``, defined at
+    0 as the width)."""
+    (v,) = xs
+    return src.bits - (v & ((1 << src.bits) - 1)).bit_length()
+
+
 def _mod(xs, src, dst):
     a, b = xs
     if src.is_float:  # a - floor(a / b) * b, rounded step by step as compiled
@@ -256,6 +287,7 @@ TYPE_RULES = {
     "logical": "two integer conditions; the result is i32",
     "select": "an integer condition and two operands of the result's type",
     "cast": "one operand of any type, converted to the result's",
+    "bit_cast": "one operand; the result is another type of the same width (same bits)",
 }
 
 _ANY = ("f", "i", "u")
@@ -328,6 +360,9 @@ OPS: dict[str, OpInfo] = {
                      evaluate=lambda xs, src, dst: xs[1] if xs[0] else xs[2],
                      derivative=lambda e, y, c, a, b: [None, Where(c), Where(c, False)],
                      lower=_STMT),
+    # The bits reinterpreted (Taichi's bit_cast): no derivative, as integers carry none.
+    "bit_cast": OpInfo("unary", 1, True, types="bit_cast", evaluate=_bit_cast,
+                       derivative=NO_DERIVATIVE, lower=_STMT, fold=True),
     "stop_grad": OpInfo("unary", 1, True, types="same", evaluate=lambda xs, src, dst: xs[0],
                         derivative=NO_DERIVATIVE, lower=_STMT),
     # -- unary arithmetic
@@ -377,6 +412,8 @@ OPS: dict[str, OpInfo] = {
     "bit_not": OpInfo("unary", 1, True, types="int", evaluate=_py(operator.invert),
                       py=operator.invert, derivative=NO_DERIVATIVE,
                       lower={"i": "method:bit_not", "u": "method:bit_not"}, fold=True),
+    "clz": OpInfo("unary", 1, True, types="int", evaluate=_clz, derivative=NO_DERIVATIVE,
+                  lower={"i": "method:clz", "u": "method:clz"}, fold=True),
     # -- binary arithmetic
     "add": _arith(operator.add, lambda e, y, a, b: [ONE, ONE],
                   _same_insts("inst:fadd", "inst:add")),
@@ -395,6 +432,10 @@ OPS: dict[str, OpInfo] = {
     "mod": _arith(operator.mod, _d_mod, {"f": "method:float_mod", "i": "method:int_div",
                                          "u": "method:int_div"},
                   ev=_mod, fold=False, risky=True),
+    # C's remainder (ti.raw_mod): the sign of the dividend.
+    "rem": _arith(math.fmod, _d_rem, {"f": "inst:frem", "i": "method:int_div",
+                                      "u": "method:int_div"},
+                  ev=_rem, fold=False, risky=True),
     "pow": _arith(operator.pow, _d_pow, {"f": "libm:pow", "i": "method:int_pow",
                                          "u": "method:int_pow"},
                   ev=_pow, fold=False, risky=True),
@@ -460,7 +501,12 @@ OPS: dict[str, OpInfo] = {
     "stack_pop": _structural("stack", 0, False),
 }
 
-ATOMIC_KINDS = ("add", "sub", "min", "max", "bit_and", "bit_or", "bit_xor")
+#: The kinds of ``atomic``/``local_atomic``/``temp_atomic``: each names the binary op that
+#: combines the old value with the operand. The lowering emits ``atomicrmw`` where LLVM has
+#: one and a compare-and-swap loop for ``mul``. None carries a derivative rule of its own:
+#: the transforms differentiate ``add``/``sub`` and refuse the others into storage with
+#: derivatives. ``passes/determinism.py`` classifies each kind.
+ATOMIC_KINDS = ("add", "sub", "mul", "min", "max", "bit_and", "bit_or", "bit_xor")
 
 
 def has_derivative(op: str) -> bool:

@@ -373,9 +373,6 @@ class _Decoder:
                 self.messages.add(s.attr)
             if len(self.messages) > MAX_MESSAGES:
                 raise self.fail(path, f"more than {MAX_MESSAGES} distinct assert messages")
-        elif op == "div" and s.dtype is not None and s.dtype.is_int:
-            raise self.fail(path, "integer 'div' is not accepted (the frontend divides in "
-                                  "floating point; use floordiv)")
         elif op in ("shl", "shr") and len(s.args) == 2 and s.args[1].op == "const":
             # LLVM folds a constant shift by >= the width to poison, which can then erase
             # branches (a bounds check) downstream; a run-time amount is masked by the CPU.

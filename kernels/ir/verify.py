@@ -280,6 +280,9 @@ class _Checker:
                 self.cond(s, a[0], f"an operand of {op}")
             if t != T.i32:
                 raise self.fail(s, f"op '{op}' gives i32, not {t}")
+        elif rule == "bit_cast":
+            if a[0].dtype.bits != t.bits:
+                raise self.fail(s, f"bit_cast of {a[0].dtype} to {t}: the widths differ")
         elif rule != "cast":
             raise self.fail(s, f"no type rule {rule!r} for op '{op}'")
 

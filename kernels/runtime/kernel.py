@@ -20,6 +20,7 @@ import numpy as np
 
 from .. import __version__
 from .. import types as T
+from ..autodiff.lost import NO_FLOW, lost_flow
 from ..codegen.layout import CtxLayout, ctx_layout
 from ..codegen.llvm_lowering import Lowering, assert_messages
 from ..errors import (
@@ -53,6 +54,9 @@ DETERMINISTIC_CHUNKS = 64
 MIN_CHUNK_WORK = 1 << 12
 _ANY, _SERIAL, _ORDERED = 0, 1, 2
 _SCHEDULES = {"any": _ANY, "serial": _SERIAL, "ordered": _ORDERED}
+#: Derivative variants whose launches are checked for derivatives lost through storage without
+#: a companion (autodiff/lost.py), and the companion they need.
+LOST_ROLE = {"fwd": "dual", "grad": "grad", "grad_fwd": "grad"}
 
 
 def deterministic_chunk(n: int, weight: int) -> int:
@@ -135,7 +139,11 @@ class Kernel:
 
                     raise DifftapeError(NOT_WITH_FORWARD_MODE)
                 return self.instance(args, "validate").launch(args)
-        return self.instance(args, "fwd" if prog.fwd is not None else "primal").launch(args)
+        if prog.fwd is None:
+            return self.instance(args, "primal").launch(args)
+        inst = self.instance(args, "fwd")
+        prog.fwd.lost.launch(self.name, inst.lost, args)
+        return inst.launch(args)
 
     def _reset_instances(self, prog) -> None:
         self._instances.clear()
@@ -248,7 +256,11 @@ class Kernel:
             ad = ReverseAD(self.build_ir(prog, spec), lambda buf: has(buf, "grad"))
             ad.build()
             return validation.instrument(ir, prog, ad.mattering)
-        return derive(ir, variant, has)
+        role = LOST_ROLE.get(variant)
+        flow = lost_flow(ir, lambda buf: has(buf, role)) if role is not None else None
+        ir = derive(ir, variant, has)
+        ir.lost = flow
+        return ir
 
     def _compile(self, prog, args: tuple, spec: tuple, variant: str = "primal") -> CompiledKernel:
         if self._simple and len(args) != len(self.params):
@@ -257,6 +269,7 @@ class Kernel:
         t0 = time.perf_counter()
         ir = self.build_ir(prog, spec, variant)
         ir.deterministic = prog.config.deterministic
+        lost = ir.lost
         t1 = time.perf_counter()
         ir = run_pipeline(ir)
         t2 = time.perf_counter()
@@ -267,6 +280,8 @@ class Kernel:
         inst = compile_ir(ir, prog, stats, [p.name for p in self.params])
         stats.frontend_s, stats.passes_s = t1 - t0, t2 - t1
         self.last_compile = stats
+        if lost is not None:
+            inst.lost = lost
         if isinstance(self.return_annotation, MatrixType):
             inst.return_type = self.return_annotation
         inst.arg_shapes = {k: p.annotation.element_shape for k, p in enumerate(self.params)
@@ -416,6 +431,7 @@ class CompiledKernel:
             self.tasks.append((t.kind == "range", fn, bounds, max(1, t.weight),
                                _SCHEDULES[t.schedule]))
         self.return_type: MatrixType | None = None
+        self.lost = NO_FLOW  # set by Kernel._compile for derivative variants
         self.bounds_out = (ctypes.c_int64 * 2)()
         self.bounds_addr = ctypes.addressof(self.bounds_out)
         self.messages = assert_messages(ir)

@@ -16,12 +16,15 @@ import numbers
 import numpy as np
 
 from ..errors import DifftapeError, ShapeError
-from ..frontend import builder as _b
 from ..frontend.builder import python_scope
 
 
 class Ndarray:
     """A NumPy-backed array with an element shape (scalar, vector or matrix elements)."""
+
+    # What a kernel that uses one of the Python-scope methods below should do instead.
+    _python_scope_hint = ("ndarrays cannot be captured by a kernel: pass the ndarray as an "
+                          "argument annotated with ti.types.ndarray()")
 
     def __init__(self, dtype, shape, element_shape=(), needs_grad: bool = False,
                  _arr: np.ndarray | None = None) -> None:
@@ -73,10 +76,6 @@ class Ndarray:
         vector keys are flattened."""
         from ..frontend.matrix import Matrix
 
-        if _b.current() is not None:
-            raise _b.current().error(
-                "ti.ndarray objects cannot be captured by a kernel: pass the ndarray as an "
-                "argument annotated with ti.types.ndarray()")
         if key is None:
             key = ()
         elif not isinstance(key, tuple | list):

@@ -710,6 +710,11 @@ def test_no_grad_kernel_and_function_run_forward_only(ti, fp):
         python_bookkeeping()
     assert loss[None] == 30.0 + 3.0 + 10.0
     np.testing.assert_array_equal(x.grad.to_numpy(), [2.0, 4.0, 6.0, 8.0])
+    # As in Taichi, the .grad of a no_grad function (or kernel) is empty: it runs nothing.
+    loss.grad[None] = 1.0
+    assert python_bookkeeping.grad() is None
+    assert bookkeeping.grad() is None
+    np.testing.assert_array_equal(x.grad.to_numpy(), [2.0, 4.0, 6.0, 8.0])
 
 
 def test_custom_gradient_called_directly(ti, fp):

@@ -95,6 +95,8 @@ def _kernels():
             c += (j & 6) | (j ^ 3) + (j << 2) + (j >> 1) + ~j
             c += ti.cast(ti.logical_and(j >= 2, j != 3), ti.i32) + ti.cast(not (j == 7), ti.i32)
             c += ti.cast(ti.logical_or(j > 5, j < 1), ti.i32) - ti.cast(q, ti.i32)
+            c += ti.raw_div(j, 3) + ti.raw_mod(j, 4) + ti.math.clz(j) + ti.bit_cast(p, ti.i64)
+            acc += ti.raw_mod(p, 0.7)
             acc += ti.cast(c, ti.f64)
         return acc
 
@@ -144,6 +146,7 @@ def _kernels():
             ti.atomic_and(n[i], 6)
             ti.atomic_or(n[i], 1)
             ti.atomic_xor(u[i], ti.u32(5))
+            ti.atomic_mul(y[(i + 1) % N], 1.5)
             ti.atomic_min(n[(i + 1) % N], 3)
             x.grad[i] += 2.0 * y[i]
 
@@ -255,7 +258,7 @@ def test_every_frontend_op_is_covered(corpus):
                 seen.add(op)
                 stack.extend(blocks)
     internal = {"stack_push", "stack_pop", "temp_load", "temp_store", "temp_atomic"}
-    # buf_shape is ndarray-only (tested below); div on ints is refused.
+    # buf_shape is ndarray-only (tested below).
     assert set(OPS) - internal - {"buf_shape"} <= seen, set(OPS) - internal - seen
 
 
@@ -451,8 +454,8 @@ def _mutations():
          "op 'mul' mixes f32 and f32 and i32")
     case("index dtype", lambda d: _set(body_stmt(d, "loop_index"), 1, "i64"), None,
          "loop indices are i32, not i64")
-    case("atomic kind", lambda d: _set(body_stmt(d, "atomic"), 3, {"t": [2, "mul"]}), None,
-         "atomic kind 'mul' is not one of")
+    case("atomic kind", lambda d: _set(body_stmt(d, "atomic"), 3, {"t": [2, "div"]}), None,
+         "atomic kind 'div' is not one of")
     case("float bit atomic", lambda d: _set(body_stmt(d, "atomic"), 3, {"t": [2, "bit_and"]}),
          None, "atomic bit_and needs an integer type", retype_atomic="f32")
     case("u1 atomic", _u1_atomic, None, "atomics on u1 are not supported")
@@ -518,8 +521,9 @@ def _mutations():
     case("float loop bound", lambda d: L(d).append(
         ["range_for", None, [_body_pos(d, "load")[0]] * 2, {"t": [5, "inner"]}, [[]]]), None,
          "range bound 0 is f32; loop bounds are i32")
+    # ti.raw_div of integers; the lowering never traps (a zero divisor gives 0)
     case("int div", lambda d: L(d).append(["div", "i32", [_body_pos(d, "loop_index")[0]] * 2,
-                                           None, []]), None, "integer 'div' is not accepted")
+                                           None, []]), None, None)  # allowed
     case("float if", lambda d: L(d).append(["if", None, [_body_pos(d, "load")[0]], None,
                                             [[], []]]), None,
          "an if condition must be an integer")

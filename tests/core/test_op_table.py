@@ -124,6 +124,11 @@ def _cases(name, info):
             vals = N_EDGE_FLOATS + [3e9, -3e9, 255.9] if src.is_float else _int_samples(src)
             yield src, dst, [vals]
         return
+    if name == "bit_cast":
+        for src, dst in [(T.f32, T.i32), (T.i32, T.f32), (T.f64, T.i64), (T.u64, T.f64),
+                         (T.i32, T.u32), (T.f64, T.u64)]:
+            yield src, dst, [N_EDGE_FLOATS if src.is_float else _int_samples(src)]
+        return
     n = 1 if info.nargs == 1 else 2
     if name == "select":
         n = 2
@@ -189,7 +194,8 @@ DOMAIN = {
     "log": [(0.1, 3)], "sqrt": [(0.1, 3)], "rsqrt": [(0.1, 3)], "asin": [(-0.9, 0.9)],
     "acos": [(-0.9, 0.9)], "tan": [(-1.2, 1.2)],
     "div": [(-2, 2), (0.3, 2)], "pow": [(0.2, 2), (-1.5, 1.5)],
-    "mod": [(-1.9, 1.9), (0.61, 0.97)], "atan2": [(-2, 2), (0.4, 2)],
+    "mod": [(-1.9, 1.9), (0.61, 0.97)], "rem": [(-1.9, 1.9), (0.61, 0.97)],
+    "atan2": [(-2, 2), (0.4, 2)],
     "min": [(-2, 2), (2.2, -1.8)], "max": [(-2, 2), (2.2, -1.8)],
 }
 DIFFERENTIABLE = sorted(n for n, info in OPS.items()
@@ -204,7 +210,7 @@ def _operands(name):
     n = 1 if info.nargs == 1 else 2
     doms = DOMAIN.get(name, [(-2, 2)] * n)
     cols = [_grid(*doms[k], shift=0.0123 * (k + 1)) for k in range(n)]
-    if name == "mod":  # keep a/b away from the integers (the jumps of floor)
+    if name in ("mod", "rem"):  # keep a/b away from the integers (the jumps of floor/trunc)
         q = cols[0] / cols[1]
         assert np.all(np.abs(q - np.round(q)) > 1e-3)
     return cols

@@ -1,6 +1,7 @@
 """ti.random and atomic read-modify-write operations."""
 
 import numpy as np
+import pytest
 
 
 def _random_sequence(ti, n, seed=None):
@@ -184,3 +185,193 @@ def test_parallel_float_sum(ti, fp, rtol):
     run()
     # summation order is not fixed, so allow for f32 round-off accumulation
     np.testing.assert_allclose(total[None], data.sum(), rtol=100 * rtol)
+
+
+def _draw_serial(ti, dtype, n, fn=None):
+    """``n`` draws of ``ti.random(dtype)`` (or ``fn()``) in one thread, from a fixed seed:
+    the same numbers on every run, so the statistical checks below cannot be flaky."""
+    ti.init(arch=ti.cpu, random_seed=7)
+    x = ti.field(dtype, shape=n)
+    one = fn or (lambda: ti.random(dtype))
+
+    @ti.kernel
+    def draw():
+        ti.loop_config(serialize=True)
+        for i in x:
+            x[i] = one()
+
+    draw()
+    return x.to_numpy()
+
+
+def test_random_64_bit_integers_cover_the_whole_range(ti):
+    """As Taichi's rand_u64/rand_i64: every one of the 64 bits is random, so i64 draws are
+    negative half of the time and u64 draws reach [2**63, 2**64)."""
+    n = 20_000
+    for dtype, signed in ((ti.i64, True), (ti.u64, False)):
+        v = _draw_serial(ti, dtype, n)
+        bits = v.view(np.uint64)
+        ones = [float(np.mean((bits >> np.uint64(k)) & np.uint64(1))) for k in range(64)]
+        assert all(abs(f - 0.5) < 0.03 for f in ones), ones  # 8 sigma
+        if signed:
+            assert abs(np.mean(v < 0) - 0.5) < 0.03 and v.min() < -2**62 and v.max() > 2**62
+        else:
+            assert abs(np.mean(v >= 2**63) - 0.5) < 0.03
+        assert len(np.unique(v)) == n
+
+
+def test_random_32_bit_integers_cover_the_whole_range(ti):
+    v = _draw_serial(ti, ti.i32, 20_000)
+    bits = v.view(np.uint32)
+    ones = [float(np.mean((bits >> np.uint32(k)) & np.uint32(1))) for k in range(32)]
+    assert all(abs(f - 0.5) < 0.03 for f in ones), ones
+
+
+def test_randn_is_standard_normal(ti):
+    """Mean, variance and the mass within 1, 2 and 3 standard deviations of 200000 draws
+    (fixed seed, one thread), each within about 6 standard errors of the normal law's."""
+    import math
+
+    n = 200_000
+    for dtype in (ti.f32, ti.f64):
+        v = _draw_serial(ti, dtype, n, fn=lambda dt=dtype: ti.randn(dt)).astype(np.float64)
+        assert np.isfinite(v).all()
+        assert abs(v.mean()) < 0.015
+        assert abs(v.var() - 1.0) < 0.02
+        for k in (1, 2, 3):
+            p = math.erf(k / math.sqrt(2))
+            se = math.sqrt(p * (1 - p) / n)
+            assert abs(np.mean(np.abs(v) < k) - p) < 6 * se, (k, np.mean(np.abs(v) < k), p)
+        # the tails are reached (Box-Muller from [0, 1) uniforms reaches about 5.6 in f32)
+        assert np.abs(v).max() > 3.5
+
+
+def test_randn_default_type_is_default_fp(ti):
+    """With default_fp=f64, ti.randn() draws in f64: its values are not f32 numbers."""
+    ti.init(arch=ti.cpu, default_fp=ti.f64, random_seed=7)
+    x = ti.field(ti.f64, shape=1000)
+
+    @ti.kernel
+    def draw():
+        for i in x:
+            x[i] = ti.randn()
+
+    draw()
+    v = x.to_numpy()
+    assert np.mean(v.astype(np.float32).astype(np.float64) != v) > 0.99
+
+
+def test_atomic_mul_integers_from_a_parallel_loop(ti):
+    """Contended integer products (wrapping, as C) and the old value returned."""
+    n = 60_000
+    p = ti.field(ti.i32, shape=3)
+    q = ti.field(ti.i64, shape=())
+    old = ti.field(ti.i32, shape=2)
+
+    @ti.kernel
+    def run():
+        for k in range(3):
+            p[k] = 1
+        q[None] = 1
+        for i in range(n):
+            ti.atomic_mul(p[i % 3], i % 7 + 1)
+            ti.atomic_mul(q[None], 2 if i % 1000 == 0 else 1)
+
+    @ti.kernel
+    def returned():
+        for _ in range(1):  # (Taichi 1.7.4 aborts on an atomic_mul outside a loop)
+            p[0] = 6
+            old[0] = ti.atomic_mul(p[0], 7)
+            old[1] = ti.atomic_mul(p[0], 2)
+
+    run()
+    for k in range(3):
+        want = 1
+        for i in range(k, n, 3):
+            want = (want * (i % 7 + 1)) & 0xFFFFFFFF
+        assert p[k] == (want - (1 << 32) if want >= 1 << 31 else want)
+    assert q[None] == 2 ** (n // 1000)
+    returned()
+    assert (old[0], old[1], p[0]) == (6, 42, 84)
+
+
+def test_atomic_mul_floats_from_a_parallel_loop(ti):
+    n = 200_000
+    p = ti.field(ti.f64, shape=())
+    f = ti.field(ti.f32, shape=4)
+
+    @ti.kernel
+    def run():
+        p[None] = 1.0
+        for k in range(4):
+            f[k] = 1.0
+        for i in range(n):
+            ti.atomic_mul(p[None], 1.0 + 1e-6 * (i % 5))
+            ti.atomic_mul(f[i % 4], 1.0 + 1e-7 * (i % 3))
+
+    run()
+    i = np.arange(n)
+    # the factors as the kernel computes them (literals in default_fp f32)
+    f32 = np.float32
+    fp = (f32(1.0) + f32(1e-6) * (i % 5).astype(f32)).astype(np.float64)
+    ff = (f32(1.0) + f32(1e-7) * (i % 3).astype(f32)).astype(np.float64)
+    assert p[None] == pytest.approx(np.exp(np.sum(np.log(fp))), rel=1e-9)
+    for k in range(4):
+        assert f[k] == pytest.approx(np.exp(np.sum(np.log(ff[k::4]))), rel=1e-4)
+
+
+def test_atomic_mul_of_a_kernel_variable(ti):
+    """``ti.atomic_mul`` on a kernel-level variable from a parallel loop: a reduction."""
+    @ti.kernel
+    def product(n: ti.i32) -> ti.i64:
+        s = ti.i64(1)
+        for i in range(n):
+            ti.atomic_mul(s, 2 if i % 3 == 0 else 1)
+        return s
+
+    assert product(90) == 2 ** 30
+
+
+@pytest.mark.difftape_only  # Taichi has no deterministic mode
+def test_float_atomic_mul_is_reproducible_under_deterministic_mode(ti):
+    """A float product depends on the order of its factors: deterministic=True runs the loop
+    in index order, so it equals the sequential product bit for bit, run after run."""
+    ti.init(arch=ti.cpu, deterministic=True, cpu_max_num_threads=4)
+    n = 100_000
+    x = ti.field(ti.f32, shape=n)
+    p = ti.field(ti.f32, shape=())
+
+    @ti.kernel
+    def run():
+        p[None] = 1.0
+        for i in x:
+            ti.atomic_mul(p[None], x[i])
+
+    xs = (1.0 + np.random.default_rng(1).uniform(-1e-3, 1e-3, n)).astype(np.float32)
+    x.from_numpy(xs)
+    want = np.float32(1.0)
+    for v in xs:
+        want = np.float32(want * v)
+    for _ in range(3):
+        run()
+        assert p[None] == want
+    assert run._fast.ir.tasks[-1].schedule == "serial"
+
+
+@pytest.mark.difftape_only
+def test_atomic_mul_into_differentiated_storage_is_refused(ti):
+    x = ti.field(ti.f64, shape=4, needs_grad=True, needs_dual=True)
+    p = ti.field(ti.f64, shape=(), needs_grad=True, needs_dual=True)
+
+    @ti.kernel
+    def product():
+        for i in x:
+            ti.atomic_mul(p[None], x[i])
+
+    x.from_numpy(np.array([1.0, 2.0, 3.0, 4.0]))
+    with pytest.raises(ti.GradientRuleError, match="atomic mul into 'p'"):
+        with ti.ad.Tape(p):
+            product()
+    with pytest.raises(ti.GradientRuleError, match="atomic_mul into 'p'"):
+        with ti.ad.FwdMode(loss=p, param=x, seed=[1.0] * 4):
+            product()

@@ -106,6 +106,7 @@ def test_every_python_scope_method_is_refused_in_a_kernel(ti):
         "ndarray.to_numpy": lambda: a.to_numpy(),
         "ndarray.from_numpy": lambda: a.from_numpy(arr),
         "ndarray.fill": lambda: a.fill(1.0),
+        "ndarray.copy_from": lambda: a.copy_from(a),
         "ndarray.__getitem__": lambda: a[0],
         "ndarray.__setitem__": lambda: a.__setitem__(0, 1.0),
     }

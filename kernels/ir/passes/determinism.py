@@ -21,11 +21,12 @@ three schedules (``Task.schedule``):
   order. Chunks still run in parallel; only the short epilogues are serialized.
 - ``"serial"``: the body itself is order-sensitive: a floating-point atomic that could not be
   privatized (a scatter into a buffer larger than ``scatter.MAX_ELEMENTS``, an ndarray, a
-  min/max), an atomic whose old value is used, a buffer both updated atomically and read,
-  atomics of kinds that do not commute with each other, or ``ti.random()`` (whose state is per
-  thread). The whole range then runs as one chunk on the calling thread in index order: the
-  same as one thread, whatever the thread count. This is the price of determinism for such
-  loops (e.g. an MPM particle-to-grid transfer); see the README for measurements.
+  min/max, any ``atomic_mul``: float products round differently in another order), an atomic
+  whose old value is used, a buffer both updated atomically and read, atomics of kinds that do
+  not commute with each other, or ``ti.random()`` (whose state is per thread). The whole range
+  then runs as one chunk on the calling thread in index order: the same as one thread, whatever
+  the thread count. This is the price of determinism for such loops (e.g. an MPM particle-to-
+  grid transfer); see the README for measurements.
 
 No floating-point atomic whose order can vary remains: the ones left run in a serial task or,
 in an ordered epilogue, one chunk at a time in chunk order (lowered as plain read-modify-writes).
@@ -40,8 +41,8 @@ from .reduce import _slot
 
 #: Atomic kinds that commute with each other, by class: integer adds and subtracts may be
 #: reordered freely, but an add and a max may not.
-_CLASS = {"add": "add", "sub": "add", "min": "min", "max": "max", "bit_and": "and",
-          "bit_or": "or", "bit_xor": "xor"}
+_CLASS = {"add": "add", "sub": "add", "mul": "mul", "min": "min", "max": "max",
+          "bit_and": "and", "bit_or": "or", "bit_xor": "xor"}
 
 
 def order_sensitive(t: Task) -> bool:
