@@ -497,6 +497,7 @@ class SNode:
         self.fields: list[Field] = []  # placed directly here
         self._field = field  # a place node: its field
         self.activity: Field | None = None
+        self._terms: list | None = None
         if parent is not None and kind != "place":
             parent.children.append(self)
         if kind in ("pointer", "bitmasked"):
@@ -594,7 +595,10 @@ class SNode:
     def activity_terms(self) -> list[tuple[SNode, list[tuple[int, int]]]]:
         """The sparse levels from the root down to this node, each with the map from this
         node's index to the level's: a cell here is active iff it is active at each."""
-        return [(lvl, self.index_map(lvl)) for lvl in self._path() if lvl.kind in _SPARSE]
+        if self._terms is None:  # a node's ancestors never change: computed once
+            self._terms = [(lvl, self.index_map(lvl)) for lvl in self._path()
+                           if lvl.kind in _SPARSE]
+        return self._terms
 
     def _subtree(self):
         yield self

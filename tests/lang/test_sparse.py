@@ -400,3 +400,48 @@ def test_bitmasked_deactivate_zeroes_the_cell(ti):
     y[5] = 9
     bm.deactivate_all()
     assert y[5] == 0
+
+
+@pytest.mark.difftape_only
+def test_grad_check_with_sparse_fields_is_refused(ti):
+    x, ptr = _pointer_field(ti, ti.f32, needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+    with pytest.raises(ti.DifftapeError, match="sparse SNodes"):
+        with ti.ad.Tape(loss, grad_check=[x]):
+            pass
+
+
+def test_gradients_through_a_sparse_intermediate_both_modes(ti):
+    # y (another pointer tree) is written by a struct-for over x: only x's active blocks
+    # activate y's, and both modes see the same active cells.
+    x = ti.field(ti.f32)
+    y = ti.field(ti.f32)
+    ti.root.pointer(ti.i, 4).dense(ti.i, 8).place(x, x.grad, x.dual)
+    ti.root.pointer(ti.i, 4).dense(ti.i, 8).place(y, y.grad, y.dual)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True, needs_dual=True)
+    x[9] = 1.0
+    x[20] = 2.0
+
+    @ti.kernel
+    def f():
+        for i in x:
+            y[i] = x[i] * 3.0 + 1.0
+
+    @ti.kernel
+    def g():
+        for i in y:
+            loss[None] += y[i] ** 2
+
+    with ti.ad.Tape(loss):
+        f()
+        g()
+    xs = x.to_numpy()
+    active = np.zeros(32, dtype=bool)
+    active[8:24] = True  # blocks 1 and 2
+    assert loss[None] == pytest.approx(float(np.sum((3 * xs[active] + 1) ** 2)))
+    np.testing.assert_allclose(x.grad.to_numpy(), np.where(active, 6 * (3 * xs + 1), 0))
+    with ti.ad.FwdMode(loss=loss, param=x, seed=[1.0] * 32):
+        loss[None] = 0
+        f()
+        g()
+    assert loss.dual[None] == pytest.approx(float(np.sum(6 * (3 * xs[active] + 1))))
