@@ -301,7 +301,7 @@ def _list_field(node: SNode, what: str) -> Field:
 
 def append(node, indices, value):
     """``ti.append(snode, I, v)``: append ``v`` to the list ``snode[I]``; returns the position
-    it took (the old length). A full list (at its capacity) is left unchanged."""
+    it took (the old length). Appending to a full list raises KernelAssertionError."""
     bld = _kernel_only("append")
     node = _node(node, "ti.append")
     x = _list_field(node, "ti.append")
@@ -323,6 +323,11 @@ def append(node, indices, value):
                 _activate_level(lvl, level_index(idx, imap))
         assign(kernel_element(x.buffer(), tuple(_x_index(x, node, par, k))), _coerce(value))
     fits = ops.binary("lt", k, node.sizes[0])
+    # Storage is dense: a list cannot grow past its declared size (Taichi's can); say so
+    # rather than drop the value.
+    bld.emit("assert", None, (fits.stmt,),
+             f"ti.append: the list of {x._label()} is full (dynamic SNode of size "
+             f"{node.sizes[0]}); declare a larger size")
     bld.emit("if", None, (fits.stmt,), None, (then, []))
     return k
 

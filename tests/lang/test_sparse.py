@@ -445,3 +445,21 @@ def test_gradients_through_a_sparse_intermediate_both_modes(ti):
         f()
         g()
     assert loss.dual[None] == pytest.approx(float(np.sum(6 * (3 * xs[active] + 1))))
+
+
+@pytest.mark.difftape_only
+def test_append_to_a_full_list_raises(ti):
+    # Storage is dense: a list cannot outgrow its declared size (Taichi's can), so appending
+    # past it is an error rather than a dropped value.
+    x = ti.field(ti.i32)
+    ti.root.dynamic(ti.i, 4).place(x)
+
+    @ti.kernel
+    def push(n: ti.i32):
+        for i in range(n):
+            ti.append(x.parent(), [], i + 1)
+
+    push(3)
+    np.testing.assert_array_equal(x.to_numpy(), [1, 2, 3, 0])
+    with pytest.raises(ti.KernelAssertionError, match="full"):
+        push(3)
