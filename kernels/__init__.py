@@ -130,6 +130,16 @@ from .runtime.program import (  # noqa: E402
     vulkan,
     x64,
 )
+from .runtime.sparse import (  # noqa: E402
+    activate,
+    append,
+    deactivate,
+    deactivate_all_snodes,
+    is_active,
+    length,
+    no_activate,
+    rescale_index,
+)
 from .types import (  # noqa: E402
     f16,
     f32,
@@ -191,10 +201,6 @@ def polar_decompose(A, dt=None):
     from .frontend.ops import resolve_dtype
 
     return linalg.polar_decompose(A, resolve_dtype(dt if dt is not None else float))
-
-
-def is_active(*_args) -> int:
-    return 1
 
 
 from . import ad, profiler  # noqa: E402

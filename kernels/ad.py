@@ -145,6 +145,11 @@ class Tape:
                                     "create it with needs_grad=True")
         if self.grad_check and not isinstance(loss, Field):
             raise DifftapeError("ti.ad.Tape(grad_check=...) needs a 0-D field as the loss")
+        if self.grad_check and prog.remote is None and any(
+                f.sparse_terms for f in prog.fields.values()):
+            # its replays restore fields with from_numpy, which writes active cells only
+            raise DifftapeError("ti.ad.Tape(grad_check=...) does not support programs with "
+                                "fields under sparse SNodes (pointer/bitmasked/dynamic)")
         self._entered = True
         # As in Taichi: with a loss, gradients are cleared (unless asked not to) and the loss is
         # zeroed; without one, the Tape only records, and tape.grad() back-propagates whatever

@@ -57,6 +57,11 @@ class Builder:
         self.pending_loop_config: dict | None = None  # set by ti.loop_config for the next loop
         self.return_type: DType | list[DType] | None = None
         self.kernel_allocas: set[Stmt] = set()
+        # Building the IR that reverse mode differentiates: writes do not activate sparse
+        # cells (the adjoint only reads activity) and deactivation/append are refused.
+        self.adjoint = False
+        # Struct-fors over sparse SNodes: their activity loads (runtime/sparse.py).
+        self.struct_fors: list[dict] = []
 
     # -- emission ------------------------------------------------------------------------------
     def emit(self, op: str, dtype: DType | None, args: tuple = (), attr: Any = None,

@@ -702,14 +702,34 @@ class FunctionTransformer:
         if grouped:
             iterable = iterable.inner
         bounds = self._iteration_bounds(iterable)
-        self._range_for(node, bounds, grouped=grouped)
+        guard = self._sparse_guard(iterable)
+        self._range_for(node, bounds, grouped=grouped, guard=guard)
+        if guard is not None:
+            self.bld.struct_fors[-1]["loop"] = self.bld.body[-1]
+
+    def _sparse_guard(self, iterable):
+        """A struct-for over a field or SNode below sparse SNodes visits the active cells
+        only: the body starts with a guard (see runtime/sparse.py)."""
+        from ..runtime.field import Field, SNode
+        from ..runtime.sparse import struct_for_guard
+
+        node = iterable.parent() if isinstance(iterable, Field) and \
+            iterable.primal._container is not None else iterable
+        if not isinstance(node, SNode) or not node.activity_terms():
+            return None
+        if not (self.bld.at_top_level and not self.bld.loop_stack):
+            raise self.bld.error("a struct-for over a field or SNode under sparse SNodes must "
+                                 "be at the kernel's top level, not inside another loop or "
+                                 "branch (as in Taichi): it visits the cells active when it "
+                                 "starts")
+        return lambda indices: struct_for_guard(self, node, indices)
 
     def _iteration_bounds(self, iterable) -> list[tuple]:
-        from ..runtime.field import Field
+        from ..runtime.field import Field, SNode
 
         if isinstance(iterable, NdRange):
             return iterable.bounds
-        if isinstance(iterable, Field):
+        if isinstance(iterable, Field | SNode):
             return [(0, s) for s in iterable.shape]
         if isinstance(iterable, NdarrayArg):
             return [(0, s) for s in iterable.shape]
@@ -745,7 +765,8 @@ class FunctionTransformer:
         else:
             raise self.bld.error("loop targets must be names")
 
-    def _range_for(self, node: ast.For, bounds: list[tuple], *, grouped: bool) -> None:
+    def _range_for(self, node: ast.For, bounds: list[tuple], *, grouped: bool,
+                   guard=None) -> None:
         target = node.target
         names = [target] if isinstance(target, ast.Name) else list(getattr(target, "elts", []))
         if not all(isinstance(n, ast.Name) for n in names):
@@ -763,11 +784,14 @@ class FunctionTransformer:
         outermost = self.is_kernel and self.bld.at_top_level and self.loop_depth == 0
         parallel = outermost and not config.get("serialize", False)
         self._nested_loops(node, names, bounds, 0, [], grouped=grouped,
-                           parallel=parallel, serialize=config.get("serialize", False))
+                           parallel=parallel, serialize=config.get("serialize", False),
+                           guard=guard)
 
     def _nested_loops(self, node, names, bounds, level, indices, *, grouped, parallel,
-                      serialize) -> None:
+                      serialize, guard=None) -> None:
         if level == len(bounds):
+            if guard is not None:
+                guard(indices)
             if grouped:
                 self.scopes[-1][names[0].id] = Matrix._from_entries(indices, len(indices), 1, 1)
             else:
@@ -787,7 +811,8 @@ class FunctionTransformer:
             index = Expr(self.bld.emit("loop_index", T.i32, (), loop_id))
             with self._region("loop"):  # one per level: a return leaves every level
                 self._nested_loops(node, names, bounds, level + 1, indices + [index],
-                                   grouped=grouped, parallel=parallel, serialize=serialize)
+                                   grouped=grouped, parallel=parallel, serialize=serialize,
+                                   guard=guard)
             self.loop_user_breaks.pop()
             self.bld.loop_stack.pop()
             self.loop_depth -= 1

@@ -7,6 +7,8 @@ operators by emitting IR, so library code such as ``Matrix.norm`` is ordinary Py
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..ir.nodes import Stmt
 from ..types import DType
 from . import builder as _b
@@ -188,12 +190,15 @@ class LocalRef(Ref):
 class GlobalRef(Ref):
     """One scalar element of a buffer (field, field.grad, ndarray)."""
 
-    __slots__ = ("slot", "indices", "_dtype")
+    __slots__ = ("slot", "indices", "_dtype", "on_write")
 
-    def __init__(self, slot: int, indices: tuple[Expr, ...], dtype: DType) -> None:
+    def __init__(self, slot: int, indices: tuple[Expr, ...], dtype: DType,
+                 on_write: Callable[[], None] | None = None) -> None:
         self.slot = slot
         self.indices = indices
         self._dtype = dtype
+        # Emits what a write implies beyond the store: activating the cells of sparse SNodes.
+        self.on_write = on_write
 
     @property
     def dtype(self) -> DType:
@@ -208,6 +213,8 @@ class GlobalRef(Ref):
     def store(self, value) -> None:
         v = _ops().to_expr(value, self.dtype)
         _b.require().emit("store", None, self._args() + (v.stmt,), self.slot)
+        if self.on_write is not None:
+            self.on_write()
 
     def atomic(self, kind: str, value) -> Expr:
         if self.dtype.bits == 1:
@@ -215,8 +222,11 @@ class GlobalRef(Ref):
                                      "atomics are at least 8 bits wide): use a u8 or i32 "
                                      "field, or assign instead of +=")
         v = _ops().to_expr(value, self.dtype)
-        return Expr(_b.require().emit("atomic", self.dtype, self._args() + (v.stmt,),
-                                      (self.slot, kind)))
+        old = Expr(_b.require().emit("atomic", self.dtype, self._args() + (v.stmt,),
+                                     (self.slot, kind)))
+        if self.on_write is not None:
+            self.on_write()
+        return old
 
 
 def _ops():

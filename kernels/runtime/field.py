@@ -17,6 +17,7 @@ from ..errors import DifftapeError, KernelIndexError, KernelTypeError, ShapeErro
 from ..frontend import builder as _b
 from ..ir.nodes import Buffer
 from . import program
+from .sparse import active_condition, active_mask, dynamic_op, dynamic_row, emit_activate
 
 _field_ids = itertools.count(1)
 
@@ -45,6 +46,7 @@ class Field:
         self._arr: np.ndarray | None = None
         self._shape: tuple[int, ...] | None = None
         self._program = program.get()
+        self._container: SNode | None = None  # the SNode it is placed in (primal)
         if shape is not None:
             self._allocate(shape)
         elif role == "primal":
@@ -125,6 +127,48 @@ class Field:
     def _label(self) -> str:
         return self.name or f"field#{self.id}"
 
+    # ------------------------------------------------------------------ sparse SNodes
+    @property
+    def sparse_terms(self) -> list:
+        """The sparse levels above this field (see :meth:`SNode.activity_terms`); empty for
+        a field that only dense levels hold."""
+        node = self.primal._container
+        return node.activity_terms() if node is not None and self.role != "mark" else []
+
+    def parent(self, n: int = 1) -> SNode | None:
+        """``x.parent()``: the SNode the field is placed in (``n`` levels up)."""
+        node = self.primal._container
+        if node is None:
+            raise DifftapeError(f"{self._label()} was made with shape=: it has no SNode; "
+                                "place it with ti.root.dense(...).place(...) to ask for one")
+        return node.parent(n - 1)
+
+    @property
+    def snode(self) -> SNode:
+        """The field's own (place) SNode, whose ``parent()`` holds it."""
+        return SNode(self.parent(), (), (), "place", field=self)
+
+    def _dynamic(self) -> SNode | None:
+        node = self.primal._container
+        return node if node is not None and node.kind == "dynamic" else None
+
+    def _np_active(self) -> np.ndarray | None:
+        """Which elements are active (a bool array of the field's shape); None if dense."""
+        return active_mask(self.primal._container, self.shape) if self.sparse_terms else None
+
+    def _np_activate(self, key: tuple) -> None:
+        for lvl, imap in self.sparse_terms:
+            idx = tuple(int(key[q]) // d for q, d in imap)
+            if lvl.kind == "dynamic":
+                *par, j = idx
+                lvl.activity.arr[tuple(par)] = max(int(lvl.activity.arr[tuple(par)]), j + 1)
+            else:
+                lvl.activity.arr[idx] = 1
+
+    def _np_activate_all(self) -> None:
+        for lvl, _ in self.sparse_terms:
+            lvl.activity.arr[...] = 1 if lvl.kind != "dynamic" else lvl.sizes[0]
+
     @property
     def arr(self) -> np.ndarray:
         if self._arr is None:
@@ -181,33 +225,58 @@ class Field:
         return tuple(flat)
 
     def __getitem__(self, key):
+        if self._dynamic() is not None and _b.current() is not None:
+            row = dynamic_row(self, key)
+            if row is not None:
+                return row
         key = self._norm_key(key)
         if _b.current() is not None:
-            return kernel_element(self.buffer(), key)
+            return kernel_element(self.buffer(), key, self if self.sparse_terms else None)
         value = self.arr[key]
-        return _to_python(value, self.element_shape, writable=True)
+        out = _to_python(value, self.element_shape, writable=True)
+        if self.element_shape and self.sparse_terms:
+            out._on_write = lambda: self._np_activate(key)
+        return out
 
     def __setitem__(self, key, value) -> None:
         key = self._norm_key(key)
         if _b.current() is not None:
             from ..frontend.matrix import _coerce
 
-            assign(kernel_element(self.buffer(), key), _coerce(value))
+            assign(self[key], _coerce(value))
             return
         self.arr[key] = np.asarray(value, dtype=self.dtype.np).reshape(self.element_shape) \
             if self.element_shape else value
+        if self.sparse_terms:  # a write activates the cells along its path, as in Taichi
+            self._np_activate(key)
+
+    # ``x.append(v)``, ``x.length()``, ``x.deactivate()`` of a field in a 1-D dynamic SNode
+    def append(self, value):
+        return dynamic_op(self, "append", (), value)
+
+    def length(self):
+        return dynamic_op(self, "length", ())
+
+    def deactivate(self):
+        return dynamic_op(self, "deactivate", ())
 
     # ------------------------------------------------------------------ bulk access
     @_b.python_scope
     def to_numpy(self, dtype=None, keep_dims: bool = False) -> np.ndarray:
         """The field as a NumPy array of shape ``shape + element_shape`` (see
-        :meth:`_numpy_dims` for ``keep_dims``)."""
+        :meth:`_numpy_dims` for ``keep_dims``). Inactive cells of sparse SNodes read 0: their
+        storage is kept zeroed."""
         out = self._numpy_dims(self.arr.copy(), keep_dims)
         return out.astype(dtype) if dtype is not None else out
 
     @_b.python_scope
     def from_numpy(self, arr) -> None:
-        np.copyto(self.arr, self._numpy_in(arr), casting="unsafe")
+        arr = self._numpy_in(arr)
+        active = self._np_active()
+        if active is None:
+            np.copyto(self.arr, arr, casting="unsafe")
+        else:  # Taichi writes through a struct-for: the active cells only
+            np.copyto(self.arr, arr, casting="unsafe", where=self._element_mask(active))
 
     def _numpy_dims(self, out: np.ndarray, keep_dims: bool) -> np.ndarray:
         """Taichi's ``keep_dims``: the size-1 column of an n x 1 matrix field is dropped unless
@@ -234,12 +303,20 @@ class Field:
                              f"has shape {arr.shape}")
         return arr
 
+    def _element_mask(self, active: np.ndarray) -> np.ndarray:
+        return active.reshape(active.shape + (1,) * len(self.element_shape))
+
     def fill(self, value) -> None:
         """Set every element to ``value``. Inside a kernel this compiles to a loop over the
         field that runs at every launch (parallel at the kernel's top level), as in Taichi."""
         bld = _b.current()
         if bld is None:
-            self.arr[...] = value
+            active = self._np_active()
+            if active is None:
+                self.arr[...] = value
+            else:  # as Taichi's fill (a struct-for): the active cells only
+                np.copyto(self.arr, np.asarray(value, dtype=self.dtype.np),
+                          where=self._element_mask(active))
             return
         if bld.loop_stack:
             raise bld.error(f"{self._label()}.fill() inside a loop: it is itself a loop over "
@@ -252,11 +329,23 @@ class Field:
             raise bld.error(f"{self._label()}.fill(): the value is a {value._shape_text()} but "
                             f"the elements have shape {self.element_shape}")
         buf = self.buffer()
-        bld.loop_nest(self.shape, lambda idx: assign(kernel_element(buf, tuple(idx)), value))
+        node = self.primal._container
+
+        def fill_one(idx) -> None:
+            if not self.sparse_terms:
+                assign(kernel_element(buf, tuple(idx)), value)
+                return
+            with bld.block() as then:  # the active cells only, as in Taichi
+                assign(kernel_element(buf, tuple(idx)), value)
+            bld.emit("if", None, (active_condition(node, idx).stmt,), None, (then, []))
+
+        bld.loop_nest(self.shape, fill_one)
 
     @_b.python_scope
     def copy_from(self, other: Field) -> None:
         np.copyto(self.arr, other.arr)
+        if self.sparse_terms:  # Taichi copies over the whole index range: all activated
+            self._np_activate_all()
 
     def __repr__(self) -> str:
         kind = "Field" if not self.element_shape else f"Field{list(self.element_shape)}"
@@ -296,6 +385,9 @@ def _element_classes():
         def _assign_entry(self, k: int, value) -> None:
             self.entries[k] = value
             self._view.reshape(-1)[k] = value
+            on_write = getattr(self, "_on_write", None)
+            if on_write is not None:  # an element of a field under sparse SNodes
+                on_write()
 
         _ELEMENT_CLASSES = {
             1: type("FieldVectorElement", (Vector,), {"_assign_entry": _assign_entry}),
@@ -307,8 +399,9 @@ def _element_classes():
 _ELEMENT_CLASSES = None
 
 
-def kernel_element(buf: Buffer, key: tuple):
-    """A field/ndarray element inside a kernel: a place (scalar) or a matrix of places."""
+def kernel_element(buf: Buffer, key: tuple, sparse: Field | None = None):
+    """A field/ndarray element inside a kernel: a place (scalar) or a matrix of places.
+    ``sparse``: the field, when sparse SNodes hold it: writes to the element activate it."""
     from ..frontend import ops
     from ..frontend.matrix import Matrix
     from ..frontend.values import GlobalRef
@@ -323,10 +416,16 @@ def kernel_element(buf: Buffer, key: tuple):
                             "use ti.cast(i, ti.i32) or int(i)", KernelTypeError)
         idx.append(ops.to_expr(e, T.i32) if e.dtype != T.i32 else e)
     esh = buf.shape[len(buf.shape) - buf.element_ndim:] if buf.element_ndim else ()
+    on_write = None
+    if sparse is not None and not bld.adjoint:
+        # (the adjoint of a kernel only reads activity: struct-fors see what is active then)
+        node = sparse.primal._container
+        on_write = lambda: emit_activate(node, idx)  # noqa: E731
     if not esh:
-        return GlobalRef(slot, tuple(idx), buf.dtype)
+        return GlobalRef(slot, tuple(idx), buf.dtype, on_write)
     comps = list(itertools.product(*[range(n) for n in esh]))
-    refs = [GlobalRef(slot, tuple(idx) + tuple(ops.const(c, T.i32) for c in comp), buf.dtype)
+    refs = [GlobalRef(slot, tuple(idx) + tuple(ops.const(c, T.i32) for c in comp), buf.dtype,
+                      on_write)
             for comp in comps]
     if len(esh) == 1:
         return Matrix._from_entries(refs, esh[0], 1, 1)
@@ -397,45 +496,165 @@ ijk, ijl, ikl, jkl, ijkl = axes(0, 1, 2), axes(0, 1, 3), axes(0, 2, 3), axes(1, 
     axes(0, 1, 2, 3)
 
 
-class SNode:
-    """``ti.root`` and what ``dense`` returns: a chain of dense levels that places fields."""
+_SPARSE = ("pointer", "bitmasked", "dynamic")
 
-    def __init__(self, parent: SNode | None = None, axes=(), sizes=()) -> None:
-        self.parent = parent
+
+class SNode:
+    """``ti.root`` and what ``dense``/``pointer``/``bitmasked``/``dynamic`` return.
+
+    Storage stays dense (each field one NumPy array); a sparse level keeps its *activity* in a
+    hidden field beside the data: one byte per cell of a pointer/bitmasked level, one length
+    per list of a dynamic level. The invariant that keeps reads cheap: an inactive cell's data
+    is zero (cells start zeroed, deactivation zeroes them), so reads never look at activity;
+    writes activate the cells along their path, and struct-fors visit only active cells.
+    """
+
+    def __init__(self, parent: SNode | None = None, axes=(), sizes=(), kind: str = "dense",
+                 field: Field | None = None) -> None:
+        self._parent = parent
+        self.kind = kind
         self.axes = tuple(axes)
         self.sizes = tuple(sizes)
+        self._children: list[SNode] = []
+        self.fields: list[Field] = []  # placed directly here
+        self._field = field  # a place node: its field
+        self.activity: Field | None = None
+        self._terms: list | None = None
+        if parent is not None and kind != "place":
+            parent.children.append(self)
+        if kind in ("pointer", "bitmasked"):
+            self.activity = Field(T.i8, self.shape, name=f"{self._describe()}.active")
+        elif kind == "dynamic":
+            self.activity = Field(T.i32, parent.shape, name=f"{self._describe()}.length")
 
-    def dense(self, axes, dimensions) -> SNode:
+    @property
+    def children(self) -> list[SNode]:
+        return self._children
+
+    def _describe(self) -> str:
+        return f"{self.kind}{list(self.shape)}"
+
+    def _child(self, kind: str, axes, dimensions) -> SNode:
+        if self.kind == "dynamic":
+            raise ShapeError("no SNode can be placed under a dynamic SNode: place fields in it")
         axes = (axes,) if isinstance(axes, Axis) else tuple(axes)
         dims = (dimensions,) * len(axes) if isinstance(dimensions, numbers.Integral) \
             else tuple(dimensions)
         if len(dims) != len(axes):
-            raise ShapeError(f"dense over {len(axes)} axes needs {len(axes)} sizes, got {dims}")
-        return SNode(self, axes, dims)
+            raise ShapeError(f"{kind} over {len(axes)} axes needs {len(axes)} sizes, got {dims}")
+        if kind in _SPARSE and program.get().remote is not None:
+            raise DifftapeError(f"ti.root.{kind}(...): sparse SNodes are not supported under "
+                                "arch=ti.remote (the service stores dense fields only); use "
+                                "dense(...) or run on ti.cpu")
+        return SNode(self, axes, dims, kind)
 
-    # Sparse SNodes have dense semantics for fields that are never deactivated.
-    pointer = bitmasked = dynamic = dense
+    def dense(self, axes, dimensions) -> SNode:
+        return self._child("dense", axes, dimensions)
+
+    def pointer(self, axes, dimensions) -> SNode:
+        return self._child("pointer", axes, dimensions)
+
+    def bitmasked(self, axes, dimensions) -> SNode:
+        return self._child("bitmasked", axes, dimensions)
+
+    def dynamic(self, axis, dimension, chunk_size: int | None = None) -> SNode:
+        """A list along one axis, at most ``dimension`` long (``chunk_size`` is the allocation
+        granularity in Taichi; storage here is dense, so it has no effect)."""
+        axes = (axis,) if isinstance(axis, Axis) else tuple(axis)
+        if len(axes) != 1:
+            raise ShapeError("a dynamic SNode has exactly one axis")
+        if any(a.index == axes[0].index for lvl in self._path() for a in lvl.axes):
+            raise ShapeError(f"dynamic SNode: axis {axes[0]!r} is already used by an "
+                             "ancestor; a dynamic SNode needs its own (last) axis")
+        return self._child("dynamic", axes, dimension)
+
+    def parent(self, n: int = 1) -> SNode | None:
+        """The ``n``-th ancestor (``ti.root``'s is None)."""
+        node: SNode | None = self
+        while node is not None and n > 0:
+            node = node._parent
+            n -= 1
+        return node
+
+    def _path(self) -> list[SNode]:
+        """The levels from below the root down to this node (place nodes excluded)."""
+        out = []
+        node: SNode | None = self
+        while node is not None and node._parent is not None:
+            if node.kind != "place":
+                out.append(node)
+            node = node._parent
+        return out[::-1]
+
+    def _axis_numbers(self) -> list[int]:
+        return sorted({a.index for lvl in self._path() for a in lvl.axes})
 
     @property
     def shape(self) -> tuple[int, ...]:
         extent: dict[int, int] = {}
-        node: SNode | None = self
-        while node is not None:
-            for a, s in zip(node.axes, node.sizes, strict=True):
+        for lvl in self._path():
+            for a, s in zip(lvl.axes, lvl.sizes, strict=True):
                 extent[a.index] = extent.get(a.index, 1) * s
-            node = node.parent
         # Unused axes are dropped: dense(ti.k, 4).dense(ti.l, 3) is a (4, 3) field.
         return tuple(extent[a] for a in sorted(extent))
 
+    def index_map(self, anc: SNode) -> list[tuple[int, int]]:
+        """How an ancestor's index follows from this node's: for each of ``anc``'s index
+        positions, (the position in this node's index, the divisor)."""
+        path = self._path()
+        below = path[path.index(anc) + 1:] if anc in path else path
+        mine = self._axis_numbers()
+        out = []
+        for a in anc._axis_numbers():
+            d = 1
+            for lvl in below:
+                for ax, s in zip(lvl.axes, lvl.sizes, strict=True):
+                    if ax.index == a:
+                        d *= s
+            out.append((mine.index(a), d))
+        return out
+
+    def activity_terms(self) -> list[tuple[SNode, list[tuple[int, int]]]]:
+        """The sparse levels from the root down to this node, each with the map from this
+        node's index to the level's: a cell here is active iff it is active at each."""
+        if self._terms is None:  # a node's ancestors never change: computed once
+            self._terms = [(lvl, self.index_map(lvl)) for lvl in self._path()
+                           if lvl.kind in _SPARSE]
+        return self._terms
+
+    def _subtree(self):
+        yield self
+        for c in self.children:
+            yield from c._subtree()
+
+    def subtree_fields(self) -> list[Field]:
+        """Every storage placed at or below this node: fields and their companions."""
+        out = []
+        for node in self._subtree():
+            for f in node.fields:
+                out += [c for c in (f, f._grad, f._dual,
+                                    f._grad._dual if f._grad is not None else None)
+                        if c is not None and c._arr is not None]
+        return out
+
     def place(self, *fields, offset=None) -> SNode:
+        if offset is not None:
+            raise ShapeError("place(offset=...) is not supported: fields are indexed from 0")
+        if self.kind == "place":
+            raise ShapeError("cannot place fields under a field's own SNode")
         shape = self.shape
         for f in fields:
             if isinstance(f, Field):
                 if f._shape is not None:
-                    if f.role != "primal" and f._shape == shape:
+                    if f.role != "primal" and f._shape == shape and \
+                            f.primal._container is self:
                         continue  # place(x, x.grad): the companion follows its primal
                     raise DifftapeError(f"{f._label()} is already placed")
+                if f.role != "primal":
+                    raise DifftapeError(f"{f._label()}: place its primal field first")
                 f._allocate(shape)
+                f._container = self
+                self.fields.append(f)
                 for role in ("grad", "dual"):
                     comp = getattr(f, "_" + role)
                     if comp is not None and comp._shape is None:
@@ -444,20 +663,45 @@ class SNode:
                 raise TypeError(f"place() takes fields, got {type(f).__name__}")
         return self
 
+    def deactivate_all(self) -> None:
+        """Deactivate every cell of this SNode and of the sparse SNodes below it (their data
+        reads 0 again). Python scope, as in Taichi."""
+        if _b.current() is not None:
+            raise _b.current().error("deactivate_all() runs in Python scope only; inside a "
+                                     "kernel use ti.deactivate(snode, I)")
+        for node in self._subtree():
+            if node.kind in _SPARSE:
+                node.activity.arr[...] = 0
+                for f in node.subtree_fields():
+                    f.arr[...] = 0
+
     def lazy_grad(self) -> None:
         """Give every float field a ``.grad`` with the primal's layout."""
         for f in list(program.get().fields.values()) + list(program.get().unplaced):
-            if f._grad is None and f.dtype.is_float:
+            if f._grad is None and f.dtype.is_float and f.role == "primal":
                 f._make_companion("grad")
 
     def lazy_dual(self) -> None:
         for f in list(program.get().fields.values()) + list(program.get().unplaced):
-            if f._dual is None and f.dtype.is_float:
+            if f._dual is None and f.dtype.is_float and f.role == "primal":
                 f._make_companion("dual")
+
+    def __repr__(self) -> str:
+        return f"<difftape SNode {self.kind} shape={self.shape}>"
 
 
 class _Root(SNode):
     """``ti.root``; resolves to the current program's root each time."""
+
+    def __init__(self) -> None:
+        super().__init__(None, (), (), "root")
+
+    @property
+    def children(self) -> list[SNode]:
+        return program.get().snode_children
+
+    def __repr__(self) -> str:
+        return "<difftape SNode root>"
 
 
 root = _Root()

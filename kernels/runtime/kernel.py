@@ -41,6 +41,7 @@ from ..ir.passes import run_pipeline
 from ..ir.passes.bounds import OUT_OF_RANGE
 from . import cache, program
 from .ndarray import Ndarray
+from .sparse import finish_struct_fors
 
 TASK_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int32)
 BOUNDS_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
@@ -230,6 +231,25 @@ class Kernel:
     # ------------------------------------------------------------------ compilation
     def build_ir(self, prog, spec: tuple, variant: str = "primal") -> KernelIR:
         """The kernel's IR for one specialization and variant, before the pass pipeline."""
+        ir = self._frontend_ir(prog, spec, adjoint=variant in ("grad", "grad_fwd"))
+        has = lambda buf, role: has_storage(prog, spec, buf, role)
+        if variant == "validate":
+            from ..autodiff import validation
+            from ..autodiff.reverse import ReverseAD
+
+            ad = ReverseAD(self._frontend_ir(prog, spec, adjoint=True),
+                           lambda buf: has(buf, "grad"))
+            ad.build()
+            return validation.instrument(ir, prog, ad.mattering)
+        role = LOST_ROLE.get(variant)
+        flow = lost_flow(ir, lambda buf: has(buf, role)) if role is not None else None
+        ir = derive(ir, variant, has)
+        ir.lost = flow
+        return ir
+
+    def _frontend_ir(self, prog, spec: tuple, adjoint: bool) -> KernelIR:
+        """The IR the frontend builds; ``adjoint``: the source of reverse mode (writes do
+        not activate sparse cells there, see runtime/sparse.py)."""
         cfg = prog.config
         parsed = parse_function(self.pyfunc)
         bld = _b.Builder(self.name, parsed.file, default_fp=cfg.default_fp,
@@ -242,25 +262,15 @@ class Kernel:
                 bld.return_type = _scalar_dtype(rt, cfg)
         if not self._simple and len(spec) != len(self.params):
             raise self._arg_count_error(spec)
+        bld.adjoint = adjoint
         with _b.activate(bld):
             build_kernel_body(bld, self, spec if spec else (None,) * len(self.params))
+            if not adjoint:
+                finish_struct_fors(bld, (parsed.file, self.name))
         returns = bld.return_type if isinstance(bld.return_type, list) else (
             [bld.return_type] if bld.return_type is not None else [])
-        ir = KernelIR(self.name, bld.params, bld.buffers, bld.body, returns=returns,
-                      file=parsed.file, debug=cfg.debug)
-        has = lambda buf, role: has_storage(prog, spec, buf, role)
-        if variant == "validate":
-            from ..autodiff import validation
-            from ..autodiff.reverse import ReverseAD
-
-            ad = ReverseAD(self.build_ir(prog, spec), lambda buf: has(buf, "grad"))
-            ad.build()
-            return validation.instrument(ir, prog, ad.mattering)
-        role = LOST_ROLE.get(variant)
-        flow = lost_flow(ir, lambda buf: has(buf, role)) if role is not None else None
-        ir = derive(ir, variant, has)
-        ir.lost = flow
-        return ir
+        return KernelIR(self.name, bld.params, bld.buffers, bld.body, returns=returns,
+                        file=parsed.file, debug=cfg.debug)
 
     def _compile(self, prog, args: tuple, spec: tuple, variant: str = "primal") -> CompiledKernel:
         if self._simple and len(args) != len(self.params):

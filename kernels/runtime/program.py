@@ -181,6 +181,7 @@ class Program:
         self.generation = next(_generations)
         self.fields: dict[int, object] = {}
         self.unplaced: list = []
+        self.snode_children: list = []  # ti.root's children (SNode trees of this program)
         nthreads = config.cpu_max_num_threads or os.cpu_count() or 1
         self.num_threads = max(1, nthreads)
         self.seed_random(config.random_seed)

@@ -602,3 +602,15 @@ def test_fill_in_a_kernel_runs_at_each_launch_remotely(remote):
     local = run_local(_fill_in_kernel_program)
     np.testing.assert_array_equal(local[2][0], np.full((6, 3), 12.0) + np.arange(6)[:, None])
     same(local, remote(_fill_in_kernel_program))
+
+
+@pytest.mark.parametrize("kind", ["pointer", "bitmasked", "dynamic"])
+def test_sparse_snodes_are_refused_remotely(kind):
+    # The service stores dense fields only: a sparse SNode is refused where it is declared.
+    ti.init(arch=ti.remote, transport=LocalTransport())
+    try:
+        with pytest.raises(ti.DifftapeError, match="sparse SNodes are not supported under "
+                                                   "arch=ti.remote"):
+            getattr(ti.root, kind)(ti.i, 8)
+    finally:
+        ti.reset()
