@@ -112,6 +112,10 @@ def __getattr__(name: str):
         from .frontend import matrix as _m
 
         return getattr(_m, name)
+    if name == "struct":
+        from .frontend.struct import struct
+
+        return struct
     if name == "ndarray":
         from .frontend.annotations import ndarray_type
 

@@ -56,6 +56,7 @@ class Builder:
         self.loop_stack: list[tuple[str, int | None]] = []  # ("range"|"while", loop id)
         self.pending_loop_config: dict | None = None  # set by ti.loop_config for the next loop
         self.return_type: DType | list[DType] | None = None
+        self.return_annotation: Any = None  # the kernel's `->` annotation (a struct type...)
         self.kernel_allocas: set[Stmt] = set()
 
     # -- emission ------------------------------------------------------------------------------

@@ -60,7 +60,8 @@ ROLES = ("primal", "grad", "dual", "mark")  # mark: Tape(validation=True) instru
 # characters that need no quoting, so a name can never inject IR. Parameters are named after
 # the kernel's arguments, ``v[k]`` for component k of a vector argument.
 _KERNEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-_PARAM_NAME = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(?:\[(0|[1-9][0-9]{0,3})\])?\Z")
+_PARAM_NAME = re.compile(r"([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*){0,8})"
+                         r"(?:\[(0|[1-9][0-9]{0,3})\])?\Z")
 MAX_NAME = 128  # kernel, parameter and buffer names
 MAX_MESSAGE = 1024  # assert messages
 MAX_NDIM = 12  # buffer axes, element axes included
@@ -190,7 +191,8 @@ class _Decoder:
             m = _PARAM_NAME.match(name)
             if not m:
                 raise self.fail(path + "[0]", f"parameter name {name!r} must be an ASCII "
-                                              "identifier, or 'name[k]' for a vector component")
+                                              "identifier, 'name[k]' for a vector component, "
+                                              "or 'name.member' for a struct member")
             # Launches map parameters back to arguments by name (runtime.kernel): a vector
             # argument's components must be consecutive and numbered from 0.
             base, comp = m.group(1), m.group(2)

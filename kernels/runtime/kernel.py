@@ -33,6 +33,7 @@ from ..errors import (
 from ..frontend import builder as _b
 from ..frontend.annotations import NdarrayType, Template
 from ..frontend.matrix import Matrix, MatrixType
+from ..frontend.struct import Struct, StructType
 from ..frontend.transformer import build_kernel_body, parse_function
 from ..ir import serialize
 from ..ir.nodes import Buffer, KernelIR
@@ -217,6 +218,9 @@ class Kernel:
         if rt is not None:
             if isinstance(rt, MatrixType):
                 bld.return_type = [rt.scalar_dtype] * (rt.n * (rt.m if rt.ndim == 2 else 1))
+            elif isinstance(rt, StructType):
+                bld.return_type = [dt for _, dt in rt.leaves()]
+                bld.return_annotation = rt
             else:
                 bld.return_type = _scalar_dtype(rt, cfg)
         if not self._simple and len(spec) != len(self.params):
@@ -254,7 +258,7 @@ class Kernel:
         inst = compile_ir(ir, prog, stats, [p.name for p in self.params])
         stats.frontend_s, stats.passes_s = t1 - t0, t2 - t1
         self.last_compile = stats
-        if isinstance(self.return_annotation, MatrixType):
+        if isinstance(self.return_annotation, MatrixType | StructType):
             inst.return_type = self.return_annotation
         return inst
 
@@ -400,7 +404,7 @@ class CompiledKernel:
             bounds = BOUNDS_FN(addresses[low.bounds_name(k)]) if t.kind == "range" else None
             self.tasks.append((t.kind == "range", fn, bounds, max(1, t.weight),
                                _SCHEDULES[t.schedule]))
-        self.return_type: MatrixType | None = None
+        self.return_type: MatrixType | StructType | None = None
         self.bounds_out = (ctypes.c_int64 * 2)()
         self.bounds_addr = ctypes.addressof(self.bounds_out)
         self.messages = assert_messages(ir)
@@ -446,7 +450,7 @@ class CompiledKernel:
                                                      strict=True):
             v = args[arg_index]
             if comp is not None:
-                v = _component(v, comp)
+                v = arg_component(v, comp)
             try:
                 if is_float:
                     ctx_f64[slot] = v
@@ -496,7 +500,7 @@ class CompiledKernel:
                 out.append(float(ctx_f64[slot]) if t.is_float else int(ctx_i64[slot]))
             rt = self.return_type
             if rt is not None:
-                return Matrix._from_entries(out, rt.n, rt.m, rt.ndim)
+                return compound_return(rt, out)
             return out[0] if len(out) == 1 else out
         return None
 
@@ -513,20 +517,52 @@ class CompiledKernel:
         raise cls(msg.replace("{}", str(value), 1))
 
 
-def _param_arg_map(ir: KernelIR, arg_names: list[str]) -> list[tuple[int, int | None]]:
-    """For each scalar param: (kernel argument index, vector component or None). Vector
-    arguments are flattened into params named ``v[0]``, ``v[1]``..."""
+def compound_return(rt: MatrixType | StructType, values: list):
+    """A kernel's vector/matrix or struct return value from its scalars."""
+    if isinstance(rt, StructType):
+        return rt.from_leaves(values)
+    return Matrix._from_entries(values, rt.n, rt.m, rt.ndim)
+
+
+def param_path(name: str) -> tuple[str, tuple | None]:
+    """A scalar param's kernel argument and where in it the scalar is: ``x`` -> ("x", None),
+    ``v[2]`` -> ("v", (2,)), ``s.line.dir[0]`` -> ("s", ("line", "dir", 0)). Vector and
+    struct arguments are flattened into such params."""
+    cut = min((k for k in (name.find("."), name.find("[")) if k >= 0), default=len(name))
+    base, rest = name[:cut], name[cut:]
+    if not rest:
+        return base, None
+    path: list = []
+    for part in rest.replace("[", ".[").split(".")[1:]:
+        path.append(int(part[1:-1]) if part.startswith("[") else part)
+    return base, tuple(path)
+
+
+def _param_arg_map(ir: KernelIR, arg_names: list[str]) -> list[tuple[int, tuple | None]]:
+    """For each scalar param: (kernel argument index, path to the scalar or None). A caller
+    may also name the vector parts of a struct as arguments of their own (``s.v`` for
+    ``s.v[0]``: the service's engine groups wire arguments so)."""
     out = []
     for p in ir.params:
-        base, _, comp = p.name.partition("[")
-        out.append((arg_names.index(base), int(comp[:-1]) if comp else None))
+        head, _, comp = p.name.partition("[")
+        if head in arg_names:
+            out.append((arg_names.index(head), (int(comp[:-1]),) if comp else None))
+            continue
+        base, path = param_path(p.name)
+        out.append((arg_names.index(base), path))
     return out
 
 
-def _component(v, k: int):
-    if isinstance(v, Matrix):
-        return v.entries[k]
-    return np.asarray(v).ravel()[k]
+def arg_component(v, path: tuple):
+    """The scalar at ``path`` in a vector/matrix/struct argument (see :func:`param_path`)."""
+    for k in path:
+        if isinstance(k, str):
+            v = v[k] if isinstance(v, Struct | dict) else getattr(v, k)
+        elif isinstance(v, Matrix):
+            v = v.entries[k]
+        else:
+            v = np.asarray(v).ravel()[k]
+    return v
 
 
 def _ndarray_storage(a, role: str) -> np.ndarray:

@@ -250,3 +250,13 @@ def test_every_axis_combination_is_exported(ti):
     h = ti.field(ti.i32)
     ti.root.dense(ti.axes(1), 4).dense(ti.axes(0), 2).place(h)
     assert h.shape == (2, 4)
+
+
+def test_python_scope_integer_stores_wrap_like_taichi(ti):
+    """0xFFFF stored into an i16 element from Python is -1 (two's complement), as in Taichi."""
+    x = ti.field(ti.i16, shape=2)
+    u = ti.field(ti.u8, shape=())
+    x[0] = 0xFFFF
+    x[1] = 0x8000
+    u[None] = 300
+    assert x[0] == -1 and x[1] == -32768 and u[None] == 44

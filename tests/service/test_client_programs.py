@@ -602,3 +602,26 @@ def test_fill_in_a_kernel_runs_at_each_launch_remotely(remote):
     local = run_local(_fill_in_kernel_program)
     np.testing.assert_array_equal(local[2][0], np.full((6, 3), 12.0) + np.arange(6)[:, None])
     same(local, remote(_fill_in_kernel_program))
+
+
+def _struct_program():
+    vec2 = ti.types.vector(2, ti.f32)
+    box = ti.types.struct(lo=vec2, hi=vec2, tag=ti.i32)
+    boxes = box.field(shape=4)
+
+    @ti.kernel
+    def grow(b: box, d: ti.f32) -> box:
+        for i in boxes:
+            boxes[i] = box(b.lo - d * i, b.hi + d * i, b.tag + i)
+        return box(b.lo - d, b.hi + d, b.tag + 1)
+
+    g = grow(box(lo=[0.0, 1.0], hi=[2.0, 4.0], tag=1), 0.5)
+    return [g.lo.to_numpy(), g.hi.to_numpy(), g.tag, boxes.to_numpy()]
+
+
+def test_struct_arguments_and_returns_remotely(remote):
+    """Struct kernel arguments travel as their scalars; a struct return is rebuilt."""
+    local = run_local(_struct_program)
+    np.testing.assert_array_equal(local[0], [-0.5, 0.5])
+    assert local[2] == 2
+    same(local, remote(_struct_program))
