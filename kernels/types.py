@@ -7,6 +7,7 @@ the wire format (by name), so one object describes a type everywhere.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -74,6 +75,14 @@ float16, float32, float64 = f16, f32, f64
 int8, int16, int32, int64 = i8, i16, i32, i64
 uint8, uint16, uint32, uint64 = u8, u16, u32, u64
 
+#: ``ti.types.primitive_types``: Taichi's lists of scalar types (Python's float/int/bool
+#: included, as Taichi lists them; difftape has no 1-bit u1).
+primitive_types = SimpleNamespace(
+    real_types=[f16, f32, f64, float], integer_types=[i8, i16, i32, i64, u8, u16, u32, u64, int,
+                                                      bool])
+primitive_types.all_types = primitive_types.real_types + primitive_types.integer_types
+primitive_types.__dict__.update(ALL)
+
 
 def by_name(name: str) -> DType:
     try:
@@ -92,8 +101,8 @@ def from_numpy(dt: np.dtype) -> DType:
 
 
 def promote(a: DType, b: DType) -> DType:
-    """Taichi's binary promotion: floats beat ints, wider beats narrower, signed beats unsigned
-    at equal width."""
+    """Taichi's binary promotion: floats beat ints, wider beats narrower, unsigned beats signed
+    at equal width (as in C: ``u32 + 1`` is a u32)."""
     if a == b:
         return a
     if a.is_float or b.is_float:
@@ -102,7 +111,7 @@ def promote(a: DType, b: DType) -> DType:
         return a if a.is_float else b
     if a.bits != b.bits:
         return a if a.bits > b.bits else b
-    return a if a.is_signed else b
+    return b if a.is_signed else a
 
 
 def __getattr__(name: str):

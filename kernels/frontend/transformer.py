@@ -866,6 +866,10 @@ class FunctionTransformer:
     def expr_BinOp(self, node: ast.BinOp):
         a, b = self.eval(node.left), self.eval(node.right)
         self._at(node)
+        if type(a) in (list, tuple) and (
+                (isinstance(node.op, ast.Add) and type(b) is type(a)) or
+                (isinstance(node.op, ast.Mult) and isinstance(b, int))):
+            return a + b if isinstance(node.op, ast.Add) else a * b  # Python lists (Taichi too)
         return apply_binop(_BINOPS[type(node.op)], _as_value(a), _as_value(b))
 
     def expr_UnaryOp(self, node: ast.UnaryOp):
@@ -1061,7 +1065,21 @@ class FunctionTransformer:
         return bool(v)
 
     def expr_JoinedStr(self, node: ast.JoinedStr):
-        raise self.bld.error("f-strings are not supported in kernels", KernelSyntaxError)
+        """An f-string: Python's text when every value is known at compile time; with kernel
+        values, something only print() takes (see printing.py)."""
+        from . import printing
+
+        values: list = []
+        for v in node.values:
+            if isinstance(v, ast.Constant):
+                values.append(v.value)
+                continue
+            spec = self.eval(v.format_spec) if v.format_spec is not None else ""
+            if not isinstance(spec, str):
+                raise self._at(v).error("a format spec must be known at compile time")
+            conv = chr(v.conversion) if v.conversion != -1 else None
+            values.append((_as_value(self.eval(v.value)), spec, conv))
+        return printing.joined(values)
 
     def expr_Call(self, node: ast.Call):
         fn = self.eval(node.func)
@@ -1085,8 +1103,15 @@ class FunctionTransformer:
             raise self.bld.error(f"kernel '{fn.name}' cannot be called from inside a kernel; "
                                  "make it a @ti.func")
         if fn is print:
-            raise self.bld.error("print() inside kernels is not supported yet; read values "
-                                 "in Python scope after the kernel")
+            from .printing import emit_print
+
+            return emit_print(self.bld, [_as_value(a) for a in args], **kwargs)
+        if isinstance(getattr(fn, "__self__", None), str) and \
+                getattr(fn, "__name__", None) == "format":
+            from .printing import format_string
+
+            return format_string(fn.__self__, tuple(_as_value(a) for a in args),
+                                 {k: _as_value(v) for k, v in kwargs.items()})
         if fn in _PY_BUILTIN_MAP:
             return _PY_BUILTIN_MAP[fn](*args, **kwargs)
         if fn is builtins.range:

@@ -49,6 +49,8 @@ from .verify import LOOP_FLAGS, IRVerificationError, verify
 # Ops the compiler creates for itself (after the frontend); a client never has a reason to send
 # them, and the passes assume they only appear where the compiler put them.
 INTERNAL_OPS = frozenset({"stack_push", "stack_pop", "temp_load", "temp_store", "temp_atomic"})
+# Ops refused from clients: their effect would happen on the server (print() output).
+LOCAL_ONLY_OPS = frozenset({"print"})
 # Ops that carry an attribute in frontend IR; every other op has none (``null``). (Binary ops
 # get a "reassoc" marker from the reduction pass only.)
 ATTR_OPS = frozenset({"const", "arg", "buf_shape", "loop_index", "load", "store", "atomic",
@@ -308,6 +310,10 @@ class _Decoder:
         info = OPS.get(op) if type(op) is str else None
         if info is None:
             raise self.fail(path, f"unknown op {_short(op)}")
+        if op in LOCAL_ONLY_OPS:
+            raise self.fail(path, f"{op}() in kernels is not available remotely: the server's "
+                                  "output would not reach you; return or store the values "
+                                  "and print them in Python scope")
         if op in INTERNAL_OPS:
             raise self.fail(path, f"op '{op}' is internal to the compiler; clients send "
                                   "frontend IR")

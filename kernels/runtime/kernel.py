@@ -12,6 +12,7 @@ import ctypes
 import functools
 import inspect
 import numbers
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ from ..frontend.matrix import Matrix, MatrixType
 from ..frontend.struct import Struct, StructType
 from ..frontend.transformer import build_kernel_body, parse_function
 from ..ir import serialize
-from ..ir.nodes import Buffer, KernelIR
+from ..ir.nodes import Buffer, KernelIR, task_blocks, walk
 from ..ir.passes import run_pipeline
 from ..ir.passes.bounds import OUT_OF_RANGE
 from . import cache, program
@@ -214,6 +215,7 @@ class Kernel:
         parsed = parse_function(self.pyfunc)
         bld = _b.Builder(self.name, parsed.file, default_fp=cfg.default_fp,
                          default_ip=cfg.default_ip, debug=cfg.debug)
+        bld.remote = prog.remote is not None
         rt = self.return_annotation
         if rt is not None:
             if isinstance(rt, MatrixType):
@@ -432,14 +434,28 @@ class CompiledKernel:
         for k, p in enumerate(ir.params):
             self._writers.append((layout.params[k], p.dtype.is_float))
         self._arg_map = _param_arg_map(ir, arg_names or [p.name for p in ir.params])
-        if prog.config.kernel_profiler:  # an instance attribute: no cost when profiling is off
+        # Wrappers are instance attributes: no cost for kernels that need none.
+        self._inner_launch = self.launch
+        if any(s.op == "print" for t in ir.tasks for b in task_blocks(t) for s in walk(b)):
+            self._inner_launch = self.launch = self._printing_launch
+        if prog.config.kernel_profiler:
             self.launch = self._profiled_launch
+
+    def _printing_launch(self, args: tuple):
+        """``launch`` of a kernel that prints: Python's buffered output first, then the
+        kernel's lines (C's printf), flushed when the launch ends, so output keeps its order
+        (also when stdout is a pipe or file)."""
+        sys.stdout.flush()
+        try:
+            return CompiledKernel.launch(self, args)
+        finally:
+            _libc().fflush(None)
 
     def _profiled_launch(self, args: tuple):
         """``launch``, timed into the program's profile (ti.init(kernel_profiler=True))."""
         start = time.perf_counter()
         try:
-            return CompiledKernel.launch(self, args)
+            return self._inner_launch(args)
         finally:
             self.prog.profile.append((self.ir.name, start,
                                       (time.perf_counter() - start) * 1000.0))
@@ -536,6 +552,11 @@ def param_path(name: str) -> tuple[str, tuple | None]:
     for part in rest.replace("[", ".[").split(".")[1:]:
         path.append(int(part[1:-1]) if part.startswith("[") else part)
     return base, tuple(path)
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None)
 
 
 def _param_arg_map(ir: KernelIR, arg_names: list[str]) -> list[tuple[int, tuple | None]]:

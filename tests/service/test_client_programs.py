@@ -625,3 +625,17 @@ def test_struct_arguments_and_returns_remotely(remote):
     np.testing.assert_array_equal(local[0], [-0.5, 0.5])
     assert local[2] == 2
     same(local, remote(_struct_program))
+
+
+def test_print_in_kernels_is_refused_remotely(remote):
+    """The server's output would not reach the client: refused where the kernel is compiled."""
+
+    def program():
+        @ti.kernel
+        def show(x: ti.i32):
+            print("x =", x)
+
+        with pytest.raises(ti.CompileError, match="arch=ti.remote"):
+            show(1)
+
+    remote(program)
