@@ -559,6 +559,20 @@ class FunctionTransformer:
         if op is None:
             raise self.bld.error("unsupported augmented assignment")
         value = _as_value(self.eval(node.value))
+        if isinstance(node.target, ast.Subscript):
+            container = self.eval(node.target.value)
+            if isinstance(container, Matrix):
+                index = self.eval_index(node.target.slice)
+                keys = index if isinstance(index, tuple) else (index,)
+                if any(isinstance(k, Value) for k in keys):
+                    # A runtime index (`v[k] += x`, `m[i, j] += x`): read the entry, then a
+                    # guarded write of every entry it may be (as for `v[k] = x`).
+                    keys = tuple(k.expr() if isinstance(k, Ref) else k for k in keys)
+                    index = keys if isinstance(index, tuple) else keys[0]
+                    self._at(node)
+                    current = _as_value(container[index])
+                    container[index] = _as_value(apply_binop(op, current, value))
+                    return
         target = self.eval_place(node.target)
         if isinstance(target, Matrix) and isinstance(value, list | tuple):
             from .matrix import _coerce
@@ -967,7 +981,12 @@ class FunctionTransformer:
                     and not (ops._is_number(left) and ops._is_number(right)):
                 r = _PY_COMPARE[type(op)](left, right)  # compile-time objects (dtypes, ...)
             else:
-                r = ops.binary(_CMPOPS[type(op)], left, right)
+                a, b = left, right
+                if isinstance(a, Matrix) or isinstance(b, Matrix):
+                    from .matrix import _coerce
+
+                    a, b = _coerce(a), _coerce(b)  # v == (1, 2, 3)
+                r = ops.binary(_CMPOPS[type(op)], a, b)
             result = r if result is None else ops.binary("logical_and", result, r)
             left = right
         return result
@@ -1272,8 +1291,9 @@ class NdarrayArg:
 
     def __setitem__(self, key, value) -> None:
         from ..runtime.field import assign
+        from .matrix import _coerce
 
-        assign(self[key], value)
+        assign(self[key], _coerce(value))
 
 
 # --------------------------------------------------------------------------- entry points
