@@ -30,10 +30,18 @@ from difftape.errors import ArgumentError, DifftapeError, ShapeError
 from difftape.frontend import builder as _b
 from difftape.frontend.annotations import NdarrayType
 from difftape.frontend.matrix import Matrix, MatrixType, Vector
+from difftape.frontend.struct import StructType
 from difftape.ir import serialize
 from difftape.ir.serialize import from_jsonable
 from difftape.runtime.field import Field, _to_python
-from difftape.runtime.kernel import LOST_ROLE, derive, has_storage
+from difftape.runtime.kernel import (
+    LOST_ROLE,
+    arg_component,
+    compound_return,
+    derive,
+    has_storage,
+    param_path,
+)
 
 #: Queued ops beyond this many are sent without waiting for a synchronisation point.
 MAX_QUEUE = 4096
@@ -54,22 +62,21 @@ class _RemoteKernel:
         names = [p.name for p in kernel.params]
         plan = []
         for p in ir.params:
-            base, _, comp = p.name.partition("[")
-            plan.append((names.index(base), int(comp[:-1]) if comp else None,
-                         p.dtype.is_float))
+            base, path = param_path(p.name)
+            plan.append((names.index(base), path, p.dtype.is_float))
         self.plan = plan
         self.returns = bool(ir.returns)
         rt = kernel.return_annotation
-        self.return_type = rt if isinstance(rt, MatrixType) else None
+        self.return_type = rt if isinstance(rt, MatrixType | StructType) else None
 
     def flatten(self, args: tuple) -> list:
         """Scalar params as the IR has them (vectors component by component), converted as
         the local launch converts them (float params to double, int params truncated)."""
         out = []
-        for index, comp, is_float in self.plan:
+        for index, path, is_float in self.plan:
             v = args[index]
-            if comp is not None:
-                v = v.entries[comp] if isinstance(v, Matrix) else np.asarray(v).ravel()[comp]
+            if path is not None:
+                v = arg_component(v, path)
             try:
                 out.append(float(v) if is_float else int(v))
             except (TypeError, ValueError, OverflowError):
@@ -82,7 +89,7 @@ class _RemoteKernel:
         result = from_jsonable(result)
         rt = self.return_type
         if rt is not None:
-            return Matrix._from_entries(list(result), rt.n, rt.m, rt.ndim)
+            return compound_return(rt, list(result))
         return result
 
 

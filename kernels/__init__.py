@@ -81,6 +81,7 @@ from .frontend.ops import (  # noqa: E402
     tanh,
     zero,
 )
+from .frontend.struct import Struct, StructField, dataclass  # noqa: E402
 from .frontend.transformer import (  # noqa: E402
     Grouped,
     NdRange,

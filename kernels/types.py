@@ -7,6 +7,7 @@ the wire format (by name), so one object describes a type everywhere.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -78,6 +79,14 @@ float16, float32, float64 = f16, f32, f64
 int8, int16, int32, int64 = i8, i16, i32, i64
 uint8, uint16, uint32, uint64 = u8, u16, u32, u64
 
+#: ``ti.types.primitive_types``: Taichi's lists of scalar types (Python's float/int/bool
+#: included, as Taichi lists them; difftape has no 1-bit u1).
+primitive_types = SimpleNamespace(
+    real_types=[f16, f32, f64, float], integer_types=[i8, i16, i32, i64, u8, u16, u32, u64, int,
+                                                      bool])
+primitive_types.all_types = primitive_types.real_types + primitive_types.integer_types
+primitive_types.__dict__.update(ALL)
+
 
 def by_name(name: str) -> DType:
     try:
@@ -137,6 +146,10 @@ def __getattr__(name: str):
         from .frontend import matrix as _m
 
         return getattr(_m, name)
+    if name == "struct":
+        from .frontend.struct import struct
+
+        return struct
     if name == "ndarray":
         from .frontend.annotations import NdarrayType
 

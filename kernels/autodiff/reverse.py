@@ -226,8 +226,8 @@ class ReverseAD:
         for s in block:
             op = s.op
             e.loc = s.loc
-            if op in ("store", "assert", "return"):
-                continue
+            if op in ("store", "assert", "return", "print"):
+                continue  # no global side effects (the primal run printed already)
             if op == "local_atomic" and self._prefix and s not in self.used:
                 out.append(s.replace(args=tuple(scope.v(a) for a in s.args)))
                 continue

@@ -35,6 +35,7 @@ class CPUTarget:
     calloc_symbol = "dt_calloc"
     free_symbol = "dt_free"
     yield_symbol = "dt_sched_yield"  # a waiting ordered chunk gives its core away
+    printf_symbol = "dt_printf"  # print() in kernels: C's printf (one call per line)
 
     def __init__(self) -> None:
         llvm.initialize_native_target()
@@ -92,7 +93,7 @@ class CPUTarget:
             fn = getattr(gcc, name, None) if gcc is not None else None
             if fn is not None:
                 llvm.add_symbol(name, ctypes.cast(fn, ctypes.c_void_p).value)
-        for name in ("realloc", "calloc", "free", "sched_yield"):
+        for name in ("realloc", "calloc", "free", "sched_yield", "printf"):
             llvm.add_symbol(f"dt_{name}", ctypes.cast(getattr(libc, name), ctypes.c_void_p).value)
         for name in _LIBM_NAMES.values():
             for suffix in ("f", ""):

@@ -31,6 +31,8 @@ def ll_type(t: DType) -> str:
 
 def ll_const(value, t: DType) -> str:
     if t.is_float:
+        if t.bits == 16:  # LLVM writes half constants as their own bits
+            return f"0xH{struct.unpack('<H', struct.pack('<e', float(value)))[0]:04X}"
         if t.bits == 32:
             value = struct.unpack("<f", struct.pack("<f", float(value)))[0]
         bits = struct.unpack("<Q", struct.pack("<d", float(value)))[0]
@@ -150,6 +152,7 @@ class Lowering:
         self.layout = layout
         self.target = target
         self.declarations: set[str] = set()
+        self.strings = 0  # constant format strings of print statements so far
         self.functions: list[str] = []
         self.symbol = ir.name
         self.messages = {m: k + 1 for k, m in enumerate(assert_messages(ir))}
@@ -951,6 +954,34 @@ class Lowering:
 
     def op_continue(self, s: Stmt) -> None:
         self.fn.term(f"br label %{self.loops[-1].cont}")
+
+    def op_print(self, s: Stmt) -> None:
+        """One printf call for the whole line: the text is one constant format string with
+        ``%`` doubled, floats passed as double and short integers widened (C's varargs)."""
+        fn = self.fn
+        fmt = s.attr[0].replace("%", "%%")
+        args = []
+        for k, v in enumerate(s.args):
+            fmt += s.attr[2 * k + 1] + s.attr[2 * k + 2].replace("%", "%%")
+            x, t = self.values[v], v.dtype
+            if t.is_float:
+                if t.bits != 64:
+                    x = fn.ins(f"fpext {ll_type(t)} {x} to double")
+                args.append(f"double {x}")
+            elif t.bits < 32:
+                ext = "sext" if t.is_signed else "zext"
+                args.append(f"i32 {fn.ins(f'{ext} {ll_type(t)} {x} to i32')}")
+            else:
+                args.append(f"{ll_type(t)} {x}")
+        data = fmt.encode() + b"\0"
+        self.strings += 1
+        name = f"@{self.symbol}_fmt{self.strings}"
+        text = "".join(chr(b) if 32 <= b < 127 and b not in (34, 92) else f"\\{b:02X}"
+                       for b in data)
+        self.declare(f'{name} = private unnamed_addr constant [{len(data)} x i8] c"{text}"')
+        self.declare(f"declare i32 @{self.target.printf_symbol}(ptr, ...)")
+        fn.ins(f"call i32 (ptr, ...) @{self.target.printf_symbol}(ptr {name}"
+               + "".join(", " + a for a in args) + ")")
 
     def op_assert(self, s: Stmt) -> None:
         fn = self.fn

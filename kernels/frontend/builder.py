@@ -56,6 +56,8 @@ class Builder:
         self.loop_stack: list[tuple[str, int | None]] = []  # ("range"|"while", loop id)
         self.pending_loop_config: dict | None = None  # set by ti.loop_config for the next loop
         self.return_type: DType | list[DType] | None = None
+        self.return_annotation: Any = None  # the kernel's `->` annotation (a struct type...)
+        self.remote = False  # compiled for arch=ti.remote (print() is refused there)
         self.kernel_allocas: set[Stmt] = set()
         # Building the IR that reverse mode differentiates: writes do not activate sparse
         # cells (the adjoint only reads activity) and deactivation/append are refused.

@@ -14,6 +14,10 @@ class Func:
     def __init__(self, pyfunc) -> None:
         self.pyfunc = pyfunc
         self.signature = inspect.signature(pyfunc)
+        # Defined in a class body (a method of a @ti.dataclass or @ti.data_oriented class):
+        # its unannotated first parameter (`self`) is the object itself, as in Taichi.
+        parts = pyfunc.__qualname__.split(".")
+        self.classfunc = len(parts) > 1 and parts[-2] != "<locals>"
         self.__name__ = pyfunc.__name__
         self.__doc__ = pyfunc.__doc__
         self.__wrapped__ = pyfunc

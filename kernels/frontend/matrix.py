@@ -8,13 +8,14 @@ fixed set of scalar statements that LLVM sees through and autodiff differentiate
 
 from __future__ import annotations
 
+import itertools
 import linecache
 import numbers
 
 import numpy as np
 
 from .. import types as T
-from ..errors import KernelIndexError, KernelTypeError
+from ..errors import KernelIndexError, KernelRuntimeError, KernelSyntaxError, KernelTypeError
 from . import builder as _b
 from . import ops
 from .values import Ref, Value
@@ -160,22 +161,41 @@ class Matrix:
     def _shape_text(self) -> str:
         return f"{self.n}-vector" if self.ndim == 1 else f"{self.n}x{self.m} matrix"
 
-    # component access .x .y .z .w (and setters on variables)
-    def _component(self, k: int):
-        return self.entries[self._component_index(k)]
+    # Component access and swizzles: .x .y .z .w (also .rgba, .stpq), and any 2 to 4 of them
+    # (.xy, .zxy, .brg), readable and, on variables, assignable (properties made below).
+    def _swizzle_indices(self, name: str) -> list[int]:
+        alphabet = next(a for a in SWIZZLE_ALPHABETS if name[0] in a)
+        idx = [alphabet.index(c) for c in name]
+        if (self.ndim != 1 and self.m != 1) or max(idx) >= len(self.entries):
+            have = tuple(alphabet[:self.n]) if self.ndim == 1 or self.m == 1 else ()
+            msg = f"vec{self.n} only has attributes={have}, got={tuple(name)}" if have else \
+                f"a {self._shape_text()} has no attribute '{name}': component access is for " \
+                "vectors"
+            bld = _b.current()  # a syntax error in Python scope too, as in Taichi
+            raise bld.error(msg, KernelSyntaxError) if bld else KernelSyntaxError(msg)
+        return idx
 
-    def _component_index(self, k: int) -> int:
-        if self.ndim != 1 and self.m != 1:
-            raise ops._err("component access (.x/.y/.z/.w) is for vectors")
-        if k >= len(self.entries):
-            raise ops._err(f"a {self._shape_text()} has no component .{'xyzw'[k]}")
-        return k
+    def _swizzle(self, name: str):
+        idx = self._swizzle_indices(name)
+        if len(idx) == 1:
+            return self.entries[idx[0]]
+        # The entries themselves (places stay places), so `v.xy += 1` writes v.
+        return Matrix._from_entries([self.entries[k] for k in idx], len(idx), 1, 1)
 
-    x = property(lambda s: s._component(0), lambda s, v: s._assign_entry(s._component_index(0), v))
-    y = property(lambda s: s._component(1), lambda s, v: s._assign_entry(s._component_index(1), v))
-    z = property(lambda s: s._component(2), lambda s, v: s._assign_entry(s._component_index(2), v))
-    w = property(lambda s: s._component(3), lambda s, v: s._assign_entry(s._component_index(3), v))
-    r, g, b, a = x, y, z, w
+    def _set_swizzle(self, name: str, value) -> None:
+        idx = self._swizzle_indices(name)
+        if len(idx) == 1:
+            self._assign_entry(idx[0], value)
+            return
+        if isinstance(value, list | tuple):
+            value = Vector(list(value))
+        values = value.entries if isinstance(value, Matrix) else [value] * len(idx)
+        if len(values) != len(idx):
+            msg = f"value len does not match the swizzle pattern={name}"
+            bld = _b.current()
+            raise bld.error(msg) if bld else KernelRuntimeError(msg)
+        for k, v in zip(idx, values, strict=True):
+            self._assign_entry(k, v)
 
     def to_list(self) -> list:
         if self.ndim == 1:
@@ -233,6 +253,53 @@ class Matrix:
 
     def __pow__(self, o):
         return ops.pow(self, _coerce(o))
+
+    def __rfloordiv__(self, o):
+        return ops.binary("floordiv", _coerce(o), self)
+
+    def __rmod__(self, o):
+        return ops.binary("mod", _coerce(o), self)
+
+    def __rpow__(self, o):
+        return ops.pow(_coerce(o), self)
+
+    # Bitwise operators, elementwise on integer entries (floats are refused by ops.binary).
+    def __and__(self, o):
+        return ops.binary("bit_and", self, _coerce(o))
+
+    def __rand__(self, o):
+        return ops.binary("bit_and", _coerce(o), self)
+
+    def __or__(self, o):
+        return ops.binary("bit_or", self, _coerce(o))
+
+    def __ror__(self, o):
+        return ops.binary("bit_or", _coerce(o), self)
+
+    def __xor__(self, o):
+        return ops.binary("bit_xor", self, _coerce(o))
+
+    def __rxor__(self, o):
+        return ops.binary("bit_xor", _coerce(o), self)
+
+    def __lshift__(self, o):
+        return ops.binary("shl", self, _coerce(o))
+
+    def __rlshift__(self, o):
+        return ops.binary("shl", _coerce(o), self)
+
+    def __rshift__(self, o):
+        return ops.binary("shr", self, _coerce(o))
+
+    def __rrshift__(self, o):
+        return ops.binary("shr", _coerce(o), self)
+
+    def __invert__(self):
+        return ops.unary("bit_not", self)
+
+    # NumPy scalars on the left (np.float64(2) + v) defer to our reflected operators instead
+    # of turning the vector into an array.
+    __array_ufunc__ = None
 
     def __neg__(self):
         return ops.unary("neg", self)
@@ -536,6 +603,22 @@ class Vector(Matrix):
         return Matrix._from_entries([ops.cast(1 if k == i else 0, dt) for k in range(n)],
                                     n, 1, 1)
 
+
+SWIZZLE_ALPHABETS = ("xyzw", "rgba", "stpq")
+
+
+def _make_swizzles() -> None:
+    """Properties for every component name and swizzle of 1 to 4 letters of one alphabet
+    (made once; attribute access stays a plain property lookup)."""
+    for alphabet in SWIZZLE_ALPHABETS:
+        for size in range(1, 5):
+            for letters in itertools.product(alphabet, repeat=size):
+                name = "".join(letters)
+                setattr(Matrix, name, property(lambda s, n=name: s._swizzle(n),
+                                               lambda s, v, n=name: s._set_swizzle(n, v)))
+
+
+_make_swizzles()
 
 UNSIGNED_DEFAULT = "unsigned default_ip"  # the element type of ti.math.uvec2..4
 

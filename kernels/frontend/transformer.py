@@ -33,6 +33,14 @@ from . import builder as _b
 from . import ops
 from .annotations import NdarrayType, Template, template
 from .matrix import Matrix, MatrixType, Vector
+from .struct import (
+    Struct,
+    StructField,
+    StructType,
+    has_runtime_values,
+    is_place,
+    load_places,
+)
 from .values import Expr, LocalRef, Ref, Value
 
 # --------------------------------------------------------------------------- source handling
@@ -147,7 +155,8 @@ def static(x, *xs):
     known when the kernel runs is refused: the branch or loop cannot be decided from it."""
     for v in (x, *xs):
         if isinstance(v, Value) or (isinstance(v, Matrix) and
-                                     any(isinstance(e, Value) for e in v.entries)):
+                                     any(isinstance(e, Value) for e in v.entries)) or (
+                isinstance(v, Struct) and has_runtime_values(v)):
             bld = _b.current()
             msg = ("ti.static() needs a compile-time value (a constant, a global, a field, a "
                    "ti.template() argument); this one is only known when the kernel runs")
@@ -273,6 +282,8 @@ class FunctionTransformer:
         if isinstance(value, Matrix):
             entries = [self.new_variable(e) for e in value.entries]
             return Matrix._from_entries(entries, value.n, value.m, value.ndim)
+        if isinstance(value, Struct):
+            return value._with({k: self.new_variable(value._get(k)) for k in value._entries})
         if isinstance(value, Value):
             e = value.expr()
             t = dtype or e.dtype
@@ -356,6 +367,8 @@ class FunctionTransformer:
             def places(ann):
                 if isinstance(ann, tuple):
                     return tuple(places(a) for a in ann)
+                if isinstance(ann, StructType):
+                    return ann.from_leaves([local(dt) for _, dt in ann.leaves()])
                 if isinstance(ann, MatrixType):
                     dt = ann.scalar_dtype
                     size = ann.n * (ann.m if ann.ndim == 2 else 1)
@@ -376,6 +389,9 @@ class FunctionTransformer:
                     store(p, x)
             elif isinstance(place, Matrix):
                 for p, x in zip(place.entries, v.entries, strict=True):
+                    p.store(x)
+            elif isinstance(place, Struct):
+                for p, x in zip(place._leaves(), v._leaves(), strict=True):
                     p.store(x)
             else:
                 place.store(v)
@@ -435,8 +451,8 @@ class FunctionTransformer:
         def load(place):
             if isinstance(place, tuple):
                 return tuple(load(p) for p in place)
-            if isinstance(place, Matrix):
-                return place._values()
+            if isinstance(place, Matrix | Struct):
+                return _loaded(place)
             return place.expr()
 
         return load(self.slots.value)
@@ -498,15 +514,17 @@ class FunctionTransformer:
             if target.id in self.kernel_args and var is self.scopes[0].get(target.id):
                 raise self.bld.error(f"kernel argument '{target.id}' is read-only; copy it into "
                                      f"a local first, e.g. `{target.id}_ = {target.id}`")
-            if isinstance(var, Ref | Matrix) and _is_place(var):
+            if isinstance(var, Ref | Matrix | Struct) and is_place(var):
                 from ..runtime.field import assign
 
                 if isinstance(var, Matrix) and not isinstance(value, Matrix):
                     raise self.bld.error(f"'{target.id}' is a vector/matrix; cannot assign a "
                                          "scalar to it")
+                if isinstance(var, Struct) and isinstance(value, dict):
+                    value = Struct(value)
                 assign(var, _as_value(value))
                 return
-            if isinstance(value, Value | Matrix) or ops._is_number(value):
+            if isinstance(value, Value | Matrix | Struct) or ops._is_number(value):
                 self.scopes[-1][target.id] = self.new_variable(value)
             else:
                 self.scopes[-1][target.id] = value  # compile-time object
@@ -541,12 +559,26 @@ class FunctionTransformer:
         if op is None:
             raise self.bld.error("unsupported augmented assignment")
         value = _as_value(self.eval(node.value))
+        if isinstance(node.target, ast.Subscript):
+            container = self.eval(node.target.value)
+            if isinstance(container, Matrix):
+                index = self.eval_index(node.target.slice)
+                keys = index if isinstance(index, tuple) else (index,)
+                if any(isinstance(k, Value) for k in keys):
+                    # A runtime index (`v[k] += x`, `m[i, j] += x`): read the entry, then a
+                    # guarded write of every entry it may be (as for `v[k] = x`).
+                    keys = tuple(k.expr() if isinstance(k, Ref) else k for k in keys)
+                    index = keys if isinstance(index, tuple) else keys[0]
+                    self._at(node)
+                    current = _as_value(container[index])
+                    container[index] = _as_value(apply_binop(op, current, value))
+                    return
         target = self.eval_place(node.target)
         if isinstance(target, Matrix) and isinstance(value, list | tuple):
             from .matrix import _coerce
 
             value = _coerce(value)
-        if not _is_place(target):
+        if not is_place(target):
             raise self.bld.error("the target of an augmented assignment must be a variable, "
                                  "a field element or a vector/matrix variable")
         if op in ("add", "sub") and (_is_global(target) or _is_reduction(target)):
@@ -657,7 +689,12 @@ class FunctionTransformer:
         if rt is None:
             raise self.bld.error("this kernel returns a value but has no return annotation; "
                                  "add e.g. `-> ti.f32`")
-        values = value.entries if isinstance(value, Matrix) else [value]
+        ann = self.bld.return_annotation
+        if isinstance(ann, StructType):
+            value = _convert_to_annotation(self.bld, _as_value(value), ann,
+                                           f"the return value of kernel '{self.name}'")
+        values = value._leaves() if isinstance(value, Struct) else \
+            value.entries if isinstance(value, Matrix) else [value]
         types_ = rt if isinstance(rt, list) else [rt]
         if len(values) != len(types_):
             raise self.bld.error(f"kernel returns {len(values)} values, annotation says "
@@ -729,7 +766,7 @@ class FunctionTransformer:
 
         if isinstance(iterable, NdRange):
             return iterable.bounds
-        if isinstance(iterable, Field | SNode):
+        if isinstance(iterable, Field | SNode | StructField):
             return [(0, s) for s in iterable.shape]
         if isinstance(iterable, NdarrayArg):
             return [(0, s) for s in iterable.shape]
@@ -859,9 +896,19 @@ class FunctionTransformer:
     def expr_List(self, node: ast.List):
         return [self.eval(e) for e in node.elts]
 
+    def expr_Dict(self, node: ast.Dict):
+        if any(k is None for k in node.keys):
+            raise self._at(node).error("`**` in a dict display is not supported in kernels",
+                                       KernelSyntaxError)
+        return {self.eval(k): self.eval(v) for k, v in zip(node.keys, node.values, strict=True)}
+
     def expr_BinOp(self, node: ast.BinOp):
         a, b = self.eval(node.left), self.eval(node.right)
         self._at(node)
+        if type(a) in (list, tuple) and (
+                (isinstance(node.op, ast.Add) and type(b) is type(a)) or
+                (isinstance(node.op, ast.Mult) and isinstance(b, int))):
+            return a + b if isinstance(node.op, ast.Add) else a * b  # Python lists (Taichi too)
         return apply_binop(_BINOPS[type(node.op)], _as_value(a), _as_value(b))
 
     def expr_UnaryOp(self, node: ast.UnaryOp):
@@ -959,7 +1006,12 @@ class FunctionTransformer:
                     and not (ops._is_number(left) and ops._is_number(right)):
                 r = _PY_COMPARE[type(op)](left, right)  # compile-time objects (dtypes, ...)
             else:
-                r = ops.binary(_CMPOPS[type(op)], left, right)
+                a, b = left, right
+                if isinstance(a, Matrix) or isinstance(b, Matrix):
+                    from .matrix import _coerce
+
+                    a, b = _coerce(a), _coerce(b)  # v == (1, 2, 3)
+                r = ops.binary(_CMPOPS[type(op)], a, b)
             result = r if result is None else ops.binary("logical_and", result, r)
             left = right
         return result
@@ -1057,7 +1109,21 @@ class FunctionTransformer:
         return bool(v)
 
     def expr_JoinedStr(self, node: ast.JoinedStr):
-        raise self.bld.error("f-strings are not supported in kernels", KernelSyntaxError)
+        """An f-string: Python's text when every value is known at compile time; with kernel
+        values, something only print() takes (see printing.py)."""
+        from . import printing
+
+        values: list = []
+        for v in node.values:
+            if isinstance(v, ast.Constant):
+                values.append(v.value)
+                continue
+            spec = self.eval(v.format_spec) if v.format_spec is not None else ""
+            if not isinstance(spec, str):
+                raise self._at(v).error("a format spec must be known at compile time")
+            conv = chr(v.conversion) if v.conversion != -1 else None
+            values.append((_as_value(self.eval(v.value)), spec, conv))
+        return printing.joined(values)
 
     def expr_Call(self, node: ast.Call):
         fn = self.eval(node.func)
@@ -1081,8 +1147,15 @@ class FunctionTransformer:
             raise self.bld.error(f"kernel '{fn.name}' cannot be called from inside a kernel; "
                                  "make it a @ti.func")
         if fn is print:
-            raise self.bld.error("print() inside kernels is not supported yet; read values "
-                                 "in Python scope after the kernel")
+            from .printing import emit_print
+
+            return emit_print(self.bld, [_as_value(a) for a in args], **kwargs)
+        if isinstance(getattr(fn, "__self__", None), str) and \
+                getattr(fn, "__name__", None) == "format":
+            from .printing import format_string
+
+            return format_string(fn.__self__, tuple(_as_value(a) for a in args),
+                                 {k: _as_value(v) for k, v in kwargs.items()})
         if fn in _PY_BUILTIN_MAP:
             return _PY_BUILTIN_MAP[fn](*args, **kwargs)
         if fn is builtins.range:
@@ -1137,6 +1210,8 @@ def _materialize(x):
         return x.expr()
     if isinstance(x, Matrix):
         return x._values() if any(isinstance(e, Ref) for e in x.entries) else x
+    if isinstance(x, Struct):
+        return load_places(x)
     if type(x) in (tuple, list):
         return type(x)(_materialize(e) for e in x)
     return x
@@ -1170,6 +1245,8 @@ def _as_value(x):
         return x.expr()
     if isinstance(x, Matrix):
         return x._values() if any(isinstance(e, Ref) for e in x.entries) else x
+    if isinstance(x, Struct):
+        return load_places(x)
     if isinstance(x, list) and x and all(isinstance(e, Value | int | float) for e in x):
         return Vector(x)
     return x
@@ -1183,13 +1260,9 @@ def _loaded(x):
         return x.expr()
     if isinstance(x, Matrix):
         return x._values()
+    if isinstance(x, Struct):
+        return load_places(x)
     return x
-
-
-def _is_place(x) -> bool:
-    if isinstance(x, Ref):
-        return True
-    return isinstance(x, Matrix) and all(isinstance(e, Ref) for e in x.entries)
 
 
 def _is_global(x) -> bool:
@@ -1254,8 +1327,9 @@ class NdarrayArg:
 
     def __setitem__(self, key, value) -> None:
         from ..runtime.field import assign
+        from .matrix import _coerce
 
-        assign(self[key], value)
+        assign(self[key], _coerce(value))
 
 
 def _clamp_index(k, lo, hi):
@@ -1294,7 +1368,16 @@ def _clamped_element_class(ndim: int) -> type:
 
 def _convert_to_annotation(bld: _b.Builder, value, ann, what: str):
     """``value`` as a scalar dtype or vector/matrix type annotation says: cast to its dtype,
-    its shape checked (Taichi casts annotated scalars; a wrong shape is an error)."""
+    its shape checked (Taichi casts annotated scalars; a wrong shape is an error); a struct
+    type casts member by member."""
+    if isinstance(ann, StructType):
+        if isinstance(value, dict):
+            value = Struct(value)
+        if not isinstance(value, Struct):
+            raise bld.error(f"{what} should be a struct {ann!r}, got a {type(value).__name__}")
+        return ann.cast(value)
+    if isinstance(value, Struct):
+        raise bld.error(f"{what} should be a {ann!r}, got a struct")
     if isinstance(ann, MatrixType):
         if isinstance(value, list | tuple) and not isinstance(value, Matrix):
             try:
@@ -1327,11 +1410,14 @@ def _annotation_kind(ann, where: str) -> str:
         return "ndarray"
     if isinstance(ann, MatrixType):
         return "matrix"
+    if isinstance(ann, StructType):
+        return "struct"
     if isinstance(ann, T.DType) or ann in (int, float) or (
             isinstance(ann, type) and issubclass(ann, np.generic)):
         return "scalar"
     raise CompileError(f"unsupported annotation {ann!r} of {where}: use a dtype (ti.f32, "
-                       "float), a vector/matrix type, ti.template() or ti.types.ndarray()")
+                       "float), a vector/matrix or struct type, ti.template() or "
+                       "ti.types.ndarray()")
 
 
 def _func_annotations(fn) -> tuple[dict[str, Any], Any]:
@@ -1344,8 +1430,10 @@ def _func_annotations(fn) -> tuple[dict[str, Any], Any]:
 
     name = fn.pyfunc.__name__
     params = {}
-    for p in fn.signature.parameters.values():
+    for index, p in enumerate(fn.signature.parameters.values()):
         ann = _resolve_annotation(p.annotation, fn.pyfunc)
+        if ann is None and index == 0 and fn.classfunc:
+            ann = template()  # `self` of a method: the object itself, as in Taichi
         _annotation_kind(ann, f"parameter '{p.name}' of func '{name}'")
         params[p.name] = ann
     ret = _resolve_annotation(fn.signature.return_annotation, fn.pyfunc)
@@ -1353,7 +1441,7 @@ def _func_annotations(fn) -> tuple[dict[str, Any], Any]:
         ret = tuple(ret)
     for r in ret if isinstance(ret, tuple) else (ret,):
         if _annotation_kind(r, f"the return of func '{name}'") not in ("none", "matrix",
-                                                                       "scalar"):
+                                                                       "struct", "scalar"):
             raise CompileError(f"func '{name}' has an unsupported return annotation {r!r}")
     fn._annotations = (params, ret)
     return fn._annotations
@@ -1371,8 +1459,10 @@ def _bind_param(bld: _b.Builder, tr: FunctionTransformer, name: str, value, ann)
             raise bld.error(f"{what} is annotated ti.types.ndarray() but got a "
                             f"{type(value).__name__}; pass an ndarray argument of the kernel")
         return value
-    if kind in ("scalar", "matrix"):
+    if kind in ("scalar", "matrix", "struct"):
         return tr.new_variable(_convert_to_annotation(bld, _as_value(value), ann, what))
+    if isinstance(value, Struct):
+        return tr.new_variable(_as_value(value))  # structs are passed by value, as in Taichi
     if not isinstance(value, Value | Matrix):
         return value
     if isinstance(value, Matrix) and not any(isinstance(e, Value) for e in value.entries):
@@ -1425,6 +1515,11 @@ def build_kernel_body(bld: _b.Builder, kernel, args: tuple) -> None:
                        for k in range(ann.n * (ann.m if ann.ndim == 2 else 1))]
             tr.scopes[0][p.name] = Matrix._from_entries(entries, ann.n,
                                                         ann.m if ann.ndim == 2 else 1, ann.ndim)
+            tr.kernel_args.add(p.name)
+        elif isinstance(ann, StructType):
+            tr.scopes[0][p.name] = ann.from_leaves([
+                Expr(bld.emit("arg", dt, (), bld.add_param(f"{p.name}.{path}", dt)))
+                for path, dt in ann.leaves()])
             tr.kernel_args.add(p.name)
         else:
             dt = ops.resolve_dtype(ann)

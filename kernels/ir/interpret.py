@@ -118,6 +118,12 @@ class Interpreter:
             env[s] = self.stack.pop()
         elif op == "return":
             self.returns[s.attr] = a[0]
+        elif op == "print":
+            from .printf import python_format
+
+            text = s.attr[0] + "".join(python_format(s.attr[2 * k + 1], v) + s.attr[2 * k + 2]
+                                       for k, v in enumerate(a))
+            print(text, end="")
         elif op == "assert":
             if not a[0]:
                 raise InterpreterAssertion(s.attr.replace("{}", str(a[1]) if len(a) > 1 else "?"))

@@ -494,6 +494,8 @@ OPS: dict[str, OpInfo] = {
     "continue": _structural("control", 0, False),
     "assert": _structural("control", None, False),  # args: cond, *values; attr: message
     "return": _structural("control", 1, False),  # attr: return slot
+    # Output: args: the values printed; attr: (text0, conversion0, ..., textN), see ir.printf.
+    "print": _structural("control", None, False),
     # The reverse-mode stack: one LIFO of 8-byte slots per task invocation, grown on demand.
     # The adjoint of a loop pushes the loop-carried locals at each iteration and pops them
     # when it walks the iterations backwards.

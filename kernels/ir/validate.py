@@ -49,6 +49,8 @@ from .verify import LOOP_FLAGS, IRVerificationError, verify
 # Ops the compiler creates for itself (after the frontend); a client never has a reason to send
 # them, and the passes assume they only appear where the compiler put them.
 INTERNAL_OPS = frozenset({"stack_push", "stack_pop", "temp_load", "temp_store", "temp_atomic"})
+# Ops refused from clients: their effect would happen on the server (print() output).
+LOCAL_ONLY_OPS = frozenset({"print"})
 # Ops that carry an attribute in frontend IR; every other op has none (``null``). (Binary ops
 # get a "reassoc" marker from the reduction pass only.)
 ATTR_OPS = frozenset({"const", "arg", "buf_shape", "loop_index", "load", "store", "atomic",
@@ -60,7 +62,8 @@ ROLES = ("primal", "grad", "dual", "mark")  # mark: Tape(validation=True) instru
 # characters that need no quoting, so a name can never inject IR. Parameters are named after
 # the kernel's arguments, ``v[k]`` for component k of a vector argument.
 _KERNEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-_PARAM_NAME = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(?:\[(0|[1-9][0-9]{0,3})\])?\Z")
+_PARAM_NAME = re.compile(r"([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*){0,8})"
+                         r"(?:\[(0|[1-9][0-9]{0,3})\])?\Z")
 MAX_NAME = 128  # kernel, parameter and buffer names
 MAX_MESSAGE = 1024  # assert messages
 MAX_NDIM = 12  # buffer axes, element axes included
@@ -190,7 +193,8 @@ class _Decoder:
             m = _PARAM_NAME.match(name)
             if not m:
                 raise self.fail(path + "[0]", f"parameter name {name!r} must be an ASCII "
-                                              "identifier, or 'name[k]' for a vector component")
+                                              "identifier, 'name[k]' for a vector component, "
+                                              "or 'name.member' for a struct member")
             # Launches map parameters back to arguments by name (runtime.kernel): a vector
             # argument's components must be consecutive and numbered from 0.
             base, comp = m.group(1), m.group(2)
@@ -306,6 +310,10 @@ class _Decoder:
         info = OPS.get(op) if type(op) is str else None
         if info is None:
             raise self.fail(path, f"unknown op {_short(op)}")
+        if op in LOCAL_ONLY_OPS:
+            raise self.fail(path, f"{op}() in kernels is not available remotely: the server's "
+                                  "output would not reach you; return or store the values "
+                                  "and print them in Python scope")
         if op in INTERNAL_OPS:
             raise self.fail(path, f"op '{op}' is internal to the compiler; clients send "
                                   "frontend IR")

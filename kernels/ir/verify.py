@@ -33,7 +33,7 @@ class IRVerificationError(DifftapeError):
 # Statements without a value: they may not be used as operands. ``alloca`` has a dtype (its
 # local's type) but its "value" is an address, usable only by the local_* ops.
 NO_VALUE = frozenset({"store", "alloca", "local_store", "if", "range_for", "while", "break",
-                      "continue", "assert", "return", "stack_push", "temp_store"})
+                      "continue", "assert", "return", "print", "stack_push", "temp_store"})
 LOCAL_OPS = ("local_load", "local_store", "local_atomic")
 LOOP_FLAGS = ("parallel", "serial", "inner")
 _BIT_KINDS = ("bit_and", "bit_or", "bit_xor")
@@ -227,6 +227,17 @@ class _Checker:
             self.cond(s, a[0], "an assert condition")
             if not isinstance(s.attr, str):
                 raise self.fail(s, f"assert message {s.attr!r} is not a string")
+        elif op == "print":
+            from .printf import check
+
+            if not isinstance(s.attr, tuple) or len(s.attr) != 2 * len(a) + 1 or not all(
+                    isinstance(x, str) for x in s.attr[::2]):
+                raise self.fail(s, "print takes (text, conversion, ..., text) around its "
+                                   f"{len(a)} operands")
+            for k, v in enumerate(a):
+                why = check(s.attr[2 * k + 1], v.dtype)
+                if why:
+                    raise self.fail(s, f"print operand {k}: {why}")
         elif op == "return":
             returns = self.ir.returns
             if not _is_int(s.attr) or not 0 <= s.attr < len(returns):

@@ -245,8 +245,12 @@ class Field:
 
             assign(self[key], _coerce(value))
             return
-        self.arr[key] = np.asarray(value, dtype=self.dtype.np).reshape(self.element_shape) \
-            if self.element_shape else value
+        if not self.element_shape:
+            # Integers wrap around as in Taichi (0xFFFF into an i16 is -1).
+            self.arr[key] = self.dtype.wrap(value) if self.dtype.is_int and isinstance(
+                value, numbers.Integral) else value
+        else:
+            self.arr[key] = np.asarray(value, dtype=self.dtype.np).reshape(self.element_shape)
         if self.sparse_terms:  # a write activates the cells along its path, as in Taichi
             self._np_activate(key)
 
@@ -433,9 +437,29 @@ def kernel_element(buf: Buffer, key: tuple, sparse: Field | None = None):
 
 
 def assign(target, value) -> None:
-    """Store ``value`` into a place or a matrix of places (inside a kernel)."""
+    """Store ``value`` into a place, or a matrix or struct of places (inside a kernel)."""
     from ..frontend.matrix import Matrix
+    from ..frontend.struct import Struct
 
+    if isinstance(target, Struct):
+        if isinstance(value, dict):
+            value = Struct(value)
+        names = list(target._entries)
+        if not isinstance(value, Struct) or list(value._entries) != names:
+            got = f"members {list(value._entries)}" if isinstance(value, Struct) else \
+                f"a {type(value).__name__}"
+            raise _b.require().error(f"cannot assign {got} to a struct with members {names}")
+        for k in names:
+            member, v = target[k], value[k]
+            if isinstance(member, Matrix) and isinstance(v, list | tuple):
+                from ..frontend.matrix import _coerce
+
+                v = _coerce(v)
+            assign(member, v)
+        return
+    if isinstance(value, Struct):
+        raise _b.require().error("cannot assign a struct to a "
+                                 + ("vector/matrix" if isinstance(target, Matrix) else "scalar"))
     if isinstance(target, Matrix):
         if isinstance(value, Matrix):
             if len(value.entries) != len(target.entries):
@@ -642,7 +666,11 @@ class SNode:
             raise ShapeError("place(offset=...) is not supported: fields are indexed from 0")
         if self.kind == "place":
             raise ShapeError("cannot place fields under a field's own SNode")
+        from ..frontend.struct import StructField
+
         shape = self.shape
+        fields = [g for f in fields
+                  for g in (f.leaf_fields() if isinstance(f, StructField) else [f])]
         for f in fields:
             if isinstance(f, Field):
                 if f._shape is not None:

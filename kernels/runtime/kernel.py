@@ -12,6 +12,7 @@ import ctypes
 import functools
 import inspect
 import numbers
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,9 +35,10 @@ from ..errors import (
 from ..frontend import builder as _b
 from ..frontend.annotations import NdarrayType, Template
 from ..frontend.matrix import Matrix, MatrixType
+from ..frontend.struct import Struct, StructType
 from ..frontend.transformer import build_kernel_body, parse_function
 from ..ir import serialize
-from ..ir.nodes import Buffer, KernelIR
+from ..ir.nodes import Buffer, KernelIR, task_blocks, walk
 from ..ir.passes import run_pipeline
 from ..ir.passes.bounds import OUT_OF_RANGE
 from . import cache, program
@@ -254,10 +256,14 @@ class Kernel:
         parsed = parse_function(self.pyfunc)
         bld = _b.Builder(self.name, parsed.file, default_fp=cfg.default_fp,
                          default_ip=cfg.default_ip, debug=cfg.debug)
+        bld.remote = prog.remote is not None
         rt = self.return_annotation
         if rt is not None:
             if isinstance(rt, MatrixType):
                 bld.return_type = [rt.scalar_dtype] * (rt.n * (rt.m if rt.ndim == 2 else 1))
+            elif isinstance(rt, StructType):
+                bld.return_type = [dt for _, dt in rt.leaves()]
+                bld.return_annotation = rt
             else:
                 bld.return_type = _scalar_dtype(rt, cfg)
         if not self._simple and len(spec) != len(self.params):
@@ -292,7 +298,7 @@ class Kernel:
         self.last_compile = stats
         if lost is not None:
             inst.lost = lost
-        if isinstance(self.return_annotation, MatrixType):
+        if isinstance(self.return_annotation, MatrixType | StructType):
             inst.return_type = self.return_annotation
         inst.arg_shapes = {k: p.annotation.element_shape for k, p in enumerate(self.params)
                            if isinstance(p.annotation, MatrixType)}
@@ -440,7 +446,7 @@ class CompiledKernel:
             bounds = BOUNDS_FN(addresses[low.bounds_name(k)]) if t.kind == "range" else None
             self.tasks.append((t.kind == "range", fn, bounds, max(1, t.weight),
                                _SCHEDULES[t.schedule]))
-        self.return_type: MatrixType | None = None
+        self.return_type: MatrixType | StructType | None = None
         self.lost = NO_FLOW  # set by Kernel._compile for derivative variants
         self.bounds_out = (ctypes.c_int64 * 2)()
         self.bounds_addr = ctypes.addressof(self.bounds_out)
@@ -478,14 +484,28 @@ class CompiledKernel:
         self._arg_map = _param_arg_map(ir, arg_names or [p.name for p in ir.params])
         # Vector/matrix parameter shapes by argument index (set by Kernel._compile).
         self.arg_shapes: dict[int, tuple[int, ...]] = {}
-        if prog.config.kernel_profiler:  # an instance attribute: no cost when profiling is off
+        # Wrappers are instance attributes: no cost for kernels that need none.
+        self._inner_launch = self.launch
+        if any(s.op == "print" for t in ir.tasks for b in task_blocks(t) for s in walk(b)):
+            self._inner_launch = self.launch = self._printing_launch
+        if prog.config.kernel_profiler:
             self.launch = self._profiled_launch
+
+    def _printing_launch(self, args: tuple):
+        """``launch`` of a kernel that prints: Python's buffered output first, then the
+        kernel's lines (C's printf), flushed when the launch ends, so output keeps its order
+        (also when stdout is a pipe or file)."""
+        sys.stdout.flush()
+        try:
+            return CompiledKernel.launch(self, args)
+        finally:
+            _libc().fflush(None)
 
     def _profiled_launch(self, args: tuple):
         """``launch``, timed into the program's profile (ti.init(kernel_profiler=True))."""
         start = time.perf_counter()
         try:
-            return CompiledKernel.launch(self, args)
+            return self._inner_launch(args)
         finally:
             self.prog.profile.append((self.ir.name, start,
                                       (time.perf_counter() - start) * 1000.0))
@@ -495,13 +515,16 @@ class CompiledKernel:
         entries = None
         for (slot, kind), (arg_index, comp) in zip(self._writers, self._arg_map, strict=True):
             v = args[arg_index]
-            if comp is not None:  # one component of a vector/matrix argument
-                if entries is None:
-                    entries = {}
-                flat = entries.get(arg_index)
-                if flat is None:
-                    flat = entries[arg_index] = self._matrix_entries(v, arg_index)
-                v = flat[comp]
+            if comp is not None:  # one scalar of a vector/matrix/struct argument
+                if len(comp) == 1 and not isinstance(v, Struct | dict):
+                    if entries is None:
+                        entries = {}
+                    flat = entries.get(arg_index)
+                    if flat is None:
+                        flat = entries[arg_index] = self._matrix_entries(v, arg_index)
+                    v = flat[comp[0]]
+                else:
+                    v = arg_component(v, comp)
             t = type(v)
             try:
                 if kind is _FLOAT:
@@ -568,7 +591,7 @@ class CompiledKernel:
                    for slot, kind in self._returns]
             rt = self.return_type
             if rt is not None:
-                return Matrix._from_entries(out, rt.n, rt.m, rt.ndim)
+                return compound_return(rt, out)
             return out[0] if len(out) == 1 else out
         return None
 
@@ -644,8 +667,6 @@ _U64_MASK = (1 << 64) - 1
 
 def _written_slots(ir: KernelIR) -> set[int]:
     """The buffer slots the kernel stores into (so a staged copy must be copied back)."""
-    from ..ir.nodes import task_blocks, walk
-
     out = set()
     blocks = [b for t in ir.tasks for b in task_blocks(t)] if ir.tasks else [ir.body]
     for block in blocks:
@@ -657,13 +678,44 @@ def _written_slots(ir: KernelIR) -> set[int]:
     return out
 
 
-def _param_arg_map(ir: KernelIR, arg_names: list[str]) -> list[tuple[int, int | None]]:
-    """For each scalar param: (kernel argument index, vector component or None). Vector
-    arguments are flattened into params named ``v[0]``, ``v[1]``..."""
+def compound_return(rt: MatrixType | StructType, values: list):
+    """A kernel's vector/matrix or struct return value from its scalars."""
+    if isinstance(rt, StructType):
+        return rt.from_leaves(values)
+    return Matrix._from_entries(values, rt.n, rt.m, rt.ndim)
+
+
+def param_path(name: str) -> tuple[str, tuple | None]:
+    """A scalar param's kernel argument and where in it the scalar is: ``x`` -> ("x", None),
+    ``v[2]`` -> ("v", (2,)), ``s.line.dir[0]`` -> ("s", ("line", "dir", 0)). Vector and
+    struct arguments are flattened into such params."""
+    cut = min((k for k in (name.find("."), name.find("[")) if k >= 0), default=len(name))
+    base, rest = name[:cut], name[cut:]
+    if not rest:
+        return base, None
+    path: list = []
+    for part in rest.replace("[", ".[").split(".")[1:]:
+        path.append(int(part[1:-1]) if part.startswith("[") else part)
+    return base, tuple(path)
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None)
+
+
+def _param_arg_map(ir: KernelIR, arg_names: list[str]) -> list[tuple[int, tuple | None]]:
+    """For each scalar param: (kernel argument index, path to the scalar or None). A caller
+    may also name the vector parts of a struct as arguments of their own (``s.v`` for
+    ``s.v[0]``: the service's engine groups wire arguments so)."""
     out = []
     for p in ir.params:
-        base, _, comp = p.name.partition("[")
-        out.append((arg_names.index(base), int(comp[:-1]) if comp else None))
+        head, _, comp = p.name.partition("[")
+        if head in arg_names:
+            out.append((arg_names.index(head), (int(comp[:-1]),) if comp else None))
+            continue
+        base, path = param_path(p.name)
+        out.append((arg_names.index(base), path))
     return out
 
 
@@ -680,6 +732,18 @@ def _is_integer(v) -> bool:
     if isinstance(v, np.ndarray):
         return v.ndim == 0 and v.dtype.kind in "biu"
     return isinstance(v, numbers.Integral | np.bool_)
+
+
+def arg_component(v, path: tuple):
+    """The scalar at ``path`` in a vector/matrix/struct argument (see :func:`param_path`)."""
+    for k in path:
+        if isinstance(k, str):
+            v = v[k] if isinstance(v, Struct | dict) else getattr(v, k)
+        elif isinstance(v, Matrix):
+            v = v.entries[k]
+        else:
+            v = np.asarray(v).ravel()[k]
+    return v
 
 
 def _ndarray_storage(a, role: str) -> np.ndarray:

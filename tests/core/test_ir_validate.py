@@ -36,7 +36,12 @@ from difftape.errors import DifftapeError, IRValidationError
 from difftape.ir import serialize
 from difftape.ir.nodes import ATOMIC_KINDS, OPS
 from difftape.ir.passes import run_pipeline
-from difftape.ir.validate import DEPTH_CEILING, argument_names, decode_untrusted
+from difftape.ir.validate import (
+    DEPTH_CEILING,
+    LOCAL_ONLY_OPS,
+    argument_names,
+    decode_untrusted,
+)
 from difftape.runtime import program
 from difftape.runtime.kernel import compile_ir, derive, has_storage
 
@@ -258,8 +263,18 @@ def test_every_frontend_op_is_covered(corpus):
                 seen.add(op)
                 stack.extend(blocks)
     internal = {"stack_push", "stack_pop", "temp_load", "temp_store", "temp_atomic"}
+    internal |= LOCAL_ONLY_OPS  # refused from clients (test below)
     # buf_shape is ndarray-only (tested below).
     assert set(OPS) - internal - {"buf_shape"} <= seen, set(OPS) - internal - seen
+
+
+def test_print_is_refused_from_clients(corpus):
+    """A kernel's print() would print on the server: the wire format refuses it."""
+    _, _, data = next(iter(corpus.values()))
+    data = json.loads(json.dumps(data))
+    data["body"].append(["print", None, [], ["hello\n"], []])
+    with pytest.raises(IRValidationError, match="not available remotely"):
+        decode_untrusted(data)
 
 
 def test_ndarray_buffers_are_a_parameter(corpus):

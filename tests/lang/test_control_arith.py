@@ -202,6 +202,19 @@ def test_int_float_promotion(ti, fp, npfp):
     assert got[2] == float(npfp(0.1))
 
 
+def test_unsigned_beats_signed_of_the_same_width(ti):
+    """As in Taichi (and C): u32 + 1 is a u32, so 4e9 + 1 does not wrap to a negative i32;
+    u8 + 1 is an i32 (the wider type)."""
+
+    @ti.kernel
+    def run(u: ti.u32, b: ti.u8, i: ti.i32) -> ti.types.vector(3, ti.i64):
+        return ti.Vector([ti.cast(u + 1, ti.i64), ti.cast(b + 1, ti.i64),
+                          ti.cast(u - i, ti.i64)])
+
+    got = run(4000000000, 255, 5)
+    assert list(got) == [4000000001, 256, 3999999995]
+
+
 def test_integer_true_division_gives_float(ti, fp, rtol):
     @ti.kernel
     def div(a: ti.i32, b: ti.i32) -> float:

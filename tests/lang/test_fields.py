@@ -272,3 +272,13 @@ def test_to_numpy_keep_dims_and_column_matrices(ti):
     assert m.to_numpy(keep_dims=True).shape == m.to_numpy().shape == (2, 2, 3)
     with pytest.raises((ValueError, AssertionError)):  # Taichi asserts
         m.from_numpy(np.zeros((2, 2), np.float32))
+
+
+def test_python_scope_integer_stores_wrap_like_taichi(ti):
+    """0xFFFF stored into an i16 element from Python is -1 (two's complement), as in Taichi."""
+    x = ti.field(ti.i16, shape=2)
+    u = ti.field(ti.u8, shape=())
+    x[0] = 0xFFFF
+    x[1] = 0x8000
+    u[None] = 300
+    assert x[0] == -1 and x[1] == -32768 and u[None] == 44

@@ -294,3 +294,94 @@ def test_any_and_all_of_a_list_of_runtime_conditions(ti):
 
     for x in (-1, 1, 6):
         np.testing.assert_array_equal(run(x), [x > 0, x > 5, 0, 1])
+
+
+def test_swizzles_read_and_write(ti):
+    out = ti.Vector.field(4, ti.i32, shape=4)
+
+    @ti.kernel
+    def run():
+        v = ti.Vector([1, 2, 3])
+        out[0] = ti.math.ivec4(v.zxy, v.x)
+        v.brg += 10            # b, r, g: entries 2, 0, 1
+        v.xy = v.yx            # the right side is read before the write: a swap
+        out[1] = ti.math.ivec4(v, v.s)
+        w = ti.math.ivec4(0)
+        w.wz = [7, 8]
+        w.x += v.z
+        out[2] = w
+        out[3] = ti.math.ivec4(v.stp.zy, v.rgb.xx)
+
+    run()
+    np.testing.assert_array_equal(out.to_numpy(), [[3, 1, 2, 1], [12, 11, 13, 12],
+                                                   [13, 0, 8, 7], [13, 11, 12, 12]])
+    # Python scope too; naming a component the vector lacks is a syntax error, as in Taichi.
+    v = ti.math.vec3(1, 2, 3)
+    np.testing.assert_allclose(v.zyx.to_numpy(), [3, 2, 1])
+    v.rg = (5, 6)
+    np.testing.assert_allclose(v.to_numpy(), [5, 6, 3])
+    with pytest.raises(ti.TaichiSyntaxError, match=r"only has attributes"):
+        ti.math.vec2(1, 2).xyz = [1, 2, 3]
+
+
+def test_bitwise_operators_on_integer_vectors(ti):
+    out = ti.Vector.field(3, ti.i32, shape=7)
+
+    @ti.kernel
+    def run(a: ti.types.vector(3, ti.i32), b: ti.types.vector(3, ti.i32)):
+        out[0], out[1], out[2] = a & b, a | b, a ^ b
+        out[3], out[4], out[5] = ~a, a << 2, b >> 1
+        c = a
+        c |= 8
+        c <<= b
+        out[6] = c
+
+    a, b = np.array([1, 6, 12]), np.array([3, 5, 2])
+    run(ti.Vector(list(a)), ti.Vector(list(b)))
+    want = [a & b, a | b, a ^ b, ~a, a << 2, b >> 1, (a | 8) << b]
+    np.testing.assert_array_equal(out.to_numpy(), want)
+    np.testing.assert_array_equal((ti.Vector([1, 6]) ^ ti.Vector([3, 3])).to_numpy(), [2, 5])
+
+
+def test_runtime_indexed_augmented_assignment_of_local_vectors_and_matrices(ti):
+    out = ti.Vector.field(3, ti.i32, shape=())
+    mat = ti.Matrix.field(2, 2, ti.i32, shape=())
+
+    @ti.kernel
+    def run(k: ti.i32):
+        v = ti.Vector([10, 20, 30])
+        m = ti.Matrix([[1, 2], [3, 4]])
+        for j in range(3):
+            v[(k + j) % 3] += j + 1
+        for i, j in ti.ndrange(2, 2):
+            m[i, j] *= i * 2 + j + 1
+        m[k % 2, 1 - k % 2] -= 100
+        out[None] = v
+        mat[None] = m
+
+    run(1)
+    np.testing.assert_array_equal(out[None].to_numpy(), [13, 21, 32])
+    np.testing.assert_array_equal(mat[None].to_numpy(), [[1, 4], [-91, 16]])
+
+
+def test_lists_concatenate_and_repeat_like_python(ti):
+    out = ti.field(ti.i32, shape=6)
+
+    @ti.kernel
+    def run(x: ti.i32):
+        a = [x, 1] + [2]
+        b = [0] * 3
+        for i in ti.static(range(3)):
+            out[i] = a[i]
+            out[3 + i] = b[i] + i
+
+    run(5)
+    np.testing.assert_array_equal(out.to_numpy(), [5, 1, 2, 0, 1, 2])
+
+
+def test_numpy_scalar_and_vector_in_python_scope(ti):
+    v = np.float64(2.0) + ti.Vector([1.0, 2.0])
+    w = np.float32(3.0) * ti.Vector([1.0, 2.0])
+    assert isinstance(v, ti.Matrix) and isinstance(w, ti.Matrix)
+    np.testing.assert_allclose(v.to_numpy(), [3.0, 4.0])
+    np.testing.assert_allclose(w.to_numpy(), [3.0, 6.0])

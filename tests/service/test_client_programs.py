@@ -614,3 +614,40 @@ def test_sparse_snodes_are_refused_remotely(kind):
             getattr(ti.root, kind)(ti.i, 8)
     finally:
         ti.reset()
+
+
+def _struct_program():
+    vec2 = ti.types.vector(2, ti.f32)
+    box = ti.types.struct(lo=vec2, hi=vec2, tag=ti.i32)
+    boxes = box.field(shape=4)
+
+    @ti.kernel
+    def grow(b: box, d: ti.f32) -> box:
+        for i in boxes:
+            boxes[i] = box(b.lo - d * i, b.hi + d * i, b.tag + i)
+        return box(b.lo - d, b.hi + d, b.tag + 1)
+
+    g = grow(box(lo=[0.0, 1.0], hi=[2.0, 4.0], tag=1), 0.5)
+    return [g.lo.to_numpy(), g.hi.to_numpy(), g.tag, boxes.to_numpy()]
+
+
+def test_struct_arguments_and_returns_remotely(remote):
+    """Struct kernel arguments travel as their scalars; a struct return is rebuilt."""
+    local = run_local(_struct_program)
+    np.testing.assert_array_equal(local[0], [-0.5, 0.5])
+    assert local[2] == 2
+    same(local, remote(_struct_program))
+
+
+def test_print_in_kernels_is_refused_remotely(remote):
+    """The server's output would not reach the client: refused where the kernel is compiled."""
+
+    def program():
+        @ti.kernel
+        def show(x: ti.i32):
+            print("x =", x)
+
+        with pytest.raises(ti.CompileError, match="arch=ti.remote"):
+            show(1)
+
+    remote(program)

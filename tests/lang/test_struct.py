@@ -1,0 +1,223 @@
+"""Structs: ti.types.struct, ti.Struct, struct fields, @ti.dataclass, struct locals, struct
+arguments and returns of funcs and kernels, and gradients through struct fields."""
+
+import numpy as np
+import pytest
+
+
+def test_struct_field_members_and_numpy(ti, fp, rtol):
+    vec3 = ti.types.vector(3, float)
+    x = ti.Struct.field({"a": float, "v": vec3, "k": ti.i32}, shape=5)
+    assert x.keys == ["a", "v", "k"] and x.shape == (5,)
+
+    @ti.kernel
+    def run():
+        for i in x:
+            x[i].a = i * 0.5
+            x.k[i] = i * i                 # the same element, through the member field
+            x[i].v = ti.Vector([1.0, 2.0, 3.0]) * x[i].a + x[i].k
+
+    run()
+    a = np.arange(5) * 0.5
+    k = np.arange(5) ** 2
+    got = x.to_numpy()
+    assert set(got) == {"a", "v", "k"}
+    np.testing.assert_allclose(got["a"], a, rtol=rtol)
+    np.testing.assert_array_equal(got["k"], k)
+    np.testing.assert_allclose(got["v"], np.outer(a, [1, 2, 3]) + k[:, None], rtol=rtol)
+    # Python scope: elements read and write through to the member fields.
+    assert x[3].k == 9 and x.a[3] == pytest.approx(1.5)
+    x[2].a = 7.0
+    x[4] = ti.Struct(a=1.0, v=[4.0, 5.0, 6.0], k=3)
+    assert x.a[2] == 7.0 and x.k[4] == 3
+    np.testing.assert_allclose(x.v.to_numpy()[4], [4, 5, 6])
+    x.from_numpy({"a": np.ones(5), "v": np.zeros((5, 3)), "k": np.full(5, 2)})
+    np.testing.assert_array_equal(x.k.to_numpy(), [2] * 5)
+    x.fill(3)
+    np.testing.assert_allclose(x.v.to_numpy(), np.full((5, 3), 3.0))
+    np.testing.assert_array_equal(x.k.to_numpy(), [3] * 5)
+
+
+def test_nested_struct_types_and_implicit_casts(ti, fp, rtol):
+    vec3 = ti.types.vector(3, float)
+    line = ti.types.struct(dir=vec3, length=float)
+    item = ti.types.struct(line=line, idx=ti.i32)
+    x = item.field(shape=4)
+
+    @ti.kernel
+    def run():
+        for i in x:
+            seg = line(dir=vec3(1.0, 2.0, 2.0), length=i + 0.75)  # keyword members
+            x[i] = item(seg, i * 2.7)                             # positional, cast to i32
+
+    run()
+    d = x.to_numpy()
+    np.testing.assert_array_equal(d["idx"], [int(i * 2.7) for i in range(4)])
+    np.testing.assert_allclose(d["line"]["length"], np.arange(4) + 0.75, rtol=rtol)
+    np.testing.assert_allclose(d["line"]["dir"], np.tile([1, 2, 2], (4, 1)), rtol=rtol)
+    assert x[3].line.length == pytest.approx(3.75)
+    # Python scope: members cast like in kernels; missing members are zero.
+    s = item(idx=2.9)
+    assert s.idx == 2 and s.line.length == 0.0
+    np.testing.assert_allclose(s.line.dir.to_numpy(), [0, 0, 0])
+
+
+def test_struct_locals_copy_and_member_assignment(ti):
+    pair = ti.types.struct(a=ti.i32, b=ti.i32)
+    f = pair.field(shape=())
+    out = ti.field(ti.i32, shape=6)
+
+    @ti.kernel
+    def run():
+        f[None] = pair(2, 3)
+        s = f[None]          # a copy: changing it leaves the field alone
+        s.a = 10
+        t = s
+        t.b += 5
+        out[0], out[1] = s.a, s.b
+        out[2], out[3] = t.a, t.b
+        out[4], out[5] = f[None].a, f[None].b
+
+    run()
+    np.testing.assert_array_equal(out.to_numpy(), [10, 3, 10, 8, 2, 3])
+
+
+def test_dataclass_methods_and_func_struct_arguments(ti, fp, rtol):
+    vec2 = ti.types.vector(2, float)
+
+    @ti.dataclass
+    class Particle:
+        pos: vec2
+        mass: float
+
+        @ti.func
+        def momentum_norm(self, vel: vec2):
+            return (vel * self.mass).norm()
+
+        @ti.func
+        def push(self, dx: vec2):  # a method's `self` is the struct itself: writes stay
+            self.pos += dx
+
+    @ti.func
+    def heavier(p, dm):  # a plain func gets a copy
+        p.mass += dm
+        return p.mass
+
+    ps = Particle.field(shape=3)
+    out = ti.field(float, shape=(3, 2))
+
+    @ti.kernel
+    def run():
+        for i in ps:
+            ps[i] = Particle(pos=vec2(i, 0.0), mass=i + 1.0)
+            ps[i].push(vec2(0.5, 1.0))
+            out[i, 0] = ps[i].momentum_norm(vec2(3.0, 4.0))
+            out[i, 1] = heavier(ps[i], 10.0)
+
+    run()
+    m = np.arange(3) + 1.0
+    np.testing.assert_allclose(out.to_numpy(), np.stack([5 * m, m + 10], axis=1), rtol=rtol)
+    np.testing.assert_allclose(ps.mass.to_numpy(), m, rtol=rtol)  # the copy changed, not ps
+    np.testing.assert_allclose(ps.pos.to_numpy(), np.stack([np.arange(3) + 0.5, np.ones(3)], 1),
+                               rtol=rtol)
+
+
+def test_struct_annotated_func_and_kernel_arguments_and_returns(ti, fp, rtol):
+    vec2 = ti.types.vector(2, float)
+    box = ti.types.struct(lo=vec2, hi=vec2, tag=ti.i32)
+
+    @ti.func
+    def grow(b: box, d: float) -> box:
+        return box(b.lo - d, b.hi + d, b.tag + 1)
+
+    @ti.kernel
+    def area(b: box, d: float) -> float:
+        g = grow(b, d)
+        e = g.hi - g.lo
+        return e.x * e.y * g.tag
+
+    @ti.kernel
+    def grown(b: box, d: float) -> box:
+        return grow(b, d)
+
+    b = box(lo=[0.0, 1.0], hi=[2.0, 4.0], tag=1)
+    assert area(b, 0.5) == pytest.approx(3.0 * 4.0 * 2, rel=rtol)
+    g = grown(b, 0.25)
+    np.testing.assert_allclose(g.lo.to_numpy(), [-0.25, 0.75], rtol=rtol)
+    np.testing.assert_allclose(g.hi.to_numpy(), [2.25, 4.25], rtol=rtol)
+    assert g.tag == 2
+
+
+def test_struct_fields_placed_by_root_and_looped(ti):
+    s = ti.Struct.field({"a": ti.i32, "b": ti.types.vector(2, ti.i32)})
+    ti.root.dense(ti.ij, (3, 2)).place(s)
+    assert s.shape == (3, 2)
+
+    @ti.kernel
+    def run():
+        for i, j in s:
+            s[i, j].a = i * 10 + j
+            s[i, j].b = ti.Vector([i, j])
+
+    run()
+    i, j = np.meshgrid(np.arange(3), np.arange(2), indexing="ij")
+    np.testing.assert_array_equal(s.a.to_numpy(), i * 10 + j)
+    np.testing.assert_array_equal(s.b.to_numpy(), np.stack([i, j], -1))
+
+
+def test_gradients_through_struct_fields(ti, fp):
+    """L = sum_i |v_i|^2 + a_i^3 with v_i = (1, 2, 3) * a_i: dL/da_i = 28 a_i + 3 a_i^2."""
+    y = ti.Struct.field({"a": float, "v": ti.types.vector(3, float)}, shape=4, needs_grad=True)
+    loss = ti.field(float, shape=(), needs_grad=True)
+    a = np.array([0.5, -1.0, 2.0, 0.25])
+    y.a.from_numpy(a)
+
+    @ti.kernel
+    def compute():
+        for i in y:
+            y[i].v = ti.Vector([1.0, 2.0, 3.0]) * y[i].a
+        for i in y:
+            loss[None] += y[i].v.norm_sqr() + y[i].a ** 3
+
+    with ti.ad.Tape(loss):
+        compute()
+    rtol = 1e-5 if fp == ti.f32 else 1e-12
+    np.testing.assert_allclose(loss[None], np.sum(14 * a**2 + a**3), rtol=rtol)
+    np.testing.assert_allclose(y.grad.a.to_numpy(), 28 * a + 3 * a**2, rtol=rtol)
+    np.testing.assert_allclose(y.grad.to_numpy()["a"], 28 * a + 3 * a**2, rtol=rtol)
+
+
+def test_dataclass_refuses_default_values(ti):
+    with pytest.raises(ti.TaichiSyntaxError, match="Default value"):
+        @ti.dataclass
+        class Foo:
+            a: int
+            b: float = 3.14
+
+
+def test_struct_members_named_like_struct_attributes(ti):
+    @ti.dataclass
+    class Foo:
+        keys: int
+        items: int
+        entries: int
+
+    @ti.kernel
+    def total() -> int:
+        x = Foo(1, 20, 300)
+        return x.keys + x.items + x.entries
+
+    assert total() == 321
+
+
+@pytest.mark.difftape_only
+def test_struct_assignment_with_other_members_is_refused(ti):
+    a = ti.types.struct(x=ti.i32, y=ti.i32)
+    f = a.field(shape=())
+
+    @ti.kernel
+    def run():
+        f[None] = ti.Struct(x=1, z=2)
+
+    with pytest.raises(ti.CompileError, match="members"):
+        run()
