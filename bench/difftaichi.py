@@ -8,7 +8,9 @@ example's known iteration constant (``EXAMPLES`` below: each rewrite must match 
 so a changed example is reported instead of silently run in full), and runs it twice in fresh
 processes: with Taichi (``--taichi-python``) and with difftape through the ``taichi`` ->
 difftape alias (``bench/taichi_compat/alias.py``). Both runs are headless: ``ti.GUI`` is a
-no-op object (``taichi_compat/headless/_noop.py``), matplotlib uses the Agg backend (or a
+no-op object (``taichi_compat/headless/_noop.py``), ``ti.init`` runs on the CPU whatever arch
+the example asks for (there is no GPU here, and Taichi 1.7.4 crashes while falling back from
+``arch=ti.gpu``), matplotlib uses the Agg backend (or a
 no-op stand-in where it is not installed), OpenCV / imageio are stand-ins that read PNGs and
 write nothing; Python's ``random`` and NumPy's generator are seeded with 0.
 
@@ -18,7 +20,9 @@ order: relative tolerance ``F32_RTOL`` for f32 scenes; scenes marked chaotic in 
 ``ti.f64`` in the copy) and compared with ``F64_RTOL``. Per example the verdict is: agrees,
 differs (the first differing value), refused (difftape raised one of its errors), error (any
 other exception), crash (a signal), hang (``--timeout``), or baseline-fails (Taichi itself
-cannot run it headless here), with both wall times. Writes OUTPUT.json and OUTPUT.md.
+cannot run it headless here), with both wall times. difftape runs first; where it stops with
+an error, Taichi is not run (its output could not change the verdict) unless
+``--always-baseline``. Writes OUTPUT.json and OUTPUT.md.
 """
 
 from __future__ import annotations
@@ -116,6 +120,10 @@ np.random.seed(0)
 import taichi as ti
 from _noop import NoGUI
 ti.GUI = NoGUI
+_init = ti.init
+def _cpu_init(arch=None, **kwargs):
+    return _init(arch=ti.cpu, **kwargs)
+ti.init = _cpu_init
 script = {script!r}
 sys.path.insert(0, os.path.dirname(script))
 sys.argv = [script, *{argv!r}]
@@ -217,9 +225,15 @@ def _last_error(stderr: str) -> str:
     return (lines[-1].strip() if lines else "")[:300]
 
 
-def verdict(t: Run, d: Run, spec: Example, rtol: float) -> dict:
-    out: dict = {"taichi_seconds": round(t.seconds, 1), "difftape_seconds": round(d.seconds, 1)}
-    if t.timed_out or t.rc != 0:
+def _failed_fast(d: Run) -> bool:
+    """difftape ended with an error (not a hang): the verdict does not depend on Taichi."""
+    return not d.timed_out and d.rc != 0
+
+
+def verdict(t: Run | None, d: Run, spec: Example, rtol: float) -> dict:
+    out: dict = {"taichi_seconds": round(t.seconds, 1) if t else None,
+                 "difftape_seconds": round(d.seconds, 1)}
+    if t is not None and (t.timed_out or t.rc != 0):
         out.update(verdict="baseline-fails", detail="Taichi: " + (
             "timed out" if t.timed_out else _last_error(t.stderr_tail)))
         return out
@@ -275,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--difftape-python", default=str(REPO / ".venv" / "bin" / "python"))
     ap.add_argument("--taichi-python", default="/work/tivenv/bin/python")
     ap.add_argument("--keep", action="store_true", help="keep the temporary copies")
+    ap.add_argument("--always-baseline", action="store_true",
+                    help="run Taichi even where difftape already failed with an error")
     args = ap.parse_args(argv)
 
     checkout = args.checkout.resolve()
@@ -293,13 +309,18 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             spec = EXAMPLES[name]
             runs: dict[str, Run] = {}
-            for backend, python in (("taichi", args.taichi_python),
-                                    ("difftape", args.difftape_python)):
+            for backend, python in (("difftape", args.difftape_python),
+                                    ("taichi", args.taichi_python)):
+                if backend == "taichi" and not args.always_baseline and _failed_fast(
+                        runs["difftape"]):
+                    continue  # difftape stopped with an error: Taichi's output is not needed
                 work, _ = prepare(checkout, root, backend, name, spec, args.iters)
                 runs[backend] = run_one(python, work, backend, args.timeout)
             rtol = F64_RTOL if spec.chaotic else F32_RTOL
-            r = verdict(runs["taichi"], runs["difftape"], spec, rtol)
+            r = verdict(runs.get("taichi"), runs["difftape"], spec, rtol)
             r["precision"] = "f64" if spec.chaotic else "f32"
+            if "taichi" not in runs:
+                r["detail"] += " (Taichi not run: difftape stopped with an error)"
             r["output"] = {b: run.stdout[-3000:] for b, run in runs.items()}
             r["stderr_tail"] = {b: run.stderr_tail[-1500:] for b, run in runs.items()}
             examples[name] = r

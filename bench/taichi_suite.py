@@ -27,9 +27,11 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import xml.etree.ElementTree as ET
 from collections import Counter, defaultdict
@@ -179,10 +181,38 @@ def _nodeid_to_key(nodeid: str) -> str:
     return f"{Path(path).name}::{rest}"
 
 
+_live: set[subprocess.Popen] = set()
+_stopping = threading.Event()
+
+
+def _call(cmd: list[str], **kwargs) -> int:
+    """``subprocess.call`` in a session of its own, so that :func:`_stop_children` can end
+    the pytest process and everything it started when the harness is stopped."""
+    proc = subprocess.Popen(cmd, start_new_session=True, **kwargs)
+    _live.add(proc)
+    try:
+        return proc.wait()
+    finally:
+        _live.discard(proc)
+
+
+def _stop_children(*_args) -> None:
+    _stopping.set()
+    for proc in list(_live):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    raise SystemExit(130)
+
+
 def run_file(backend: str, python: str, work: Path, file: str, test_timeout: float,
              file_timeout: float) -> FileRun:
     """Run one test file on one backend, again without each test that hangs or crashes."""
     run = FileRun(file)
+    if _stopping.is_set():
+        run.file_error = "not run: the harness was stopped"
+        return run
     if backend == "difftape" and file in INTERNAL_FILES:
         run.skipped_internal = True
         return run
@@ -198,7 +228,7 @@ def run_file(backend: str, python: str, work: Path, file: str, test_timeout: flo
         "MPLBACKEND": "Agg",
     })
     start = time.perf_counter()
-    while run.attempts < MAX_ATTEMPTS:
+    while run.attempts < MAX_ATTEMPTS and not _stopping.is_set():
         run.attempts += 1
         tag = f"{stem}.{run.attempts}"
         junit, progress = work / "logs" / f"{tag}.xml", work / "logs" / f"{tag}.progress"
@@ -209,7 +239,7 @@ def run_file(backend: str, python: str, work: Path, file: str, test_timeout: flo
                "-p", "suite_plugin", "-p", "no:cacheprovider", "-q", "-o",
                "junit_family=xunit1", f"--junitxml={junit}", f"tests/python/{file}"]
         with open(log, "w") as out:
-            rc = subprocess.call(cmd, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT)
+            rc = _call(cmd, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT)
         if junit.exists():
             tests, coll_err = parse_junit(junit, file)
             run.tests.update(tests)
@@ -479,6 +509,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backends", default="taichi,difftape")
     ap.add_argument("--baseline", type=Path,
                     help="reuse the Taichi results of an earlier report (its .json)")
+    ap.add_argument("--reuse", action="append", default=[], metavar="BACKEND=JSON",
+                    help="take BACKEND's results from an earlier report instead of running it "
+                         "(e.g. to run the two backends as separate processes, then combine)")
     ap.add_argument("--difftape-python", default=str(REPO / ".venv" / "bin" / "python"))
     ap.add_argument("--taichi-python", default="/work/tivenv/bin/python")
     ap.add_argument("--jobs", type=int, default=2, help="files run in parallel (default 2)")
@@ -498,11 +531,15 @@ def main(argv: list[str] | None = None) -> int:
     output.parent.mkdir(parents=True, exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix="taichi_suite_"))
     runs: dict[str, dict[str, FileRun]] = {}
+    signal.signal(signal.SIGTERM, _stop_children)
+    signal.signal(signal.SIGINT, _stop_children)
     try:
-        if args.baseline:
-            base = json.loads(args.baseline.read_text())["runs"]["taichi"]
-            runs["taichi"] = {f: r for f, r in _runs_from_json(base).items() if f in files}
-            backends = [b for b in backends if b != "taichi"]
+        reuse = [f"taichi={args.baseline}"] if args.baseline else []
+        for item in reuse + args.reuse:
+            backend, _, path = item.partition("=")
+            earlier = json.loads(Path(path).read_text())["runs"][backend]
+            runs[backend] = {f: r for f, r in _runs_from_json(earlier).items() if f in files}
+            backends = [b for b in backends if b != backend]
         pythons = {"taichi": args.taichi_python, "difftape": args.difftape_python}
         for backend in backends:
             runs[backend] = run_backend(backend, pythons[backend], checkout, files, root,

@@ -75,9 +75,11 @@ def read_png(path: str) -> np.ndarray:
         line = np.frombuffer(raw, np.uint8, stride, y * (stride + 1) + 1).astype(np.int32)
         if ftype == 0:
             cur = line
+        elif ftype == 1:  # sub: a running sum along the row, per channel
+            cur = np.cumsum(line.reshape(-1, channels), axis=0).reshape(-1) & 255
         elif ftype == 2:
             cur = (line + prev) & 255
-        else:  # sub, average, paeth depend on the left neighbour: byte by byte
+        else:  # average, paeth depend on the left neighbour: byte by byte
             cur = np.zeros(stride, np.int32)
             for x in range(stride):
                 a = cur[x - channels] if x >= channels else 0
