@@ -26,8 +26,8 @@ nothing to the language. What it does:
   CPU), ``taichi.lang.util.has_pytorch/has_paddle/has_clangpp`` (False),
   ``taichi.lang.exception`` (the mapping above) and ``taichi.lang.impl.current_cfg()`` (a view
   of difftape's ``ti.init`` configuration: arch, default_fp, default_ip, debug); names in
-  ``taichi.lang.*`` that difftape has at top level (``loop_unique``, ``static``...) are
-  forwarded.
+  ``taichi.lang.*`` that difftape has at top level (``static``...) are forwarded, and public
+  Taichi names imported from there that difftape lacks (``_PUBLIC_IN_LANG``) are gaps.
 """
 
 from __future__ import annotations
@@ -74,6 +74,11 @@ _EXCEPTIONS = {
 }
 
 
+#: Public Taichi API (``ti.X``) that Taichi's tests import from its ``taichi.lang`` modules:
+#: missing in difftape, these are difftape gaps, not internals.
+_PUBLIC_IN_LANG = {"loop_unique"}
+
+
 def _internal(qualname: str) -> TaichiInternalsUsed:
     return TaichiInternalsUsed(f"{qualname} is part of Taichi's implementation; difftape has "
                                "no counterpart")
@@ -91,6 +96,8 @@ def _internals_module(name: str, provided: dict | None = None) -> types.ModuleTy
             raise AttributeError(attr)
         if hasattr(_dt, attr):
             return getattr(_dt, attr)
+        if attr in _PUBLIC_IN_LANG:
+            raise AttributeError(f"difftape has no ti.{attr} (imported as {name}.{attr})")
         raise _internal(f"{name}.{attr}")
 
     mod.__getattr__ = __getattr__
