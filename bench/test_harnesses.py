@@ -51,6 +51,15 @@ def test_alias_is_difftape_and_marks_internals(tmp_path):
     assert out.split() == ["True", "True", "True", "True", "TaichiInternalsUsed", "True"]
 
 
+def test_alias_shadows_no_difftape_name(tmp_path):
+    out = _alias_python(tmp_path, """
+        import difftape, taichi as ti
+        print([n for n in dir(difftape) if not n.startswith("__")
+               and getattr(ti, n) is not getattr(difftape, n)])
+    """)
+    assert out.strip() == "[]"
+
+
 def test_classify_separates_wrong_values_from_refusals():
     wrong = {"outcome": "failed", "exc_type": "builtins.AssertionError", "exc_origin": "test",
              "exc_stmt": "assert x[0] == 2", "message": "assert 1 == 2"}

@@ -30,13 +30,13 @@ nothing to the language. What it does:
   Taichi names imported from there that difftape lacks (``_PUBLIC_IN_LANG``) are gaps.
 """
 
-from __future__ import annotations
-
-import importlib
-import importlib.abc
-import importlib.machinery
-import sys
-import types
+# Every module-level name here is an attribute of ``taichi`` and would shadow difftape's
+# (``import types`` once made ``ti.types`` the standard library's): imports are private.
+import importlib as _importlib
+import importlib.abc as _abc
+import importlib.machinery as _machinery
+import sys as _sys
+import types as _types
 
 import difftape as _dt
 
@@ -58,7 +58,7 @@ class _ForeignArch:
 
 _FOREIGN_ARCHS = {n: _ForeignArch(n) for n in ("gles", "dx11", "dx12", "amdgpu", "cc", "wasm")}
 
-_extension = types.SimpleNamespace(**{n: n for n in (
+_extension = _types.SimpleNamespace(**{n: n for n in (
     "sparse", "quant", "mesh", "quant_basic", "data64", "adstack", "bls", "assertion",
     "extfunc")})
 
@@ -84,10 +84,10 @@ def _internal(qualname: str) -> TaichiInternalsUsed:
                                "no counterpart")
 
 
-def _internals_module(name: str, provided: dict | None = None) -> types.ModuleType:
+def _internals_module(name: str, provided: dict | None = None) -> _types.ModuleType:
     """A module under ``taichi.lang`` / ``taichi._*``: the ``provided`` names, then difftape's
     top-level names, else :class:`TaichiInternalsUsed`."""
-    mod = types.ModuleType(name)
+    mod = _types.ModuleType(name)
     mod.__path__ = []  # a package, so that deeper internal imports resolve here too
     mod.__dict__.update(provided or {})
 
@@ -117,7 +117,7 @@ class _ConfigView:
         raise _internal(f"taichi.lang.impl.current_cfg().{attr}")
 
 
-def _make_shims() -> dict[str, types.ModuleType]:
+def _make_shims() -> dict[str, _types.ModuleType]:
     false = lambda: False  # noqa: E731
     shims = {
         "taichi.lang.misc": _internals_module(
@@ -137,20 +137,20 @@ def _make_shims() -> dict[str, types.ModuleType]:
 _SHIMS = _make_shims()
 
 
-class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+class _Finder(_abc.MetaPathFinder, _abc.Loader):
     """Resolves ``taichi.<sub>``: shims, internals, or the ``difftape.<sub>`` module itself."""
 
     def find_spec(self, fullname, path=None, target=None):
         if not fullname.startswith("taichi."):
             return None
         module = self._resolve(fullname)
-        spec = importlib.machinery.ModuleSpec(fullname, self,
+        spec = _machinery.ModuleSpec(fullname, self,
                                               is_package=hasattr(module, "__path__"))
         spec.loader_state = module
         return spec
 
     @staticmethod
-    def _resolve(name: str) -> types.ModuleType:
+    def _resolve(name: str) -> _types.ModuleType:
         if name in _SHIMS:
             return _SHIMS[name]
         top = name.split(".")[1]
@@ -158,7 +158,7 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             return _internals_module(name)
         target = "difftape." + name.split(".", 1)[1]
         try:
-            return importlib.import_module(target)
+            return _importlib.import_module(target)
         except ModuleNotFoundError:
             raise ModuleNotFoundError(f"No module named {name!r} (difftape has no {target})",
                                       name=name) from None
@@ -170,8 +170,8 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         pass  # already complete: a shim or an imported difftape module
 
 
-if not any(isinstance(f, _Finder) for f in sys.meta_path):
-    sys.meta_path.insert(0, _Finder())
+if not any(isinstance(f, _Finder) for f in _sys.meta_path):
+    _sys.meta_path.insert(0, _Finder())
 
 __version__ = _dt.__version__
 __all__ = list(_dt.__all__)
@@ -189,7 +189,7 @@ def __getattr__(name: str):
     if name in _EXCEPTIONS:
         return _EXCEPTIONS[name]
     if name.startswith("_") and not name.startswith("__"):
-        return importlib.import_module(f"taichi.{name}")
+        return _importlib.import_module(f"taichi.{name}")
     raise AttributeError(f"module 'taichi' (difftape alias) has no attribute {name!r}: "
                          f"difftape has no ti.{name}")
 
