@@ -8,7 +8,8 @@ example's known iteration constant (``EXAMPLES`` below: each rewrite must match 
 so a changed example is reported instead of silently run in full), and runs it twice in fresh
 processes: with Taichi (``--taichi-python``) and with difftape through the ``taichi`` ->
 difftape alias (``bench/taichi_compat/alias.py``). Both runs are headless: ``ti.GUI`` is a
-no-op object (``taichi_compat/headless/_noop.py``), ``ti.init`` runs on the CPU whatever arch
+no-op object (``taichi_compat/headless/_noop.py``; with ``ti.rgb_to_hex``, its colour helper,
+where the backend has none), ``ti.init`` runs on the CPU whatever arch
 the example asks for (there is no GPU here, and Taichi 1.7.4 crashes while falling back from
 ``arch=ti.gpu``), matplotlib uses the Agg backend (or a
 no-op stand-in where it is not installed), OpenCV / imageio are stand-ins that read PNGs and
@@ -118,8 +119,10 @@ random.seed(0)
 import numpy as np
 np.random.seed(0)
 import taichi as ti
-from _noop import NoGUI
-ti.GUI = NoGUI
+import _noop
+ti.GUI = _noop.NoGUI
+if not hasattr(ti, "rgb_to_hex"):
+    ti.rgb_to_hex = _noop.rgb_to_hex
 _init = ti.init
 def _cpu_init(arch=None, **kwargs):
     return _init(arch=ti.cpu, **kwargs)

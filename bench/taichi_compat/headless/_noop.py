@@ -117,3 +117,9 @@ class NoGUI(Nothing):
 
     def is_pressed(self, *args, **kwargs):
         return False
+
+
+def rgb_to_hex(c) -> int:
+    """``ti.rgb_to_hex``, the GUI's colour helper, for a backend without a GUI."""
+    r, g, b = (min(255, max(0, int(float(v) * 255))) for v in c[:3])
+    return (r << 16) | (g << 8) | b

@@ -51,6 +51,8 @@ def waitKey(*args, **kwargs):
 
 
 def __getattr__(name):
+    if name.startswith("__"):
+        raise AttributeError(name)
     if name.isupper():
         return 0
     raise HeadlessUnavailable(f"cv2.{name} has no headless stand-in")

@@ -15,4 +15,6 @@ imsave = imwrite
 
 
 def __getattr__(name):
+    if name.startswith("__"):
+        raise AttributeError(name)
     raise HeadlessUnavailable(f"imageio.{name} has no headless stand-in")
