@@ -557,10 +557,15 @@ def main(argv: list[str] | None = None) -> int:
     version = "import taichi; print('.'.join(map(str, taichi.__version__)))"
     tver = subprocess.run([args.taichi_python, "-c", version], capture_output=True,
                           text=True).stdout.strip().splitlines()
+    rev = git("rev-parse", "--short", "HEAD", cwd=REPO) + (
+        "+dirty" if git("status", "--porcelain", "kernels", cwd=REPO) else "")
+    for item in args.reuse:  # difftape's results come from an earlier report: its revision
+        backend, _, path = item.partition("=")
+        if backend == "difftape":
+            rev = json.loads(Path(path).read_text())["meta"]["difftape_rev"]
     meta = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "difftape_rev": git("rev-parse", "--short", "HEAD", cwd=REPO)
-        + ("+dirty" if git("status", "--porcelain", "kernels", cwd=REPO) else ""),
+        "difftape_rev": rev,
         "taichi_ref": git("describe", "--tags", cwd=checkout) or "v1.7.4",
         "taichi_version": tver[-1] if tver else "?",
         "checkout": str(checkout), "files": files, "test_timeout": args.test_timeout,

@@ -23,7 +23,7 @@ nothing to the language. What it does:
 * Taichi's implementation (``taichi.lang.*``, ``taichi._lib``, ``ti._anything``) does not
   exist in difftape. Touching it raises :class:`TaichiInternalsUsed`, which the harness counts
   apart from difftape failures. Exceptions: ``taichi.lang.misc.get_host_arch_list`` (the
-  CPU), ``taichi.lang.util.has_pytorch/has_paddle/has_clangpp`` (False),
+  CPU), ``taichi.lang.util.has_pytorch/has_paddle/has_clangpp`` (False), ``to_numpy_type``,
   ``taichi.lang.exception`` (the mapping above) and ``taichi.lang.impl.current_cfg()`` (a view
   of difftape's ``ti.init`` configuration: arch, default_fp, default_ip, debug); names in
   ``taichi.lang.*`` that difftape has at top level (``static``...) are forwarded, and public
@@ -117,6 +117,13 @@ class _ConfigView:
         raise _internal(f"taichi.lang.impl.current_cfg().{attr}")
 
 
+def _to_numpy_type(dtype):
+    """``taichi.lang.util.to_numpy_type``: the tests' helper from a dtype to NumPy's."""
+    import numpy as np
+
+    return np.dtype(dtype.np).type if hasattr(dtype, "np") else np.dtype(dtype).type
+
+
 def _make_shims() -> dict[str, _types.ModuleType]:
     false = lambda: False  # noqa: E731
     shims = {
@@ -124,7 +131,7 @@ def _make_shims() -> dict[str, _types.ModuleType]:
             "taichi.lang.misc", {"get_host_arch_list": lambda: [_dt.cpu]}),
         "taichi.lang.util": _internals_module(
             "taichi.lang.util", {"has_pytorch": false, "has_paddle": false,
-                                 "has_clangpp": false}),
+                                 "has_clangpp": false, "to_numpy_type": _to_numpy_type}),
         "taichi.lang.exception": _internals_module("taichi.lang.exception", dict(_EXCEPTIONS)),
         "taichi.lang.impl": _internals_module(
             "taichi.lang.impl", {"current_cfg": lambda: _ConfigView()}),
@@ -153,7 +160,9 @@ class _Finder(_abc.MetaPathFinder, _abc.Loader):
     def _resolve(name: str) -> _types.ModuleType:
         if name in _SHIMS:
             return _SHIMS[name]
-        top = name.split(".")[1]
+        top, last = name.split(".")[1], name.rsplit(".", 1)[1]
+        if last in _PUBLIC_IN_LANG:  # not a module: the failed ``from ... import`` of a name
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
         if top == "lang" or top.startswith("_"):
             return _internals_module(name)
         target = "difftape." + name.split(".", 1)[1]
