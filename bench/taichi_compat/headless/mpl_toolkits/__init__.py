@@ -1,0 +1,1 @@
+"""Headless stand-in for mpl_toolkits (see ``matplotlib``)."""

@@ -1,0 +1,152 @@
+"""Tests of the Taichi-compatibility harnesses themselves (not of difftape).
+
+Outside the default test paths: run with ``.venv/bin/python -m pytest -q bench/test_harnesses.py``
+(a few seconds); the end-to-end run against real Taichi is marked ``bench``
+(``-m bench``, ~30 s).
+"""
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+
+import difftaichi  # noqa: E402
+import taichi_suite  # noqa: E402
+
+TAICHI_PYTHON = Path("/work/tivenv/bin/python")
+
+
+def _alias_python(tmp_path: Path, code: str) -> str:
+    """Run ``code`` with the ``taichi`` alias first on the path; its stdout."""
+    (tmp_path / "taichi").mkdir()
+    (tmp_path / "taichi" / "__init__.py").write_text(
+        (BENCH / "taichi_compat" / "alias.py").read_text())
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=tmp_path,
+                       env={"PYTHONPATH": str(tmp_path)}, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_alias_is_difftape_and_marks_internals(tmp_path):
+    out = _alias_python(tmp_path, """
+        import difftape, taichi as ti, taichi.math as tm
+        print(ti.f32 is difftape.f32, tm is difftape.math, ti.kernel is difftape.kernel)
+        print(ti.TaichiCompilationError is difftape.CompileError)
+        try:
+            from taichi.lang import impl
+            impl.get_runtime()
+        except Exception as e:
+            print(type(e).__name__)
+        try:
+            ti.definitely_not_an_api
+        except AttributeError as e:
+            print("difftape has no ti.definitely_not_an_api" in str(e))
+    """)
+    assert out.split() == ["True", "True", "True", "True", "TaichiInternalsUsed", "True"]
+
+
+def test_alias_shadows_no_difftape_name(tmp_path):
+    out = _alias_python(tmp_path, """
+        import difftape, taichi as ti
+        print([n for n in dir(difftape) if not n.startswith("__")
+               and getattr(ti, n) is not getattr(difftape, n)])
+    """)
+    assert out.strip() == "[]"
+
+
+def test_classify_separates_wrong_values_from_refusals():
+    wrong = {"outcome": "failed", "exc_type": "builtins.AssertionError", "exc_origin": "test",
+             "exc_stmt": "assert x[0] == 2", "message": "assert 1 == 2"}
+    assert taichi_suite.classify(wrong) == "wrong_value"
+    msg = dict(wrong, exc_stmt="assert e.value.args[0] == 'boom'")
+    assert taichi_suite.classify(msg) == "message_differs"
+    internal_assert = dict(wrong, exc_origin="backend")
+    assert taichi_suite.classify(internal_assert) == "error"
+    refused = {"outcome": "failed", "exc_type": "difftape.errors.CompileError",
+               "message": "no"}
+    assert taichi_suite.classify(refused) == "error"
+    accepted = {"outcome": "failed", "exc_type": "_pytest.outcomes.Failed",
+                "message": "Failed: DID NOT RAISE <class 'CompileError'>"}
+    assert taichi_suite.classify(accepted) == "not_refused"
+    assert taichi_suite.classify({"outcome": "failed", "exc_type": "x.TaichiInternalsUsed"}) \
+        == "internal"
+
+
+def test_normalise_groups_one_cause():
+    a = taichi_suite._normalise("unsupported op at 0x7f00aa: size 1024\nmore")
+    b = taichi_suite._normalise("unsupported op at 0x7f11bb: size 2048")
+    assert a == b and "more" not in a
+
+
+def test_difftaichi_compare_reports_first_difference():
+    spec = difftaichi.Example()
+    ta = difftaichi.result_lines("[Taichi] version 1.7.4\nIter= 0 Loss= 1.5\ntime 3 ms\n"
+                                 "Iter= 1 Loss= 1.25\n", spec)
+    same = difftaichi.result_lines("Iter= 0 Loss= 1.5000001\nIter= 1 Loss= 1.25\n", spec)
+    off = difftaichi.result_lines("Iter= 0 Loss= 1.5\nIter= 1 Loss= 1.3\n", spec)
+    assert [n for _, n in ta] == [[0.0, 1.5], [1.0, 1.25]]
+    assert difftaichi.compare(ta, same, 1e-6)[0]
+    agree, first, _ = difftaichi.compare(ta, off, 1e-3)
+    assert not agree and "1.25" in first and "1.3" in first
+
+
+@pytest.mark.bench
+@pytest.mark.skipif(not TAICHI_PYTHON.exists(), reason="needs Taichi 1.7.4 in /work/tivenv")
+def test_suite_end_to_end_detects_each_kind(tmp_path):
+    """A fake checkout whose tests misbehave only on difftape: each kind lands in its list."""
+    tests = tmp_path / "checkout" / "tests"
+    (tests / "python").mkdir(parents=True)
+    (tests / "__init__.py").write_text("")
+    (tests / "python" / "__init__.py").write_text("")
+    (tests / "test_utils.py").write_text(
+        "import pytest\n"
+        "def test(arch=None, **options):\n"
+        "    def deco(f):\n"
+        "        f.__ti_test__ = True\n"
+        "        import taichi as ti\n"
+        "        return pytest.mark.parametrize('req_arch,req_options', [(ti.cpu, options)],"
+        " ids=['arch=x64'])(f)\n"
+        "    return deco\n")
+    (tests / "python" / "test_fake.py").write_text(textwrap.dedent("""
+        import os, signal, time
+        import taichi as ti
+        from tests import test_utils
+        ON_DIFFTAPE = hasattr(ti, "DifftapeError")
+
+        @test_utils.test()
+        def test_ok():
+            assert 1 == 1
+
+        @test_utils.test()
+        def test_value():
+            assert (0.5 if ON_DIFFTAPE else 1.0) == 1.0
+
+        @test_utils.test()
+        def test_hang():
+            if ON_DIFFTAPE:
+                time.sleep(60)
+
+        @test_utils.test()
+        def test_crash():
+            if ON_DIFFTAPE:
+                os.kill(os.getpid(), signal.SIGSEGV)
+
+        @test_utils.test()
+        def test_after():
+            assert 2 == 2
+    """))
+    out = tmp_path / "report"
+    subprocess.run([sys.executable, str(BENCH / "taichi_suite.py"), "--checkout",
+                    str(tmp_path / "checkout"), "--output", str(out), "--test-timeout", "4",
+                    "--taichi-python", str(TAICHI_PYTHON)], check=True, capture_output=True)
+    a = json.loads(out.with_suffix(".json").read_text())["analysis"]
+    assert [w["test"] for w in a["wrong_values"]] == ["test_fake.py::test_value[arch=x64]"]
+    assert [h["test"] for h in a["hangs"]] == ["test_fake.py::test_hang[arch=x64]"]
+    assert [c["test"] for c in a["crashes"]] == ["test_fake.py::test_crash[arch=x64]"]
+    assert a["totals"]["all"]["taichi_passed"] == 5 and a["totals"]["all"]["passed"] == 2
