@@ -92,6 +92,8 @@ from .frontend.transformer import (  # noqa: E402
 )
 from .runtime.field import (  # noqa: E402
     Field,
+    MatrixField,
+    ScalarField,
     axes,
     i,
     ij,
