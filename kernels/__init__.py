@@ -37,7 +37,7 @@ from .errors import (  # noqa: E402
     UnknownOptionError,
 )
 from .frontend.annotations import template  # noqa: E402
-from .frontend.decorators import func, kernel, pyfunc, real_func  # noqa: E402
+from .frontend.decorators import data_oriented, func, kernel, pyfunc, real_func  # noqa: E402
 from .frontend.matrix import Matrix, Vector  # noqa: E402
 from .frontend.ops import (  # noqa: E402
     abs,
