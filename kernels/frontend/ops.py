@@ -516,6 +516,11 @@ def atomic(kind: str, ref, value):
         return _elementwise(lambda r, v: atomic(kind, r, v), ref, value)
     if not isinstance(ref, Ref):
         raise _err(f"ti.atomic_{kind} needs a field element or a local variable as its target")
+    if OPS[kind].types == "bits":
+        t = T.promote(ref.dtype, to_expr(value).dtype)
+        if t.is_float:
+            raise _b.require().error(f"bitwise operation '{kind}' needs integer operands, "
+                                     f"got {t}", KernelTypeError)
     return ref.atomic(kind, value)
 
 

@@ -197,6 +197,9 @@ _BINOPS = {
     ast.Mod: "mod", ast.Pow: "pow", ast.BitAnd: "bit_and", ast.BitOr: "bit_or",
     ast.BitXor: "bit_xor", ast.LShift: "shl", ast.RShift: "shr", ast.MatMult: "matmul",
 }
+#: Augmented assignments that are atomic on field elements and kernel-level variables
+#: updated in parallel loops, as in Taichi (``*=``, ``/=``, ... are plain read-modify-writes).
+_ATOMIC_AUGASSIGN = frozenset(("add", "sub", "bit_and", "bit_or", "bit_xor"))
 _PY_COMPARE = {ast.Lt: lambda a, b: a < b, ast.LtE: lambda a, b: a <= b,
                ast.Gt: lambda a, b: a > b, ast.GtE: lambda a, b: a >= b,
                ast.Eq: lambda a, b: a == b, ast.NotEq: lambda a, b: a != b}
@@ -581,8 +584,8 @@ class FunctionTransformer:
         if not is_place(target):
             raise self.bld.error("the target of an augmented assignment must be a variable, "
                                  "a field element or a vector/matrix variable")
-        if op in ("add", "sub") and (_is_global(target) or _is_reduction(target)):
-            ops.atomic(op, target, value)  # Taichi semantics: += on globals is atomic
+        if op in _ATOMIC_AUGASSIGN and (_is_global(target) or _is_reduction(target)):
+            ops.atomic(op, target, value)  # Taichi semantics: += &= ... on globals are atomic
             return
         from ..runtime.field import assign
 
