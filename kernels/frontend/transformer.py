@@ -244,7 +244,10 @@ class FunctionTransformer:
         self.is_kernel = is_kernel
         self.scopes: list[dict[str, Any]] = [{}]
         self.loop_depth = 0  # runtime loops of this function around the current statement
-        self.static_loop_depth = 0
+        # Per enclosing ti.static loop: (loop_depth, runtime_depth) when its body began; and a
+        # `break`/`continue` of the innermost one, which ends the unrolled iteration.
+        self.static_loops: list[tuple[int, int]] = []
+        self.static_jump: str | None = None
         self.loop_user_breaks: list[bool] = []  # per runtime loop: has a `break` of its own
         self.return_value: Any = None
         # The rest of the current block is unreachable: a `return` ran (at compile time).
@@ -303,7 +306,7 @@ class FunctionTransformer:
     # ------------------------------------------------------------------ statements
     def run_body(self, body: list[ast.stmt]) -> None:
         for st in body:
-            if self.returned:
+            if self.returned or self.static_jump:
                 return  # unreachable after a `return`, as in Python (Taichi skips it too)
             self._settle()
             self.stmt(st)
@@ -654,8 +657,16 @@ class FunctionTransformer:
         self._loop_control("continue")
 
     def _loop_control(self, what: str) -> None:
-        if self.static_loop_depth and not self.loop_depth:
-            raise self.bld.error(f"`{what}` in a ti.static loop is not supported")
+        if self.static_loops and self.static_loops[-1][0] == self.loop_depth:
+            # The innermost loop is unrolled: leave it (or its iteration) while compiling.
+            if self.runtime_depth > self.static_loops[-1][1]:
+                raise self.bld.error(
+                    f"`{what}` of a ti.static loop inside a runtime `if`: the loop is unrolled "
+                    "while compiling, so it can only be left at compile time (as in Taichi); "
+                    "make the condition ti.static(...), or make the loop a runtime loop",
+                    KernelSyntaxError)
+            self.static_jump = what
+            return
         if not self.loop_depth:
             raise self.bld.error(f"`{what}` outside a loop")
         if what == "break":
@@ -783,7 +794,7 @@ class FunctionTransformer:
             iterable = [Vector(list(t)) for t in iterable.inner]
         elif isinstance(iterable, Matrix):
             iterable = iterable.entries if iterable.ndim == 1 else list(iterable)
-        self.static_loop_depth += 1
+        self.static_loops.append((self.loop_depth, self.runtime_depth))
         for item in iterable:
             if self.returned:
                 break  # a return in an unrolled iteration ends the loop
@@ -791,7 +802,10 @@ class FunctionTransformer:
             self._bind_target(node.target, item)
             self.run_body(node.body)
             self.scopes.pop()
-        self.static_loop_depth -= 1
+            jump, self.static_jump = self.static_jump, None
+            if jump == "break":
+                break
+        self.static_loops.pop()
 
     def _bind_target(self, target: ast.expr, item) -> None:
         if isinstance(target, ast.Name):
