@@ -31,7 +31,7 @@ from ..errors import (
 from ..ir.nodes import OPS, Block, Buffer, Stmt
 from . import builder as _b
 from . import ops
-from .annotations import NdarrayType, Template, template
+from .annotations import NdarrayType, RefType, Template, template
 from .matrix import Matrix, MatrixType, Vector
 from .struct import (
     Struct,
@@ -1407,7 +1407,8 @@ def _convert_to_annotation(bld: _b.Builder, value, ann, what: str):
             raise bld.error(f"{what} should be a {ann!r}, got "
                             f"{'a scalar' if scalar else 'a ' + type(value).__name__}")
         m = ann.m if ann.ndim == 2 else 1
-        if (value.n, value.m, value.ndim) != (ann.n, m, ann.ndim):
+        # A size left out (ti.types.vector(), matrix(n=2)) takes any (beyond Taichi).
+        if value.ndim != ann.ndim or ann.n not in (None, value.n) or m not in (None, value.m):
             raise bld.error(f"{what} should be a {ann!r}, got a {value._shape_text()}")
         return ops.cast(value._values(), ann.scalar_dtype)
     if isinstance(value, Matrix):
@@ -1425,6 +1426,8 @@ def _annotation_kind(ann, where: str) -> str:
         return "template"
     if isinstance(ann, NdarrayType):
         return "ndarray"
+    if isinstance(ann, RefType):
+        return "ref"
     if isinstance(ann, MatrixType):
         return "matrix"
     if isinstance(ann, StructType):
@@ -1471,6 +1474,16 @@ def _bind_param(bld: _b.Builder, tr: FunctionTransformer, name: str, value, ann)
     what = f"argument '{name}' of func '{tr.name}'"
     if kind == "template":
         return value
+    if kind == "ref":
+        dt = ops.resolve_dtype(ann.dtype)
+        if not isinstance(value, Ref):
+            got = "value" if isinstance(value, Value) else type(value).__name__
+            raise bld.error(f"{what} is annotated ti.ref({dt}): pass a variable or a field "
+                            f"element, not a {got}")
+        if value.dtype != dt:
+            raise bld.error(f"{what} is annotated ti.ref({dt}) but the variable holds "
+                            f"{value.dtype}", KernelTypeError)
+        return value  # the caller's place: assignments in the func write it
     if kind == "ndarray":
         if not isinstance(value, NdarrayArg):
             raise bld.error(f"{what} is annotated ti.types.ndarray() but got a "
@@ -1527,6 +1540,11 @@ def build_kernel_body(bld: _b.Builder, kernel, args: tuple) -> None:
         elif isinstance(ann, NdarrayType):
             tr.scopes[0][p.name] = _ndarray_binding(bld, index, p.name, value)
         elif isinstance(ann, MatrixType):
+            if ann.n is None or (ann.ndim == 2 and ann.m is None):
+                raise bld.error(f"parameter '{p.name}' of kernel '{kernel.name}' is annotated "
+                                f"{ann!r} without its size: a kernel's vector/matrix "
+                                "arguments need one (e.g. ti.types.vector(3, ti.f32)); funcs "
+                                "may leave it out")
             dt = ann.scalar_dtype
             entries = [Expr(bld.emit("arg", dt, (), bld.add_param(f"{p.name}[{k}]", dt)))
                        for k in range(ann.n * (ann.m if ann.ndim == 2 else 1))]
@@ -1538,6 +1556,10 @@ def build_kernel_body(bld: _b.Builder, kernel, args: tuple) -> None:
                 Expr(bld.emit("arg", dt, (), bld.add_param(f"{p.name}.{path}", dt)))
                 for path, dt in ann.leaves()])
             tr.kernel_args.add(p.name)
+        elif isinstance(ann, RefType):
+            raise bld.error(f"parameter '{p.name}' of kernel '{kernel.name}' is annotated "
+                            "ti.ref(...): kernel arguments are values; ti.ref is for func "
+                            "parameters")
         else:
             dt = ops.resolve_dtype(ann)
             tr.scopes[0][p.name] = Expr(bld.emit("arg", dt, (), bld.add_param(p.name, dt)))

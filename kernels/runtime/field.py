@@ -139,8 +139,12 @@ class Field:
         """``x.parent()``: the SNode the field is placed in (``n`` levels up)."""
         node = self.primal._container
         if node is None:
-            raise DifftapeError(f"{self._label()} was made with shape=: it has no SNode; "
-                                "place it with ti.root.dense(...).place(...) to ask for one")
+            # Made with shape=: Taichi places it in a dense SNode of that shape under
+            # ti.root (0-D too); made here when first asked for.
+            shape = self.primal.shape
+            node = SNode(root, axes(*range(len(shape))), shape, "dense")
+            node.fields.append(self.primal)
+            self.primal._container = node
         return node.parent(n - 1)
 
     @property
@@ -550,6 +554,21 @@ def kernel_element(buf: Buffer, key: tuple, sparse: Field | None = None,
     if len(esh) == 1:
         return Matrix._from_entries(refs, esh[0], 1, 1)
     return Matrix._from_entries(refs, esh[0], esh[1], 2)
+
+
+def block_local(*fields) -> None:
+    """``ti.block_local(x, ...)``: Taichi's hint to cache fields in GPU shared memory. On the
+    CPU it changes nothing (as in Taichi), so it only checks that it is given fields, inside
+    a kernel."""
+    from ..frontend.struct import StructField
+
+    bld = _b.current()
+    if bld is None:
+        raise DifftapeError("ti.block_local() is a hint inside kernels")
+    for f in fields:
+        if not isinstance(f, Field | StructField):
+            raise bld.error(f"ti.block_local() takes fields, got a {type(f).__name__}",
+                            KernelTypeError)
 
 
 def assign(target, value) -> None:

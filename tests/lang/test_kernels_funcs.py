@@ -415,3 +415,80 @@ def test_kernel_method_of_an_undecorated_class_is_refused(ti):
 
     with pytest.raises(ti.TaichiSyntaxError, match="data_oriented"):
         Plain().run()
+
+
+def test_ti_ref_parameters_write_the_callers_variable(ti):
+    @ti.real_func
+    def set7(a: ti.ref(ti.f32)):
+        a = 7  # noqa: F841 - writes the caller's variable
+
+    @ti.real_func
+    def double(a: ti.ref(ti.f32)):
+        a += a
+
+    @ti.kernel
+    def run() -> ti.f32:
+        a = 5.0
+        set7(a)
+        b = 5.0
+        double(b)
+        return a * 100 + b
+
+    assert run() == 710.0
+
+
+@pytest.mark.difftape_only
+def test_ti_ref_beyond_taichi(ti):
+    # Taichi 1.7.4 copies a ti.ref argument of an inlined @ti.func and aborts on a field
+    # element; difftape binds the place in both cases. A value is refused.
+    x = ti.field(ti.f32, shape=3)
+
+    @ti.func
+    def inc(a: ti.ref(ti.f32)):
+        a += 1
+
+    @ti.kernel
+    def run() -> ti.f32:
+        c = 5.0
+        inc(c)
+        inc(x[1])
+        return c
+
+    assert run() == 6.0 and x[1] == 1.0
+
+    @ti.kernel
+    def by_value():
+        inc(3.0)
+
+    with pytest.raises(ti.CompileError, match="pass a variable or a field element"):
+        by_value()
+
+    @ti.kernel
+    def wrong_type():
+        n = 1
+        inc(n)
+
+    with pytest.raises(ti.TaichiTypeError, match=r"ti.ref\(f32\) but the variable holds i32"):
+        wrong_type()
+
+
+@pytest.mark.difftape_only
+def test_shapeless_vector_annotations(ti):
+    # Taichi 1.7.4 refuses both; difftape takes any size in funcs and refuses kernels clearly.
+    @ti.func
+    def total(v: ti.types.vector(), m: ti.types.matrix()):
+        return v.sum() + m.sum()
+
+    @ti.kernel
+    def run() -> ti.f32:
+        return total(ti.Vector([1.0, 2.0]), ti.Matrix([[1.0, 2.0], [3.0, 4.0]])) + \
+            total(ti.Vector([1.0, 2.0, 3.0]), ti.Matrix([[1.0]]))
+
+    assert run() == 20.0
+
+    @ti.kernel
+    def k(v: ti.types.vector()) -> ti.f32:
+        return v.sum()
+
+    with pytest.raises(ti.CompileError, match="without its size"):
+        k(ti.Vector([1.0, 2.0]))
