@@ -467,7 +467,13 @@ def logical_not(a):
 
 
 def stop_grad(x):
-    """The value of ``x`` with no gradient flowing through it."""
+    """The value of ``x`` with no gradient flowing through it. Given a field (as in Taichi):
+    no derivative flows through its loads in the enclosing block and the blocks nested in
+    it, before and after the call (see :meth:`Builder.stop_gradient`)."""
+    stop_field = getattr(x, "_stop_gradient", None)
+    if stop_field is not None:
+        stop_field(_b.require())
+        return None
     if _is_matrix(x):
         return _elementwise(stop_grad, x)
     if _is_number(x):

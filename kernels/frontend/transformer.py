@@ -1565,6 +1565,7 @@ def build_kernel_body(bld: _b.Builder, kernel, args: tuple) -> None:
             tr.scopes[0][p.name] = Expr(bld.emit("arg", dt, (), bld.add_param(p.name, dt)))
             tr.kernel_args.add(p.name)
     tr.run_body(parsed.tree.body)
+    bld.finish_stop_grads()
     if bld.return_type is not None and not tr.returned:
         bld.loc = (parsed.file, parsed.tree.lineno)
         raise bld.error(f"kernel '{kernel.name}' is annotated to return a value but has no "

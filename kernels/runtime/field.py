@@ -246,6 +246,10 @@ class Field:
         """Element ``key`` inside a kernel: a place or a matrix of places."""
         return kernel_element(self.buffer(), key, self if self.sparse_terms else None)
 
+    def _stop_gradient(self, bld) -> None:
+        """``ti.stop_grad(x)`` inside a kernel (every entry of a vector/matrix field)."""
+        bld.stop_gradient(bld.buffer_slot(self.buffer()))
+
     def get_scalar_field(self, *indices: int) -> Field:
         """``m.get_scalar_field(i, j)``: entry (i, j) of every element of a vector/matrix field
         as a scalar field that shares the storage (reads and writes through it are reads and
@@ -422,6 +426,11 @@ class ScalarFieldView(Field):
     def buffer(self) -> Buffer:
         raise DifftapeError(f"{self.name} is a view of {self._matrix._label()}: it has no "
                             "storage of its own")
+
+    def _stop_gradient(self, bld) -> None:
+        raise bld.error(f"ti.stop_grad() of {self.name}, a view made by get_scalar_field(): "
+                        "not supported; wrap the loads in ti.stop_grad(...) instead, or stop "
+                        f"the whole field with ti.stop_grad({self._matrix._label()})")
 
     def _view_of(self, f: Field | None) -> ScalarFieldView | None:
         return None if f is None else ScalarFieldView(f, self._component)
