@@ -36,8 +36,8 @@ from .errors import (  # noqa: E402
     TaichiTypeError,
     UnknownOptionError,
 )
-from .frontend.annotations import template  # noqa: E402
-from .frontend.decorators import func, kernel, pyfunc, real_func  # noqa: E402
+from .frontend.annotations import ref, template  # noqa: E402
+from .frontend.decorators import data_oriented, func, kernel, pyfunc, real_func  # noqa: E402
 from .frontend.matrix import Matrix, Vector  # noqa: E402
 from .frontend.ops import (  # noqa: E402
     abs,
@@ -92,7 +92,10 @@ from .frontend.transformer import (  # noqa: E402
 )
 from .runtime.field import (  # noqa: E402
     Field,
+    MatrixField,
+    ScalarField,
     axes,
+    block_local,
     i,
     ij,
     ijk,

@@ -19,6 +19,21 @@ def template() -> Template:
     return Template()
 
 
+class RefType:
+    """``ti.ref(dtype)``: a func parameter bound to the caller's variable (or field element)
+    itself, so that assignments to it inside the func change the caller's."""
+
+    def __init__(self, dtype) -> None:
+        self.dtype = dtype
+
+    def __repr__(self) -> str:
+        return f"ref({self.dtype})"
+
+
+def ref(dtype) -> RefType:
+    return RefType(dtype)
+
+
 class NdarrayType:
     """``ti.types.ndarray(dtype=None, ndim=None, element_dim=None, element_shape=None,
     needs_grad=None, boundary="unsafe")``: an array passed by pointer.

@@ -64,6 +64,8 @@ class Builder:
         self.adjoint = False
         # Struct-fors over sparse SNodes: their activity loads (runtime/sparse.py).
         self.struct_fors: list[dict] = []
+        # ti.stop_grad(field): (block, buffer slot) pairs, applied by finish_stop_grads.
+        self.stop_grads: list[tuple[Block, int]] = []
 
     # -- emission ------------------------------------------------------------------------------
     def emit(self, op: str, dtype: DType | None, args: tuple = (), attr: Any = None,
@@ -99,6 +101,47 @@ class Builder:
 
     def pop_block(self) -> Block:
         return self._blocks.pop()
+
+    def stop_gradient(self, slot: int) -> None:
+        """``ti.stop_grad(field)``: as in Taichi, no derivative flows through any load of the
+        buffer in the current block and the blocks nested in it, in either mode, including
+        loads before the call. Recorded here, applied once the kernel is built."""
+        self.stop_grads.append((self._blocks[-1], slot))
+
+    def finish_stop_grads(self) -> None:
+        """Put a ``stop_grad`` after every float load that a ``ti.stop_grad(field)`` covers,
+        and make the load's uses use it (both autodiff modes give it zero derivative)."""
+        if not self.stop_grads:
+            return
+        swap: dict[Stmt, Stmt] = {}
+
+        def cover(blk: Block, slots: set[int]) -> None:
+            k = 0
+            while k < len(blk):
+                s = blk[k]
+                for inner in s.blocks:
+                    cover(inner, slots)
+                if s.op == "load" and s.attr in slots and s.dtype.is_float and s not in swap:
+                    swap[s] = Stmt("stop_grad", s.dtype, (s,), None, (), s.loc)
+                    blk.insert(k + 1, swap[s])
+                    k += 1
+                k += 1
+
+        by_block: dict[int, tuple[Block, set[int]]] = {}
+        for blk, slot in self.stop_grads:
+            by_block.setdefault(id(blk), (blk, set()))[1].add(slot)
+        for blk, slots in by_block.values():
+            cover(blk, slots)
+        stops = set(swap.values())
+
+        def rewrite(blk: Block) -> None:
+            for s in blk:
+                if s not in stops and any(a in swap for a in s.args):
+                    s.args = tuple(swap.get(a, a) for a in s.args)
+                for inner in s.blocks:
+                    rewrite(inner)
+
+        rewrite(self.body)
 
     def insertion_point(self) -> tuple[Block, int]:
         """Where the next statement would go; statements are only ever appended to blocks, so

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 
-from ..runtime.kernel import Kernel
+from ..runtime.kernel import Kernel, defined_in_class
 
 
 class Func:
@@ -16,8 +17,7 @@ class Func:
         self.signature = inspect.signature(pyfunc)
         # Defined in a class body (a method of a @ti.dataclass or @ti.data_oriented class):
         # its unannotated first parameter (`self`) is the object itself, as in Taichi.
-        parts = pyfunc.__qualname__.split(".")
-        self.classfunc = len(parts) > 1 and parts[-2] != "<locals>"
+        self.classfunc = defined_in_class(pyfunc)
         self.__name__ = pyfunc.__name__
         self.__doc__ = pyfunc.__doc__
         self.__wrapped__ = pyfunc
@@ -32,6 +32,11 @@ class Func:
         from .transformer import inline_func
 
         return inline_func(bld, self, list(args), kwargs)
+
+    def __get__(self, obj, objtype=None):
+        """``obj.func`` (a method of a ``@ti.data_oriented`` object): the func with ``obj``
+        as its first argument."""
+        return self if obj is None else functools.partial(self, obj)
 
     def __repr__(self) -> str:
         return f"<difftape func {self.__name__}>"
@@ -53,3 +58,11 @@ def func(fn=None, **_options):
 
 real_func = func
 pyfunc = func
+
+
+def data_oriented(cls: type) -> type:
+    """``@ti.data_oriented``: a class whose methods may be kernels and funcs over the fields it
+    holds (``self.x``). ``obj.kernel(...)`` passes ``obj`` as ``self``, bound at compile time
+    like a ``ti.template()`` argument; objects of the class may be template arguments too."""
+    cls._data_oriented = True
+    return cls

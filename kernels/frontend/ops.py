@@ -467,7 +467,13 @@ def logical_not(a):
 
 
 def stop_grad(x):
-    """The value of ``x`` with no gradient flowing through it."""
+    """The value of ``x`` with no gradient flowing through it. Given a field (as in Taichi):
+    no derivative flows through its loads in the enclosing block and the blocks nested in
+    it, before and after the call (see :meth:`Builder.stop_gradient`)."""
+    stop_field = getattr(x, "_stop_gradient", None)
+    if stop_field is not None:
+        stop_field(_b.require())
+        return None
     if _is_matrix(x):
         return _elementwise(stop_grad, x)
     if _is_number(x):
@@ -516,6 +522,11 @@ def atomic(kind: str, ref, value):
         return _elementwise(lambda r, v: atomic(kind, r, v), ref, value)
     if not isinstance(ref, Ref):
         raise _err(f"ti.atomic_{kind} needs a field element or a local variable as its target")
+    if OPS[kind].types == "bits":
+        t = T.promote(ref.dtype, to_expr(value).dtype)
+        if t.is_float:
+            raise _b.require().error(f"bitwise operation '{kind}' needs integer operands, "
+                                     f"got {t}", KernelTypeError)
     return ref.atomic(kind, value)
 
 

@@ -427,6 +427,13 @@ class StructField:
     def get_member_field(self, key: str):
         return self.field_dict[key]
 
+    def _stop_gradient(self, bld) -> None:
+        # Taichi 1.7.4 stops only the first member here (the struct field's snode is its
+        # first member's): refused rather than copied or guessed.
+        raise bld.error("ti.stop_grad() of a struct field is not supported (Taichi stops "
+                        "only its first member): stop its member fields instead, e.g. "
+                        f"ti.stop_grad(s.{self.keys[0]}) for a struct field s")
+
     def leaf_fields(self) -> list:
         """The plain fields behind this struct field (nested structs flattened)."""
         out = []

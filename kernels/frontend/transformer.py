@@ -31,7 +31,7 @@ from ..errors import (
 from ..ir.nodes import OPS, Block, Buffer, Stmt
 from . import builder as _b
 from . import ops
-from .annotations import NdarrayType, Template, template
+from .annotations import NdarrayType, RefType, Template, template
 from .matrix import Matrix, MatrixType, Vector
 from .struct import (
     Struct,
@@ -197,6 +197,9 @@ _BINOPS = {
     ast.Mod: "mod", ast.Pow: "pow", ast.BitAnd: "bit_and", ast.BitOr: "bit_or",
     ast.BitXor: "bit_xor", ast.LShift: "shl", ast.RShift: "shr", ast.MatMult: "matmul",
 }
+#: Augmented assignments that are atomic on field elements and kernel-level variables
+#: updated in parallel loops, as in Taichi (``*=``, ``/=``, ... are plain read-modify-writes).
+_ATOMIC_AUGASSIGN = frozenset(("add", "sub", "bit_and", "bit_or", "bit_xor"))
 _PY_COMPARE = {ast.Lt: lambda a, b: a < b, ast.LtE: lambda a, b: a <= b,
                ast.Gt: lambda a, b: a > b, ast.GtE: lambda a, b: a >= b,
                ast.Eq: lambda a, b: a == b, ast.NotEq: lambda a, b: a != b}
@@ -241,7 +244,10 @@ class FunctionTransformer:
         self.is_kernel = is_kernel
         self.scopes: list[dict[str, Any]] = [{}]
         self.loop_depth = 0  # runtime loops of this function around the current statement
-        self.static_loop_depth = 0
+        # Per enclosing ti.static loop: (loop_depth, runtime_depth) when its body began; and a
+        # `break`/`continue` of the innermost one, which ends the unrolled iteration.
+        self.static_loops: list[tuple[int, int]] = []
+        self.static_jump: str | None = None
         self.loop_user_breaks: list[bool] = []  # per runtime loop: has a `break` of its own
         self.return_value: Any = None
         # The rest of the current block is unreachable: a `return` ran (at compile time).
@@ -300,7 +306,7 @@ class FunctionTransformer:
     # ------------------------------------------------------------------ statements
     def run_body(self, body: list[ast.stmt]) -> None:
         for st in body:
-            if self.returned:
+            if self.returned or self.static_jump:
                 return  # unreachable after a `return`, as in Python (Taichi skips it too)
             self._settle()
             self.stmt(st)
@@ -581,8 +587,8 @@ class FunctionTransformer:
         if not is_place(target):
             raise self.bld.error("the target of an augmented assignment must be a variable, "
                                  "a field element or a vector/matrix variable")
-        if op in ("add", "sub") and (_is_global(target) or _is_reduction(target)):
-            ops.atomic(op, target, value)  # Taichi semantics: += on globals is atomic
+        if op in _ATOMIC_AUGASSIGN and (_is_global(target) or _is_reduction(target)):
+            ops.atomic(op, target, value)  # Taichi semantics: += &= ... on globals are atomic
             return
         from ..runtime.field import assign
 
@@ -651,8 +657,16 @@ class FunctionTransformer:
         self._loop_control("continue")
 
     def _loop_control(self, what: str) -> None:
-        if self.static_loop_depth and not self.loop_depth:
-            raise self.bld.error(f"`{what}` in a ti.static loop is not supported")
+        if self.static_loops and self.static_loops[-1][0] == self.loop_depth:
+            # The innermost loop is unrolled: leave it (or its iteration) while compiling.
+            if self.runtime_depth > self.static_loops[-1][1]:
+                raise self.bld.error(
+                    f"`{what}` of a ti.static loop inside a runtime `if`: the loop is unrolled "
+                    "while compiling, so it can only be left at compile time (as in Taichi); "
+                    "make the condition ti.static(...), or make the loop a runtime loop",
+                    KernelSyntaxError)
+            self.static_jump = what
+            return
         if not self.loop_depth:
             raise self.bld.error(f"`{what}` outside a loop")
         if what == "break":
@@ -780,7 +794,7 @@ class FunctionTransformer:
             iterable = [Vector(list(t)) for t in iterable.inner]
         elif isinstance(iterable, Matrix):
             iterable = iterable.entries if iterable.ndim == 1 else list(iterable)
-        self.static_loop_depth += 1
+        self.static_loops.append((self.loop_depth, self.runtime_depth))
         for item in iterable:
             if self.returned:
                 break  # a return in an unrolled iteration ends the loop
@@ -788,7 +802,10 @@ class FunctionTransformer:
             self._bind_target(node.target, item)
             self.run_body(node.body)
             self.scopes.pop()
-        self.static_loop_depth -= 1
+            jump, self.static_jump = self.static_jump, None
+            if jump == "break":
+                break
+        self.static_loops.pop()
 
     def _bind_target(self, target: ast.expr, item) -> None:
         if isinstance(target, ast.Name):
@@ -1390,7 +1407,8 @@ def _convert_to_annotation(bld: _b.Builder, value, ann, what: str):
             raise bld.error(f"{what} should be a {ann!r}, got "
                             f"{'a scalar' if scalar else 'a ' + type(value).__name__}")
         m = ann.m if ann.ndim == 2 else 1
-        if (value.n, value.m, value.ndim) != (ann.n, m, ann.ndim):
+        # A size left out (ti.types.vector(), matrix(n=2)) takes any (beyond Taichi).
+        if value.ndim != ann.ndim or ann.n not in (None, value.n) or m not in (None, value.m):
             raise bld.error(f"{what} should be a {ann!r}, got a {value._shape_text()}")
         return ops.cast(value._values(), ann.scalar_dtype)
     if isinstance(value, Matrix):
@@ -1408,6 +1426,8 @@ def _annotation_kind(ann, where: str) -> str:
         return "template"
     if isinstance(ann, NdarrayType):
         return "ndarray"
+    if isinstance(ann, RefType):
+        return "ref"
     if isinstance(ann, MatrixType):
         return "matrix"
     if isinstance(ann, StructType):
@@ -1454,6 +1474,16 @@ def _bind_param(bld: _b.Builder, tr: FunctionTransformer, name: str, value, ann)
     what = f"argument '{name}' of func '{tr.name}'"
     if kind == "template":
         return value
+    if kind == "ref":
+        dt = ops.resolve_dtype(ann.dtype)
+        if not isinstance(value, Ref):
+            got = "value" if isinstance(value, Value) else type(value).__name__
+            raise bld.error(f"{what} is annotated ti.ref({dt}): pass a variable or a field "
+                            f"element, not a {got}")
+        if value.dtype != dt:
+            raise bld.error(f"{what} is annotated ti.ref({dt}) but the variable holds "
+                            f"{value.dtype}", KernelTypeError)
+        return value  # the caller's place: assignments in the func write it
     if kind == "ndarray":
         if not isinstance(value, NdarrayArg):
             raise bld.error(f"{what} is annotated ti.types.ndarray() but got a "
@@ -1510,6 +1540,11 @@ def build_kernel_body(bld: _b.Builder, kernel, args: tuple) -> None:
         elif isinstance(ann, NdarrayType):
             tr.scopes[0][p.name] = _ndarray_binding(bld, index, p.name, value)
         elif isinstance(ann, MatrixType):
+            if ann.n is None or (ann.ndim == 2 and ann.m is None):
+                raise bld.error(f"parameter '{p.name}' of kernel '{kernel.name}' is annotated "
+                                f"{ann!r} without its size: a kernel's vector/matrix "
+                                "arguments need one (e.g. ti.types.vector(3, ti.f32)); funcs "
+                                "may leave it out")
             dt = ann.scalar_dtype
             entries = [Expr(bld.emit("arg", dt, (), bld.add_param(f"{p.name}[{k}]", dt)))
                        for k in range(ann.n * (ann.m if ann.ndim == 2 else 1))]
@@ -1521,11 +1556,16 @@ def build_kernel_body(bld: _b.Builder, kernel, args: tuple) -> None:
                 Expr(bld.emit("arg", dt, (), bld.add_param(f"{p.name}.{path}", dt)))
                 for path, dt in ann.leaves()])
             tr.kernel_args.add(p.name)
+        elif isinstance(ann, RefType):
+            raise bld.error(f"parameter '{p.name}' of kernel '{kernel.name}' is annotated "
+                            "ti.ref(...): kernel arguments are values; ti.ref is for func "
+                            "parameters")
         else:
             dt = ops.resolve_dtype(ann)
             tr.scopes[0][p.name] = Expr(bld.emit("arg", dt, (), bld.add_param(p.name, dt)))
             tr.kernel_args.add(p.name)
     tr.run_body(parsed.tree.body)
+    bld.finish_stop_grads()
     if bld.return_type is not None and not tr.returned:
         bld.loc = (parsed.file, parsed.tree.lineno)
         raise bld.error(f"kernel '{kernel.name}' is annotated to return a value but has no "

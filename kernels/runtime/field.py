@@ -139,8 +139,12 @@ class Field:
         """``x.parent()``: the SNode the field is placed in (``n`` levels up)."""
         node = self.primal._container
         if node is None:
-            raise DifftapeError(f"{self._label()} was made with shape=: it has no SNode; "
-                                "place it with ti.root.dense(...).place(...) to ask for one")
+            # Made with shape=: Taichi places it in a dense SNode of that shape under
+            # ti.root (0-D too); made here when first asked for.
+            shape = self.primal.shape
+            node = SNode(root, axes(*range(len(shape))), shape, "dense")
+            node.fields.append(self.primal)
+            self.primal._container = node
         return node.parent(n - 1)
 
     @property
@@ -231,12 +235,40 @@ class Field:
                 return row
         key = self._norm_key(key)
         if _b.current() is not None:
-            return kernel_element(self.buffer(), key, self if self.sparse_terms else None)
+            return self._kernel_element(key)
         value = self.arr[key]
         out = _to_python(value, self.element_shape, writable=True)
         if self.element_shape and self.sparse_terms:
             out._on_write = lambda: self._np_activate(key)
         return out
+
+    def _kernel_element(self, key: tuple):
+        """Element ``key`` inside a kernel: a place or a matrix of places."""
+        return kernel_element(self.buffer(), key, self if self.sparse_terms else None)
+
+    def _stop_gradient(self, bld) -> None:
+        """``ti.stop_grad(x)`` inside a kernel (every entry of a vector/matrix field)."""
+        bld.stop_gradient(bld.buffer_slot(self.buffer()))
+
+    def get_scalar_field(self, *indices: int) -> Field:
+        """``m.get_scalar_field(i, j)``: entry (i, j) of every element of a vector/matrix field
+        as a scalar field that shares the storage (reads and writes through it are reads and
+        writes of the matrix field, in kernels and in Python scope, derivatives included).
+        One index means column 0, as in Taichi."""
+        if not self.element_shape:
+            raise DifftapeError(f"{self._label()} is a scalar field; get_scalar_field() picks "
+                                "an entry of a vector/matrix field")
+        if len(indices) not in (1, 2) or not all(isinstance(i, numbers.Integral)
+                                                 for i in indices):
+            raise DifftapeError(f"get_scalar_field takes one or two integer indices, got "
+                                f"{indices}")
+        comp = (int(indices[0]),) + ((int(indices[1]) if len(indices) == 2 else 0),)
+        esh = self.element_shape if len(self.element_shape) == 2 else \
+            self.element_shape + (1,)
+        if not all(0 <= c < n for c, n in zip(comp, esh, strict=True)):
+            raise DifftapeError(f"get_scalar_field{tuple(indices)}: {self._label()} has "
+                                f"{esh[0]}x{esh[1]} entries")
+        return ScalarFieldView(self, comp[:len(self.element_shape)])
 
     def __setitem__(self, key, value) -> None:
         key = self._norm_key(key)
@@ -332,15 +364,14 @@ class Field:
         if isinstance(value, Matrix) and value.shape != self.element_shape:
             raise bld.error(f"{self._label()}.fill(): the value is a {value._shape_text()} but "
                             f"the elements have shape {self.element_shape}")
-        buf = self.buffer()
         node = self.primal._container
 
         def fill_one(idx) -> None:
             if not self.sparse_terms:
-                assign(kernel_element(buf, tuple(idx)), value)
+                assign(self._kernel_element(tuple(idx)), value)
                 return
             with bld.block() as then:  # the active cells only, as in Taichi
-                assign(kernel_element(buf, tuple(idx)), value)
+                assign(self._kernel_element(tuple(idx)), value)
             bld.emit("if", None, (active_condition(node, idx).stmt,), None, (then, []))
 
         bld.loop_nest(self.shape, fill_one)
@@ -357,6 +388,99 @@ class Field:
 
     # ``ti.field`` objects are hashable by identity (used as dict keys by users and by us).
     __hash__ = object.__hash__
+
+
+class ScalarFieldView(Field):
+    """What ``m.get_scalar_field(i, j)`` returns: entry (i, j) of the elements of a
+    vector/matrix field, sharing its storage. Python scope reads and writes a NumPy view of
+    the matrix field's array; kernels address the matrix field's buffer at that entry, so
+    derivatives flow into ``m.grad``/``m.dual`` like any access of ``m``. Its ``.grad`` and
+    ``.dual`` are the same entry of ``m.grad``/``m.dual``."""
+
+    def __new__(cls, *args, **kwargs):
+        return object.__new__(cls)
+
+    def __init__(self, matrix: Field, component: tuple[int, ...]) -> None:
+        if matrix._program.remote is not None:
+            raise DifftapeError("get_scalar_field() is not supported under arch=ti.remote (the "
+                                "service keeps the storage); index the matrix field instead")
+        if matrix.sparse_terms:
+            raise DifftapeError(f"get_scalar_field(): {matrix._label()} is under sparse "
+                                "SNodes; views of such fields are not supported, index the "
+                                "matrix field instead")
+        self._matrix = matrix
+        self._component = component
+        self.dtype = matrix.dtype
+        self.element_shape = ()
+        self.name = f"{matrix._label()}{list(component)}"
+        self.role = matrix.role
+        self.primal = self
+        self.id = matrix.id
+        self.mark = None
+        self._program = matrix._program
+        self._container = matrix.primal._container
+
+    def _kernel_element(self, key: tuple):
+        return kernel_element(self._matrix.buffer(), key, component=self._component)
+
+    def buffer(self) -> Buffer:
+        raise DifftapeError(f"{self.name} is a view of {self._matrix._label()}: it has no "
+                            "storage of its own")
+
+    def _stop_gradient(self, bld) -> None:
+        raise bld.error(f"ti.stop_grad() of {self.name}, a view made by get_scalar_field(): "
+                        "not supported; wrap the loads in ti.stop_grad(...) instead, or stop "
+                        f"the whole field with ti.stop_grad({self._matrix._label()})")
+
+    def _view_of(self, f: Field | None) -> ScalarFieldView | None:
+        return None if f is None else ScalarFieldView(f, self._component)
+
+    @property
+    def grad(self) -> ScalarFieldView | None:
+        return self._view_of(self._matrix.grad)
+
+    @property
+    def dual(self) -> ScalarFieldView | None:
+        return self._view_of(self._matrix.dual)
+
+    def companion(self, role: str) -> Field | None:
+        return self._view_of(self._matrix.companion(role))
+
+    @property
+    def _shape(self) -> tuple[int, ...] | None:
+        return self._matrix._shape
+
+    @property
+    def _arr(self) -> np.ndarray | None:
+        arr = self._matrix._arr
+        return None if arr is None else arr[(Ellipsis,) + self._component]
+
+    def parent(self, n: int = 1) -> SNode | None:
+        return self._matrix.parent(n)
+
+    def _label(self) -> str:
+        return self.name
+
+
+class _FieldKind(type):
+    """The metaclass of ``ti.ScalarField``/``ti.MatrixField``. difftape has one Field class
+    whose ``element_shape`` says what its elements are; these names classify fields by it in
+    ``isinstance`` checks, as Taichi's subclasses do."""
+
+    def __instancecheck__(cls, obj) -> bool:
+        return isinstance(obj, Field) and bool(obj.element_shape) == cls._of_matrices
+
+
+class ScalarField(Field, metaclass=_FieldKind):
+    """``ti.ScalarField``: ``isinstance(x, ti.ScalarField)`` for fields of scalars."""
+
+    _of_matrices = False
+
+
+class MatrixField(Field, metaclass=_FieldKind):
+    """``ti.MatrixField``: ``isinstance(x, ti.MatrixField)`` for vector and matrix fields."""
+
+    _of_matrices = True
 
 
 def _index_error(msg: str):
@@ -403,9 +527,11 @@ def _element_classes():
 _ELEMENT_CLASSES = None
 
 
-def kernel_element(buf: Buffer, key: tuple, sparse: Field | None = None):
+def kernel_element(buf: Buffer, key: tuple, sparse: Field | None = None,
+                   component: tuple[int, ...] | None = None):
     """A field/ndarray element inside a kernel: a place (scalar) or a matrix of places.
-    ``sparse``: the field, when sparse SNodes hold it: writes to the element activate it."""
+    ``sparse``: the field, when sparse SNodes hold it: writes to the element activate it.
+    ``component``: one entry of the element (a place), for a view made by get_scalar_field."""
     from ..frontend import ops
     from ..frontend.matrix import Matrix
     from ..frontend.values import GlobalRef
@@ -425,6 +551,9 @@ def kernel_element(buf: Buffer, key: tuple, sparse: Field | None = None):
         # (the adjoint of a kernel only reads activity: struct-fors see what is active then)
         node = sparse.primal._container
         on_write = lambda: emit_activate(node, idx)  # noqa: E731
+    if component is not None:
+        return GlobalRef(slot, tuple(idx) + tuple(ops.const(c, T.i32) for c in component),
+                         buf.dtype, on_write)
     if not esh:
         return GlobalRef(slot, tuple(idx), buf.dtype, on_write)
     comps = list(itertools.product(*[range(n) for n in esh]))
@@ -434,6 +563,21 @@ def kernel_element(buf: Buffer, key: tuple, sparse: Field | None = None):
     if len(esh) == 1:
         return Matrix._from_entries(refs, esh[0], 1, 1)
     return Matrix._from_entries(refs, esh[0], esh[1], 2)
+
+
+def block_local(*fields) -> None:
+    """``ti.block_local(x, ...)``: Taichi's hint to cache fields in GPU shared memory. On the
+    CPU it changes nothing (as in Taichi), so it only checks that it is given fields, inside
+    a kernel."""
+    from ..frontend.struct import StructField
+
+    bld = _b.current()
+    if bld is None:
+        raise DifftapeError("ti.block_local() is a hint inside kernels")
+    for f in fields:
+        if not isinstance(f, Field | StructField):
+            raise bld.error(f"ti.block_local() takes fields, got a {type(f).__name__}",
+                            KernelTypeError)
 
 
 def assign(target, value) -> None:

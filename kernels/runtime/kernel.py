@@ -31,6 +31,7 @@ from ..errors import (
     GradientRuleError,
     IndexOutOfRangeError,
     KernelAssertionError,
+    KernelSyntaxError,
 )
 from ..frontend import builder as _b
 from ..frontend.annotations import NdarrayType, Template
@@ -94,6 +95,11 @@ class Kernel:
         sig = inspect.signature(pyfunc)
         self.params = [_Param(p.name, _resolve_annotation(p.annotation, pyfunc))
                        for p in sig.parameters.values()]
+        # Defined in a class body (a method of a @ti.data_oriented class): its unannotated
+        # first parameter (`self`) is the object, bound at compile time like a template.
+        self.method = defined_in_class(pyfunc)
+        if self.method and self.params and self.params[0].annotation is None:
+            self.params[0].annotation = Template()
         self.return_annotation = _resolve_annotation(sig.return_annotation, pyfunc)
         self._instances: dict = {}
         self._ndarray_descs: dict = {}
@@ -105,6 +111,16 @@ class Kernel:
         self.no_grad = False  # set by @ti.ad.no_grad: a Tape runs it but never differentiates
         self._adjoint: AdjointKernel | None = None
         self._variants: dict[str, dict] = {}  # other compiled variants ("validate")
+
+    def __get__(self, obj, objtype=None):
+        """``obj.kernel``: the kernel with ``obj`` as its first argument (``self``)."""
+        if obj is None:
+            return self
+        if not getattr(type(obj), "_data_oriented", False):
+            raise KernelSyntaxError(f"kernel '{self.name}' is a method of class "
+                                    f"{type(obj).__name__}: decorate the class with "
+                                    "@ti.data_oriented", kernel=self.name)
+        return BoundKernel(self, obj)
 
     def __call__(self, *args, **kwargs):
         if kwargs:
@@ -315,6 +331,37 @@ class Kernel:
 
     def __repr__(self) -> str:
         return f"<difftape kernel {self.name}>"
+
+
+def defined_in_class(pyfunc) -> bool:
+    """Was ``pyfunc`` written in a class body (a method)? From its qualified name."""
+    parts = pyfunc.__qualname__.split(".")
+    return len(parts) > 1 and parts[-2] != "<locals>"
+
+
+class BoundKernel:
+    """``obj.kernel`` of a ``@ti.data_oriented`` object: calls the kernel with ``obj`` first;
+    ``.grad`` is its adjoint, bound the same way."""
+
+    __slots__ = ("kernel", "obj")
+
+    def __init__(self, kernel: Kernel, obj) -> None:
+        self.kernel = kernel
+        self.obj = obj
+
+    def __call__(self, *args, **kwargs):
+        return self.kernel(self.obj, *args, **kwargs)
+
+    @property
+    def grad(self):
+        return functools.partial(self.kernel.grad, self.obj)
+
+    @property
+    def __name__(self) -> str:
+        return self.kernel.name
+
+    def __repr__(self) -> str:
+        return f"<difftape kernel {self.kernel.name} bound to {type(self.obj).__name__}>"
 
 
 class AdjointKernel:

@@ -267,8 +267,8 @@ def test_casts_within_default_precision_chain(ti, fp, npfp, rtol):
 
 @pytest.mark.difftape_only
 def test_stop_grad_value(ti, fp, npfp, rtol):
-    # difftape's ti.stop_grad takes a value; Taichi's takes a field (it marks a whole SNode),
-    # so there is no Taichi counterpart for this form.
+    # difftape's ti.stop_grad also takes a value; Taichi's takes only a field (see below), so
+    # there is no Taichi counterpart for this form.
     n = N
     x = ti.field(float, n, needs_grad=True)
     z = ti.field(float, n, needs_grad=True)
@@ -290,6 +290,114 @@ def test_stop_grad_value(ti, fp, npfp, rtol):
     close(y.to_numpy(), xv * zv * xv + 3 * zv, rtol=8 * rtol)
     close(x.grad.to_numpy(), w64 * xv * zv, rtol=8 * rtol)
     close(z.grad.to_numpy(), w64 * 3, rtol=8 * rtol)
+
+
+def test_stop_grad_of_a_field_covers_its_block(ti, fp, npfp, rtol):
+    # Taichi's ti.stop_grad(x): no derivative through any load of x in the enclosing block
+    # and the blocks nested in it, before or after the call; other blocks are unaffected.
+    x = ti.field(float, 3, needs_grad=True)
+    y = ti.field(float, 3, needs_grad=True)
+    v = ti.Vector.field(2, float, 3, needs_grad=True)
+    loss = ti.field(float, (), needs_grad=True)
+
+    @ti.func
+    def stopper():
+        ti.stop_grad(x)
+
+    @ti.kernel
+    def after_the_load():
+        for i in x:
+            loss[None] += x[i] * y[i]
+            ti.stop_grad(x)
+
+    @ti.kernel
+    def at_top_level():
+        ti.stop_grad(x)
+        for i in x:
+            loss[None] += x[i] * y[i]
+
+    @ti.kernel
+    def inside_a_branch():
+        for i in x:
+            if i > 0:
+                ti.stop_grad(x)
+                loss[None] += x[i] * 10
+            loss[None] += x[i] * y[i]
+
+    @ti.kernel
+    def in_a_func_and_a_later_loop():
+        for i in x:
+            loss[None] += x[i] * 100
+        for i in x:
+            stopper()
+            loss[None] += x[i] * y[i]
+
+    @ti.kernel
+    def vector_field():
+        for i in v:
+            ti.stop_grad(v)
+            loss[None] += v[i][0] * 2 + v[i][1] * 3 + y[i]
+
+    xs, ys = np.array([1.0, 2.0, 3.0]), np.array([0.5, -1.0, 2.0])
+    x.from_numpy(xs.astype(npfp))
+    y.from_numpy(ys.astype(npfp))
+    v.fill(1.0)
+    cases = [(after_the_load, 0 * xs), (at_top_level, 0 * xs),
+             (inside_a_branch, ys), (in_a_func_and_a_later_loop, 100 + 0 * xs)]
+    for kernel, want_x in cases:
+        for f in (x.grad, y.grad, v.grad):
+            f.fill(0)
+        with ti.ad.Tape(loss):
+            kernel()
+        np.testing.assert_allclose(x.grad.to_numpy(), want_x, rtol=rtol)
+        np.testing.assert_allclose(y.grad.to_numpy(), xs, rtol=rtol)
+    with ti.ad.Tape(loss):
+        vector_field()
+    np.testing.assert_array_equal(v.grad.to_numpy(), np.zeros((3, 2)))
+    np.testing.assert_allclose(y.grad.to_numpy(), np.ones(3), rtol=rtol)
+
+
+def test_stop_grad_of_a_field_in_forward_mode(ti, fp, npfp, rtol):
+    x = ti.field(float, 3, needs_dual=True)
+    y = ti.field(float, 3, needs_dual=True)
+    loss = ti.field(float, (), needs_dual=True)
+
+    @ti.kernel
+    def run():
+        for i in x:
+            loss[None] += x[i] * y[i]
+            ti.stop_grad(x)
+
+    x.from_numpy(np.array([1.0, 2.0, 3.0], npfp))
+    y.from_numpy(np.array([0.5, -1.0, 2.0], npfp))
+    with ti.ad.FwdMode(loss=loss, param=x, seed=[1.0, 1.0, 1.0]):
+        run()
+    assert loss.dual[None] == 0.0
+    loss[None] = 0
+    with ti.ad.FwdMode(loss=loss, param=y, seed=[1.0, 1.0, 1.0]):
+        run()
+    np.testing.assert_allclose(loss.dual[None], 6.0, rtol=rtol)
+
+
+@pytest.mark.difftape_only
+def test_stop_grad_of_a_struct_field_or_a_view_is_refused(ti):
+    # (Taichi stops only a struct field's first member, and a view's one entry.)
+    s = ti.Struct.field({"a": ti.f32, "b": ti.f32}, shape=3, needs_grad=True)
+    m = ti.Matrix.field(2, 2, ti.f32, shape=3, needs_grad=True)
+    view = m.get_scalar_field(0, 1)
+
+    @ti.kernel
+    def struct_field():
+        ti.stop_grad(s)
+
+    @ti.kernel
+    def scalar_view():
+        ti.stop_grad(view)
+
+    with pytest.raises(ti.CompileError, match=r"stop its member fields instead"):
+        struct_field()
+    with pytest.raises(ti.CompileError, match=r"view made by get_scalar_field"):
+        scalar_view()
 
 
 # ------------------------------------------------------------------ vector and matrix operations

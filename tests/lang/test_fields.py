@@ -282,3 +282,108 @@ def test_python_scope_integer_stores_wrap_like_taichi(ti):
     x[1] = 0x8000
     u[None] = 300
     assert x[0] == -1 and x[1] == -32768 and u[None] == 44
+
+
+def test_scalar_and_matrix_field_classify_fields(ti):
+    s = ti.field(ti.f32, shape=3)
+    v = ti.Vector.field(2, ti.f32, shape=3)
+    m = ti.Matrix.field(2, 2, ti.f32, shape=3)
+    assert isinstance(s, ti.ScalarField) and not isinstance(s, ti.MatrixField)
+    assert isinstance(v, ti.MatrixField) and not isinstance(v, ti.ScalarField)
+    assert isinstance(m, ti.MatrixField) and isinstance(m, ti.Field)
+    assert issubclass(ti.ScalarField, ti.Field) and issubclass(ti.MatrixField, ti.Field)
+    assert not isinstance(np.zeros(3), ti.ScalarField) and not isinstance(3, ti.MatrixField)
+    st = ti.Struct.field({"a": ti.f32}, shape=2)
+    assert isinstance(st, ti.StructField) and not isinstance(st, ti.ScalarField)
+
+
+def test_get_scalar_field_shares_storage(ti):
+    m = ti.Matrix.field(2, 3, ti.f32, shape=4)
+    v = ti.Vector.field(3, ti.i32, shape=4)
+    sf = m.get_scalar_field(1, 2)
+    assert isinstance(sf, ti.ScalarField) and sf.shape == (4,) and sf.dtype == ti.f32
+    sf[2] = 5.0  # Python scope writes and reads go to the matrix field
+    m[3] = [[1, 2, 3], [4, 5, 6]]
+    assert m[2][1, 2] == 5.0 and sf[3] == 6.0
+
+    @ti.kernel
+    def bump(x: ti.template()):
+        for i in x:
+            x[i] += i
+
+    bump(sf)
+    expect = np.zeros((4, 2, 3), np.float32)
+    expect[2, 1, 2], expect[3] = 5.0, [[1, 2, 3], [4, 5, 6]]
+    expect[:, 1, 2] += np.arange(4)
+    np.testing.assert_array_equal(m.to_numpy(), expect)
+    np.testing.assert_array_equal(sf.to_numpy(), expect[:, 1, 2])
+    sf.fill(-1.0)
+    sf.from_numpy(np.arange(4.0, dtype=np.float32) * 2)
+    expect[:, 1, 2] = np.arange(4) * 2
+    np.testing.assert_array_equal(m.to_numpy(), expect)
+    # one index: column 0 (a vector's entry i)
+    v.get_scalar_field(1).fill(7)
+    v.get_scalar_field(2, 0)[0] = 9
+    np.testing.assert_array_equal(v.to_numpy(), [[0, 7, 9]] + [[0, 7, 0]] * 3)
+
+    @ti.kernel
+    def fill_in_kernel(x: ti.template()):
+        x.fill(3)
+
+    fill_in_kernel(m.get_scalar_field(0))  # entry (0, 0)
+    expect[:, 0, 0] = 3
+    np.testing.assert_array_equal(m.to_numpy(), expect)
+
+
+def test_get_scalar_field_gradients_reach_the_matrix_field(ti, fp, npfp, rtol):
+    m = ti.Matrix.field(2, 2, fp, shape=3, needs_grad=True, needs_dual=True)
+    loss = ti.field(fp, shape=(), needs_grad=True, needs_dual=True)
+    a = m.get_scalar_field(0, 1)
+    b = m.get_scalar_field(1, 0)
+    vals = np.random.default_rng(1).uniform(0.5, 2.0, (3, 2, 2))
+    m.from_numpy(vals.astype(npfp))
+
+    @ti.kernel
+    def compute():
+        for i in a:
+            loss[None] += a[i] ** 2 * b[i]
+
+    with ti.ad.Tape(loss):
+        compute()
+    expect = np.zeros((3, 2, 2))
+    expect[:, 0, 1] = 2 * vals[:, 0, 1] * vals[:, 1, 0]
+    expect[:, 1, 0] = vals[:, 0, 1] ** 2
+    np.testing.assert_allclose(m.grad.to_numpy(), expect, rtol=rtol)
+
+
+@pytest.mark.difftape_only
+def test_get_scalar_field_in_forward_mode(ti, fp, npfp, rtol):
+    # Taichi's view has no .dual, so FwdMode cannot take it as the parameter there.
+    m = ti.Matrix.field(2, 2, fp, shape=3, needs_dual=True)
+    loss = ti.field(fp, shape=(), needs_dual=True)
+    a, b = m.get_scalar_field(0, 1), m.get_scalar_field(1, 0)
+    vals = np.random.default_rng(2).uniform(0.5, 2.0, (3, 2, 2))
+    m.from_numpy(vals.astype(npfp))
+
+    @ti.kernel
+    def compute():
+        for i in a:
+            loss[None] += a[i] ** 2 * b[i]
+
+    with ti.ad.FwdMode(loss=loss, param=b, seed=[0.0, 1.0, 0.0]):  # d loss / d m[1][1, 0]
+        compute()
+    np.testing.assert_allclose(loss.dual[None], vals[1, 0, 1] ** 2, rtol=rtol)
+    np.testing.assert_array_equal(m.dual.to_numpy(), 0)  # the seed is cleared on exit
+
+
+@pytest.mark.difftape_only
+def test_get_scalar_field_grad_is_the_same_entry_of_the_grad(ti):
+    # (Taichi gives None for the view's .grad; difftape a view of m.grad.)
+    m = ti.Matrix.field(2, 2, ti.f32, shape=3, needs_grad=True)
+    g = m.get_scalar_field(1, 1).grad
+    g[2] = 4.0
+    assert m.grad[2][1, 1] == 4.0 and m.get_scalar_field(0, 0).dual is None
+    with pytest.raises(ti.DifftapeError, match="2x2 entries"):
+        m.get_scalar_field(2, 0)
+    with pytest.raises(ti.DifftapeError, match="scalar field"):
+        ti.field(ti.f32, shape=2).get_scalar_field(0)

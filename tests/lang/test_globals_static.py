@@ -176,6 +176,59 @@ def test_static_loop_over_tuple_of_fields(ti):
     np.testing.assert_array_equal(c.to_numpy(), base * 3)
 
 
+def test_break_and_continue_of_static_loops_act_while_unrolling(ti):
+    x = ti.field(ti.i32, shape=(4, 6))
+
+    @ti.kernel
+    def run():
+        for i in range(4):  # a parallel loop around unrolled ones
+            for j in ti.static(range(6)):
+                if ti.static(j == 1):
+                    continue  # skips this unrolled iteration only
+                if ti.static(j == 4):
+                    break  # stops unrolling; the runtime loop goes on
+                x[i, j] += 1
+            for j in ti.static(range(6)):
+                for k in range(2):  # `continue` of a runtime loop inside a static one
+                    if k == 0:
+                        continue
+                    x[i, j] += 10 * k
+            while True:
+                for j in ti.static(range(3)):
+                    if ti.static(j == 2):
+                        break
+                    x[i, j] += 100
+                break
+
+    run()
+    row = np.array([111, 110, 11, 11, 10, 10])
+    np.testing.assert_array_equal(x.to_numpy(), np.tile(row, (4, 1)))
+
+
+def test_break_of_a_static_loop_under_a_runtime_if_is_refused(ti):
+    x = ti.field(ti.i32, shape=4)
+
+    @ti.kernel
+    def breaks():
+        for i in range(4):
+            for j in ti.static(range(4)):
+                if i == j:
+                    break
+                x[j] += 1
+
+    @ti.kernel
+    def continues():
+        for i in range(4):
+            for j in ti.static(range(4)):
+                if i == j:
+                    continue
+                x[j] += 1
+
+    for k in (breaks, continues):
+        with pytest.raises(ti.TaichiSyntaxError):
+            k()
+
+
 def test_template_int_argument_drives_static_range(ti):
     @ti.kernel
     def power_sum(n: ti.template(), base: ti.i32) -> ti.i32:

@@ -309,3 +309,186 @@ def test_vector_and_matrix_arguments_must_have_the_parameters_shape(ti):
             corner(bad)
     with pytest.raises(ti.ArgumentError, match="must be a number"):
         weigh(["a", "b", "c"])
+
+
+def test_data_oriented_class_kernels_and_funcs(ti, fp, npfp, rtol):
+    @ti.data_oriented
+    class Springs:
+        def __init__(self, n, k):
+            self.n, self.k = n, k
+            self.x = ti.field(float, shape=n, needs_grad=True)
+            self.energy = ti.field(float, shape=(), needs_grad=True)
+
+        @ti.func
+        def stretch(self, i):
+            return self.x[i + 1] - self.x[i]
+
+        @ti.func
+        def spring(self, i):  # a func calling a func on self
+            return 0.5 * self.k * self.stretch(i) ** 2
+
+        @ti.kernel
+        def place(self, scale: float):
+            for i in self.x:
+                self.x[i] = scale * i * i
+
+        @ti.kernel
+        def compute(self):
+            for i in range(self.n - 1):
+                self.energy[None] += self.spring(i)
+
+        @ti.kernel
+        def total(self) -> float:
+            t = 0.0
+            for i in self.x:
+                t += self.x[i]
+            return t
+
+        @staticmethod
+        @ti.kernel
+        def twice(a: float) -> float:
+            return a * 2
+
+    a, b = Springs(5, 2.0), Springs(3, 3.0)
+    a.place(0.5)
+    b.place(1.0)
+    xa, xb = 0.5 * np.arange(5.0) ** 2, np.arange(3.0) ** 2
+    np.testing.assert_allclose(a.x.to_numpy(), xa, rtol=rtol)
+    np.testing.assert_allclose([a.total(), b.total()], [xa.sum(), xb.sum()], rtol=rtol)
+    assert a.twice(1.5) == 3.0
+    with ti.ad.Tape(a.energy):
+        a.compute()
+    d = np.diff(xa)
+    np.testing.assert_allclose(a.energy[None], (0.5 * 2.0 * d ** 2).sum(), rtol=rtol)
+    expect = np.zeros(5)
+    expect[1:] += 2.0 * d
+    expect[:-1] -= 2.0 * d
+    np.testing.assert_allclose(a.x.grad.to_numpy(), expect, rtol=rtol)
+    # kernel.grad of a bound kernel is bound too
+    b.energy.grad[None] = 1.0
+    b.compute()
+    b.compute.grad()
+    db = np.diff(xb)
+    expect = np.zeros(3)
+    expect[1:] += 3.0 * db
+    expect[:-1] -= 3.0 * db
+    np.testing.assert_allclose(b.x.grad.to_numpy(), expect, rtol=rtol)
+
+
+def test_data_oriented_object_as_template_argument(ti):
+    @ti.data_oriented
+    class Inner:
+        def __init__(self):
+            self.v = ti.field(ti.i32, shape=4)
+
+    @ti.data_oriented
+    class Outer:
+        def __init__(self):
+            self.inner = Inner()
+            self.offset = 10
+
+        @ti.kernel
+        def fill(self, step: ti.i32):
+            for i in self.inner.v:
+                self.inner.v[i] = self.offset + step * i
+
+    @ti.kernel
+    def bump(o: ti.template()):
+        for i in o.inner.v:
+            o.inner.v[i] += 1
+
+    o = Outer()
+    o.fill(3)
+    bump(o)
+    np.testing.assert_array_equal(o.inner.v.to_numpy(), 11 + 3 * np.arange(4))
+
+
+def test_kernel_method_of_an_undecorated_class_is_refused(ti):
+    class Plain:
+        def __init__(self):
+            self.x = ti.field(ti.f32, shape=2)
+
+        @ti.kernel
+        def run(self):
+            for i in self.x:
+                self.x[i] = 1
+
+    with pytest.raises(ti.TaichiSyntaxError, match="data_oriented"):
+        Plain().run()
+
+
+def test_ti_ref_parameters_write_the_callers_variable(ti):
+    @ti.real_func
+    def set7(a: ti.ref(ti.f32)):
+        a = 7  # noqa: F841 - writes the caller's variable
+
+    @ti.real_func
+    def double(a: ti.ref(ti.f32)):
+        a += a
+
+    @ti.kernel
+    def run() -> ti.f32:
+        a = 5.0
+        set7(a)
+        b = 5.0
+        double(b)
+        return a * 100 + b
+
+    assert run() == 710.0
+
+
+@pytest.mark.difftape_only
+def test_ti_ref_beyond_taichi(ti):
+    # Taichi 1.7.4 copies a ti.ref argument of an inlined @ti.func and aborts on a field
+    # element; difftape binds the place in both cases. A value is refused.
+    x = ti.field(ti.f32, shape=3)
+
+    @ti.func
+    def inc(a: ti.ref(ti.f32)):
+        a += 1
+
+    @ti.kernel
+    def run() -> ti.f32:
+        c = 5.0
+        inc(c)
+        inc(x[1])
+        return c
+
+    assert run() == 6.0 and x[1] == 1.0
+
+    @ti.kernel
+    def by_value():
+        inc(3.0)
+
+    with pytest.raises(ti.CompileError, match="pass a variable or a field element"):
+        by_value()
+
+    @ti.kernel
+    def wrong_type():
+        n = 1
+        inc(n)
+
+    with pytest.raises(ti.TaichiTypeError, match=r"ti.ref\(f32\) but the variable holds i32"):
+        wrong_type()
+
+
+@pytest.mark.difftape_only
+def test_shapeless_vector_annotations(ti):
+    # Taichi 1.7.4 refuses both; difftape takes any size in funcs and refuses kernels clearly.
+    @ti.func
+    def total(v: ti.types.vector(), m: ti.types.matrix()):
+        return v.sum() + m.sum()
+
+    @ti.kernel
+    def run() -> ti.f32:
+        return total(ti.Vector([1.0, 2.0]), ti.Matrix([[1.0, 2.0], [3.0, 4.0]])) + \
+            total(ti.Vector([1.0, 2.0, 3.0]), ti.Matrix([[1.0]]))
+
+    assert run() == 20.0
+
+    @ti.kernel
+    def k(v: ti.types.vector()) -> ti.f32:
+        return v.sum()
+
+    with pytest.raises(ti.CompileError, match="without its size"):
+        k(ti.Vector([1.0, 2.0]))

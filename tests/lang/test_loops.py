@@ -1,6 +1,7 @@
 """Range-for, struct-for, grouped and ndrange loops, while/break/continue, loop_config."""
 
 import numpy as np
+import pytest
 
 
 def test_range_for_with_begin_and_end(ti):
@@ -111,6 +112,55 @@ def test_ndrange_three_dims_and_grouped_ndrange(ti):
         for j in range(2, 5):
             want_y[i, j] = i * 5 + j
     np.testing.assert_array_equal(y.to_numpy(), want_y)
+
+
+def test_ndrange_of_unpacked_and_repeated_lists_and_tuples(ti):
+    x = ti.field(ti.i32, shape=(2, 3, 4))
+    shape = x.shape
+    dims = [2] * 2
+
+    @ti.kernel
+    def run():
+        for i, j, k in ti.ndrange(*shape):
+            x[i, j, k] += 1
+        for idx in ti.grouped(ti.ndrange(*dims, (1, 3))):
+            x[idx] += 10
+        for i, j in ti.ndrange(*((0, 2),) * 2):
+            x[i, j, 3] += 100
+
+    run()
+    want = np.ones((2, 3, 4), np.int32)
+    want[:2, :2, 1:3] += 10
+    want[:2, :2, 3] += 100
+    np.testing.assert_array_equal(x.to_numpy(), want)
+
+
+def test_block_local_is_a_hint_that_takes_fields(ti):
+    x = ti.field(ti.f32, shape=8)
+    v = ti.Vector.field(2, ti.f32, shape=8)
+
+    @ti.kernel
+    def run():
+        ti.block_local(x, v)
+        for i in x:
+            ti.block_local(x)
+            x[i] = i
+            v[i] = [i, 2 * i]
+
+    run()
+    np.testing.assert_array_equal(x.to_numpy(), np.arange(8))
+    np.testing.assert_array_equal(v.to_numpy()[:, 1], 2 * np.arange(8))
+
+
+@pytest.mark.difftape_only
+def test_block_local_of_a_non_field_is_a_type_error(ti):
+    # (Taichi fails with an AttributeError from its internals.)
+    @ti.kernel
+    def run():
+        ti.block_local(3)
+
+    with pytest.raises(ti.TaichiTypeError, match="takes fields"):
+        run()
 
 
 def test_while_loop_with_break(ti):

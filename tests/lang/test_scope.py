@@ -113,9 +113,10 @@ def test_every_python_scope_method_is_refused_in_a_kernel(ti):
     import difftape
 
     # Every public method of the classes is either covered here or known to be kernel-safe.
-    # (append/length/deactivate of dynamic lists are kernel-only; parent() works in both.)
+    # (append/length/deactivate of dynamic lists are kernel-only; parent() and
+    # get_scalar_field() work in both.)
     kernel_safe = {"Field": {"fill", "companion", "buffer", "make_mark", "append", "length",
-                             "deactivate", "parent"}, "Ndarray": set()}
+                             "deactivate", "parent", "get_scalar_field"}, "Ndarray": set()}
     for cls, prefix in ((difftape.Field, "field"), (difftape.Ndarray, "ndarray")):
         public = {n for n in vars(cls) if not n.startswith("_") and callable(getattr(cls, n))}
         covered = {k.split(".")[1] for k in cases if k.startswith(prefix + ".")}

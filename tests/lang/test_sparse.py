@@ -463,3 +463,23 @@ def test_append_to_a_full_list_raises(ti):
     np.testing.assert_array_equal(x.to_numpy(), [1, 2, 3, 0])
     with pytest.raises(ti.KernelAssertionError, match="full"):
         push(3)
+
+
+def test_parent_of_a_field_made_with_shape(ti):
+    x = ti.field(ti.f32, shape=(4, 5))
+    v = ti.Vector.field(2, ti.f32, shape=3)
+    s = ti.field(ti.f32, shape=())
+    p = x.parent()
+    assert p.shape == (4, 5) and x.parent(2) == ti.root and p.parent() == ti.root
+    assert x.parent() == p and x.snode.parent() == p
+    assert v.parent().shape == (3,)
+    assert s.parent().shape == () and s.parent(2) == ti.root and s.parent(3) is None
+
+    @ti.kernel
+    def count() -> ti.i32:
+        n = 0
+        for i, j in x.parent():  # a struct-for over the implicit SNode
+            n += 1 + i * 0 + j * 0
+        return n
+
+    assert count() == 20
