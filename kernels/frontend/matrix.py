@@ -549,12 +549,12 @@ class Matrix:
         return Matrix([list(c) for c in cols]).transpose()
 
     @classmethod
-    def field(cls, n: int, m: int, dtype, shape=None, needs_grad: bool = False,
-              needs_dual: bool = False, name: str = "", layout=None, offset=None):
+    def field(cls, n: int, m: int, dtype, shape=None, order=None, name: str = "", offset=None,
+              needs_grad: bool = False, needs_dual: bool = False, layout=None, ndim=None):
         from ..runtime.field import make_field
 
-        return make_field(dtype, shape, element_shape=(n, m), needs_grad=needs_grad,
-                          needs_dual=needs_dual, name=name)
+        return make_field(dtype, shape, order, name, offset, needs_grad, needs_dual,
+                          element_shape=(n,) if ndim == 1 else (n, m), layout=layout)
 
     @classmethod
     def ndarray(cls, n: int, m: int, dtype, shape, needs_grad: bool = False):
@@ -576,12 +576,13 @@ class Vector(Matrix):
         self._init(entries, len(entries), 1, 1, dt)
 
     @classmethod
-    def field(cls, n: int, dtype, shape=None, needs_grad: bool = False,  # type: ignore[override]
-              needs_dual: bool = False, name: str = "", layout=None, offset=None):
+    def field(cls, n: int, dtype, shape=None, order=None,  # type: ignore[override]
+              name: str = "", offset=None, needs_grad: bool = False, needs_dual: bool = False,
+              layout=None):
         from ..runtime.field import make_field
 
-        return make_field(dtype, shape, element_shape=(n,), needs_grad=needs_grad,
-                          needs_dual=needs_dual, name=name)
+        return make_field(dtype, shape, order, name, offset, needs_grad, needs_dual,
+                          element_shape=(n,), layout=layout)
 
     @classmethod
     def ndarray(cls, n: int, dtype, shape, needs_grad: bool = False):  # type: ignore[override]
@@ -663,11 +664,12 @@ class MatrixType:
         flat = [ops.cast(e, dt) for e in flat]
         return Matrix._from_entries(flat, self.n, self.m if self.ndim == 2 else 1, self.ndim)
 
-    def field(self, shape=None, needs_grad: bool = False, needs_dual: bool = False, **kw):
+    def field(self, shape=None, order=None, name: str = "", offset=None,
+              needs_grad: bool = False, needs_dual: bool = False, layout=None):
         from ..runtime.field import make_field
 
-        return make_field(self.scalar_dtype, shape, element_shape=self.element_shape,
-                          needs_grad=needs_grad, needs_dual=needs_dual)
+        return make_field(self.scalar_dtype, shape, order, name, offset, needs_grad, needs_dual,
+                          element_shape=self.element_shape, layout=layout)
 
     def __repr__(self) -> str:
         if self.ndim == 1:

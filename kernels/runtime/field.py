@@ -620,11 +620,24 @@ def assign(target, value) -> None:
     target.store(value)
 
 
-def make_field(dtype, shape=None, *, element_shape=(), needs_grad=False, needs_dual=False,
-               name: str = "", **_ignored) -> Field:
-    """``ti.field(dtype, shape=..., needs_grad=..., needs_dual=...)``."""
+def make_field(dtype, shape=None, order=None, name: str = "", offset=None, needs_grad=False,
+               needs_dual=False, *, element_shape=(), layout=None) -> Field:
+    """``ti.field(dtype, shape=..., order=..., name=..., offset=..., needs_grad=...,
+    needs_dual=...)``; ``ti.Vector.field``/``ti.Matrix.field`` add ``element_shape`` and
+    ``layout``. ``order`` and ``layout`` choose Taichi's memory layout only, never a result, so
+    they are checked and need nothing here; an ``offset`` would change every index: refused
+    until fields support it (rather than silently indexing from 0)."""
     from ..frontend.matrix import MatrixType
 
+    if offset is not None and any(int(o) for o in np.atleast_1d(offset)):
+        raise DifftapeError(f"field(offset={offset!r}): fields with an offset are not supported "
+                            "yet; make the field without one and shift its indices in the "
+                            "kernel (x[i - lo])")
+    if order is not None:
+        dims = len(shape) if isinstance(shape, tuple | list) else 1
+        if sorted(order) != sorted("ijkl"[:dims]):
+            raise DifftapeError(f"field(order={order!r}) must order the field's axes "
+                                f"{'ijkl'[:dims]!r}")
     if isinstance(dtype, MatrixType):
         element_shape = dtype.element_shape
         dtype = dtype.scalar_dtype
