@@ -78,9 +78,10 @@ class Server:
 
 
 def start_server(data_dir: Path, users=("alice", "bob"), tokens: dict | None = None,
-                 wait_ready: bool = True, **settings) -> Server:
+                 wait_ready: bool = True, wrap: list[str] | None = None, **settings) -> Server:
     """Start ``python -m difftape.server`` with ``DIFFTAPE_<NAME>`` settings; wait until
-    /readyz says ready (or only /livez with ``wait_ready=False``)."""
+    /readyz says ready (or only /livez with ``wait_ready=False``). ``wrap`` is a command
+    that execs the server's command line it is given as arguments (e.g. ``unshare``)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     tokens = dict(tokens or {})
     for u in users:
@@ -92,8 +93,8 @@ def start_server(data_dir: Path, users=("alice", "bob"), tokens: dict | None = N
     env.setdefault("DIFFTAPE_WORKER_THREADS", "2")
     log_path = data_dir / f"server-{port}.log"
     logf = open(log_path, "wb")  # noqa: SIM115 - lives as long as the server
-    proc = subprocess.Popen([sys.executable, "-m", "difftape.server", "--port", str(port),
-                             "--data-dir", str(data_dir)], env=env, stdout=logf,
+    proc = subprocess.Popen([*(wrap or []), sys.executable, "-m", "difftape.server", "--port",
+                             str(port), "--data-dir", str(data_dir)], env=env, stdout=logf,
                             stderr=subprocess.STDOUT, cwd=REPO)
     url = f"http://127.0.0.1:{port}"
     server = Server(url, port, data_dir, tokens, proc, log_path, env)
@@ -128,6 +129,7 @@ def limited(tmp_path_factory):
     server = start_server(tmp_path_factory.mktemp("limited"),
                           users=("alice", "bob", "carol", "dave"),
                           quota_sessions=3, quota_field_bytes=1 << 20, quota_job_seconds=0.5,
+                          quota_session_fields=20, quota_session_kernels=3, max_batch_ops=200,
                           kernel_time_limit_s=1.5, idle_session_timeout_s=2,
                           cull_interval_s=0.5, max_body_bytes=1 << 20,
                           max_json_bytes=256 << 10)
