@@ -316,6 +316,10 @@ class SessionManager:
         except (ProblemError, WorkerGone) as err:
             worker.kill()
             e.worker = None
+            if self.stopping:
+                # The server began to stop meanwhile: the saved session stays as it was
+                # (culled, its save untouched) and resumes after the restart.
+                raise server_stopping() from None
             reason = getattr(err, "detail", None) or getattr(err, "reason", str(err))
             self.db.update_session(e.sid, state="lost", lost_reason=f"resume failed: {reason}")
             self.live.pop(e.sid, None)

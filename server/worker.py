@@ -60,8 +60,6 @@ def _reserve(fd: int, size: int) -> None:
         os.posix_fallocate(fd, 0, size)
     except OSError as e:
         raise NoRoom(e.errno, f"no room for a {size}-byte shared buffer: {e.strerror}") from None
-    if os.fstat(fd).st_size > size:
-        os.ftruncate(fd, size)  # shrinking: fallocate only ever grows a file
 
 
 class SharedBuffer:

@@ -225,7 +225,7 @@ def test_workers_die_with_a_killed_gateway_and_are_reaped(tmp_path, kernels):
                          (stand_ins[1], start_time(stand_ins[1].pid) - 1)):
             (data / "workers" / f"{p.pid}.json").write_text(json.dumps({**entry,
                                                                         "start": start}))
-        restarted = start_server(data, users=(), tokens=first.tokens)
+        restarted = start_server(data, users=(), tokens=first.tokens, wait_ready=False)
         assert stand_ins[0].wait(10) == -signal.SIGKILL
         assert stand_ins[1].poll() is None
         assert not (data / "workers" / f"{stand_ins[0].pid}.json").exists()
@@ -517,7 +517,7 @@ def test_fault_injection(tmp_path, kernels):
                 assert isinstance(out, httpx.TransportError | type(None)), (c.user, out)
         assert isinstance(clients[0].outcome, httpx.Response) and \
             clients[0].outcome.status_code == 410
-        restarted = start_server(data, users=(), tokens=first.tokens)
+        restarted = start_server(data, users=(), tokens=first.tokens, wait_ready=False)
         with restarted.client("erin") as e:
             info = e.get(f"/v1/sessions/{endless_sid}").json()
             assert info["state"] == "lost" and "server stopped" in info["lost_reason"], info
