@@ -34,14 +34,11 @@ def _serve(args: argparse.Namespace) -> int:
                                    ("arch", args.arch), ("data_dir", args.data_dir))
                  if v is not None}
     settings = Settings(**overrides)
-    import uvicorn
-
-    from .server.app import create_app
+    from .server.app import serve
 
     print(f"difftape server on http://{settings.host}:{settings.port} "
           f"(arch {settings.arch}, data {settings.data_dir})", flush=True)
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
-                log_level=args.log_level, access_log=args.access_log)
+    serve(settings, log_level=args.log_level, access_log=args.access_log)
     return 0
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
+import time
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -16,12 +18,12 @@ from . import problems
 from .db import Database
 from .jobs import JobScheduler
 from .metrics import Metrics
-from .middleware import GuardMiddleware, TimingMiddleware
+from .middleware import AuthMiddleware, GuardMiddleware, RequestMiddleware
 from .models import Problem
 from .routers import batch, fields, health, jobs, kernels, sessions
 from .sessions import Live, SessionManager
 from .settings import Settings
-from .worker import SharedBuffer, WorkerGone, WorkerPool, WorkerStats
+from .worker import SharedBuffer, WorkerGone, WorkerPool, WorkerRegistry, WorkerStats
 
 log = logging.getLogger("difftape.server")
 
@@ -35,27 +37,58 @@ class Service:
         settings.cache_dir.mkdir(parents=True, exist_ok=True)
         self.db = Database(settings.db_path)
         self.metrics = Metrics()
+        self.shm_dir = str(settings.shm_dir) if settings.shm_dir else None
+        self.registry = WorkerRegistry(settings.workers_dir)
         self.pool = WorkerPool(settings.engine,
                                {"cache_dir": str(settings.cache_dir),
-                                "num_threads": settings.worker_threads},
+                                "num_threads": settings.worker_threads,
+                                "max_fields": settings.quota_session_fields,
+                                "max_kernels": settings.quota_session_kernels},
                                spare=settings.spare_workers,
-                               start_timeout=settings.worker_start_timeout_s)
+                               start_timeout=settings.worker_start_timeout_s,
+                               shm_dir=self.shm_dir,
+                               time_limit=settings.kernel_time_limit_s,
+                               registry=self.registry)
         self.sessions = SessionManager(settings, self.db, self.pool, self.metrics)
         self.metrics.sessions = self.sessions
         self.jobs = JobScheduler(settings, self.db, self.sessions, self.metrics)
         self._tasks: list[asyncio.Task] = []
+        self._drain: asyncio.Task | None = None
 
     async def start(self) -> None:
-        SharedBuffer.remove_stale()
+        SharedBuffer.remove_stale(self.shm_dir)
+        self.registry.reap()  # workers a gateway that died (kill -9, OOM) left running
         self.sessions.recover()
         self.jobs.start()
         self._tasks.append(asyncio.ensure_future(self._probe()))
         self._tasks.append(asyncio.ensure_future(self._cull_forever()))
 
-    async def stop(self) -> None:
+    @property
+    def stopping(self) -> bool:
+        return self._drain is not None
+
+    async def drain(self) -> None:
+        """The graceful stop, within ``shutdown_grace_s``: refuse new work (503), let running
+        operations finish for half of it (then stop their workers: their callers get a
+        SessionLostError saying why), and save every other session meanwhile. It does not
+        wait for requests to end first: one long kernel must not cost every other user
+        their session. Idempotent."""
+        if self._drain is None:
+            self._drain = asyncio.ensure_future(self._drain_now())
+        await asyncio.shield(self._drain)
+
+    async def _drain_now(self) -> None:
         for t in self._tasks:
             t.cancel()
+        grace = self.settings.shutdown_grace_s
+        now = time.monotonic()
+        self.jobs.stopping = True
+        await self.sessions.drain(run_deadline=now + grace / 2,
+                                  save_deadline=now + max(grace / 2, grace - 1.0))
         await self.jobs.stop()
+
+    async def stop(self) -> None:
+        await self.drain()
         await self.sessions.shutdown()
         await self.pool.close()
         self.db.close()
@@ -125,9 +158,57 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     problems.install(app)
     for r in (sessions, fields, kernels, batch, jobs, health):
         app.include_router(r.router)
-    app.add_middleware(TimingMiddleware, histogram=service.metrics.latency)
+    # Outermost last: request id and access log, then Host/Origin/size, then the token.
+    app.add_middleware(AuthMiddleware, users=service.db.user_by_token)
     app.add_middleware(GuardMiddleware, allowed_hosts=settings.host_names,
                        allowed_origins=settings.allowed_origins,
                        max_body_bytes=settings.max_body_bytes,
                        max_json_bytes=settings.max_json_bytes)
+    app.add_middleware(RequestMiddleware, histogram=service.metrics.latency,
+                       log=settings.access_log)
     return app
+
+
+def _configure_logging(settings: Settings) -> None:
+    """The gateway's own messages and the JSON access log on stderr (the container log)."""
+    server_log = logging.getLogger("difftape.server")
+    if not server_log.handlers:
+        h = logging.StreamHandler(sys.stderr)
+        h.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+        server_log.addHandler(h)
+        server_log.setLevel(logging.INFO)
+        server_log.propagate = False
+    access = logging.getLogger("difftape.access")
+    if settings.access_log and not access.handlers:
+        h = logging.StreamHandler(sys.stderr)
+        h.setFormatter(logging.Formatter("%(message)s"))
+        access.addHandler(h)
+        access.setLevel(logging.INFO)
+        access.propagate = False
+
+
+def serve(settings: Settings, *, log_level: str = "info", access_log: bool = False) -> None:
+    """Run the gateway under uvicorn (``difftape serve``), with a graceful stop that saves
+    sessions before waiting for connections (see ``Service.drain``). ``access_log`` is
+    uvicorn's own plain-text one, on top of the JSON one (``settings.access_log``)."""
+    import uvicorn
+
+    app = create_app(settings)
+    service: Service = app.state.service
+
+    class _Server(uvicorn.Server):
+        async def shutdown(self, sockets=None) -> None:
+            t0 = time.monotonic()
+            for server in self.servers:
+                server.close()  # no new connections while the sessions are saved
+            await service.drain()
+            # Whatever still holds a connection (an event stream, a slow reader) has the
+            # rest of the grace period.
+            left = settings.shutdown_grace_s - (time.monotonic() - t0)
+            self.config.timeout_graceful_shutdown = max(0.5, left - 0.5)
+            await super().shutdown(sockets)
+
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
+                            access_log=access_log)
+    _configure_logging(settings)
+    _Server(config).run()

@@ -14,6 +14,7 @@ import secrets
 import sqlite3
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,13 +33,23 @@ CREATE TABLE IF NOT EXISTS sessions (
     state TEXT NOT NULL,          -- active | culled | lost | deleted
     worker TEXT,                  -- where its engine runs ("local:<pid>")
     field_bytes INTEGER NOT NULL DEFAULT 0,
-    fields TEXT NOT NULL DEFAULT '{}',   -- field id -> bytes, for quota accounting
+    fields TEXT NOT NULL DEFAULT '{}',   -- unused (databases before the fields table)
     saved_path TEXT,
     lost_reason TEXT,
     created REAL NOT NULL,
     last_activity REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS sessions_owner ON sessions(owner);
+-- One row per field: quota accounting and upload checks (a row per create, never a rewrite
+-- of the session's whole table).
+CREATE TABLE IF NOT EXISTS fields (
+    session TEXT NOT NULL,
+    id INTEGER NOT NULL,
+    nbytes INTEGER NOT NULL,      -- bytes of one storage role (the data)
+    shape TEXT,                   -- full array shape (field + element), JSON
+    roles TEXT NOT NULL,          -- storage roles that exist, comma-separated
+    PRIMARY KEY (session, id)
+);
 CREATE TABLE IF NOT EXISTS kernels (
     session TEXT NOT NULL,
     kernel_id TEXT NOT NULL,
@@ -76,6 +87,20 @@ class User:
     name: str
 
 
+@dataclass
+class FieldRecord:
+    """What the gateway knows of a field: bytes per storage role, its full array shape (None
+    for fields recorded before shapes were), and which roles have storage."""
+
+    nbytes: int
+    shape: list[int] | None
+    roles: list[str]
+
+    @property
+    def total(self) -> int:
+        return self.nbytes * len(self.roles)
+
+
 class Database:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -88,6 +113,33 @@ class Database:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
+        self._migrate()
+
+    def _migrate(self) -> None:
+        """Databases from before the fields table kept a JSON blob per session."""
+        for row in self.execute("SELECT id, fields FROM sessions WHERE fields != '{}'"):
+            try:
+                blob = json.loads(row["fields"])
+                rows = [(row["id"], int(fid), int(f["n"]), None, ",".join(f["roles"]))
+                        for fid, f in blob.items()]
+            except (ValueError, KeyError, TypeError):
+                rows = []
+            with self.transaction() as db:
+                db.executemany("INSERT OR REPLACE INTO fields (session, id, nbytes, shape, "
+                               "roles) VALUES (?, ?, ?, ?, ?)", rows)
+                db.execute("UPDATE sessions SET fields = '{}' WHERE id = ?", (row["id"],))
+
+    @contextmanager
+    def transaction(self):
+        """Several statements under the lock, committed together."""
+        with self._lock:
+            self._db.execute("BEGIN")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
 
     def close(self) -> None:
         with self._lock:
@@ -168,6 +220,40 @@ class Database:
         rows = self.execute("SELECT COALESCE(SUM(field_bytes), 0) AS n FROM sessions WHERE "
                             "owner = ? AND state IN ('active', 'culled')", (owner,))
         return int(rows[0]["n"])
+
+    # -------------------------------------------------------------- fields
+    def field_records(self, sid: str, ids=None) -> dict[int, FieldRecord]:
+        """The session's field records (only ``ids``, when given)."""
+        if ids is not None:
+            ids = list(ids)
+            if not ids:
+                return {}
+            rows = []
+            for i in range(0, len(ids), 500):
+                chunk = ids[i:i + 500]
+                rows += self.execute(
+                    f"SELECT id, nbytes, shape, roles FROM fields WHERE session = ? AND id IN "
+                    f"({','.join('?' * len(chunk))})", (sid, *chunk))
+        else:
+            rows = self.execute("SELECT id, nbytes, shape, roles FROM fields WHERE session = ?",
+                                (sid,))
+        return {r["id"]: FieldRecord(r["nbytes"], json.loads(r["shape"]) if r["shape"] else None,
+                                     r["roles"].split(",") if r["roles"] else [])
+                for r in rows}
+
+    def put_fields(self, sid: str, records: dict[int, FieldRecord], delta_bytes: int) -> None:
+        """Insert or replace these records and move the session's byte count by
+        ``delta_bytes``, in one transaction."""
+        with self.transaction() as db:
+            db.executemany("INSERT OR REPLACE INTO fields (session, id, nbytes, shape, roles) "
+                           "VALUES (?, ?, ?, ?, ?)",
+                           [(sid, fid, r.nbytes, json.dumps(r.shape) if r.shape is not None
+                             else None, ",".join(r.roles)) for fid, r in records.items()])
+            db.execute("UPDATE sessions SET field_bytes = field_bytes + ? WHERE id = ?",
+                       (delta_bytes, sid))
+
+    def drop_fields(self, sid: str) -> None:
+        self.execute("DELETE FROM fields WHERE session = ?", (sid,))
 
     # -------------------------------------------------------------- kernels
     def add_kernel(self, sid: str, kernel_id: str, ir_json: str) -> None:

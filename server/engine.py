@@ -54,6 +54,15 @@ class EngineError(DifftapeError):
     """A malformed or inconsistent engine request (unknown field or kernel, bad dtype...)."""
 
 
+class QuotaExceededError(DifftapeError):
+    """A session holds as many fields (or kernels) as the server allows; ``limit`` names
+    which (the gateway answers 429 with it)."""
+
+    def __init__(self, message: str, *, limit: str) -> None:
+        super().__init__(message)
+        self.limit = limit
+
+
 def _decode_ir(data: Any) -> KernelIR:
     """The single place untrusted IR is decoded.
 
@@ -163,12 +172,16 @@ class Engine:
     variants. Not thread-safe (a worker runs one op at a time per engine)."""
 
     def __init__(self, cache_dir: str | os.PathLike | None = None, *, num_threads: int = 0,
-                 random_seed: int = 0, offline_cache: bool = True) -> None:
+                 random_seed: int = 0, offline_cache: bool = True,
+                 max_fields: int | None = None, max_kernels: int | None = None) -> None:
         cfg = program.Config(arch=program.cpu, random_seed=int(random_seed),
                              cpu_max_num_threads=int(num_threads),
                              offline_cache=bool(offline_cache),
                              offline_cache_file_path=str(cache_dir) if cache_dir else None)
         self.prog = program.Program(cfg)
+        # Objects count, not only bytes: every field and kernel costs memory and bookkeeping.
+        self.max_fields = max_fields
+        self.max_kernels = max_kernels
         self.kernels: dict[str, _Kernel] = {}
         self.compiled: dict[tuple[str, str, int], CompiledKernel] = {}
         self.epoch = 0  # bumped when a field gains .grad/.dual storage
@@ -242,6 +255,9 @@ class Engine:
             if (old.dtype, old.shape, old.element_shape) != (dtype, shape, esh):
                 raise EngineError(f"field id {fid} already exists with another layout")
         else:
+            if self.max_fields is not None and len(self.prog.fields) >= self.max_fields:
+                raise QuotaExceededError(f"this session has {len(self.prog.fields)} fields, "
+                                         f"the most a session may have", limit="fields")
             with _current(self.prog):
                 f = Field(dtype, None, esh, name[:200])
                 self.prog.unplaced.remove(f)
@@ -401,6 +417,9 @@ class Engine:
         self._check_buffers(ir)
         kid = serialize.fingerprint(ir)
         if kid not in self.kernels:
+            if self.max_kernels is not None and len(self.kernels) >= self.max_kernels:
+                raise QuotaExceededError(f"this session has {len(self.kernels)} kernels, the "
+                                         f"most a session may have", limit="kernels")
             self.kernels[kid] = _Kernel(data, ir)
         return {"kernel_id": kid}
 
@@ -444,7 +463,13 @@ class Engine:
         key = (kid, variant, 0 if variant == "primal" else self.epoch)
         inst = self.compiled.get(key)
         if inst is None:
-            inst = self.compiled[key] = self._compile(kid, variant)
+            inst = self._compile(kid, variant)
+            if variant != "primal":
+                # Variants compiled before a field gained storage are never used again:
+                # at most one per kernel and variant stays (so kernels x 5 in all).
+                for old in [k for k in self.compiled if k[:2] == key[:2]]:
+                    del self.compiled[old]
+            self.compiled[key] = inst
         self.launches += 1
         result = inst.launch(k.call_args(args))
         return {"result": jsonable(result)}

@@ -18,7 +18,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from .db import Database, User
-from .problems import ProblemError, quota
+from .problems import ProblemError, quota, server_stopping
 from .sessions import SessionManager
 
 log = logging.getLogger("difftape.server")
@@ -57,6 +57,7 @@ class JobScheduler:
         self.active: dict[tuple[int, str], Job] = {}
         self._wake = asyncio.Event()
         self._runners: list[asyncio.Task] = []
+        self.stopping = False  # a graceful stop began: running jobs stop before their next op
 
     # ------------------------------------------------------------------ life cycle
     def start(self) -> None:
@@ -82,6 +83,8 @@ class JobScheduler:
     # ------------------------------------------------------------------ submit / query
     async def submit(self, user: User, sid: str, ops: list[dict], job_id: str | None):
         """(job row, created?) for a submission; resubmitting an id returns the same job."""
+        if self.stopping:
+            raise server_stopping()
         self.sessions.row(user, sid)
         text = json.dumps(ops, sort_keys=True)
         sha = hashlib.sha256(text.encode()).hexdigest()
@@ -180,6 +183,8 @@ class JobScheduler:
                 for op in job.ops:
                     if job.cancel:
                         break
+                    if self.stopping:
+                        raise server_stopping()
                     if self.db.job_seconds(job.owner.id) + (time.perf_counter() - t0) \
                             > self.settings.quota_job_seconds:
                         raise quota("job_seconds", "job time quota used up while the job ran")

@@ -3,6 +3,9 @@
 Compile-cache figures live in the workers; the gateway asks each idle worker for its
 ``stats`` at scrape time and keeps the last figures of stopped workers, so the counters stay
 monotonic across culling, crashes and deletions.
+
+Every user's token may read /metrics, so it shows figures over the whole server only: no
+session ids, user names or kernel names (one user must not learn another's sessions).
 """
 
 from __future__ import annotations
@@ -55,9 +58,8 @@ class _WorkerCollector:
     def collect(self):
         r = self.m.retired
         hits, misses, compile_s = r.cache_hits, r.cache_misses, r.compile_s
-        mem = GaugeMetricFamily("difftape_session_field_bytes", "field memory per session",
-                                labels=["session"])
-        live = self.m.sessions.live.values() if self.m.sessions is not None else []
+        field_bytes = running = 0
+        live = list(self.m.sessions.live.values()) if self.m.sessions is not None else []
         for e in live:
             if e.worker is None:
                 continue
@@ -65,11 +67,15 @@ class _WorkerCollector:
             hits += s.cache_hits
             misses += s.cache_misses
             compile_s += s.compile_s
-            mem.add_metric([e.sid], s.field_bytes)
+            field_bytes += s.field_bytes
+            running += 1
         yield CounterMetricFamily("difftape_compile_cache_hits", "compiled-code cache hits",
                                   value=hits)
         yield CounterMetricFamily("difftape_compile_cache_misses", "kernels compiled by LLVM",
                                   value=misses)
         yield CounterMetricFamily("difftape_compile_seconds", "time spent compiling kernels",
                                   value=compile_s)
-        yield mem
+        yield GaugeMetricFamily("difftape_field_bytes", "field memory of the running sessions "
+                                "(all users together)", value=field_bytes)
+        yield GaugeMetricFamily("difftape_sessions_running", "sessions with a running worker",
+                                value=running)

@@ -1,19 +1,25 @@
-"""Pure ASGI middleware: Host and Origin checks, the body-size limit, request timing.
+"""Pure ASGI middleware: request ids and access logs, Host and Origin checks, the body-size
+limit, authentication.
 
 Pure ASGI (not ``BaseHTTPMiddleware``) so that request bodies stream through untouched and a
 body is counted as it arrives: uvicorn has no body limit, and a Content-Length header can be
-absent (chunked) or false, so the limit is enforced on the bytes actually received.
+absent (chunked) or false, so the limit is enforced on the bytes actually received. The token
+is checked here too, before the application reads (let alone parses) a byte of the body.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import secrets
 import time
 
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .problems import PROBLEM_TYPE
+from .problems import PROBLEM_TYPE, request_id
+
+access_log = logging.getLogger("difftape.access")
 
 SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
 ARRAY_TYPES = {"application/x-npy", "application/octet-stream"}
@@ -27,14 +33,30 @@ class BodyTooLarge(HTTPException):
         super().__init__(413, f"request body larger than the limit of {limit} bytes")
 
 
-async def _problem(send: Send, status: int, title: str, detail: str) -> None:
-    body = json.dumps({"type": "about:blank", "title": title, "status": status,
-                       "detail": detail, "difftape_error": None, "kernel": None}).encode()
+async def _problem(send: Send, status: int, title: str, detail: str,
+                   headers: list[tuple[bytes, bytes]] = (), close: bool = True) -> None:
+    """A problem response sent before the application saw the request. With ``close``
+    (``connection: close``) the connection ends after it, unread body and all; without, the
+    server reads past the rest of the body (discarding it, never buffering it) so that a
+    client still sending its body gets this answer rather than a reset connection."""
+    problem = {"type": "about:blank", "title": title, "status": status, "detail": detail,
+               "difftape_error": None, "kernel": None}
+    rid = request_id.get()
+    if rid is not None:
+        problem["request_id"] = rid
+    body = json.dumps(problem).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", PROBLEM_TYPE.encode()),
                             (b"content-length", str(len(body)).encode()),
-                            (b"connection", b"close")]})
+                            *([(b"connection", b"close")] if close else []), *headers]})
     await send({"type": "http.response.body", "body": body})
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    for k, v in scope["headers"]:
+        headers.setdefault(k.decode("latin-1").lower(), v.decode("latin-1"))
+    return headers
 
 
 def _host_name(host: str) -> str:
@@ -44,6 +66,27 @@ def _host_name(host: str) -> str:
     if host.count(":") == 1:
         return host.rsplit(":", 1)[0]
     return host
+
+
+_DEFAULT_PORTS = {"http": "80", "https": "443"}
+
+
+def _same_origin(origin: str, host: str | None) -> bool:
+    """Whether a browser ``Origin`` is this server's own (the page came from the server,
+    e.g. its /docs): the same host and port as the request's ``Host``. The scheme is not
+    compared: behind a TLS proxy the page is https and the request reaches us as http.
+    Called only once ``host`` passed the allowed-hosts check, so a rebinding attacker's
+    name (whose Origin would match its Host) never gets here."""
+    if host is None or "://" not in origin:
+        return False
+    scheme, _, netloc = origin.partition("://")
+    scheme, netloc, host = scheme.lower(), netloc.rstrip("/").lower(), host.strip().lower()
+    default = _DEFAULT_PORTS.get(scheme)
+
+    def strip(h: str) -> str:
+        return h[:-len(default) - 1] if default and h.endswith(":" + default) else h
+
+    return strip(netloc) == strip(host)
 
 
 class GuardMiddleware:
@@ -63,9 +106,7 @@ class GuardMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = {}
-        for k, v in scope["headers"]:
-            headers.setdefault(k.decode("latin-1").lower(), v.decode("latin-1"))
+        headers = _headers(scope)
         host = headers.get("host")
         if not self.any_host and (host is None or _host_name(host) not in self.hosts):
             await _problem(send, 400, "Host not allowed",
@@ -73,7 +114,8 @@ class GuardMiddleware:
             return
         origin = headers.get("origin")
         if (origin is not None and scope["method"] not in SAFE_METHODS
-                and origin.rstrip("/").lower() not in self.origins):
+                and origin.rstrip("/").lower() not in self.origins
+                and not _same_origin(origin, host)):
             await _problem(send, 403, "Origin not allowed",
                            f"state-changing requests from origin {origin!r} are refused")
             return
@@ -119,31 +161,96 @@ class GuardMiddleware:
             await _problem(send, 413, "Content Too Large", e.detail)
 
 
-class TimingMiddleware:
-    """Request latency by route template (not raw path: session ids would explode the
-    label set)."""
+#: Paths served without a token: the probes and the API's own documentation.
+PUBLIC_PATHS = frozenset({"/livez", "/readyz", "/docs", "/docs/oauth2-redirect", "/redoc",
+                          "/openapi.json"})
 
-    def __init__(self, app: ASGIApp, *, histogram) -> None:
+
+class AuthMiddleware:
+    """Bearer-token authentication before the application runs: an unauthenticated request
+    is answered 401 from its headers alone, its body never read or parsed (it would cost
+    the event loop, and memory, for every user). The user goes into ``scope["state"]``,
+    where ``auth.current_user`` finds it."""
+
+    def __init__(self, app: ASGIApp, *, users) -> None:
+        self.app = app
+        self.users = users  # token -> User or None (Database.user_by_token)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS:
+            await self.app(scope, receive, send)
+            return
+        headers = _headers(scope)
+        auth = headers.get("authorization", "")
+        scheme, _, token = auth.partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            user, detail = None, "missing bearer token"
+        else:
+            user, detail = self.users(token), "invalid token"
+        if user is None:
+            # A declared length was checked against the body limit already: the rest of such
+            # a body may be read past. A chunked one could go on for ever: close.
+            await _problem(send, 401, "Unauthorized", detail,
+                           [(b"www-authenticate", b"Bearer")],
+                           close="transfer-encoding" in headers)
+            return
+        scope.setdefault("state", {})["user"] = user
+        await self.app(scope, receive, send)
+
+
+class RequestMiddleware:
+    """The outermost layer: a request id (``X-Request-Id`` on every response, and in every
+    problem body), the latency histogram by route template (not raw path: session ids would
+    explode the label set), and one JSON access-log line per request: user, session, op,
+    status, duration, bytes. Headers are never logged, so neither is a token."""
+
+    def __init__(self, app: ASGIApp, *, histogram, log: bool = True) -> None:
         self.app = app
         self.histogram = histogram
+        self.log = log
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        rid = secrets.token_hex(8)
+        token = request_id.set(rid)
         t0 = time.perf_counter()
         status = 500
+        bytes_in = bytes_out = 0
+        header = (b"x-request-id", rid.encode())
 
-        async def send_status(message: Message) -> None:
-            nonlocal status
+        async def counting_receive() -> Message:
+            nonlocal bytes_in
+            message = await receive()
+            if message["type"] == "http.request":
+                bytes_in += len(message.get("body", b""))
+            return message
+
+        async def tagging_send(message: Message) -> None:
+            nonlocal status, bytes_out
             if message["type"] == "http.response.start":
                 status = message["status"]
+                message = {**message, "headers": [*message.get("headers", []), header]}
+            elif message["type"] == "http.response.body":
+                bytes_out += len(message.get("body", b""))
             await send(message)
 
         try:
-            await self.app(scope, receive, send_status)
+            await self.app(scope, counting_receive, tagging_send)
         finally:
+            request_id.reset(token)
+            elapsed = time.perf_counter() - t0
             route = scope.get("route")
             path = getattr(route, "path", None) or "unmatched"
-            self.histogram.labels(scope["method"], path, str(status)).observe(
-                time.perf_counter() - t0)
+            self.histogram.labels(scope["method"], path, str(status)).observe(elapsed)
+            if self.log and access_log.isEnabledFor(logging.INFO):
+                user = scope.get("state", {}).get("user")
+                params = scope.get("path_params") or {}
+                access_log.info(json.dumps({
+                    "ts": round(time.time(), 3), "request_id": rid,
+                    "user": getattr(user, "name", None), "session": params.get("sid"),
+                    "op": f"{scope['method']} {path}", "status": status,
+                    "duration_ms": round(elapsed * 1000, 2), "bytes_in": bytes_in,
+                    "bytes_out": bytes_out}))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+from contextvars import ContextVar
 from http import HTTPStatus
 from typing import Any
 
@@ -20,6 +21,14 @@ from starlette.responses import Response
 log = logging.getLogger("difftape.server")
 
 PROBLEM_TYPE = "application/problem+json"
+
+#: The id of the request being served (set by the outermost middleware); every problem body
+#: carries it, so that a user's report can be matched to the server's access log line.
+request_id: ContextVar[str | None] = ContextVar("difftape_request_id", default=None)
+
+#: At most this many request-validation errors are listed in a 422 body (the rest are
+#: counted): a small request with many bad items must not produce a huge answer.
+MAX_VALIDATION_ERRORS = 20
 
 # Engine exception class (or an ancestor) -> HTTP status. The worker sends the class's MRO
 # names, so a new subclass (say, an IR validation error deriving from CompileError) maps
@@ -60,12 +69,16 @@ class ProblemError(Exception):
                 "detail": self.detail, "difftape_error": self.difftape_error,
                 "kernel": self.kernel}
         body.update(self.extra)
+        rid = request_id.get()
+        if rid is not None and "request_id" not in body:
+            body["request_id"] = rid
         return body
 
     @classmethod
     def from_body(cls, body: dict) -> ProblemError:
         extra = {k: v for k, v in body.items()
-                 if k not in ("type", "title", "status", "detail", "difftape_error", "kernel")}
+                 if k not in ("type", "title", "status", "detail", "difftape_error", "kernel",
+                              "request_id")}
         return cls(body["status"], body["detail"], difftape_error=body.get("difftape_error"),
                    kernel=body.get("kernel"), title=body.get("title"), **extra)
 
@@ -82,6 +95,8 @@ def engine_problem(err: dict) -> ProblemError:
     extra = {}
     if err.get("index") is not None:
         extra["index"] = err["index"]
+    if status == 429 and isinstance(err.get("limit"), str):
+        extra["limit"] = err["limit"]
     if status == 500:
         log.error("engine internal error %s: %s", err.get("type"), err.get("message"))
     return ProblemError(status, str(err.get("message", "")),
@@ -92,6 +107,12 @@ def engine_problem(err: dict) -> ProblemError:
 
 def session_lost(detail: str) -> ProblemError:
     return ProblemError(410, detail, difftape_error="SessionLostError", title="Session lost")
+
+
+def server_stopping() -> ProblemError:
+    """A request that arrives (or waited) while the server stops: nothing of it ran."""
+    return ProblemError(503, "the server is stopping; nothing was run, retry once it is back",
+                        title="Server stopping", headers={"Retry-After": "5"})
 
 
 def quota(limit: str, detail: str) -> ProblemError:
@@ -119,12 +140,22 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_request: Request, exc: RequestValidationError) -> Response:
+        all_errors = exc.errors()
+        if any(e.get("type") == "json_invalid" for e in all_errors[:1]):
+            # Not JSON at all: a malformed body, like a broken .npy.
+            msg = str(all_errors[0].get("ctx", {}).get("error", "invalid JSON"))[:200]
+            return problem_response(ProblemError(400, f"the body is not valid JSON: {msg}"))
         errors = []
-        for e in exc.errors():
-            loc = ".".join(str(x) for x in e.get("loc", ()))
-            errors.append({"loc": loc, "msg": e.get("msg", "")})
+        for e in all_errors[:MAX_VALIDATION_ERRORS]:
+            loc = ".".join(str(x) for x in e.get("loc", ()))[:200]
+            errors.append({"loc": loc, "msg": str(e.get("msg", ""))[:200]})
         detail = "; ".join(f"{e['loc']}: {e['msg']}" for e in errors[:5]) or "invalid request"
-        return problem_response(ProblemError(422, detail, errors=errors))
+        if len(all_errors) > 5:
+            detail += f" (and {len(all_errors) - 5} more)"
+        extra = {}
+        if len(all_errors) > len(errors):
+            extra["errors_omitted"] = len(all_errors) - len(errors)
+        return problem_response(ProblemError(422, detail, errors=errors, **extra))
 
     @app.exception_handler(Exception)
     async def _internal(_request: Request, exc: Exception) -> Response:

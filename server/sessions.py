@@ -17,8 +17,8 @@ from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .db import Database, User
-from .problems import ProblemError, quota, session_lost
+from .db import Database, FieldRecord, User
+from .problems import ProblemError, quota, server_stopping, session_lost
 from .settings import Settings
 from .worker import Worker, WorkerGone, WorkerPool
 
@@ -54,6 +54,7 @@ class SessionManager:
         self._reserved: dict[int, int] = {}  # user -> field bytes being allocated now
         self._creating: dict[int, int] = {}  # user -> sessions being started now
         self._room = asyncio.Lock()  # worker starts, against the server-wide limit
+        self.stopping = False  # a graceful stop began: no new work
         settings.sessions_dir.mkdir(parents=True, exist_ok=True)
 
     # ------------------------------------------------------------------ lookup
@@ -73,6 +74,8 @@ class SessionManager:
 
     # ------------------------------------------------------------------ create / delete
     async def create(self, user: User) -> str:
+        if self.stopping:
+            raise server_stopping()
         n = self.db.count_live_sessions(user.id) + self._creating.get(user.id, 0)
         if n >= self.settings.quota_sessions:
             raise quota("sessions", f"session quota reached: {n} of "
@@ -115,7 +118,8 @@ class SessionManager:
         row = self.row(user, sid)
         # Marked deleted first, so that a request still running on the worker (which is
         # about to fail) does not turn the session into a "lost" one.
-        self.db.update_session(sid, state="deleted", field_bytes=0, fields={}, worker=None)
+        self.db.update_session(sid, state="deleted", field_bytes=0, worker=None)
+        self.db.drop_fields(sid)
         e = self.live.pop(sid, None)
         if e is not None and e.worker is not None:
             if e.worker.lock.locked():
@@ -148,6 +152,8 @@ class SessionManager:
     @asynccontextmanager
     async def use(self, user: User, sid: str):
         """The session's worker, resumed if culled; counts as activity."""
+        if self.stopping:
+            raise server_stopping()
         e = self._fast(user, sid)
         if e is None:
             row = self.row(user, sid)
@@ -193,6 +199,7 @@ class SessionManager:
         if self.live.get(e.sid) is e:
             self.live.pop(e.sid)
             self._retire(e)
+            self.metrics.workers_lost.inc()
         if e.worker is not None:
             e.worker.kill()
         row = self.db.session(e.sid)
@@ -200,9 +207,16 @@ class SessionManager:
             return
         log.warning("session %s lost: %s", e.sid, reason)
         self.db.update_session(e.sid, state="lost", lost_reason=reason, worker=None,
-                               field_bytes=0, fields={})
+                               field_bytes=0)
+        self.db.drop_fields(e.sid)
 
     # ------------------------------------------------------------------ quotas
+    def check_batch_size(self, n: int) -> None:
+        limit = self.settings.max_batch_ops
+        if n > limit:
+            raise quota("batch_ops", f"{n} ops in one batch or job; at most {limit} (send "
+                                     "them in several)")
+
     def check_field_quota(self, user: User, extra: int) -> None:
         used = self.db.field_bytes_of(user.id) + self._reserved.get(user.id, 0)
         limit = self.settings.quota_field_bytes
@@ -225,41 +239,59 @@ class SessionManager:
         finally:
             self._reserved[user.id] -= extra
 
-    def account_fields(self, sid: str, created: dict[int, tuple[int, list[str]]],
+    def account_fields(self, sid: str, created: dict[int, FieldRecord],
                        companions: list[tuple[int, str]]) -> None:
-        """Record created fields (id -> (data bytes, roles)) and companions added later, so
-        the quota sees ``.grad``/``.dual`` storage too."""
-        row = self.db.session(sid)
-        fields = json.loads(row["fields"])
-        for fid, (nbytes, roles) in created.items():
-            fields[str(fid)] = {"n": nbytes, "roles": list(roles)}
+        """Record created fields and companions added later, so the quota sees
+        ``.grad``/``.dual`` storage too: the rows touched and the session's byte count, never
+        the whole table."""
+        if not created and not companions:
+            return
+        known = self.db.field_records(sid, set(created) | {fid for fid, _ in companions})
+        rows: dict[int, FieldRecord] = {}
+        delta = 0
+        for fid, rec in created.items():
+            old = rows.get(fid) or known.get(fid)
+            roles = list(rec.roles)
+            if old is not None:
+                delta -= old.total
+                roles += [r for r in old.roles if r not in roles]
+            rows[fid] = FieldRecord(rec.nbytes, rec.shape, roles)
+            delta += rows[fid].total
         for fid, role in companions:
-            f = fields.get(str(fid))
-            if f is not None and role not in f["roles"]:
-                f["roles"].append(role)
-        total = sum(f["n"] * len(f["roles"]) for f in fields.values())
-        self.db.update_session(sid, fields=fields, field_bytes=total)
+            rec = rows.get(fid) or known.get(fid)
+            if rec is None:
+                continue
+            for r in (["grad"] if role == "grad_dual" else []) + [role]:
+                if r not in rec.roles:
+                    rec.roles.append(r)
+                    delta += rec.nbytes
+            rows[fid] = rec
+        self.db.put_fields(sid, rows, delta)
+
+    @staticmethod
+    def created_record(op: dict) -> FieldRecord:
+        """The record of a ``create_field`` op (or body)."""
+        n = field_nbytes(op["dtype"], op["shape"], op["element_shape"])
+        roles = ["data"] + (["grad"] if op.get("needs_grad") else []) + (
+            ["dual"] if op.get("needs_dual") else [])
+        return FieldRecord(n, list(op["shape"]) + list(op["element_shape"]), roles)
 
     def plan_fields(self, sid: str, ops: list[dict]):
         """Storage a batch allocates: (created, companions, bytes) for the quota."""
-        created, companions, extra = {}, [], 0
+        created: dict[int, FieldRecord] = {}
+        companions, extra = [], 0
         if not any(op["op"] in ("create_field", "companion") for op in ops):
             return created, companions, extra
-        row = self.db.session(sid)
-        known = json.loads(row["fields"]) if row is not None else {}
+        known = self.db.field_records(sid, {op["id"] for op in ops if op["op"] == "companion"})
         for op in ops:
             if op["op"] == "create_field":
-                n = field_nbytes(op["dtype"], op["shape"], op["element_shape"])
-                roles = ["data"] + (["grad"] if op["needs_grad"] else []) + (
-                    ["dual"] if op["needs_dual"] else [])
-                created[op["id"]] = (n, roles)
-                extra += n * len(roles)
+                rec = created[op["id"]] = self.created_record(op)
+                extra += rec.total
             elif op["op"] == "companion":
                 companions.append((op["id"], op["role"]))
-                if op["id"] in created:
-                    extra += created[op["id"]][0]
-                elif str(op["id"]) in known and op["role"] not in known[str(op["id"])]["roles"]:
-                    extra += known[str(op["id"])]["n"]
+                rec = created.get(op["id"]) or known.get(op["id"])
+                if rec is not None and op["role"] not in rec.roles:
+                    extra += rec.nbytes
         return created, companions, extra
 
     def record_kernels(self, sid: str, ops: list[dict], results: list) -> None:
@@ -284,6 +316,10 @@ class SessionManager:
         except (ProblemError, WorkerGone) as err:
             worker.kill()
             e.worker = None
+            if self.stopping:
+                # The server began to stop meanwhile: the saved session stays as it was
+                # (culled, its save untouched) and resumes after the restart.
+                raise server_stopping() from None
             reason = getattr(err, "detail", None) or getattr(err, "reason", str(err))
             self.db.update_session(e.sid, state="lost", lost_reason=f"resume failed: {reason}")
             self.live.pop(e.sid, None)
@@ -335,6 +371,44 @@ class SessionManager:
         log.info("session %s culled after %.0f s idle; fields saved to %s", e.sid,
                  time.time() - e.last_activity, path)
 
+    async def drain(self, run_deadline: float, save_deadline: float) -> None:
+        """The graceful stop (``time.monotonic`` deadlines): refuse new work, save every
+        idle session now, let running operations finish until ``run_deadline`` and then
+        stop their workers (the caller gets a SessionLostError saying the server stopped),
+        and stop saves still unfinished at ``save_deadline``. Sessions are independent:
+        one long kernel delays no one else's save."""
+        self.stopping = True
+        entries = [e for e in self.live.values()
+                   if e.worker is not None and e.worker.gone is None]
+        for e in entries:
+            e.worker.draining = True
+        await asyncio.gather(*(self._drain_one(e, run_deadline, save_deadline)
+                               for e in entries), return_exceptions=True)
+
+    async def _drain_one(self, e: Live, run_deadline: float, save_deadline: float) -> None:
+        worker = e.worker
+
+        async def save() -> None:
+            async with e.lock:
+                if e.worker is worker:
+                    await self._save_and_stop(e)
+
+        task = asyncio.ensure_future(save())
+        await asyncio.wait([task], timeout=max(0.0, run_deadline - time.monotonic()))
+        reason = ("the server stopped while an operation of this session ran (it did not "
+                  "finish within the shutdown grace period)")
+        if not task.done() and worker.current == "save":
+            # The user's operation is over; the save itself has until save_deadline.
+            await asyncio.wait([task], timeout=max(0.0, save_deadline - time.monotonic()))
+            reason = "the server stopped before this session could be saved"
+        if task.done():
+            return
+        log.warning("session %s: %s", e.sid, reason)
+        if worker.gone is None:
+            worker.gone = WorkerGone(reason)
+        worker.kill()
+        await asyncio.wait([task])
+
     async def shutdown(self) -> None:
         """Save every session so that a restarted server can resume them."""
         async def save(e: Live) -> None:
@@ -352,4 +426,5 @@ class SessionManager:
         """At start-up: sessions the database calls active have no worker any more."""
         for row in self.db.sessions_in("active"):
             self.db.update_session(row["id"], state="lost", worker=None, field_bytes=0,
-                                   fields={}, lost_reason="the server stopped without saving it")
+                                   lost_reason="the server stopped without saving it")
+            self.db.drop_fields(row["id"])

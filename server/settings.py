@@ -41,6 +41,12 @@ class Settings(BaseSettings):
     kernel_time_limit_s: float = Field(300.0, gt=0,
                                        description="one launch/batch/job op; the worker is "
                                                    "killed when it runs longer")
+    # A graceful stop (SIGTERM/SIGINT) saves every session within this many seconds: running
+    # operations get half of it to finish (then their workers are stopped and those
+    # sessions lost, their callers told so), the rest is for saving. Keep it below the
+    # orchestrator's own grace period (Kubernetes terminationGracePeriodSeconds, Docker
+    # stop_grace_period, systemd TimeoutStopSec), which ends in SIGKILL.
+    shutdown_grace_s: float = Field(25.0, gt=0)
     idle_session_timeout_s: float = Field(3600.0, gt=0)
     cull_interval_s: float = Field(30.0, gt=0)
     worker_start_timeout_s: float = Field(120.0, gt=0)
@@ -49,6 +55,12 @@ class Settings(BaseSettings):
     quota_field_bytes: int = Field(4 * 1024**3, ge=0)
     quota_sessions: int = Field(16, ge=0)
     quota_job_seconds: float = Field(24 * 3600.0, ge=0)
+    # Objects, not only bytes: each field and kernel costs the worker (and the gateway's
+    # bookkeeping) something however small it is. Per session.
+    quota_session_fields: int = Field(10_000, ge=0)
+    quota_session_kernels: int = Field(2_000, ge=0)
+    # Ops in one batch or job (the client sends at most 4096 at once).
+    max_batch_ops: int = Field(10_000, ge=1, le=100_000)
 
     # Worker processes for sessions, server-wide: at the limit, the least recently used idle
     # session is saved and stopped (it resumes on its next request); 503 if all are busy.
@@ -70,6 +82,12 @@ class Settings(BaseSettings):
 
     # "module:Class" of the engine run in the workers. An operator setting, never a client's.
     engine: str = "difftape.server.engine:Engine"
+
+    # Where the gateway and its workers share memory for large payloads: /dev/shm (or the
+    # temp dir without one). When it is full, payloads go through the workers' pipes.
+    shm_dir: Path | None = None
+    # One JSON line per request on stderr (user, session, op, status, duration, bytes).
+    access_log: bool = True
 
     @field_validator("allowed_hosts", "allowed_origins", mode="before")
     @classmethod
@@ -97,6 +115,11 @@ class Settings(BaseSettings):
     def sessions_dir(self) -> Path:
         """Fields of culled sessions."""
         return self.data_dir / "sessions"
+
+    @property
+    def workers_dir(self) -> Path:
+        """Which gateway started which worker (to stop those a dead gateway left)."""
+        return self.data_dir / "workers"
 
     @property
     def db_path(self) -> Path:

@@ -17,6 +17,7 @@ dicts; replies are ``{"ok": result}`` or ``{"error": {"type", "bases", "message"
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import importlib
 import json
 import logging
@@ -24,13 +25,14 @@ import mmap
 import multiprocessing
 import os
 import signal
+import sys
 import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from .problems import ProblemError, engine_problem, session_lost
+from .problems import ProblemError, engine_problem, server_stopping, session_lost
 
 log = logging.getLogger("difftape.server")
 
@@ -39,13 +41,33 @@ _ctx = multiprocessing.get_context("spawn")
 
 SHM_MIN = 64 * 1024  # payloads from this size on travel through the shared mapping
 _SHM_INITIAL = 1 << 20
+# A buffer that grew past this for one big transfer is shrunk back once the transfer is done:
+# shared memory is scarce (a container's /dev/shm is 64 MiB by default), and one session's
+# upload must not keep it.
+SHM_KEEP = 8 << 20
+
+
+class NoRoom(OSError):
+    """The shared-memory folder has no room for the buffer: the payload goes through the
+    pipe instead."""
+
+
+def _reserve(fd: int, size: int) -> None:
+    """Give the file ``size`` bytes *with* their pages: a file only grown with ``ftruncate``
+    is sparse, and a write through the mapping into a page tmpfs cannot supply kills the
+    process with SIGBUS. ``posix_fallocate`` fails with ENOSPC instead, before any write."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        raise NoRoom(e.errno, f"no room for a {size}-byte shared buffer: {e.strerror}") from None
 
 
 class SharedBuffer:
     """A file mapped by the gateway and one worker. The gateway creates it and unlinks it
     once the worker has opened it too, so nothing is left behind when either dies. The side
-    that needs more room grows the file; the other remaps when a header names a bigger
-    size."""
+    that needs more room grows the file (reserving its pages); the gateway shrinks it back
+    after a big transfer. Either side checks the file's size before it writes and remaps
+    when a header names another size, so neither ever touches a page past the end."""
 
     def __init__(self, path: str) -> None:
         self.fd = os.open(path, os.O_RDWR)
@@ -53,23 +75,33 @@ class SharedBuffer:
         self.map = mmap.mmap(self.fd, self.size)
 
     @staticmethod
-    def folder() -> str:
+    def folder(configured: str | os.PathLike | None = None) -> str:
+        if configured:
+            return str(configured)
         return "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
 
     @staticmethod
-    def create() -> str:
+    def create(folder: str | None = None) -> str | None:
         """A new file named after this (gateway) process, so that files left by a gateway
-        that died before its worker opened them can be recognised and removed."""
-        fd, path = tempfile.mkstemp(prefix=f"difftape-{os.getpid()}-", dir=SharedBuffer.folder())
-        os.ftruncate(fd, _SHM_INITIAL)
+        that died before its worker opened them can be recognised and removed; None when
+        the folder has no room (the worker then moves every payload through its pipe)."""
+        fd, path = tempfile.mkstemp(prefix=f"difftape-{os.getpid()}-",
+                                    dir=SharedBuffer.folder(folder))
+        try:
+            _reserve(fd, _SHM_INITIAL)
+        except NoRoom as e:
+            log.warning("%s; worker payloads go through its pipe", e)
+            os.close(fd)
+            os.unlink(path)
+            return None
         os.close(fd)
         return path
 
     @staticmethod
-    def remove_stale() -> int:
+    def remove_stale(folder: str | None = None) -> int:
         """Unlink buffer files whose gateway process no longer exists."""
         removed = 0
-        folder = SharedBuffer.folder()
+        folder = SharedBuffer.folder(folder)
         for name in os.listdir(folder):
             parts = name.split("-")
             if len(parts) != 3 or parts[0] != "difftape" or not parts[1].isdigit():
@@ -97,11 +129,21 @@ class SharedBuffer:
             pass  # a view of the old mapping is still alive; it unmaps when that dies
 
     def put(self, data) -> int:
+        """Copy ``data`` into the mapping; NoRoom if the file cannot grow to hold it."""
         view = memoryview(data).cast("B")
         n = view.nbytes
+        actual = os.fstat(self.fd).st_size  # the other side may have shrunk or grown it
+        if actual != self.size:
+            self._remap(actual)
         if n > self.size:
             size = max(n, 2 * self.size)
-            os.ftruncate(self.fd, size)
+            try:
+                _reserve(self.fd, size)
+            except NoRoom:
+                if size == n:
+                    raise
+                _reserve(self.fd, n)
+                size = n
             self._remap(size)
         self.map[:n] = view
         return n
@@ -111,6 +153,13 @@ class SharedBuffer:
             self._remap(size)
         return memoryview(self.map)[:n]
 
+    def shrink(self) -> None:
+        """Give back the pages of a buffer that grew past SHM_KEEP (gateway side, while the
+        worker waits for its next request)."""
+        if self.size > SHM_KEEP:
+            os.ftruncate(self.fd, _SHM_INITIAL)
+            self._remap(_SHM_INITIAL)
+
     def close(self) -> None:
         try:
             self.map.close()
@@ -119,30 +168,57 @@ class SharedBuffer:
         os.close(self.fd)
 
 
-def _send(conn, msg: dict, payload, shm: SharedBuffer | None = None) -> None:
+_no_room_logged = False
+
+
+def _frames(msg: dict, payload, shm: SharedBuffer | None) -> list:
+    """The frames of one message: its JSON, then the payload when it does not travel
+    through the mapping (small, no mapping, or no room in it)."""
+    global _no_room_logged
     msg = dict(msg)
-    big = payload is not None and shm is not None and memoryview(payload).nbytes >= SHM_MIN
-    if big:
-        msg["_shm"] = shm.put(payload)
-        msg["_shm_size"] = shm.size
-        payload = None
-    msg["_payload"] = payload is not None
-    conn.send_bytes(json.dumps(msg, allow_nan=True).encode())
     if payload is not None:
-        conn.send_bytes(payload)
+        nbytes = memoryview(payload).nbytes
+        if shm is not None and nbytes >= SHM_MIN:
+            try:
+                msg["_shm"] = shm.put(payload)
+                msg["_shm_size"] = shm.size
+                payload = None
+            except NoRoom as e:
+                if not _no_room_logged:
+                    log.warning("%s; large payloads go through the worker pipes (slower). "
+                                "Give the shared-memory folder more room (docker: shm_size)",
+                                e)
+                    _no_room_logged = True
+    # The payload's size, so that the reader can take a big one off the event loop.
+    msg["_payload"] = memoryview(payload).nbytes if payload is not None else False
+    frames = [json.dumps(msg, allow_nan=True).encode()]
+    if payload is not None:
+        frames.append(payload)
+    return frames
 
 
-def _recv(conn, shm: SharedBuffer | None = None, *, copy: bool = True):
-    """(message, payload). A payload from the mapping is a view unless ``copy``; a view must
-    be released before the next message."""
-    msg = json.loads(conn.recv_bytes())
-    payload = conn.recv_bytes() if msg.pop("_payload", False) else None
+def _write(conn, frames: list) -> None:
+    for f in frames:
+        conn.send_bytes(f)
+
+
+def _send(conn, msg: dict, payload, shm: SharedBuffer | None = None) -> None:
+    _write(conn, _frames(msg, payload, shm))
+
+
+def _big(frames: list) -> bool:
+    return len(frames) > 1 and memoryview(frames[1]).nbytes >= SHM_MIN
+
+
+def _finish_recv(conn, msg: dict, shm: SharedBuffer | None, copy: bool):
+    size = msg.pop("_payload", False)
+    payload = conn.recv_bytes() if size is not False and size is not None else None
     n = msg.pop("_shm", None)
-    size = msg.pop("_shm_size", None)
+    shm_size = msg.pop("_shm_size", None)
     if n is not None and shm is None:
         raise EOFError("the shared buffer is closed")
     if n is not None:
-        view = shm.get(int(n), int(size))
+        view = shm.get(int(n), int(shm_size))
         if copy:
             payload = bytes(view)
             view.release()
@@ -151,20 +227,75 @@ def _recv(conn, shm: SharedBuffer | None = None, *, copy: bool = True):
     return msg, payload
 
 
+def _recv(conn, shm: SharedBuffer | None = None, *, copy: bool = True):
+    """(message, payload). A payload from the mapping is a view unless ``copy``; a view must
+    be released before the next message."""
+    return _finish_recv(conn, json.loads(conn.recv_bytes()), shm, copy)
+
+
 def _error_dict(e: BaseException) -> dict:
     return {"type": type(e).__name__,
             "bases": [c.__name__ for c in type(e).__mro__],
             "message": getattr(e, "bare_message", None) or str(e),
             "kernel": getattr(e, "kernel", None),
-            "index": getattr(e, "op_index", None)}
+            "index": getattr(e, "op_index", None),
+            "limit": getattr(e, "limit", None) if isinstance(getattr(e, "limit", None), str)
+            else None}
 
 
-def worker_main(conn, engine_spec: str, engine_kwargs: dict, shm_path: str | None = None
-                ) -> None:
+#: A worker that stops itself because an op ran past the kernel time limit exits with this.
+EXIT_TIME_LIMIT = 124
+#: ... and with this when it finds its gateway gone.
+EXIT_ORPHANED = 125
+
+
+def _die_with(parent: int | None) -> None:
+    """Have the kernel kill this process when its gateway dies, however it dies (``kill -9``
+    included): a worker whose gateway is gone serves no one, and one stuck in an endless
+    kernel would burn a core until the machine restarts. The signal is tied to the thread
+    that started the process: the gateway starts workers from its event-loop (main)
+    thread."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if parent is not None and os.getppid() != parent:
+        os._exit(EXIT_ORPHANED)  # the gateway died before the line above took effect
+
+
+class _Watchdog(threading.Thread):
+    """The worker's own guard, independent of the gateway: exits the process when an op
+    runs past the kernel time limit (plus a little slack, so the gateway, which reports a
+    KernelTimeoutError, normally acts first) or when the gateway is gone. A thread can do
+    this while a kernel runs: native code runs without the GIL."""
+
+    def __init__(self, parent: int | None, limit: float | None) -> None:
+        super().__init__(name="difftape-watchdog", daemon=True)
+        self.parent = parent
+        self.limit = None if limit is None else limit + max(1.0, 0.05 * limit)
+        self.busy_since: float | None = None
+
+    def run(self) -> None:
+        while True:
+            time.sleep(0.25)
+            if self.parent is not None and os.getppid() != self.parent:
+                os._exit(EXIT_ORPHANED)
+            t = self.busy_since
+            if self.limit is not None and t is not None and time.monotonic() - t > self.limit:
+                os._exit(EXIT_TIME_LIMIT)
+
+
+def worker_main(conn, engine_spec: str, engine_kwargs: dict, shm_path: str | None = None,
+                parent: int | None = None, time_limit: float | None = None) -> None:
     """The worker's loop: build the engine, say ready, then serve ops until EOF."""
+    _die_with(parent)
     # Ctrl-C on the server goes to the whole process group; the gateway decides when workers
     # stop (after saving their sessions), so ignore it here.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    watchdog = _Watchdog(parent, time_limit)
+    watchdog.start()
     cache_dir = engine_kwargs.get("cache_dir")
     if cache_dir:
         os.environ["DIFFTAPE_CACHE_DIR"] = cache_dir
@@ -189,12 +320,14 @@ def worker_main(conn, engine_spec: str, engine_kwargs: dict, shm_path: str | Non
                 close()  # its thread pool would otherwise hold up the process's exit
             _send(conn, {"ok": {}}, None)
             return
+        watchdog.busy_since = time.monotonic()
         try:
             result, out = engine.execute(op, payload)
             reply = {"ok": result if result is not None else {}}
         except Exception as e:  # noqa: BLE001 - every error becomes a reply
             reply, out = {"error": _error_dict(e)}, None
         finally:
+            watchdog.busy_since = None
             if isinstance(payload, memoryview):
                 payload.release()
             payload = None
@@ -229,21 +362,95 @@ class WorkerStats:
     field_bytes: int = 0
 
 
-class Worker:
-    """One engine process; calls are serialized (a session's ops run in order)."""
+def _start_time(pid: int) -> int | None:
+    """The process's start time (clock ticks since boot), which with the pid identifies it:
+    a pid alone may have been reused. None if it does not exist (or there is no /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return None
+    if fields[0] == b"Z":
+        return None  # a zombie: already dead
+    return int(fields[19])
 
-    def __init__(self, engine_spec: str, engine_kwargs: dict) -> None:
+
+class WorkerRegistry:
+    """Which gateway started which worker, one small file per worker under the data dir, so
+    that a starting gateway can stop workers a dead gateway left behind. Workers die with
+    their gateway (``_die_with``); this covers what that cannot (a platform without it, a
+    worker caught between fork and that call)."""
+
+    def __init__(self, folder: str | os.PathLike) -> None:
+        self.folder = str(folder)
+        os.makedirs(self.folder, exist_ok=True)
+
+    def add(self, pid: int) -> None:
+        entry = {"gateway": os.getpid(), "gateway_start": _start_time(os.getpid()),
+                 "start": _start_time(pid)}
+        with open(os.path.join(self.folder, f"{pid}.json"), "w") as f:
+            json.dump(entry, f)
+
+    def remove(self, pid: int) -> None:
+        try:
+            os.unlink(os.path.join(self.folder, f"{pid}.json"))
+        except OSError:
+            pass
+
+    def reap(self) -> list[int]:
+        """Kill the still-running workers of gateways that are gone; the pids killed."""
+        killed = []
+        for name in os.listdir(self.folder):
+            if not name.endswith(".json") or not name[:-5].isdigit():
+                continue
+            pid = int(name[:-5])
+            try:
+                with open(os.path.join(self.folder, name)) as f:
+                    entry = json.load(f)
+                gateway, g_start, start = entry["gateway"], entry["gateway_start"], entry["start"]
+            except (OSError, ValueError, KeyError, TypeError):
+                self.remove(pid)
+                continue
+            if gateway == os.getpid() or (g_start is not None
+                                          and _start_time(gateway) == g_start):
+                continue  # its gateway still runs (this one, or another on this data dir)
+            if start is not None and _start_time(pid) == start:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+                    log.warning("stopped worker %d left running by a gateway that died", pid)
+                except OSError:
+                    pass
+            self.remove(pid)
+        return killed
+
+
+class Worker:
+    """One engine process; calls are serialized (a session's ops run in order).
+
+    Construct it on the event loop's thread (the main thread): the worker's parent-death
+    signal is tied to the thread that starts it."""
+
+    def __init__(self, engine_spec: str, engine_kwargs: dict, *, shm_dir: str | None = None,
+                 time_limit: float | None = None,
+                 registry: WorkerRegistry | None = None) -> None:
         self._conn, child = _ctx.Pipe(duplex=True)
-        self._shm_path: str | None = SharedBuffer.create()
-        self.shm = SharedBuffer(self._shm_path)
+        self._shm_path: str | None = SharedBuffer.create(shm_dir)
+        self.shm = SharedBuffer(self._shm_path) if self._shm_path else None
         self.proc = _ctx.Process(target=worker_main,
-                                 args=(child, engine_spec, engine_kwargs, self._shm_path),
+                                 args=(child, engine_spec, engine_kwargs, self._shm_path,
+                                       os.getpid(), time_limit),
                                  daemon=True, name="difftape-worker")
         self.proc.start()
         child.close()  # so that the worker's death reads as EOF here
         self.pid = self.proc.pid
+        self.registry = registry
+        if registry is not None:
+            registry.add(self.pid)
         self.lock = asyncio.Lock()
         self.gone: WorkerGone | None = None
+        self.draining = False  # the server is stopping: only a save may still run
+        self.current: str | None = None  # the op in flight
         self._unread = 0  # replies of cancelled calls still to be read
         self.stats = WorkerStats()
         self._io = threading.Lock()
@@ -308,6 +515,10 @@ class Worker:
     def _died(self) -> WorkerGone:
         self.proc.join(timeout=1)
         code = self.proc.exitcode
+        if code == EXIT_TIME_LIMIT:
+            self.gone = WorkerGone("the operation ran longer than the kernel time limit; its "
+                                   "worker stopped itself", timeout=True)
+            return self.gone
         how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
         self.gone = WorkerGone(f"the session's worker process died ({how})")
         return self.gone
@@ -331,7 +542,27 @@ class Worker:
             # uvloop (libuv) makes a watched descriptor non-blocking; the reads below, and
             # the next request's writes, expect a blocking one.
             os.set_blocking(fd, True)
-        return _recv(self._conn, self.shm)
+        msg = json.loads(self._conn.recv_bytes())
+        size = msg.get("_payload")
+        if isinstance(size, int) and not isinstance(size, bool) and size >= SHM_MIN:
+            # A big payload in the pipe (no room in shared memory): read it off the loop.
+            return await loop.run_in_executor(_executor, _finish_recv, self._conn, msg,
+                                              self.shm, True)
+        return _finish_recv(self._conn, msg, self.shm, True)
+
+    async def _write(self, frames: list) -> None:
+        if not _big(frames):
+            _write(self._conn, frames)
+            return
+        # Megabytes through the pipe (no room in shared memory) would hold the event loop
+        # until the worker has read them: write from a thread, and finish the write even if
+        # the call is cancelled, so no other request's frames interleave with these.
+        fut = asyncio.get_running_loop().run_in_executor(_executor, _write, self._conn, frames)
+        try:
+            await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            await asyncio.wait([fut])
+            raise
 
     async def call(self, op: dict, payload=None, *, timeout: float) -> tuple[dict, bytes | None]:
         """Run one engine op; raise ProblemError for engine errors, WorkerGone if it died.
@@ -343,6 +574,8 @@ class Worker:
         async with self.lock:
             if self.gone is not None:
                 raise self.gone
+            if self.draining and op.get("op") != "save":
+                raise server_stopping()
             sent = False
             try:
                 # A call cancelled while its op ran left that op's reply in the pipe: read
@@ -350,10 +583,15 @@ class Worker:
                 while self._unread:
                     await self._reply(timeout)
                     self._unread -= 1
-                _send(self._conn, op, payload, self.shm)
+                frames = _frames(op, payload, self.shm)
                 sent = True
+                self.current = op.get("op")
+                await self._write(frames)
                 msg, out = await self._reply(timeout)
                 sent = False
+                self.current = None
+                if self.shm is not None:
+                    self.shm.shrink()  # the worker waits for its next request now
             except (EOFError, OSError, ValueError):
                 # EOF: the worker died; OSError/ValueError: its pipe or buffer is closed.
                 if self.gone is None:
@@ -376,6 +614,8 @@ class Worker:
         if self.proc.is_alive():
             self.proc.kill()
         self.proc.join(timeout=5)
+        if self.registry is not None and not self.proc.is_alive():
+            self.registry.remove(self.pid)
         self._unlink_shm()
         if self.gone is None:
             self.gone = WorkerGone("the worker was stopped")
@@ -411,9 +651,14 @@ class WorkerPool:
     """Starts workers, keeping ``spare`` started and initialised ones ready."""
 
     def __init__(self, engine_spec: str, engine_kwargs: dict, spare: int,
-                 start_timeout: float) -> None:
+                 start_timeout: float, *, shm_dir: str | None = None,
+                 time_limit: float | None = None, registry: WorkerRegistry | None = None
+                 ) -> None:
         self.engine_spec = engine_spec
         self.engine_kwargs = engine_kwargs
+        self.shm_dir = shm_dir
+        self.time_limit = time_limit
+        self.registry = registry
         self.spare = spare
         self.start_timeout = start_timeout
         self._ready: list[Worker] = []
@@ -422,15 +667,13 @@ class WorkerPool:
         self.started_ok = False
         self.start_error: str | None = None
 
-    def _start_sync(self) -> Worker:
-        w = Worker(self.engine_spec, self.engine_kwargs)
-        w.wait_ready(self.start_timeout)
-        return w
-
     async def _start(self) -> Worker:
         loop = asyncio.get_running_loop()
         try:
-            w = await loop.run_in_executor(_executor, self._start_sync)
+            # Started here, on the loop's thread (see Worker); the wait runs in a thread.
+            w = Worker(self.engine_spec, self.engine_kwargs, shm_dir=self.shm_dir,
+                       time_limit=self.time_limit, registry=self.registry)
+            await loop.run_in_executor(_executor, w.wait_ready, self.start_timeout)
         except Exception as e:
             self.start_error = str(e)
             raise
@@ -475,4 +718,5 @@ class WorkerPool:
         self._ready.clear()
 
 
-__all__ = ["Worker", "WorkerGone", "WorkerPool", "session_lost", "worker_main"]
+__all__ = ["Worker", "WorkerGone", "WorkerPool", "WorkerRegistry", "session_lost",
+           "worker_main"]

@@ -20,6 +20,7 @@ async def run_batch(request: Request, user: UserDep, body: BatchBody,
     whole batch."""
     svc = service(request)
     svc.sessions.check(user, sid)
+    svc.sessions.check_batch_size(len(body.ops))
     ops = [op.model_dump() for op in body.ops]
     created, companions, extra = svc.sessions.plan_fields(sid, ops)
     with svc.sessions.reserve_fields(user, extra):

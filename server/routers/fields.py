@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response
@@ -19,7 +18,6 @@ from ..models import (
     Role,
 )
 from ..problems import ProblemError
-from ..sessions import field_nbytes
 from .deps import PROBLEM_RESPONSES, FidP, SidP, UserDep, service
 
 router = APIRouter(prefix="/v1/sessions/{sid}/fields", tags=["fields"],
@@ -42,14 +40,12 @@ async def create_field(request: Request, user: UserDep, body: FieldCreate,
                        sid: SidP) -> FieldCreated:
     svc = service(request)
     svc.sessions.check(user, sid)
-    n = field_nbytes(body.dtype, body.shape, body.element_shape)
-    roles = ["data"] + (["grad"] if body.needs_grad else []) + (["dual"] if body.needs_dual
-                                                                 else [])
-    with svc.sessions.reserve_fields(user, n * len(roles)):
-        result, _ = await svc.sessions.call(user, sid, {"op": "create_field",
-                                                        **body.model_dump()})
-        svc.sessions.account_fields(sid, {body.id: (n, roles)}, [])
-    return FieldCreated(id=body.id, nbytes=int(result.get("nbytes", n)))
+    op = {"op": "create_field", **body.model_dump()}
+    rec = svc.sessions.created_record(op)
+    with svc.sessions.reserve_fields(user, rec.total):
+        result, _ = await svc.sessions.call(user, sid, op)
+        svc.sessions.account_fields(sid, {body.id: rec}, [])
+    return FieldCreated(id=body.id, nbytes=int(result.get("nbytes", rec.total)))
 
 
 @router.post("/{fid}/companions", status_code=204)
@@ -57,9 +53,9 @@ async def add_companion(request: Request, user: UserDep, body: CompanionBody, si
                         fid: FidP) -> Response:
     """Allocate the field's ``.grad`` or ``.dual`` (``lazy_grad`` / ``lazy_dual``)."""
     svc = service(request)
-    row = svc.sessions.row(user, sid)
-    f = json.loads(row["fields"]).get(str(fid))
-    extra = f["n"] if f is not None and body.role not in f["roles"] else 0
+    svc.sessions.check(user, sid)
+    f = svc.db.field_records(sid, [fid]).get(fid)
+    extra = f.nbytes if f is not None and body.role not in f.roles else 0
     with svc.sessions.reserve_fields(user, extra):
         await svc.sessions.call(user, sid, {"op": "companion", "id": fid, "role": body.role})
         svc.sessions.account_fields(sid, {}, [(fid, body.role)])
@@ -71,18 +67,24 @@ async def write_field(request: Request, user: UserDep, sid: SidP, fid: FidP,
                       role: Role, content_type: Annotated[str | None, Header()] = None,
                       x_dtype: Annotated[str | None, Header()] = None,
                       x_shape: Annotated[str | None, Header()] = None) -> Response:
-    """Replace the field's data (or ``.grad`` / ``.dual``) with the body's array."""
+    """Replace the field's data (or ``.grad`` / ``.dual``) with the body's array.
+
+    The body is read as it arrives: its header (or ``X-Shape``) is checked against the
+    field first, so an array of the wrong shape is refused before its data is read, and
+    the data goes straight into one buffer of the right size."""
     svc = service(request)
     svc.sessions.check(user, sid)
-    body = await request.body()
     ctype = (content_type or npyio.NPY).split(";")[0].strip().lower()
-    if ctype == npyio.NPY:
-        data, dtype, shape = npyio.read_npy(body)
-    elif ctype == npyio.RAW:
-        data, dtype, shape = npyio.read_raw(body, x_dtype, x_shape)
-    else:
+    if ctype not in (npyio.NPY, npyio.RAW):
         raise ProblemError(415, f"unsupported content type {ctype!r}; send {npyio.NPY} or "
                                 f"{npyio.RAW}")
+    rec = svc.db.field_records(sid, [fid]).get(fid)
+    length = request.headers.get("content-length")
+    data, dtype, shape = await npyio.read_body(
+        request.stream(), ctype, x_dtype, x_shape,
+        field_shape=rec.shape if rec is not None else None,
+        field_label=f"field {fid} ({role})", limit=svc.settings.max_body_bytes,
+        length=int(length) if length and length.isdigit() else None)
     await svc.sessions.call(user, sid, {"op": "write", "id": fid, "role": role,
                                         "dtype": dtype, "shape": shape}, data)
     svc.metrics.bytes_moved.labels("in").inc(len(data))

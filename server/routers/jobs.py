@@ -34,6 +34,7 @@ async def submit_job(request: Request, user: UserDep, body: JobSubmit,
     """Queue the ops as a job. With a ``job_id`` you chose, resubmitting is safe: the job
     runs once and every submission answers with it."""
     svc = service(request)
+    svc.sessions.check_batch_size(len(body.ops))
     ops = [op.model_dump() for op in body.ops]
     created, _companions, extra = svc.sessions.plan_fields(sid, ops)
     if extra:

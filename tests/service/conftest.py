@@ -31,11 +31,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def create_token(data_dir: Path, name: str) -> str:
-    out = subprocess.run([sys.executable, "-m", "difftape.cli", "token", "create", name,
-                          "--data-dir", str(data_dir)], check=True, capture_output=True,
-                         text=True, timeout=60)
-    return out.stdout.strip()
+def create_tokens(data_dir: Path, names) -> dict[str, str]:
+    """``difftape token create NAME`` for each name, in one interpreter (each start costs
+    seconds on a busy machine)."""
+    names = list(names)
+    if not names:
+        return {}
+    code = ("import sys\nfrom difftape.cli import main\n"
+            "for name in sys.argv[2:]:\n"
+            "    assert main(['token', 'create', name, '--data-dir', sys.argv[1]]) == 0\n")
+    out = subprocess.run([sys.executable, "-c", code, str(data_dir), *names], check=True,
+                         capture_output=True, text=True, timeout=60)
+    tokens = out.stdout.split()
+    assert len(tokens) == len(names), out
+    return dict(zip(names, tokens, strict=True))
 
 
 @dataclass
@@ -78,22 +87,21 @@ class Server:
 
 
 def start_server(data_dir: Path, users=("alice", "bob"), tokens: dict | None = None,
-                 wait_ready: bool = True, **settings) -> Server:
+                 wait_ready: bool = True, wrap: list[str] | None = None, **settings) -> Server:
     """Start ``python -m difftape.server`` with ``DIFFTAPE_<NAME>`` settings; wait until
-    /readyz says ready (or only /livez with ``wait_ready=False``)."""
+    /readyz says ready (or only /livez with ``wait_ready=False``). ``wrap`` is a command
+    that execs the server's command line it is given as arguments (e.g. ``unshare``)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     tokens = dict(tokens or {})
-    for u in users:
-        if u not in tokens:
-            tokens[u] = create_token(data_dir, u)
+    tokens.update(create_tokens(data_dir, [u for u in users if u not in tokens]))
     port = free_port()
     env = dict(os.environ)
     env.update({f"DIFFTAPE_{k.upper()}": str(v) for k, v in settings.items()})
     env.setdefault("DIFFTAPE_WORKER_THREADS", "2")
     log_path = data_dir / f"server-{port}.log"
     logf = open(log_path, "wb")  # noqa: SIM115 - lives as long as the server
-    proc = subprocess.Popen([sys.executable, "-m", "difftape.server", "--port", str(port),
-                             "--data-dir", str(data_dir)], env=env, stdout=logf,
+    proc = subprocess.Popen([*(wrap or []), sys.executable, "-m", "difftape.server", "--port",
+                             str(port), "--data-dir", str(data_dir)], env=env, stdout=logf,
                             stderr=subprocess.STDOUT, cwd=REPO)
     url = f"http://127.0.0.1:{port}"
     server = Server(url, port, data_dir, tokens, proc, log_path, env)
@@ -128,6 +136,7 @@ def limited(tmp_path_factory):
     server = start_server(tmp_path_factory.mktemp("limited"),
                           users=("alice", "bob", "carol", "dave"),
                           quota_sessions=3, quota_field_bytes=1 << 20, quota_job_seconds=0.5,
+                          quota_session_fields=20, quota_session_kernels=3, max_batch_ops=200,
                           kernel_time_limit_s=1.5, idle_session_timeout_s=2,
                           cull_interval_s=0.5, max_body_bytes=1 << 20,
                           max_json_bytes=256 << 10)

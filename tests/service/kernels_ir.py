@@ -47,6 +47,16 @@ class Kernels:
             return s
 
         @ti.kernel
+        def endless(steps: ti.i32) -> ti.f32:
+            # steps**2 iterations: with steps = 2**31 - 1, longer than any test runs.
+            s = 0.0
+            for _ in range(1):
+                for _j in range(steps):
+                    for _k in range(steps):
+                        s = s * 0.999999 + 1.0
+            return s
+
+        @ti.kernel
         def total() -> ti.f32:
             s = 0.0
             for i in x:
@@ -54,7 +64,7 @@ class Kernels:
             return s
 
         self.kernels = {k.name if hasattr(k, "name") else k.__name__: k
-                        for k in (double, square_sum, poke, spin, total)}
+                        for k in (double, square_sum, poke, spin, endless, total)}
         self.fields = {"x": x, "y": y, "loss": loss}
 
     def ir(self, name: str) -> dict:

@@ -572,3 +572,36 @@ def test_kubernetes_gpu_overlay():
         "containers"][0]["name"]
     assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert c["resources"]["requests"]["nvidia.com/gpu"] == 1
+
+
+def _seconds(text: str) -> float:
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(s|m)?", str(text).strip())
+    assert m, text
+    return float(m.group(1)) * (60 if m.group(2) == "m" else 1)
+
+
+@needs_yaml
+def test_shutdown_grace_and_shared_memory_fit_the_orchestrators():
+    """The server's own grace period (it saves every session within it) is shorter than
+    the one after which each orchestrator sends SIGKILL, and /dev/shm is raised from the
+    64 MiB containers get by default."""
+    svc = yaml_docs(COMPOSE)[0]["services"]["difftape"]
+    grace = float(svc["environment"]["DIFFTAPE_SHUTDOWN_GRACE_S"])
+    assert grace + 10 <= _seconds(svc["stop_grace_period"])
+    size = re.fullmatch(r"(\d+)([kmg])b?", svc["shm_size"].lower())
+    assert size and int(size.group(1)) * {"k": 1, "m": 2**10, "g": 2**20}[size.group(2)] \
+        >= 256 * 2**10, svc["shm_size"]
+
+    objs = k8s_objects()
+    pod = objs["Deployment"]["spec"]["template"]["spec"]
+    grace = float(objs["ConfigMap"]["data"]["DIFFTAPE_SHUTDOWN_GRACE_S"])
+    assert grace + 10 <= pod["terminationGracePeriodSeconds"]
+    (c,) = pod["containers"]
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    dshm = {v["name"]: v for v in pod["volumes"]}[mounts["/dev/shm"]]["emptyDir"]
+    assert dshm["medium"] == "Memory" and dshm["sizeLimit"] in ("512Mi", "1Gi", "2Gi")
+
+    envs = dict(e.split("=", 1) for s, k, v in unit_entries(UNIT)
+                if s == "Service" and k == "Environment" for e in shlex.split(v))
+    assert float(envs["DIFFTAPE_SHUTDOWN_GRACE_S"]) + 10 <= \
+        _seconds(unit_value(UNIT, "TimeoutStopSec"))

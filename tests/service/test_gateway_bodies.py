@@ -99,6 +99,8 @@ def test_body_limit(limited):
             problem(c.put(path, content=big), 413)
 
             def chunks():
+                # A header promising more than the limit: refused from the header alone.
+                yield npy(np.zeros(300_000, np.float32))[:128]
                 for _ in range(20):
                     yield b"\0" * (64 * 1024)
 

@@ -10,8 +10,9 @@ def test_framework_errors_are_problems(alice, session):
     problem(alice.put("/v1/sessions"), 405)
     body = problem(alice.post(f"/v1/sessions/{session}/fields", json={"id": "x"}), 422)
     assert body["errors"] and all("loc" in e for e in body["errors"])
+    # A body that is not JSON at all is malformed (400), like a broken .npy.
     problem(alice.post(f"/v1/sessions/{session}/batch", content=b"{not json",
-                       headers={"Content-Type": "application/json"}), 422)
+                       headers={"Content-Type": "application/json"}), 400)
     problem(alice.post(f"/v1/sessions/{session}/batch",
                        json={"ops": [{"op": "exec", "code": "import os"}]}), 422)
     problem(alice.get("/v1/sessions/..%2f..%2fetc"), 404)
