@@ -98,23 +98,26 @@ def test_difftaichi_compare_reports_first_difference():
     assert not agree and "1.25" in first and "1.3" in first
 
 
-def test_difftaichi_within_chaos_needs_taichis_own_spread():
+def test_difftaichi_within_chaos_judges_up_to_taichis_own_horizon():
     spec = difftaichi.Example()
 
     def lines(*losses):
         return difftaichi.result_lines("".join(f"Iter= {i} Loss= {x!r}\n"
                                                for i, x in enumerate(losses)), spec)
 
-    ta = lines(0.5, 0.25)
-    nudged = lines(0.5, 0.2501)  # Taichi itself moves by 4e-4 at iteration 1
-    ok, _, spread = difftaichi.within_chaos(ta, lines(0.5, 0.2503), nudged, 1e-7)
-    assert ok and spread == pytest.approx(0.0001 / 0.2503)  # relative to the larger value
-    # beyond ten times Taichi's own spread, or where Taichi did not move at all: differs
-    ok, outside, _ = difftaichi.within_chaos(ta, lines(0.5, 0.252), nudged, 1e-7)
-    assert not ok and "0.252" in outside
-    ok, outside, _ = difftaichi.within_chaos(ta, lines(0.5000001, 0.25), nudged, 1e-7)
-    assert not ok and "line 1" in outside
-    assert not difftaichi.within_chaos(ta, lines(0.5), nudged, 1e-7)[0]
+    ta = lines(0.5, 0.25, 3e18)
+    nudged = lines(0.5, 0.2501, 2e22)  # Taichi itself moves by 4e-4 at iteration 1
+    c = difftaichi.within_chaos(ta, lines(0.5, 0.2503, 1e24), nudged, 1e-7)
+    assert c.agree and c.horizon == 4 and c.unjudged == 2  # values 5, 6 beyond the horizon
+    assert c.spread == pytest.approx(0.0001 / 0.2503)  # relative to the larger value
+    # beyond ten times Taichi's own move at the horizon, or before it: differs
+    c = difftaichi.within_chaos(ta, lines(0.5, 0.252, 3e18), nudged, 1e-7)
+    assert not c.agree and "0.252" in c.outside and "at Taichi's horizon" in c.outside
+    c = difftaichi.within_chaos(ta, lines(0.5000001, 0.25, 3e18), nudged, 1e-7)
+    assert not c.agree and "line 1, before" in c.outside
+    # a nudge that moves nothing proves nothing
+    assert not difftaichi.within_chaos(ta, lines(0.5, 0.2503, 3e18), ta, 1e-7).agree
+    assert not difftaichi.within_chaos(ta, lines(0.5, 0.25), nudged, 1e-7).agree
 
 
 def test_difftaichi_nudge_moves_random_draws_one_ulp(tmp_path):
