@@ -6,11 +6,13 @@ Outside the default test paths: run with ``.venv/bin/python -m pytest -q bench/t
 """
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 BENCH = Path(__file__).resolve().parent
@@ -94,6 +96,47 @@ def test_difftaichi_compare_reports_first_difference():
     assert difftaichi.compare(ta, same, 1e-6)[0]
     agree, first, _ = difftaichi.compare(ta, off, 1e-3)
     assert not agree and "1.25" in first and "1.3" in first
+
+
+def test_difftaichi_within_chaos_judges_up_to_taichis_own_horizon():
+    spec = difftaichi.Example()
+
+    def lines(*losses):
+        return difftaichi.result_lines("".join(f"Iter= {i} Loss= {x!r}\n"
+                                               for i, x in enumerate(losses)), spec)
+
+    ta = lines(0.5, 0.25, 3e18)
+    nudged = lines(0.5, 0.2501, 2e22)  # Taichi itself moves by 4e-4 at iteration 1
+    c = difftaichi.within_chaos(ta, lines(0.5, 0.2503, 1e24), nudged, 1e-7)
+    assert c.agree and c.horizon == 4 and c.unjudged == 2  # values 5, 6 beyond the horizon
+    assert c.spread == pytest.approx(0.0001 / 0.2503)  # relative to the larger value
+    # beyond ten times Taichi's own move at the horizon, or before it: differs
+    c = difftaichi.within_chaos(ta, lines(0.5, 0.252, 3e18), nudged, 1e-7)
+    assert not c.agree and "0.252" in c.outside and "at Taichi's horizon" in c.outside
+    c = difftaichi.within_chaos(ta, lines(0.5000001, 0.25, 3e18), nudged, 1e-7)
+    assert not c.agree and "line 1, before" in c.outside
+    # a nudge that moves nothing proves nothing
+    assert not difftaichi.within_chaos(ta, lines(0.5, 0.2503, 3e18), ta, 1e-7).agree
+    assert not difftaichi.within_chaos(ta, lines(0.5, 0.25), nudged, 1e-7).agree
+
+
+def test_difftaichi_nudge_moves_random_draws_one_ulp(tmp_path):
+    script = tmp_path / "ex.py"
+    script.write_text("import random\nimport numpy as np\n"
+                      "print(repr(np.random.randn()), repr(random.random()), "
+                      "repr(float(np.random.rand(3)[2])))\n")
+    (tmp_path / "taichi.py").write_text("def init(**kwargs):\n    pass\n")  # a stand-in
+    (tmp_path / "_run_example.py").write_text(difftaichi.RUNNER.format(
+        headless=str(difftaichi.COMPAT / "headless"), script=str(script), argv=[]))
+    outs = []
+    for nudge in ({}, {"DIFFTAICHI_NUDGE": "1"}):
+        env = {k: v for k, v in os.environ.items() if k != "DIFFTAICHI_NUDGE"} | nudge
+        p = subprocess.run([sys.executable, "_run_example.py"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, check=True)
+        outs.append([float(v) for v in p.stdout.split()])
+    plain, nudged = outs
+    assert plain[0] != nudged[0]
+    assert nudged == [float(np.nextafter(v, np.inf)) for v in plain]
 
 
 @pytest.mark.bench
