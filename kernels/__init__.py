@@ -114,6 +114,7 @@ from .runtime.field import (  # noqa: E402
     root,
 )
 from .runtime.field import make_field as field  # noqa: E402
+from .runtime.foreign import from_dlpack  # noqa: E402
 from .runtime.ndarray import (  # noqa: E402
     MatrixNdarray,
     Ndarray,

@@ -17,12 +17,13 @@ from ..errors import DifftapeError, KernelIndexError, KernelTypeError, ShapeErro
 from ..frontend import builder as _b
 from ..ir.nodes import Buffer
 from . import program
+from .foreign import ArrayExchange
 from .sparse import active_condition, active_mask, dynamic_op, dynamic_row, emit_activate
 
 _field_ids = itertools.count(1)
 
 
-class Field:
+class Field(ArrayExchange):
     """``ti.field`` / ``ti.Vector.field`` / ``ti.Matrix.field``."""
 
     def __new__(cls, *args, **kwargs):

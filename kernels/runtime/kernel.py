@@ -107,6 +107,10 @@ class Kernel:
         self._fast: CompiledKernel | None = None
         self._simple = all(not isinstance(p.annotation, Template | NdarrayType)
                            for p in self.params)
+        # ti.types.ndarray() parameters: tensors of other libraries passed there are viewed
+        # as NumPy arrays first (runtime/foreign.py).
+        self._array_args = tuple(k for k, p in enumerate(self.params)
+                                 if isinstance(p.annotation, NdarrayType))
         self.last_compile: CompileStats | None = None
         self.no_grad = False  # set by @ti.ad.no_grad: a Tape runs it but never differentiates
         self._adjoint: AdjointKernel | None = None
@@ -125,6 +129,10 @@ class Kernel:
     def __call__(self, *args, **kwargs):
         if kwargs:
             args = self._bind_kwargs(args, kwargs)
+        if self._array_args and len(args) == len(self.params):
+            for k in self._array_args:
+                if not isinstance(args[k], np.ndarray | Ndarray):
+                    return self.foreign_call(self.__call__, args)
         prog = program.get()
         if prog.generation != self._generation:
             self._reset_instances(prog)
@@ -146,6 +154,16 @@ class Kernel:
         if inst is None:
             inst = self._instances[key] = self._compile(prog, args, spec)
         return inst.launch(args)
+
+    def foreign_call(self, call: Callable, args: tuple):
+        """``call(*args)`` with the PyTorch/JAX/DLPack arrays among the ndarray arguments
+        viewed as NumPy arrays (see runtime/foreign.py)."""
+        from .foreign import call_with_arrays
+
+        if len(args) != len(self.params):
+            raise self._arg_count_error(args)
+        return call_with_arrays(call, self.name, [p.name for p in self.params], args,
+                                self._array_args)
 
     def _call_differentiated(self, prog, args: tuple):
         """A launch inside a Tape (recorded) and/or forward mode (the tangent variant)."""
@@ -378,6 +396,10 @@ class AdjointKernel:
             args = k._bind_kwargs(args, kwargs)
         if k.no_grad:  # @ti.ad.no_grad: an empty gradient, as in Taichi
             return None
+        if k._array_args and len(args) == len(k.params):
+            for i in k._array_args:
+                if not isinstance(args[i], np.ndarray | Ndarray):
+                    return k.foreign_call(self.__call__, args)
         # Under forward mode the adjoint runs with tangents: forward-over-reverse, which puts
         # Hessian-vector products into the .grad.dual of the inputs.
         prog = program.get()
@@ -680,7 +702,8 @@ class CompiledKernel:
         kernel writes is refused."""
         if writes and not arr.flags.writeable:
             raise ArgumentError(f"kernel '{self.ir.name}' writes argument {arg_index + 1}, but "
-                                "it is a read-only NumPy array", kernel=self.ir.name)
+                                "it is read-only (a read-only NumPy array, or a JAX array: "
+                                "those are immutable)", kernel=self.ir.name)
         copies = {} if copies is None else copies
         entry = copies.get(id(arr))
         if entry is None:
@@ -858,7 +881,8 @@ def _ndarray_desc(kernel: str, name: str, ann: NdarrayType, a) -> tuple:
                          "pass ti.ndarray(..., needs_grad=True)")
         has_grad = False
     else:
-        raise refuse(f"must be a NumPy array or a ti.ndarray, got {type(a).__name__}")
+        raise refuse(f"must be an array (NumPy, ti.ndarray, or one exporting __dlpack__ or "
+                     f"__array_interface__: PyTorch, JAX), got {type(a).__name__}")
     ndim = arr.ndim - len(esh)
     if ann.ndim is not None and ann.ndim != ndim:
         raise refuse(f"must have ndim={ann.ndim}, got an array with {ndim} dimension(s) "

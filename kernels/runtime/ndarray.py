@@ -17,9 +17,10 @@ import numpy as np
 
 from ..errors import DifftapeError, ShapeError
 from ..frontend.builder import python_scope
+from .foreign import ArrayExchange
 
 
-class Ndarray:
+class Ndarray(ArrayExchange):
     """A NumPy-backed array with an element shape (scalar, vector or matrix elements)."""
 
     # What a kernel that uses one of the Python-scope methods below should do instead.
