@@ -1,0 +1,228 @@
+"""The framework-neutral core of the PyTorch and JAX bridges: a Python function that launches
+difftape kernels on declared input and output storage (fields or ``ti.ndarray``), run
+forward, backward (vector-Jacobian product), in forward mode (Jacobian-vector product) and
+to second order (forward-over-reverse), on NumPy arrays that the bridges share with their
+tensors.
+
+Storage and copies. A declared ``ti.ndarray`` is re-pointed at the caller's memory for each
+call (its ``.arr`` becomes a view of the input tensor; an output's becomes the new output
+tensor's buffer): no copy. A field owns its storage, so a declared field is copied into
+(inputs) or out of (outputs) once per call. An input that is not C-contiguous is copied once.
+
+Gradients. Adjoint storage is difftape's own (the ``.grad`` of the declared fields and
+ndarrays, and fresh arrays for ndarray inputs), never the caller's tensors' ``.grad``; the
+bridges hand the results to their framework, which accumulates them exactly once. The
+backward pass reuses the recording of the latest forward call when it is the one being
+differentiated and has not been used yet; otherwise it runs the function again (recorded)
+from the saved inputs first, so interleaved calls of one operator are differentiated right.
+The declared storage and whatever the function writes belong to the operator: other code must
+not change them between a call and its backward (as for a ``ti.ad.Tape``).
+
+Second order (fields only: ``ti.ndarray`` has no tangent storage) is one forward-mode pass of
+the recorded program and of its adjoint, as ``ti.ad.hvp`` does: given the backward pass
+``g(x, u) = J(x)^T u`` and a cotangent ``w`` for its result, it gives ``J w`` (for ``u``) and
+``(sum_k u_k H_k) w`` (for ``x``, the Hessians being symmetric).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from ..ad import Tape, clear_all_gradients
+from ..autodiff.functional import _backward, _ensure_second_order, clear_all_duals, forward_mode
+from ..errors import DifftapeError
+from ..runtime import program
+from ..runtime.field import Field
+from ..runtime.ndarray import Ndarray
+
+
+class DiffProgram:
+    """``fn()`` launching kernels that read ``inputs`` and write ``outputs`` (fields or
+    ``ti.ndarray``, float, with gradient storage: ``needs_grad=True``). ``fn`` must compute
+    its outputs from scratch; the outputs are zeroed before each run."""
+
+    def __init__(self, fn: Callable[[], object], inputs: Sequence, outputs: Sequence,
+                 name: str | None = None) -> None:
+        self.fn = fn
+        self.name = name or getattr(fn, "__name__", "difftape_op")
+        self.inputs = list(inputs)
+        self.outputs = list(outputs)
+        if not self.outputs:
+            raise DifftapeError(f"{self.name}: declare at least one output")
+        for what, xs in (("input", self.inputs), ("output", self.outputs)):
+            for k, s in enumerate(xs):
+                if not isinstance(s, Field | Ndarray):
+                    raise DifftapeError(f"{self.name}: {what} {k} must be a field or a "
+                                        f"ti.ndarray, got {type(s).__name__}")
+                if not s.dtype.is_float or s.grad is None:
+                    raise DifftapeError(f"{self.name}: {what} {k} must be a float field or "
+                                        "ndarray with gradient storage (needs_grad=True)")
+        self.shapes_in = [_full_shape(s) for s in self.inputs]
+        self.shapes_out = [_full_shape(s) for s in self.outputs]
+        self.dtypes_in = [np.dtype(s.dtype.np) for s in self.inputs]
+        self.dtypes_out = [np.dtype(s.dtype.np) for s in self.outputs]
+        self._token: object | None = None  # the latest run (its recording is in _tape)
+        self._tape: Tape | None = None
+
+    # ------------------------------------------------------------------ forward
+    def run(self, xs: Sequence[np.ndarray], record: bool,
+            out: Sequence[np.ndarray] | None = None) -> tuple[object, list[np.ndarray]]:
+        """Run ``fn`` on ``xs``; returns a token naming this run and the outputs (the arrays
+        ``out`` when given: ndarray outputs are written there in place, field outputs copied
+        there). ``record``: keep a recording for :meth:`vjp`."""
+        self._check_outside_derivatives()
+        self._bind_inputs(xs)
+        outs = self._bind_outputs(out)
+        if record:
+            tape = Tape(loss=None)
+            with tape:
+                self.fn()
+        else:
+            tape = None
+            self.fn()
+        self._copy_field_outputs(outs)
+        self._token, self._tape = object(), tape
+        return self._token, outs
+
+    # ------------------------------------------------------------------ reverse
+    def vjp(self, token: object, xs: Sequence[np.ndarray], us: Sequence[np.ndarray]
+            ) -> list[np.ndarray]:
+        """``J(xs)^T us``, one fresh array per input."""
+        self._check_outside_derivatives()
+        if token is not self._token or self._tape is None:
+            self.run(xs, record=True)  # re-run from the saved inputs (see the module doc)
+        else:
+            self._bind_inputs(xs)  # the recording reads the ndarrays' current memory
+        tape, self._tape = self._tape, None  # one backward pass per recording
+        self._token = None
+        clear_all_gradients()
+        for entry in tape.entries:
+            for a in entry.args:
+                if isinstance(a, Ndarray) and a.grad is not None:
+                    a.grad.arr = np.zeros_like(a.grad.arr)
+        for s in self.inputs:
+            if isinstance(s, Ndarray):
+                s.grad.arr = np.zeros(s.arr.shape, s.arr.dtype)
+        for s, u in zip(self.outputs, us, strict=True):
+            u = self._checked(u, s, "cotangent")
+            if isinstance(s, Ndarray):
+                s.grad.arr = np.array(u, dtype=s.arr.dtype, order="C")  # ours: adjoints write
+            else:
+                s.grad.from_numpy(u)
+        _backward(tape)
+        return [s.grad.arr if isinstance(s, Ndarray) else s.grad.to_numpy()
+                for s in self.inputs]
+
+    # ------------------------------------------------------------------ forward mode
+    def jvp(self, xs: Sequence[np.ndarray], ts: Sequence[np.ndarray | None]
+            ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """The outputs and ``J(xs) ts`` (a None tangent is zero)."""
+        self._need_fields("forward-mode derivatives")
+        self._check_outside_derivatives()
+        _ensure_second_order()  # what a Tape differentiates (fields with .grad) gets a .dual
+        self._bind_inputs(xs)
+        clear_all_duals()
+        for s, t in zip(self.inputs, ts, strict=True):
+            if t is not None:
+                s.dual.from_numpy(self._checked(t, s, "tangent"))
+        outs = self._bind_outputs(None)
+        try:
+            with forward_mode():
+                self.fn()
+            self._copy_field_outputs(outs)
+            touts = [s.dual.to_numpy() for s in self.outputs]
+        finally:
+            clear_all_duals()
+        self._token = self._tape = None
+        return outs, touts
+
+    # ------------------------------------------------------------------ second order
+    def vjp_derivative(self, xs: Sequence[np.ndarray], us: Sequence[np.ndarray],
+                       ws: Sequence[np.ndarray | None]
+                       ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """The vector-Jacobian product of ``(xs, us) -> J(xs)^T us`` with cotangents ``ws``:
+        ``(J ws`` for each output, ``(sum_k us_k H_k) ws`` for each input)."""
+        self._need_fields("second derivatives")
+        self._check_outside_derivatives()
+        _ensure_second_order()
+        self._bind_inputs(xs)
+        clear_all_duals()
+        for s, w in zip(self.inputs, ws, strict=True):
+            if w is not None:
+                s.dual.from_numpy(self._checked(w, s, "cotangent"))
+        clear_all_gradients()
+        try:
+            with forward_mode():
+                tape = Tape(loss=None)
+                with tape:
+                    self._bind_outputs(None)
+                    self.fn()
+                for s, u in zip(self.outputs, us, strict=True):
+                    s.grad.from_numpy(self._checked(u, s, "cotangent"))
+                _backward(tape)
+            d_us = [s.dual.to_numpy() for s in self.outputs]
+            d_xs = [s.grad.dual.to_numpy() for s in self.inputs]
+        finally:
+            clear_all_duals()
+        self._token = self._tape = None
+        return d_us, d_xs
+
+    # ------------------------------------------------------------------ storage
+    def _bind_inputs(self, xs: Sequence[np.ndarray]) -> None:
+        if len(xs) != len(self.inputs):
+            raise DifftapeError(f"{self.name} takes {len(self.inputs)} input(s), got {len(xs)}")
+        for s, x in zip(self.inputs, xs, strict=True):
+            x = self._checked(x, s, "input")
+            if isinstance(s, Ndarray):
+                s.arr = x if x.flags.c_contiguous else np.ascontiguousarray(x)
+            else:
+                s.from_numpy(x)
+
+    def _bind_outputs(self, out: Sequence[np.ndarray] | None) -> list[np.ndarray]:
+        outs = []
+        for k, s in enumerate(self.outputs):
+            a = out[k] if out is not None else np.empty(self.shapes_out[k], self.dtypes_out[k])
+            if isinstance(s, Ndarray):
+                a[...] = 0
+                s.arr = a
+            else:
+                s.fill(0)
+            outs.append(a)
+        return outs
+
+    def _copy_field_outputs(self, outs: list[np.ndarray]) -> None:
+        for s, a in zip(self.outputs, outs, strict=True):
+            if isinstance(s, Field):
+                np.copyto(a, s.arr)
+
+    def _checked(self, x: np.ndarray, s, what: str) -> np.ndarray:
+        """``x`` if it fits ``s`` (shape and dtype); a clear error otherwise (no conversion:
+        a silent cast would change what is differentiated)."""
+        want = _full_shape(s)
+        if tuple(x.shape) != want or x.dtype != np.dtype(s.dtype.np):
+            raise DifftapeError(f"{self.name}: {what} for {_label(s)} has shape "
+                                f"{tuple(x.shape)} and dtype {x.dtype}; expected shape {want} "
+                                f"and dtype {np.dtype(s.dtype.np)}")
+        return x
+
+    def _need_fields(self, what: str) -> None:
+        if any(isinstance(s, Ndarray) for s in self.inputs + self.outputs):
+            raise DifftapeError(f"{self.name}: {what} need fields as inputs and outputs: "
+                                "ti.ndarray has no tangent (.dual) storage; declare fields "
+                                "(ti.field(..., needs_grad=True))")
+
+    def _check_outside_derivatives(self) -> None:
+        prog = program.get()
+        if prog.tape is not None or prog.fwd is not None:
+            raise DifftapeError(f"{self.name}: a difftape operator cannot run inside a "
+                                "ti.ad.Tape or forward mode of difftape's own")
+
+
+def _full_shape(s) -> tuple[int, ...]:
+    return tuple(s.shape) + tuple(s.element_shape)
+
+
+def _label(s) -> str:
+    return f"field '{s._label()}'" if isinstance(s, Field) else "a ti.ndarray"

@@ -1,0 +1,222 @@
+"""difftape programs as PyTorch operators: ``difftape.interop.torch.operator``.
+
+::
+
+    x = ti.field(ti.f64, shape=n, needs_grad=True)        # declared storage
+    y = ti.field(ti.f64, shape=(), needs_grad=True)
+
+    def energy():                                          # launches difftape kernels
+        compute(x, y)
+
+    op = difftape.interop.torch.operator(energy, inputs=[x], outputs=[y])
+    out = op(torch_tensor)                                 # a torch.Tensor; differentiable
+
+Reverse mode is difftape's Tape (``kernel.grad``), forward mode (``torch.func.jvp``,
+``torch.autograd.forward_ad``) is difftape's forward mode, and double backward
+(``create_graph=True``, ``gradgradcheck``) is forward-over-reverse (the Hessian-vector
+products of ``ti.ad.hvp``); forward mode and second order need fields as the declared storage.
+Tensors must be on the CPU with the declared dtype and shape (no silent casts); ndarray
+storage shares the tensors' memory, field storage is copied (see ``interop/core.py``).
+The tensors' ``.grad`` are never written by difftape: PyTorch accumulates what the operator
+returns. Under ``torch.compile`` the operator is called eagerly (a graph break): its kernels
+are opaque to the compiler.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+
+from ..errors import DifftapeError
+from ..runtime.foreign import as_numpy
+from .core import DiffProgram
+
+__all__ = ["operator", "Operator"]
+
+
+class Operator:
+    """A difftape program called on PyTorch tensors (see the module doc)."""
+
+    def __init__(self, fn: Callable[[], object], inputs: Sequence, outputs: Sequence,
+                 name: str | None = None) -> None:
+        self.program = DiffProgram(fn, inputs, outputs, name)
+        self.__name__ = self.program.name
+        self._record = False
+        self._last_token: object | None = None
+        self._last_arrays: list[np.ndarray] = []
+        # Registered now: the compiler cannot trace a registration.
+        self._lib = _register(self)
+
+    def __call__(self, *tensors: torch.Tensor):
+        p = self.program
+        if len(tensors) != len(p.inputs):
+            raise DifftapeError(f"{p.name} takes {len(p.inputs)} tensor(s), got {len(tensors)}")
+        for k, t in enumerate(tensors):
+            if not isinstance(t, torch.Tensor):
+                raise DifftapeError(f"{p.name}: input {k} must be a torch.Tensor, got "
+                                    f"{type(t).__name__}")
+        # Record (for a backward pass) only when one may follow; inside the Function's
+        # forward grad mode is off, so this is decided here.
+        if torch.compiler.is_compiling():  # an opaque custom operator for the compiler
+            outs = self._lib(list(tensors))
+            return outs[0] if len(outs) == 1 else tuple(outs)
+        self._record = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+        outs = _Apply.apply(self, *tensors)
+        return outs[0] if len(outs) == 1 else outs
+
+    def __repr__(self) -> str:
+        return f"<difftape torch operator {self.__name__}>"
+
+
+def operator(fn: Callable[[], object], inputs: Sequence, outputs: Sequence,
+             name: str | None = None) -> Operator:
+    """A PyTorch operator running ``fn`` (a Python function launching difftape kernels) on
+    the declared ``inputs`` and ``outputs`` (fields or ``ti.ndarray`` with
+    ``needs_grad=True``): ``op(*input_tensors)`` returns the output tensor(s)."""
+    return Operator(fn, inputs, outputs, name)
+
+
+def _numpy_in(t: torch.Tensor, what: str) -> np.ndarray:
+    if t.device.type != "cpu":
+        raise DifftapeError(f"{what} is on {t.device}; difftape runs on the CPU: pass "
+                            "tensor.cpu() (a copy)")
+    return as_numpy(t.detach(), what)
+
+
+class _Apply(torch.autograd.Function):
+    """The operator's forward, backward (a differentiable :class:`_VJP`) and jvp."""
+
+    @staticmethod
+    def forward(op: Operator, *xs: torch.Tensor):
+        p = op.program
+        arrays = [_numpy_in(x, f"{p.name}: input {k}") for k, x in enumerate(xs)]
+        record = op._record
+        outs = [torch.empty(s, dtype=_torch_dtype(d)) for s, d in zip(p.shapes_out,
+                                                                     p.dtypes_out,
+                                                                     strict=True)]
+        token, _ = p.run(arrays, record=record, out=[o.numpy() for o in outs])
+        op._last_token, op._last_arrays = token, arrays
+        return tuple(outs)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        op, *xs = inputs
+        ctx.op = op
+        ctx.token, ctx.arrays = op._last_token, op._last_arrays
+        ctx.save_for_backward(*xs)
+
+    @staticmethod
+    def backward(ctx, *us):
+        xs = ctx.saved_tensors
+        grads = _VJP.apply(ctx.op, ctx.token, len(us), *us, *xs)
+        return (None, *grads)
+
+    @staticmethod
+    def jvp(ctx, _op_tangent, *ts):
+        p = ctx.op.program
+        arrays = ctx.arrays  # the inputs' memory as the forward saw it
+        tangents = [None if t is None else _numpy_in(t, f"{p.name}: tangent {k}")
+                    for k, t in enumerate(ts)]
+        _, touts = p.jvp(arrays, tangents)
+        outs = tuple(torch.from_numpy(t) for t in touts)
+        return outs[0] if len(outs) == 1 else outs
+
+
+class _VJP(torch.autograd.Function):
+    """``(us, xs) -> J(xs)^T us``, itself differentiable once (double backward)."""
+
+    @staticmethod
+    def forward(op: Operator, token, n_out: int, *args: torch.Tensor):
+        p = op.program
+        us, xs = args[:n_out], args[n_out:]
+        grads = p.vjp(token, [_numpy_in(x, f"{p.name}: input {k}") for k, x in enumerate(xs)],
+                      [_numpy_in(u, f"{p.name}: cotangent {k}") for k, u in enumerate(us)])
+        return tuple(torch.from_numpy(g) for g in grads)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        op, _token, n_out, *args = inputs
+        ctx.op, ctx.n_out = op, n_out
+        ctx.save_for_backward(*args)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, *ws):
+        p = ctx.op.program
+        args = ctx.saved_tensors
+        us, xs = args[:ctx.n_out], args[ctx.n_out:]
+        d_us, d_xs = p.vjp_derivative(
+            [_numpy_in(x, f"{p.name}: input {k}") for k, x in enumerate(xs)],
+            [_numpy_in(u, f"{p.name}: cotangent {k}") for k, u in enumerate(us)],
+            [None if w is None else _numpy_in(w, f"{p.name}: cotangent {k}")
+             for k, w in enumerate(ws)])
+        return (None, None, None, *(torch.from_numpy(d) for d in d_us),
+                *(torch.from_numpy(d) for d in d_xs))
+
+
+def _torch_dtype(d: np.dtype) -> torch.dtype:
+    return torch.from_numpy(np.empty(0, d)).dtype
+
+
+_op_ids = itertools.count()
+
+
+def _register(op: Operator):
+    """``difftape::<name>_<n>`` and its backward ``..._vjp`` as PyTorch custom operators,
+    used under ``torch.compile`` so that the compiler keeps them whole: forward, backward and
+    double backward. Forward mode is eager only (custom operators have no forward-mode rule),
+    and the backward pass always runs the program again (no recording is kept across the
+    compiler's boundaries)."""
+    p = op.program
+    base = f"difftape::{''.join(c if c.isalnum() else '_' for c in p.name)}_{next(_op_ids)}"
+
+    @torch.library.custom_op(base, mutates_args=())
+    def forward(xs: list[torch.Tensor]) -> list[torch.Tensor]:
+        arrays = [_numpy_in(x, f"{p.name}: input {k}") for k, x in enumerate(xs)]
+        outs = [torch.empty(s, dtype=_torch_dtype(d))
+                for s, d in zip(p.shapes_out, p.dtypes_out, strict=True)]
+        p.run(arrays, record=False, out=[o.numpy() for o in outs])
+        return outs
+
+    @forward.register_fake
+    def _(xs):
+        return [torch.empty(s, dtype=_torch_dtype(d))
+                for s, d in zip(p.shapes_out, p.dtypes_out, strict=True)]
+
+    @torch.library.custom_op(base + "_vjp", mutates_args=())
+    def vjp(us: list[torch.Tensor], xs: list[torch.Tensor]) -> list[torch.Tensor]:
+        grads = p.vjp(None, [_numpy_in(x, f"{p.name}: input {k}") for k, x in enumerate(xs)],
+                      [_numpy_in(u, f"{p.name}: cotangent {k}") for k, u in enumerate(us)])
+        return [torch.from_numpy(np.array(g)) for g in grads]
+
+    @vjp.register_fake
+    def _(us, xs):
+        return [torch.empty_like(x) for x in xs]
+
+    def setup(ctx, inputs, output):
+        ctx.save_for_backward(*inputs[0])
+
+    def backward(ctx, grads):
+        return (vjp(list(grads), list(ctx.saved_tensors)),)
+
+    def setup_vjp(ctx, inputs, output):
+        us, xs = inputs
+        ctx.n_out = len(us)
+        ctx.save_for_backward(*us, *xs)
+
+    def backward_vjp(ctx, ws):
+        args = ctx.saved_tensors
+        us, xs = args[:ctx.n_out], args[ctx.n_out:]
+        d_us, d_xs = p.vjp_derivative(
+            [_numpy_in(x, f"{p.name}: input {k}") for k, x in enumerate(xs)],
+            [_numpy_in(u, f"{p.name}: cotangent {k}") for k, u in enumerate(us)],
+            [None if w is None else _numpy_in(w, f"{p.name}: cotangent {k}")
+             for k, w in enumerate(ws)])
+        return [torch.from_numpy(d) for d in d_us], [torch.from_numpy(d) for d in d_xs]
+
+    forward.register_autograd(backward, setup_context=setup)
+    vjp.register_autograd(backward_vjp, setup_context=setup_vjp)
+    return forward
