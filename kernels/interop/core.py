@@ -26,6 +26,7 @@ the recorded program and of its adjoint, as ``ti.ad.hvp`` does: given the backwa
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -63,13 +64,15 @@ class DiffProgram:
         self.shapes_out = [_full_shape(s) for s in self.outputs]
         self.dtypes_in = [np.dtype(s.dtype.np) for s in self.inputs]
         self.dtypes_out = [np.dtype(s.dtype.np) for s in self.outputs]
-        self._token: object | None = None  # the latest run (its recording is in _tape)
+        self._token: int | None = None  # the latest run (its recording is in _tape)
+        self._runs = itertools.count(1)
         self._tape: Tape | None = None
 
     # ------------------------------------------------------------------ forward
     def run(self, xs: Sequence[np.ndarray], record: bool,
-            out: Sequence[np.ndarray] | None = None) -> tuple[object, list[np.ndarray]]:
-        """Run ``fn`` on ``xs``; returns a token naming this run and the outputs (the arrays
+            out: Sequence[np.ndarray] | None = None) -> tuple[int, list[np.ndarray]]:
+        """Run ``fn`` on ``xs``; returns a token naming this run (an int below 2**31, so
+        that it can travel as an array) and the outputs (the arrays
         ``out`` when given: ndarray outputs are written there in place, field outputs copied
         there). ``record``: keep a recording for :meth:`vjp`."""
         self._check_outside_derivatives()
@@ -83,15 +86,16 @@ class DiffProgram:
             tape = None
             self.fn()
         self._copy_field_outputs(outs)
-        self._token, self._tape = object(), tape
+        self._token, self._tape = next(self._runs) % (1 << 31), tape
         return self._token, outs
 
     # ------------------------------------------------------------------ reverse
-    def vjp(self, token: object, xs: Sequence[np.ndarray], us: Sequence[np.ndarray]
+    def vjp(self, token: int | None, xs: Sequence[np.ndarray], us: Sequence[np.ndarray]
             ) -> list[np.ndarray]:
-        """``J(xs)^T us``, one fresh array per input."""
+        """``J(xs)^T us``, one fresh array per input; ``token``: the run being
+        differentiated (None: unknown, run again)."""
         self._check_outside_derivatives()
-        if token is not self._token or self._tape is None:
+        if token is None or token != self._token or self._tape is None:
             self.run(xs, record=True)  # re-run from the saved inputs (see the module doc)
         else:
             self._bind_inputs(xs)  # the recording reads the ndarrays' current memory

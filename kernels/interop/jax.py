@@ -1,0 +1,141 @@
+"""difftape programs as JAX functions: ``difftape.interop.jax.function``.
+
+::
+
+    f = difftape.interop.jax.function(energy, inputs=[x], outputs=[y])    # custom_vjp
+    g = difftape.interop.jax.function(energy, inputs=[x], outputs=[y], mode="forward")
+    jax.jit(jax.grad(lambda a: f(a)))(a0)
+
+The program (a Python function launching difftape kernels on declared fields or
+``ti.ndarray``, see ``interop/core.py``) runs on the CPU through ``jax.pure_callback``, so
+it works under ``jax.jit``. ``mode="reverse"`` (default) is a ``jax.custom_vjp`` function:
+``jax.grad``/``jax.vjp`` run difftape's reverse mode, and their own derivative (second order,
+``jax.hessian``) runs forward-over-reverse (fields only). ``mode="forward"`` is a
+``jax.custom_jvp`` function: ``jax.jvp``/``jax.jacfwd`` run difftape's forward mode, first
+order (JAX cannot transpose a callback, so reverse mode needs ``mode="reverse"``).
+
+Copies: ``pure_callback`` hands the program NumPy arrays and copies its results into JAX
+buffers, so each call copies its outputs once (and field storage its inputs once, as for
+PyTorch). Arrays must have the declared dtype and shape (f64 needs ``jax_enable_x64``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..errors import DifftapeError
+from .core import DiffProgram
+
+__all__ = ["function"]
+
+
+def function(fn: Callable[[], object], inputs: Sequence, outputs: Sequence,
+             mode: str = "reverse", name: str | None = None) -> Callable:
+    """A JAX function ``f(*arrays) -> output array(s)`` running ``fn`` on the declared
+    ``inputs``/``outputs`` (fields or ``ti.ndarray`` with ``needs_grad=True``)."""
+    p = DiffProgram(fn, inputs, outputs, name)
+    out_specs = tuple(jax.ShapeDtypeStruct(s, d) for s, d in zip(p.shapes_out, p.dtypes_out,
+                                                                 strict=True))
+    in_specs = tuple(jax.ShapeDtypeStruct(s, d) for s, d in zip(p.shapes_in, p.dtypes_in,
+                                                                strict=True))
+    token_spec = jax.ShapeDtypeStruct((), np.int32)
+    n_in = len(p.inputs)
+
+    def arrays(xs) -> list[np.ndarray]:
+        return [np.asarray(x) for x in xs]
+
+    def run_cb(*xs):
+        return tuple(p.run(arrays(xs), record=False)[1])
+
+    def run_recorded_cb(*xs):
+        token, outs = p.run(arrays(xs), record=True)
+        return (*outs, np.int32(token))
+
+    def vjp_cb(token, *args):
+        xs, us = args[:n_in], args[n_in:]
+        return tuple(p.vjp(int(token), arrays(xs), arrays(us)))
+
+    def second_cb(*args):
+        xs, us, ws = args[:n_in], args[n_in:n_in + len(out_specs)], args[n_in + len(out_specs):]
+        d_us, d_xs = p.vjp_derivative(arrays(xs), arrays(us), arrays(ws))
+        return (*d_us, *d_xs)
+
+    def jvp_cb(*args):
+        xs, ts = args[:n_in], args[n_in:]
+        return tuple(p.jvp(arrays(xs), arrays(ts))[1])
+
+    def check(xs) -> None:
+        if len(xs) != n_in:
+            raise DifftapeError(f"{p.name} takes {n_in} array(s), got {len(xs)}")
+        for k, (x, spec) in enumerate(zip(xs, in_specs, strict=True)):
+            if tuple(jnp.shape(x)) != spec.shape or jnp.result_type(x) != spec.dtype:
+                raise DifftapeError(f"{p.name}: input {k} has shape {tuple(jnp.shape(x))} "
+                                    f"and dtype {jnp.result_type(x)}; expected {spec.shape} "
+                                    f"and {spec.dtype} (f64 needs jax_enable_x64)")
+
+    def result(outs):
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    if mode == "reverse":
+        @jax.custom_vjp
+        def backward(token, xs, us):
+            return jax.pure_callback(vjp_cb, in_specs, token, *xs, *us,
+                                     vmap_method="sequential")
+
+        def backward_fwd(token, xs, us):
+            return backward(token, xs, us), (xs, us)
+
+        def backward_bwd(res, ws):
+            xs, us = res
+            d = jax.pure_callback(second_cb, out_specs + in_specs, *xs, *us, *ws,
+                                  vmap_method="sequential")
+            return None, tuple(d[len(out_specs):]), tuple(d[:len(out_specs)])
+
+        backward.defvjp(backward_fwd, backward_bwd)
+
+        # The outputs and a token naming the run (its recording, which the backward pass
+        # reuses when it is still the latest); calling g itself in its fwd rule keeps the
+        # callback out of JAX's JVP when the backward pass is differentiated in turn.
+        @jax.custom_vjp
+        def g(*xs):
+            return tuple(jax.pure_callback(run_recorded_cb, out_specs + (token_spec,), *xs,
+                                           vmap_method="sequential"))
+
+        def g_fwd(*xs):
+            outs = g(*xs)
+            return outs, (outs[-1], xs)
+
+        def g_bwd(res, cts):
+            token, xs = res
+            return tuple(backward(token, xs, tuple(cts[:-1])))
+
+        g.defvjp(g_fwd, g_bwd)
+        f = lambda *xs: g(*xs)[:-1]
+    elif mode == "forward":
+        @jax.custom_jvp
+        def f(*xs):
+            return jax.pure_callback(run_cb, out_specs, *xs, vmap_method="sequential")
+
+        @f.defjvp
+        def f_jvp(xs, ts):
+            ts = tuple(jnp.zeros(s.shape, s.dtype) if type(t).__name__ == "SymbolicZero"
+                       else t for t, s in zip(ts, in_specs, strict=True))
+            # Two callbacks: under jax.jacfwd the tangents are batched, the outputs not.
+            outs = f(*xs)
+            touts = jax.pure_callback(jvp_cb, out_specs, *xs, *ts, vmap_method="sequential")
+            return outs, tuple(touts)
+    else:
+        raise DifftapeError(f"difftape.interop.jax.function: mode must be 'reverse' or "
+                            f"'forward', got {mode!r}")
+
+    def call(*xs):
+        check(xs)
+        return result(f(*xs))
+
+    call.__name__ = p.name
+    call.program = p
+    return call
