@@ -67,6 +67,7 @@ class DiffProgram:
         self._token: int | None = None  # the latest run (its recording is in _tape)
         self._runs = itertools.count(1)
         self._tape: Tape | None = None
+        self._cotangents: dict[int, np.ndarray] = {}
 
     # ------------------------------------------------------------------ forward
     def run(self, xs: Sequence[np.ndarray], record: bool,
@@ -102,9 +103,10 @@ class DiffProgram:
         tape, self._tape = self._tape, None  # one backward pass per recording
         self._token = None
         clear_all_gradients()
-        for entry in tape.entries:
+        declared = {id(s) for s in self.inputs + self.outputs}
+        for entry in tape.entries:  # intermediate ndarrays: their adjoints start at zero
             for a in entry.args:
-                if isinstance(a, Ndarray) and a.grad is not None:
+                if isinstance(a, Ndarray) and a.grad is not None and id(a) not in declared:
                     a.grad.arr = np.zeros_like(a.grad.arr)
         for s in self.inputs:
             if isinstance(s, Ndarray):
@@ -112,7 +114,13 @@ class DiffProgram:
         for s, u in zip(self.outputs, us, strict=True):
             u = self._checked(u, s, "cotangent")
             if isinstance(s, Ndarray):
-                s.grad.arr = np.array(u, dtype=s.arr.dtype, order="C")  # ours: adjoints write
+                # Copied into a buffer of ours (reused: fresh pages cost more than the copy):
+                # the adjoint of a store zeroes the output's adjoint.
+                buf = self._cotangents.get(id(s))
+                if buf is None or buf.shape != u.shape:
+                    buf = self._cotangents[id(s)] = np.empty(u.shape, s.arr.dtype)
+                np.copyto(buf, u)
+                s.grad.arr = buf
             else:
                 s.grad.from_numpy(u)
         _backward(tape)

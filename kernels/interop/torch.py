@@ -80,10 +80,14 @@ def operator(fn: Callable[[], object], inputs: Sequence, outputs: Sequence,
 
 
 def _numpy_in(t: torch.Tensor, what: str) -> np.ndarray:
+    """The tensor's memory as a NumPy array (no copy)."""
     if t.device.type != "cpu":
         raise DifftapeError(f"{what} is on {t.device}; difftape runs on the CPU: pass "
                             "tensor.cpu() (a copy)")
-    return as_numpy(t.detach(), what)
+    try:
+        return t.detach().numpy()
+    except (TypeError, RuntimeError):  # a dtype NumPy lacks (bfloat16), a tensor subclass
+        return as_numpy(t.detach(), what)
 
 
 class _Apply(torch.autograd.Function):
@@ -111,7 +115,10 @@ class _Apply(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *us):
         xs = ctx.saved_tensors
-        grads = _VJP.apply(ctx.op, ctx.token, len(us), *us, *xs)
+        if torch.is_grad_enabled():  # create_graph=True: the backward pass is differentiated
+            grads = _VJP.apply(ctx.op, ctx.token, len(us), *us, *xs)
+        else:
+            grads = _VJP.forward(ctx.op, ctx.token, len(us), *us, *xs)
         return (None, *grads)
 
     @staticmethod
