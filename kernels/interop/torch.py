@@ -31,10 +31,11 @@ import numpy as np
 import torch
 
 from ..errors import DifftapeError
+from ..runtime.field import Field
 from ..runtime.foreign import as_numpy
 from .core import DiffProgram
 
-__all__ = ["operator", "Operator"]
+__all__ = ["operator", "Operator", "call"]
 
 
 class Operator:
@@ -227,3 +228,103 @@ def _register(op: Operator):
     forward.register_autograd(backward, setup_context=setup)
     vjp.register_autograd(backward_vjp, setup_context=setup_vjp)
     return forward
+
+
+# ---------------------------------------------------------------------------------------------
+# PyTorch inside difftape programs
+
+
+def call(fn: Callable, inputs: Sequence, outputs: Sequence) -> None:
+    """Run a PyTorch function or module between kernel launches of a difftape program:
+    ``fn(*tensors)`` on copies of the ``inputs`` (fields or ``ti.ndarray``), its result(s)
+    written into the ``outputs``. Inside a ``ti.ad.Tape`` the call is recorded and takes part
+    in the gradient: back-propagation hands the outputs' ``.grad`` to PyTorch, which
+    accumulates into the module's parameters' ``.grad`` (PyTorch's own rule) and gives the
+    inputs' gradients, added into their ``.grad``; the outputs' ``.grad`` are then zeroed (the
+    call overwrote them, as a kernel's store does). Under ``ti.ad.FwdMode`` the inputs'
+    ``.dual`` are PyTorch forward-mode tangents and the outputs' ``.dual`` receive theirs.
+    The tensors are copies: a kernel may overwrite the inputs later in the recording."""
+    from ..runtime import program
+
+    prog = program.get()
+    if prog.remote is not None:
+        raise DifftapeError("difftape.interop.torch.call runs PyTorch locally; it is not "
+                            "supported with arch=ti.remote")
+    ins = [torch.from_numpy(np.array(s.arr)) for s in inputs]
+    tape = prog.tape
+    recording = tape is not None and not tape._suspended
+    if prog.fwd is not None:
+        if recording:
+            raise DifftapeError("difftape.interop.torch.call: second order (a Tape under "
+                                "forward mode) is not supported through PyTorch calls")
+        _call_forward_mode(fn, ins, inputs, outputs)
+        return
+    if recording:
+        ins = [t.requires_grad_() if t.is_floating_point() else t for t in ins]
+        with torch.enable_grad():
+            outs = _as_tuple(fn(*ins))
+    else:
+        with torch.no_grad():
+            outs = _as_tuple(fn(*ins))
+    _write(outs, outputs, "arr")
+    if recording:
+        def backward() -> None:
+            us = [torch.from_numpy(np.array(s.grad.arr)) for s in outputs]
+            pairs = [(o, u) for o, u in zip(outs, us, strict=True) if o.requires_grad]
+            if pairs:
+                torch.autograd.backward([o for o, _ in pairs], [u for _, u in pairs])
+            for s in outputs:
+                s.grad.arr[...] = 0
+            for s, t in zip(inputs, ins, strict=True):
+                if t.grad is not None and getattr(s, "grad", None) is not None:
+                    s.grad.arr[...] += t.grad.numpy()
+
+        def forward() -> None:  # a replay (Tape grad_check): the values only
+            with torch.no_grad():
+                _write(_as_tuple(fn(*[torch.from_numpy(np.array(s.arr)) for s in inputs])),
+                       outputs, "arr")
+
+        forward.__name__ = getattr(fn, "__name__", type(fn).__name__)
+        tape.record_custom(forward, backward, (), {})
+
+
+def _call_forward_mode(fn: Callable, ins: list, inputs: Sequence, outputs: Sequence) -> None:
+    import torch.autograd.forward_ad as fwAD
+
+    with fwAD.dual_level():
+        duals = []
+        for s, t in zip(inputs, ins, strict=True):
+            dual = s.dual if isinstance(s, Field) else None  # ndarrays have no tangents
+            if dual is not None and t.is_floating_point():
+                t = fwAD.make_dual(t, torch.from_numpy(np.array(dual.arr)))
+            duals.append(t)
+        outs = _as_tuple(fn(*duals))
+        unpacked = [fwAD.unpack_dual(o) for o in outs]
+    _write([u.primal for u in unpacked], outputs, "arr")
+    for s, u in zip(outputs, unpacked, strict=True):
+        dual = s.dual if isinstance(s, Field) else None
+        if dual is not None:
+            if u.tangent is None:
+                dual.arr[...] = 0
+            else:
+                dual.arr[...] = u.tangent.detach().numpy().reshape(dual.arr.shape)
+
+
+def _as_tuple(out) -> tuple:
+    return tuple(out) if isinstance(out, tuple | list) else (out,)
+
+
+def _write(outs: Sequence, outputs: Sequence, attr: str) -> None:
+    if len(outs) != len(outputs):
+        raise DifftapeError(f"difftape.interop.torch.call: the function returned {len(outs)} "
+                            f"tensor(s) for {len(outputs)} output(s)")
+    for k, (o, s) in enumerate(zip(outs, outputs, strict=True)):
+        dst = getattr(s, attr)
+        if not isinstance(o, torch.Tensor) or tuple(o.shape) != dst.shape or \
+                o.dtype != _torch_dtype(dst.dtype):
+            what = f"{tuple(o.shape)} {o.dtype}" if isinstance(o, torch.Tensor) \
+                else type(o).__name__
+            raise DifftapeError(f"difftape.interop.torch.call: output {k} is {what}; the "
+                                f"storage it goes to has shape {dst.shape} and dtype "
+                                f"{dst.dtype} (no silent casts)")
+        dst[...] = o.detach().numpy()

@@ -3,6 +3,7 @@ and double backward checked with gradcheck/gradgradcheck in f64 and against the 
 computation written in PyTorch; zero-copy ndarray storage; the caller's .grad accumulated
 exactly once; torch.compile."""
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="the [torch] extra (PyTorch) is not installed")
@@ -222,3 +223,96 @@ def test_example_controller_trains_through_the_simulation(tmp_path):
 
         difftape.reset()
     assert losses[0] / losses[-1] >= 10, losses
+
+
+def _controller_program(ti, steps=3):
+    """A rollout: at each step a PyTorch network reads the state (a field row) and its output
+    drives a difftape kernel that advances the state; the loss is a kernel too."""
+    from difftape.interop.torch import call
+
+    state = ti.field(ti.f64, (steps + 1, N, 2), needs_grad=True, needs_dual=True)
+    # one force field per step: a kernel's adjoint reads what it read, so nothing it read may
+    # be overwritten later in the recording (the Tape's rule)
+    forces = [ti.field(ti.f64, (N, 2), needs_grad=True, needs_dual=True) for _ in range(steps)]
+    loss = ti.field(ti.f64, (), needs_grad=True, needs_dual=True)
+    now = ti.field(ti.f64, (N, 2), needs_grad=True, needs_dual=True)
+
+    @ti.kernel
+    def read(t: ti.i32):
+        for i, j in now:
+            now[i, j] = state[t, i, j]
+
+    @ti.kernel
+    def advance(t: ti.i32, force: ti.template()):
+        for i, j in force:
+            state[t + 1, i, j] = state[t, i, j] + 0.1 * ti.sin(force[i, j])
+
+    @ti.kernel
+    def total():
+        for i, j in now:
+            loss[None] += state[steps, i, j] * state[steps, i, j]
+
+    def program(net):
+        for t in range(steps):
+            read(t)
+            call(net, [now], [forces[t]])
+            advance(t, forces[t])
+        total()
+
+    return state, loss, program
+
+
+def _torch_rollout(net, s0, steps=3):
+    s = s0
+    for _ in range(steps):
+        s = s + 0.1 * torch.sin(net(s))
+    return (s * s).sum()
+
+
+def _net(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.Tanh(),
+                               torch.nn.Linear(8, 2)).double()
+
+
+def test_pytorch_module_inside_a_tape_takes_part_in_the_gradient(ti64):
+    state, loss, program = _controller_program(ti64)
+    net, ref = _net(), _net()
+    s0 = np.random.default_rng(0).random((N, 2))
+    state.from_numpy(np.concatenate([s0[None], np.zeros((3, N, 2))]))
+    for p in net.parameters():
+        p.grad = torch.ones_like(p)  # the caller's: PyTorch accumulates into them once
+    with ti64.ad.Tape(loss):
+        program(net)
+    s0r = torch.tensor(s0, requires_grad=True)
+    lr = _torch_rollout(ref, s0r)
+    lr.backward()
+    assert loss[None] == pytest.approx(lr.item(), rel=1e-13)
+    np.testing.assert_allclose(state.grad.to_numpy()[0], s0r.grad.numpy(), rtol=1e-11)
+    for p, q in zip(net.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad + 1)
+
+
+def test_pytorch_module_under_forward_mode(ti64):
+    state, loss, program = _controller_program(ti64)
+    net = _net(1)
+    s0 = np.random.default_rng(1).random((N, 2))
+    state.from_numpy(np.concatenate([s0[None], np.zeros((3, N, 2))]))
+    seed = np.zeros((4, N, 2))
+    seed[0] = np.random.default_rng(2).random((N, 2))
+    with ti64.ad.FwdMode(loss=loss, param=state, seed=seed.reshape(-1).tolist()):
+        program(net)
+    _, tangent = torch.func.jvp(lambda s: _torch_rollout(net, s),
+                                (torch.tensor(s0),), (torch.tensor(seed[0]),))
+    assert loss.dual[None] == pytest.approx(tangent.item(), rel=1e-11)
+
+
+def test_pytorch_call_refuses_mismatched_outputs(ti64):
+    from difftape.interop.torch import call
+
+    x = ti64.field(ti64.f64, (N, 2), needs_grad=True)
+    y = ti64.field(ti64.f32, (N, 2), needs_grad=True)
+    with pytest.raises(ti64.DifftapeError, match="no silent casts"):
+        call(lambda t: t * 2, [x], [y])
+    with pytest.raises(ti64.DifftapeError, match="returned 2"):
+        call(lambda t: (t, t), [x], [x])
