@@ -30,7 +30,7 @@ import numpy as np
 from ..errors import DifftapeError
 from .core import DiffProgram
 
-__all__ = ["function"]
+__all__ = ["function", "call", "Params"]
 
 
 def function(fn: Callable[[], object], inputs: Sequence, outputs: Sequence,
@@ -139,3 +139,97 @@ def function(fn: Callable[[], object], inputs: Sequence, outputs: Sequence,
     call.__name__ = p.name
     call.program = p
     return call
+
+
+# ---------------------------------------------------------------------------------------------
+# JAX inside difftape programs
+
+
+class Params:
+    """Parameters (a pytree) of JAX functions called inside a difftape program with
+    :func:`call`: back-propagation through a ``ti.ad.Tape`` adds their gradient into
+    ``.grad`` (call :meth:`zero_grad` between training steps)."""
+
+    def __init__(self, value) -> None:
+        self.value = value
+        self.zero_grad()
+
+    def zero_grad(self) -> None:
+        self.grad = jax.tree_util.tree_map(jnp.zeros_like, self.value)
+
+
+def call(fn: Callable, inputs: Sequence, outputs: Sequence, params: Params | None = None
+         ) -> None:
+    """Run a JAX function between kernel launches of a difftape program: ``fn(*arrays)``
+    (``fn(params.value, *arrays)`` with ``params``) on copies of the ``inputs`` (fields or
+    ``ti.ndarray``), its result(s) written into the ``outputs`` (dtype and shape checked).
+    Inside a ``ti.ad.Tape`` the call is recorded and back-propagation runs its ``jax.vjp``:
+    the inputs' gradients are added into their ``.grad``, the parameters' into
+    ``params.grad``, and the outputs' ``.grad`` are zeroed (the call overwrote them). Under
+    ``ti.ad.FwdMode`` the inputs' ``.dual`` are its ``jax.jvp`` tangents."""
+    from ..runtime import program
+    from ..runtime.field import Field
+
+    prog = program.get()
+    if prog.remote is not None:
+        raise DifftapeError("difftape.interop.jax.call runs JAX locally; it is not supported "
+                            "with arch=ti.remote")
+    ins = [jnp.asarray(np.array(s.arr)) for s in inputs]
+    lead = (params.value,) if params is not None else ()
+    tape = prog.tape
+    recording = tape is not None and not tape._suspended
+    if prog.fwd is not None:
+        if recording:
+            raise DifftapeError("difftape.interop.jax.call: second order (a Tape under "
+                                "forward mode) is not supported through JAX calls")
+        tangents = [jnp.asarray(np.array(s.dual.arr)) if isinstance(s, Field) and
+                    s.dual is not None else jnp.zeros_like(x) for s, x in zip(inputs, ins,
+                                                                               strict=True)]
+        lead_t = tuple(jax.tree_util.tree_map(jnp.zeros_like, v) for v in lead)
+        outs, touts = jax.jvp(fn, (*lead, *ins), (*lead_t, *tangents))
+        _write(_as_tuple(outs), outputs)
+        for s, t in zip(outputs, _as_tuple(touts), strict=True):
+            if isinstance(s, Field) and s.dual is not None:
+                s.dual.arr[...] = np.asarray(t)
+        return
+    if not recording:
+        _write(_as_tuple(fn(*lead, *ins)), outputs)
+        return
+    outs, vjp_fn = jax.vjp(fn, *lead, *ins)
+    _write(_as_tuple(outs), outputs)
+
+    def backward() -> None:
+        us = tuple(jnp.asarray(np.array(s.grad.arr)) for s in outputs)
+        cts = vjp_fn(us if isinstance(outs, tuple | list) else us[0])
+        for s in outputs:
+            s.grad.arr[...] = 0
+        if params is not None:
+            params.grad = jax.tree_util.tree_map(jnp.add, params.grad, cts[0])
+            cts = cts[1:]
+        for s, c in zip(inputs, cts, strict=True):
+            if getattr(s, "grad", None) is not None and jnp.issubdtype(c.dtype, jnp.floating):
+                s.grad.arr[...] += np.asarray(c)
+
+    def forward() -> None:  # a replay (Tape grad_check): the values only
+        _write(_as_tuple(fn(*lead, *[jnp.asarray(np.array(s.arr)) for s in inputs])), outputs)
+
+    forward.__name__ = getattr(fn, "__name__", "jax_call")
+    tape.record_custom(forward, backward, (), {})
+
+
+def _as_tuple(out) -> tuple:
+    return tuple(out) if isinstance(out, tuple | list) else (out,)
+
+
+def _write(outs: Sequence, outputs: Sequence) -> None:
+    if len(outs) != len(outputs):
+        raise DifftapeError(f"difftape.interop.jax.call: the function returned {len(outs)} "
+                            f"array(s) for {len(outputs)} output(s)")
+    for k, (o, s) in enumerate(zip(outs, outputs, strict=True)):
+        dst = s.arr
+        if tuple(jnp.shape(o)) != dst.shape or jnp.result_type(o) != dst.dtype:
+            raise DifftapeError(f"difftape.interop.jax.call: output {k} is "
+                                f"{tuple(jnp.shape(o))} {jnp.result_type(o)}; the storage it "
+                                f"goes to has shape {dst.shape} and dtype {dst.dtype} (no "
+                                "silent casts)")
+        dst[...] = np.asarray(o)

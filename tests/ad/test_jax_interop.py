@@ -115,3 +115,90 @@ def test_wrong_dtype_and_shape_are_refused(ti64):
         f(x[:4], w)
     with pytest.raises(ti64.DifftapeError, match="mode"):
         function(*_program(ti64), mode="sideways")
+
+
+STEPS = 3
+
+
+def _init_params(seed=0):
+    r = np.random.default_rng(seed)
+    return {"w1": jnp.asarray(r.normal(size=(2, 8)) * 0.5), "b1": jnp.zeros(8),
+            "w2": jnp.asarray(r.normal(size=(8, 2)) * 0.5), "b2": jnp.zeros(2)}
+
+
+def _mlp(p, s):
+    return jnp.tanh(s @ p["w1"] + p["b1"]) @ p["w2"] + p["b2"]
+
+
+def _jax_rollout(p, s):
+    for _ in range(STEPS):
+        s = s + 0.1 * jnp.sin(_mlp(p, s))
+    return jnp.sum(s * s)
+
+
+def _rollout_program(ti):
+    """A JAX network drives a difftape simulation step by step (one force field per step:
+    nothing a recorded step read is overwritten later)."""
+    from difftape.interop.jax import call
+
+    state = ti.field(ti.f64, (STEPS + 1, N, 2), needs_grad=True, needs_dual=True)
+    now = ti.field(ti.f64, (N, 2), needs_grad=True, needs_dual=True)
+    forces = [ti.field(ti.f64, (N, 2), needs_grad=True, needs_dual=True) for _ in range(STEPS)]
+    loss = ti.field(ti.f64, (), needs_grad=True, needs_dual=True)
+
+    @ti.kernel
+    def read(t: ti.i32):
+        for i, j in now:
+            now[i, j] = state[t, i, j]
+
+    @ti.kernel
+    def advance(t: ti.i32, force: ti.template()):
+        for i, j in force:
+            state[t + 1, i, j] = state[t, i, j] + 0.1 * ti.sin(force[i, j])
+
+    @ti.kernel
+    def total():
+        for i, j in now:
+            loss[None] += state[STEPS, i, j] * state[STEPS, i, j]
+
+    def program(params):
+        for t in range(STEPS):
+            read(t)
+            call(_mlp, [now], [forces[t]], params=params)
+            advance(t, forces[t])
+        total()
+
+    return state, loss, program
+
+
+def test_jax_function_inside_a_tape_takes_part_in_the_gradient(ti64):
+    from difftape.interop.jax import Params
+
+    state, loss, program = _rollout_program(ti64)
+    params = Params(_init_params())
+    s0 = np.random.default_rng(0).random((N, 2))
+    state.from_numpy(np.concatenate([s0[None], np.zeros((STEPS, N, 2))]))
+    with ti64.ad.Tape(loss):
+        program(params)
+    value, (gp, gs) = jax.value_and_grad(_jax_rollout, argnums=(0, 1))(params.value,
+                                                                        jnp.asarray(s0))
+    assert loss[None] == pytest.approx(float(value), rel=1e-13)
+    np.testing.assert_allclose(state.grad.to_numpy()[0], gs, rtol=1e-11)
+    for k in gp:
+        np.testing.assert_allclose(params.grad[k], gp[k], rtol=1e-11, atol=1e-14)
+
+
+def test_jax_function_under_forward_mode(ti64):
+    from difftape.interop.jax import Params
+
+    state, loss, program = _rollout_program(ti64)
+    params = Params(_init_params(1))
+    s0 = np.random.default_rng(1).random((N, 2))
+    state.from_numpy(np.concatenate([s0[None], np.zeros((STEPS, N, 2))]))
+    seed = np.zeros((STEPS + 1, N, 2))
+    seed[0] = np.random.default_rng(2).random((N, 2))
+    with ti64.ad.FwdMode(loss=loss, param=state, seed=seed.reshape(-1).tolist()):
+        program(params)
+    _, tangent = jax.jvp(lambda s: _jax_rollout(params.value, s), (jnp.asarray(s0),),
+                         (jnp.asarray(seed[0]),))
+    assert loss.dual[None] == pytest.approx(float(tangent), rel=1e-11)
