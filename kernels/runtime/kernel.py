@@ -58,6 +58,8 @@ DETERMINISTIC_CHUNKS = 64
 MIN_CHUNK_WORK = 1 << 12
 _ANY, _SERIAL, _ORDERED = 0, 1, 2
 _SCHEDULES = {"any": _ANY, "serial": _SERIAL, "ordered": _ORDERED}
+#: ndarray arguments taken as they are; others (tensors) go through runtime/foreign.py.
+_NATIVE_ARRAYS = (np.ndarray, Ndarray)
 #: Derivative variants whose launches are checked for derivatives lost through storage without
 #: a companion (autodiff/lost.py), and the companion they need.
 LOST_ROLE = {"fwd": "dual", "grad": "grad", "grad_fwd": "grad"}
@@ -131,7 +133,7 @@ class Kernel:
             args = self._bind_kwargs(args, kwargs)
         if self._array_args and len(args) == len(self.params):
             for k in self._array_args:
-                if not isinstance(args[k], np.ndarray | Ndarray):
+                if not isinstance(args[k], _NATIVE_ARRAYS):
                     return self.foreign_call(self.__call__, args)
         prog = program.get()
         if prog.generation != self._generation:
@@ -398,7 +400,7 @@ class AdjointKernel:
             return None
         if k._array_args and len(args) == len(k.params):
             for i in k._array_args:
-                if not isinstance(args[i], np.ndarray | Ndarray):
+                if not isinstance(args[i], _NATIVE_ARRAYS):
                     return k.foreign_call(self.__call__, args)
         # Under forward mode the adjoint runs with tangents: forward-over-reverse, which puts
         # Hessian-vector products into the .grad.dual of the inputs.
