@@ -316,3 +316,12 @@ def test_pytorch_call_refuses_mismatched_outputs(ti64):
         call(lambda t: t * 2, [x], [y])
     with pytest.raises(ti64.DifftapeError, match="returned 2"):
         call(lambda t: (t, t), [x], [x])
+
+
+def test_operator_inside_a_difftape_tape_is_refused(ti64):
+    op = _field_op(ti64)
+    loss = ti64.field(ti64.f64, (), needs_grad=True)
+    x, w = _inputs()
+    with pytest.raises(ti64.DifftapeError, match="cannot run inside a ti.ad.Tape"):
+        with ti64.ad.Tape(loss):
+            op(x, w)
