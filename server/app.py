@@ -120,10 +120,7 @@ class Service:
             s, _ = await live.worker.call({"op": "stats"}, timeout=10)
         except (problems.ProblemError, WorkerGone):
             return
-        live.worker.stats = WorkerStats(
-            launches=int(s.get("launches", 0)), cache_hits=int(s.get("cache_hits", 0)),
-            cache_misses=int(s.get("cache_misses", 0)), compile_s=float(s.get("compile_s", 0)),
-            field_bytes=int(s.get("field_bytes", 0)))
+        live.worker.stats = WorkerStats.from_reply(s)
 
     async def refresh_all_stats(self) -> None:
         """Idle workers only: a scrape must not wait behind a long kernel."""

@@ -13,6 +13,7 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from .db import User
+from .middleware import MISSING_TOKEN
 from .problems import ProblemError
 
 # auto_error=False: a missing token is our own 401 problem, not FastAPI's 403.
@@ -24,5 +25,5 @@ async def current_user(request: Request,
                        ) -> User:
     user = request.scope.get("state", {}).get("user")
     if user is None:  # the middleware lets only public paths through without a user
-        raise ProblemError(401, "missing bearer token", headers={"WWW-Authenticate": "Bearer"})
+        raise ProblemError(401, MISSING_TOKEN, headers={"WWW-Authenticate": "Bearer"})
     return user

@@ -22,10 +22,18 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS users (
     id INTEGER PRIMARY KEY,
     name TEXT NOT NULL UNIQUE,
-    token_sha256 TEXT NOT NULL UNIQUE,
     created REAL NOT NULL,
     job_seconds REAL NOT NULL DEFAULT 0
 );
+-- A user may hold several tokens (one per machine or program), each revocable on its own.
+CREATE TABLE IF NOT EXISTS tokens (
+    id TEXT PRIMARY KEY,          -- "tk_..." as `difftape token list` shows it
+    user INTEGER NOT NULL REFERENCES users(id),
+    sha256 TEXT NOT NULL UNIQUE,  -- the token itself is shown once and never stored
+    prefix TEXT NOT NULL,         -- its first characters, to tell tokens apart in a list
+    created REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS tokens_user ON tokens(user);
 CREATE TABLE IF NOT EXISTS sessions (
     id TEXT PRIMARY KEY,
     owner INTEGER NOT NULL REFERENCES users(id),
@@ -81,10 +89,30 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+#: A revoked or rotated token stops working on a running server within this many seconds.
+REVOKE_DELAY_S = 1.0
+#: How many leading characters of a token are stored, to tell a user's tokens apart.
+TOKEN_PREFIX = 8
+
+
+def _token_id() -> str:
+    return "tk_" + secrets.token_hex(6)
+
+
 @dataclass(frozen=True)
 class User:
     id: int
     name: str
+
+
+@dataclass(frozen=True)
+class TokenInfo:
+    """A token as ``difftape token list`` shows it: never the token itself."""
+
+    id: str
+    user: str
+    prefix: str
+    created: float
 
 
 @dataclass
@@ -106,7 +134,9 @@ class Database:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._lock = threading.Lock()
-        self._users: dict[str, User] = {}
+        self._users: dict[str, User] = {}  # token hash -> user, see user_by_token
+        self._checked = time.monotonic()
+        self._version = None
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None,
                                    timeout=30)
         self._db.row_factory = sqlite3.Row
@@ -116,6 +146,30 @@ class Database:
         self._migrate()
 
     def _migrate(self) -> None:
+        """Bring databases of earlier versions up to this schema."""
+        self._migrate_tokens()
+        self._migrate_fields()
+
+    def _migrate_tokens(self) -> None:
+        """Databases from before the tokens table kept one token hash per user, in a
+        ``users.token_sha256`` column: move them to the tokens table and drop the column
+        (rebuilding the table, which is how SQLite drops a UNIQUE column)."""
+        with self.transaction(immediate=True) as db:
+            cols = [r["name"] for r in db.execute("PRAGMA table_info(users)")]
+            if "token_sha256" not in cols:
+                return
+            for r in db.execute("SELECT id, token_sha256, created FROM users").fetchall():
+                db.execute("INSERT OR IGNORE INTO tokens (id, user, sha256, prefix, created) "
+                           "VALUES (?, ?, ?, ?, ?)",
+                           (_token_id(), r["id"], r["token_sha256"], "dt_", r["created"]))
+            db.execute("CREATE TABLE users_new (id INTEGER PRIMARY KEY, name TEXT NOT NULL "
+                       "UNIQUE, created REAL NOT NULL, job_seconds REAL NOT NULL DEFAULT 0)")
+            db.execute("INSERT INTO users_new (id, name, created, job_seconds) "
+                       "SELECT id, name, created, job_seconds FROM users")
+            db.execute("DROP TABLE users")
+            db.execute("ALTER TABLE users_new RENAME TO users")
+
+    def _migrate_fields(self) -> None:
         """Databases from before the fields table kept a JSON blob per session."""
         for row in self.execute("SELECT id, fields FROM sessions WHERE fields != '{}'"):
             try:
@@ -130,10 +184,12 @@ class Database:
                 db.execute("UPDATE sessions SET fields = '{}' WHERE id = ?", (row["id"],))
 
     @contextmanager
-    def transaction(self):
-        """Several statements under the lock, committed together."""
+    def transaction(self, *, immediate: bool = False):
+        """Several statements under the lock, committed together. ``immediate`` takes the
+        database's write lock at once (a read-then-write that another process, such as a
+        ``difftape token`` command next to a running server, must not interleave with)."""
         with self._lock:
-            self._db.execute("BEGIN")
+            self._db.execute("BEGIN IMMEDIATE" if immediate else "BEGIN")
             try:
                 yield self._db
             except BaseException:
@@ -156,24 +212,104 @@ class Database:
         except sqlite3.Error:
             return False
 
-    # -------------------------------------------------------------- users
+    # -------------------------------------------------------------- users and tokens
     def create_user(self, name: str) -> str:
-        """Add a user and return their token; only its hash is stored, so it is shown once."""
-        token = "dt_" + secrets.token_urlsafe(32)
+        """Add a user and return their first token (see :meth:`create_token`)."""
         try:
-            self.execute("INSERT INTO users (name, token_sha256, created) VALUES (?, ?, ?)",
-                         (name, hash_token(token), time.time()))
+            self.execute("INSERT INTO users (name, created) VALUES (?, ?)", (name, time.time()))
         except sqlite3.IntegrityError:
             raise ValueError(f"a user named {name!r} exists already") from None
+        return self.create_token(name)
+
+    def create_token(self, name: str) -> str:
+        """A new token for the existing user ``name``. Only its hash is stored, so it is
+        shown once; the user's other tokens stay valid."""
+        token = "dt_" + secrets.token_urlsafe(32)
+        with self.transaction(immediate=True) as db:
+            row = db.execute("SELECT id FROM users WHERE name = ?", (name,)).fetchone()
+            if row is None:
+                raise ValueError(f"no user named {name!r} (`difftape token list` shows them)")
+            db.execute("INSERT INTO tokens (id, user, sha256, prefix, created) VALUES "
+                       "(?, ?, ?, ?, ?)", (_token_id(), row["id"], hash_token(token),
+                                           token[:TOKEN_PREFIX], time.time()))
         return token
 
+    def has_user(self, name: str) -> bool:
+        return bool(self.execute("SELECT 1 FROM users WHERE name = ?", (name,)))
+
+    def tokens(self, name: str | None = None) -> list[TokenInfo]:
+        """The tokens (every user's, or ``name``'s), oldest first."""
+        rows = self.execute(
+            "SELECT t.id, u.name, t.prefix, t.created FROM tokens t JOIN users u ON "
+            "u.id = t.user" + (" WHERE u.name = ?" if name is not None else "") +
+            " ORDER BY t.created, t.id", (name,) if name is not None else ())
+        return [TokenInfo(r["id"], r["name"], r["prefix"], r["created"]) for r in rows]
+
+    def _find_tokens(self, db, ref: str) -> list[sqlite3.Row]:
+        """The token ``ref`` names: its id (``tk_...``) or the token itself (``dt_...``)."""
+        return db.execute("SELECT t.id, t.user, u.name FROM tokens t JOIN users u ON "
+                          "u.id = t.user WHERE t.id = ? OR t.sha256 = ?",
+                          (ref, hash_token(ref))).fetchall()
+
+    def revoke(self, ref: str | None = None, *, user: str | None = None) -> list[TokenInfo]:
+        """Delete one token (``ref``: its id or the token itself) or every token of
+        ``user``; the tokens deleted. A running server stops accepting them within
+        :data:`REVOKE_DELAY_S`."""
+        with self.transaction(immediate=True) as db:
+            rows = self._select_for_change(db, ref, user)
+            db.executemany("DELETE FROM tokens WHERE id = ?", [(r["id"],) for r in rows])
+        return [TokenInfo(r["id"], r["name"], "", 0.0) for r in rows]
+
+    def rotate(self, ref: str | None = None, *, user: str | None = None
+               ) -> tuple[str, list[TokenInfo]]:
+        """Replace one token (or all of ``user``'s) by a new one, in one transaction; the new
+        token and the ones it replaced."""
+        token = "dt_" + secrets.token_urlsafe(32)
+        with self.transaction(immediate=True) as db:
+            rows = self._select_for_change(db, ref, user)
+            db.executemany("DELETE FROM tokens WHERE id = ?", [(r["id"],) for r in rows])
+            db.execute("INSERT INTO tokens (id, user, sha256, prefix, created) VALUES "
+                       "(?, ?, ?, ?, ?)", (_token_id(), rows[0]["user"], hash_token(token),
+                                           token[:TOKEN_PREFIX], time.time()))
+        return token, [TokenInfo(r["id"], r["name"], "", 0.0) for r in rows]
+
+    def _select_for_change(self, db, ref: str | None, user: str | None) -> list[sqlite3.Row]:
+        if (ref is None) == (user is None):
+            raise ValueError("name one token (its id or the token) or one user")
+        if ref is not None:
+            rows = self._find_tokens(db, ref)
+            if not rows:
+                raise ValueError(f"no token {ref!r}: give a token id from `difftape token "
+                                 f"list` or the token itself")
+            return rows
+        rows = db.execute("SELECT t.id, t.user, u.name FROM tokens t JOIN users u ON "
+                          "u.id = t.user WHERE u.name = ?", (user,)).fetchall()
+        if not rows:
+            if db.execute("SELECT 1 FROM users WHERE name = ?", (user,)).fetchone() is None:
+                raise ValueError(f"no user named {user!r}")
+            raise ValueError(f"user {user!r} has no tokens (make one with `difftape token "
+                             f"create {user}`)")
+        return rows
+
     def user_by_token(self, token: str) -> User | None:
-        """Known tokens are remembered (there is no revocation yet; one would clear this);
-        unknown ones are looked up each time, since ``token create`` may have just run."""
+        """The token's user, or None. Known tokens are remembered, so most requests cost no
+        database statement; the cache is dropped once another process (``difftape token
+        revoke``/``rotate``) has changed the database, checked at most every
+        :data:`REVOKE_DELAY_S`. Unknown tokens are looked up each time (``token create`` may
+        have just run)."""
+        now = time.monotonic()
+        if now - self._checked > REVOKE_DELAY_S:
+            self._checked = now
+            # data_version changes when another connection commits (never for our own).
+            version = self.execute("PRAGMA data_version")[0][0]
+            if version != self._version:
+                self._version = version
+                self._users.clear()
         h = hash_token(token)
         user = self._users.get(h)
         if user is None:
-            rows = self.execute("SELECT id, name FROM users WHERE token_sha256 = ?", (h,))
+            rows = self.execute("SELECT u.id, u.name FROM tokens t JOIN users u ON "
+                                "u.id = t.user WHERE t.sha256 = ?", (h,))
             if not rows:
                 return None
             user = self._users[h] = User(rows[0]["id"], rows[0]["name"])

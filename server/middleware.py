@@ -161,6 +161,16 @@ class GuardMiddleware:
             await _problem(send, 413, "Content Too Large", e.detail)
 
 
+#: What a 401 says: what was wrong and what to do about it, for a difftape program and for
+#: any other HTTP client.
+MISSING_TOKEN = ("missing bearer token: send 'Authorization: Bearer <token>' (a difftape "
+                 "program: set DIFFTAPE_TOKEN=<token> or pass ti.init(arch=ti.remote, "
+                 "token=...)); the server's operator makes tokens with `difftape token create "
+                 "NAME`")
+INVALID_TOKEN = ("invalid token: this server does not know it (revoked, rotated, mistyped, or "
+                 "made for another server); ask the server's operator for a new one (`difftape "
+                 "token create NAME`) and set DIFFTAPE_TOKEN to it")
+
 #: Paths served without a token: the probes and the API's own documentation.
 PUBLIC_PATHS = frozenset({"/livez", "/readyz", "/docs", "/docs/oauth2-redirect", "/redoc",
                           "/openapi.json"})
@@ -185,9 +195,9 @@ class AuthMiddleware:
         scheme, _, token = auth.partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
-            user, detail = None, "missing bearer token"
+            user, detail = None, MISSING_TOKEN
         else:
-            user, detail = self.users(token), "invalid token"
+            user, detail = self.users(token), INVALID_TOKEN
         if user is None:
             # A declared length was checked against the body limit already: the rest of such
             # a body may be read past. A chunked one could go on for ever: close.

@@ -14,7 +14,7 @@ import math
 import secrets
 import time
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .db import Database, FieldRecord, User
@@ -121,19 +121,28 @@ class SessionManager:
         self.db.update_session(sid, state="deleted", field_bytes=0, worker=None)
         self.db.drop_fields(sid)
         e = self.live.pop(sid, None)
+        self._retire(e)
         if e is not None and e.worker is not None:
             if e.worker.lock.locked():
                 e.worker.kill()  # busy (a long kernel, a job): no need to wait for it
             else:
-                await asyncio.get_running_loop().run_in_executor(None, e.worker.stop)
-        self._retire(e)
+                await self._stop(e.worker)
         self.db.drop_kernels(sid)
         if row["saved_path"]:
             Path(row["saved_path"]).unlink(missing_ok=True)
 
     def _retire(self, e: Live | None) -> None:
+        """Move the worker's last reported counters to the retired ones (call it as the
+        entry leaves ``live`` or loses its worker: a scrape then counts them once)."""
         if e is not None and e.worker is not None:
             self.metrics.retire(e.worker.stats)
+
+    async def _stop(self, worker) -> None:
+        """Stop a retired worker; what it did since its last report (a session deleted or
+        culled before any scrape: all of it) is retired from its final counters."""
+        before = replace(worker.stats)
+        await asyncio.get_running_loop().run_in_executor(None, worker.stop)
+        self.metrics.retire(worker.stats.since(before))
 
     # ------------------------------------------------------------------ running ops
     def _fast(self, user: User, sid: str) -> Live | None:
@@ -367,7 +376,7 @@ class SessionManager:
                                last_activity=e.last_activity)
         self._retire(e)
         worker, e.worker = e.worker, None
-        await asyncio.get_running_loop().run_in_executor(None, worker.stop)
+        await self._stop(worker)
         log.info("session %s culled after %.0f s idle; fields saved to %s", e.sid,
                  time.time() - e.last_activity, path)
 

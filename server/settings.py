@@ -89,6 +89,17 @@ class Settings(BaseSettings):
     # One JSON line per request on stderr (user, session, op, status, duration, bytes).
     access_log: bool = True
 
+    @field_validator("arch", mode="before")
+    @classmethod
+    def _not_remote(cls, v):
+        """DIFFTAPE_ARCH=remote is a program's setting (run me on a server); a shell that
+        exports it for programs must not start a server that cannot run anything."""
+        if v == "remote":
+            raise ValueError("'remote' sends a program's kernels to a server; the server "
+                             "itself runs them on 'cpu' or 'cuda': pass --arch cpu or unset "
+                             "DIFFTAPE_ARCH for the server")
+        return v
+
     @field_validator("allowed_hosts", "allowed_origins", mode="before")
     @classmethod
     def _split(cls, v):

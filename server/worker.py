@@ -287,6 +287,16 @@ class _Watchdog(threading.Thread):
                 os._exit(EXIT_TIME_LIMIT)
 
 
+def _reply_or_quit(conn, msg: dict) -> bool:
+    """Send a control reply; False if the gateway has gone (it stopped, or gave up waiting)
+    meanwhile: nobody is left to tell, and that is no error worth a traceback."""
+    try:
+        _send(conn, msg, None)
+        return True
+    except OSError:  # BrokenPipeError, ConnectionResetError
+        return False
+
+
 def worker_main(conn, engine_spec: str, engine_kwargs: dict, shm_path: str | None = None,
                 parent: int | None = None, time_limit: float | None = None) -> None:
     """The worker's loop: build the engine, say ready, then serve ops until EOF."""
@@ -303,10 +313,11 @@ def worker_main(conn, engine_spec: str, engine_kwargs: dict, shm_path: str | Non
         module, _, cls = engine_spec.partition(":")
         engine = getattr(importlib.import_module(module), cls)(**engine_kwargs)
     except BaseException as e:  # noqa: BLE001 - reported to the gateway, then exit
-        _send(conn, {"error": _error_dict(e)}, None)
+        _reply_or_quit(conn, {"error": _error_dict(e)})
         return
     shm = SharedBuffer(shm_path) if shm_path else None
-    _send(conn, {"ok": {"pid": os.getpid()}}, None)
+    if not _reply_or_quit(conn, {"ok": {"pid": os.getpid()}}):
+        return
     while True:
         try:
             # The engine reads a mapped payload in place (np.frombuffer + copy into the
@@ -315,10 +326,14 @@ def worker_main(conn, engine_spec: str, engine_kwargs: dict, shm_path: str | Non
         except (EOFError, OSError):
             return
         if op.get("op") == "_shutdown":
+            try:  # the last counters, so that the gateway's metrics keep them
+                final = engine.execute({"op": "stats"}, None)[0]
+            except Exception:  # noqa: BLE001 - an engine without stats
+                final = {}
             close = getattr(engine, "close", None)
             if close is not None:
                 close()  # its thread pool would otherwise hold up the process's exit
-            _send(conn, {"ok": {}}, None)
+            _reply_or_quit(conn, {"ok": final})
             return
         watchdog.busy_since = time.monotonic()
         try:
@@ -360,6 +375,20 @@ class WorkerStats:
     cache_misses: int = 0
     compile_s: float = 0.0
     field_bytes: int = 0
+
+    @classmethod
+    def from_reply(cls, s: dict) -> WorkerStats:
+        """From the engine's ``stats`` op."""
+        return cls(launches=int(s.get("launches", 0)), cache_hits=int(s.get("cache_hits", 0)),
+                   cache_misses=int(s.get("cache_misses", 0)),
+                   compile_s=float(s.get("compile_s", 0)),
+                   field_bytes=int(s.get("field_bytes", 0)))
+
+    def since(self, before: WorkerStats) -> WorkerStats:
+        """The counters' growth since ``before`` (the same worker's earlier figures)."""
+        return WorkerStats(self.launches - before.launches, self.cache_hits - before.cache_hits,
+                           self.cache_misses - before.cache_misses,
+                           self.compile_s - before.compile_s, 0)
 
 
 def _start_time(pid: int) -> int | None:
@@ -633,14 +662,17 @@ class Worker:
             pass
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Ask the worker to exit; kill it if it does not (blocking)."""
+        """Ask the worker to exit; kill it if it does not (blocking). Its reply carries its
+        last counters: ``self.stats`` is final afterwards."""
         if self.gone is None and self.proc.is_alive():
             try:
                 with self._io:
                     _send(self._conn, {"op": "_shutdown"}, None)
                     if self._conn.poll(timeout):
-                        _recv(self._conn)
-            except (EOFError, OSError):
+                        msg, _ = _recv(self._conn)
+                        if isinstance(msg.get("ok"), dict) and "cache_misses" in msg["ok"]:
+                            self.stats = WorkerStats.from_reply(msg["ok"])
+            except (EOFError, OSError, ValueError):
                 pass
             self.proc.join(timeout=timeout)
         self.gone = self.gone or WorkerGone("the worker was stopped")

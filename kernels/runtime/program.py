@@ -36,6 +36,39 @@ metal = Arch("metal")
 opengl = Arch("opengl")
 remote = Arch("remote")
 
+#: What the ``TI_ARCH`` environment variable may say: Taichi's own arch names (``taichi.init``
+#: accepts exactly these there). The GPU ones fall back to the CPU here, with a warning.
+TI_ARCH_NAMES: dict[str, Arch] = {
+    "x64": cpu, "arm64": cpu, **{n: Arch(n) for n in (
+        "cuda", "metal", "opengl", "vulkan", "dx11", "dx12", "gles", "amdgpu", "opencl",
+        "js")}}
+#: ... and ``DIFFTAPE_ARCH``: the names of difftape's ``ti.<arch>`` constants.
+DIFFTAPE_ARCH_NAMES: dict[str, Arch] = {
+    "cpu": cpu, "x64": cpu, "arm64": cpu, "cuda": cuda, "gpu": gpu, "vulkan": vulkan,
+    "metal": metal, "opengl": opengl, "remote": remote}
+
+
+def arch_from_environment() -> tuple[Arch, str] | None:
+    """The arch the environment imposes on ``ti.init``, and which variable said so.
+
+    Taichi programs choose their backend with ``TI_ARCH``, which overrides the ``arch``
+    given to ``ti.init`` (so a program runs elsewhere without an edit); difftape reads it
+    the same way, and ``DIFFTAPE_ARCH`` (which also takes ``remote``) before it. Empty
+    means unset; an unknown name is refused rather than ignored."""
+    from ..errors import OptionError
+
+    for var, names in (("DIFFTAPE_ARCH", DIFFTAPE_ARCH_NAMES), ("TI_ARCH", TI_ARCH_NAMES)):
+        value = os.environ.get(var, "").strip()
+        if not value:
+            continue
+        if value not in names:
+            hint = (" (difftape's remote backend is DIFFTAPE_ARCH=remote)"
+                    if var == "TI_ARCH" and value == "remote" else "")
+            raise OptionError(f"{var}={value!r} is not an arch name; use one of "
+                              f"{', '.join(names)}{hint}, or unset it")
+        return names[value], f"{var}={value}"
+    return None
+
 
 @dataclass
 class Config:
@@ -255,6 +288,9 @@ def init(arch: Arch | None = None, default_fp=None, default_ip=None, **options) 
         raise UnknownOptionError(f"Unrecognized keyword argument(s) for ti.init: "
                                  f"{', '.join(unknown)}")
     arch = arch or cpu
+    forced = arch_from_environment()
+    if forced is not None:
+        arch, source = forced
     remote_opts = {}
     settings = {}
     for name, value in options.items():
@@ -271,19 +307,26 @@ def init(arch: Arch | None = None, default_fp=None, default_ip=None, **options) 
             remote_opts[name] = value
         else:
             settings[name] = opt.convert(value)
+    where = f"arch={arch}" if forced is None else source
     if arch == remote and settings.get("kernel_profiler"):
-        raise OptionError("ti.init(kernel_profiler=True) is not available under arch=ti.remote: "
+        raise OptionError(f"ti.init(kernel_profiler=True) is not available under {where}: "
                           "kernels run on the server")
     if arch == remote and settings.get("deterministic"):  # the server compiles its own way
-        raise OptionError("ti.init(arch=ti.remote, deterministic=True) is not supported: the "
+        raise OptionError(f"ti.init(deterministic=True) is not supported under {where}: the "
                           "server schedules kernels its own way; run locally (arch=ti.cpu) for "
                           "bitwise-reproducible results")
     if remote_opts and arch != remote:
-        raise OptionError(f"ti.init({', '.join(remote_opts)}=...) applies to arch=ti.remote "
-                          f"only, not arch={arch}")
+        if forced is None:
+            raise OptionError(f"ti.init({', '.join(remote_opts)}=...) applies to arch=ti.remote "
+                              f"only, not arch={arch}")
+        # The environment moved a remote program back to this machine: what only says where
+        # the server is has nothing to act on, and the user asked for exactly that.
+        warnings.warn(f"difftape: {source} runs this program here; ti.init's "
+                      f"{', '.join(k + '=' for k in remote_opts)} are not used", stacklevel=2)
+        remote_opts = {}
     reset()
-    if arch in (cuda, gpu, vulkan, metal, opengl):
-        warnings.warn(f"difftape: arch={arch} has no backend here yet; falling back to the CPU",
+    if arch not in (cpu, remote):
+        warnings.warn(f"difftape: {where} has no backend here yet; falling back to the CPU",
                       stacklevel=2)
         arch = cpu
     cfg = Config(arch=arch, **settings)

@@ -212,3 +212,87 @@ def test_kernel_profiler_records_each_launch(ti, capsys):
     ti.profiler.clear_kernel_profiler_info()
     assert ti.profiler.query_kernel_profiler_info("profiled_sines").counter == 0
     np.testing.assert_allclose(x.to_numpy()[:5], np.sin(np.arange(5) * 1e-3), rtol=1e-6)
+
+
+def _current_arch(ti):
+    """The arch the current program runs on (Taichi: its config; difftape: its program's)."""
+    if ti.__name__ == "taichi":
+        return ti.lang.impl.current_cfg().arch
+    from difftape.runtime import program
+
+    return program.get().config.arch
+
+
+def test_ti_arch_overrides_the_arch_given_to_init(ti, monkeypatch):
+    """Taichi programs pick their backend with TI_ARCH (Taichi's arch names), whatever their
+    ti.init line says: the environment wins, with no fallback warning."""
+    monkeypatch.setenv("TI_ARCH", "x64")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ti.init(arch=ti.cuda)
+    assert _current_arch(ti) == ti.cpu
+    x = ti.field(ti.f32, shape=4)
+
+    @ti.kernel
+    def run():
+        for i in x:
+            x[i] = i * 0.5
+
+    run()
+    np.testing.assert_array_equal(x.to_numpy(), np.arange(4) * 0.5)
+
+
+@pytest.mark.difftape_only
+def test_ti_arch_gpu_names_fall_back_saying_where_the_arch_came_from(ti, monkeypatch):
+    monkeypatch.setenv("TI_ARCH", "vulkan")
+    with pytest.warns(UserWarning, match=r"TI_ARCH=vulkan has no backend here yet"):
+        ti.init(arch=ti.cpu)
+    assert _current_arch(ti) == ti.cpu
+
+
+@pytest.mark.difftape_only
+@pytest.mark.parametrize("var,value", [("TI_ARCH", "cpu"), ("TI_ARCH", "remote"),
+                                       ("DIFFTAPE_ARCH", "x86"), ("TI_ARCH", "CUDA")])
+def test_unknown_arch_names_in_the_environment_are_refused(ti, monkeypatch, var, value):
+    """Taichi aborts on a TI_ARCH it does not know (``cpu`` included: its name is ``x64``);
+    difftape refuses it with an error that lists the names."""
+    monkeypatch.setenv(var, value)
+    x = ti.field(ti.i32, shape=2)
+    with pytest.raises(ti.OptionError, match=rf"{var}='{value}' is not an arch name.*x64"):
+        ti.init(arch=ti.cpu)
+    x[1] = 3  # the refused call left the current program alone
+    assert x[1] == 3
+
+
+@pytest.mark.difftape_only
+def test_difftape_arch_comes_before_ti_arch_and_empty_means_unset(ti, monkeypatch):
+    monkeypatch.setenv("TI_ARCH", "cuda")
+    monkeypatch.setenv("DIFFTAPE_ARCH", "cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # TI_ARCH=cuda would warn of the CPU fallback
+        ti.init(arch=ti.gpu)
+    assert _current_arch(ti) == ti.cpu
+    monkeypatch.setenv("TI_ARCH", "")
+    monkeypatch.setenv("DIFFTAPE_ARCH", "")
+    with pytest.warns(UserWarning, match=r"arch=cuda has no backend"):
+        ti.init(arch=ti.cuda)
+
+
+@pytest.mark.difftape_only
+def test_difftape_arch_cpu_runs_a_remote_program_here(ti, monkeypatch):
+    """A program written for ti.remote runs locally under DIFFTAPE_ARCH=cpu; its server and
+    token options have nothing to do there, and the warning says so."""
+    monkeypatch.setenv("DIFFTAPE_ARCH", "cpu")
+    with pytest.warns(UserWarning, match=r"DIFFTAPE_ARCH=cpu runs this program here.*server="):
+        ti.init(arch=ti.remote, server="http://127.0.0.1:1", token="t")
+    assert _current_arch(ti) == ti.cpu
+    x = ti.field(ti.i32, shape=())
+    x[None] = 7
+    assert x[None] == 7
+
+
+@pytest.mark.difftape_only
+def test_difftape_arch_remote_keeps_the_remote_refusals(ti, monkeypatch):
+    monkeypatch.setenv("DIFFTAPE_ARCH", "remote")
+    with pytest.raises(ti.OptionError, match=r"kernel_profiler=True.*DIFFTAPE_ARCH=remote"):
+        ti.init(arch=ti.cpu, kernel_profiler=True)
