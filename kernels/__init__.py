@@ -36,6 +36,10 @@ from .errors import (  # noqa: E402
     TaichiTypeError,
     UnknownOptionError,
 )
+from .frontend import matrix as _matrix_mod  # noqa: E402
+from .frontend import ops as _ops_mod  # noqa: E402
+from .frontend import struct as _struct_mod  # noqa: E402
+from .frontend.annotations import NdarrayType as _NdarrayType  # noqa: E402
 from .frontend.annotations import ref, template  # noqa: E402
 from .frontend.decorators import data_oriented, func, kernel, pyfunc, real_func  # noqa: E402
 from .frontend.matrix import Matrix, Vector  # noqa: E402
@@ -90,6 +94,7 @@ from .frontend.transformer import (  # noqa: E402
     static_assert,
     static_print,
 )
+from .runtime import program as _program_mod  # noqa: E402
 from .runtime.field import (  # noqa: E402
     Field,
     MatrixField,
@@ -184,9 +189,7 @@ def grouped(x) -> Grouped:
 def sync() -> None:
     """``ti.sync``: kernels run synchronously on the CPU, so there is nothing to wait for;
     under ``arch=ti.remote`` it sends the queued launches and waits for them."""
-    from .runtime import program as _program
-
-    prog = _program._current
+    prog = _program_mod._current
     if prog is not None and prog.remote is not None:
         prog.remote.flush()
 
@@ -206,6 +209,31 @@ def polar_decompose(A, dt=None):
 
     return linalg.polar_decompose(A, resolve_dtype(dt if dt is not None else float))
 
+
+# ``ti.types`` offers the frontend's type constructors beside the scalar types; ``types`` is
+# the ground floor, so the API puts them there (types.provide) rather than types importing up.
+types.provide(
+    vector=_matrix_mod.vector,
+    matrix=_matrix_mod.matrix,
+    struct=_struct_mod.struct,
+    ndarray=_NdarrayType,
+    template=template,
+    is_signed=_ops_mod.is_signed,
+    is_integral=_ops_mod.is_integral,
+    is_real=_ops_mod.is_real,
+)
+
+
+
+def _attach_remote(prog, **options):
+    """``ti.init(arch=ti.remote)``: the program runs on a difftape server (difftape.client)."""
+    # Function-level: the client needs httpx (the optional `client` extra); only remote loads it.
+    from .client.runtime import attach
+
+    return attach(prog, **options)
+
+
+_program_mod.register_backend(remote, _attach_remote)
 
 from . import ad, profiler  # noqa: E402
 from .ad import FwdMode, Tape  # noqa: E402

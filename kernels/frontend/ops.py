@@ -561,3 +561,27 @@ def atomic_or(ref, value):
 
 def atomic_xor(ref, value):
     return atomic("bit_xor", ref, value)
+
+
+# ``ti.types.is_signed/is_integral/is_real`` (moved from ``types.py``: they accept Python's
+# ``int``/``float``, which only the frontend resolves; the package provides them to ``ti.types``).
+def is_signed(dt) -> bool:
+    """``ti.types.is_signed``: true for signed integer (and float) types."""
+    return _cook(dt).is_signed
+
+
+def is_integral(dt) -> bool:
+    """``ti.types.is_integral``: true for integer types, signed or not."""
+    return _cook(dt).is_int
+
+
+def is_real(dt) -> bool:
+    """``ti.types.is_real``: true for floating-point types."""
+    return _cook(dt).is_float
+
+
+def _cook(dt) -> DType:
+    return resolve_dtype(dt)
+
+
+T.set_caster(construct)

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from .. import types as T
+from ..errors import OptionError, UnknownOptionError
 from ..types import DType
 
 
@@ -230,6 +231,18 @@ class Program:
 
 _current: Program | None = None
 
+#: Backends that run the program somewhere else, by arch: ``attach(prog, **options)``. The
+#: package registers ``remote`` (difftape.client) through :func:`register_backend`, so the core
+#: never imports the client.
+_backends: dict[Arch, Callable[..., object]] = {}
+
+
+def register_backend(arch: Arch, attach: Callable[..., object]) -> None:
+    """Registration point for a backend that runs programs elsewhere: ``ti.init(arch=arch,
+    **options)`` makes a fresh :class:`Program` and calls ``attach(prog, **options)``, which
+    installs its runtime as ``prog.remote``."""
+    _backends[arch] = attach
+
 
 def get() -> Program:
     """The current program, created with default settings on first use (as Taichi does)."""
@@ -244,9 +257,6 @@ def init(arch: Arch | None = None, default_fp=None, default_ip=None, **options) 
     previous one are dropped). The keywords are Taichi's; :data:`OPTIONS` says what each does
     here. Unknown keywords raise ``KeyError`` (:class:`~difftape.errors.UnknownOptionError`)."""
     global _current
-    from .. import types as _t
-    from ..errors import OptionError, UnknownOptionError
-
     unknown = [k for k in options if k not in OPTIONS]
     if "default_up" in options:
         raise UnknownOptionError("'default_up' is always the unsigned type of 'default_ip'; "
@@ -289,12 +299,12 @@ def init(arch: Arch | None = None, default_fp=None, default_ip=None, **options) 
     cfg = Config(arch=arch, **settings)
     if default_fp is not None:
         cfg.default_fp = default_fp if isinstance(default_fp, DType) else (
-            _t.f64 if default_fp is float else _t.from_numpy(default_fp))
+            T.f64 if default_fp is float else T.from_numpy(default_fp))
     if default_ip is not None:
         cfg.default_ip = default_ip if isinstance(default_ip, DType) else (
-            _t.i32 if default_ip is int else _t.from_numpy(default_ip))
+            T.i32 if default_ip is int else T.from_numpy(default_ip))
     if arch == remote:  # the program runs on a difftape server (difftape.client)
-        from ..client.runtime import attach
+        attach = _backends[remote]
 
         prog = Program(cfg)
         attach(prog, **remote_opts)
