@@ -42,7 +42,38 @@ from .frontend import struct as _struct_mod  # noqa: E402
 from .frontend.annotations import NdarrayType as _NdarrayType  # noqa: E402
 from .frontend.annotations import ref, template  # noqa: E402
 from .frontend.decorators import data_oriented, func, kernel, pyfunc, real_func  # noqa: E402
+from .frontend.field import (  # noqa: E402
+    Field,
+    MatrixField,
+    ScalarField,
+    axes,
+    block_local,
+    i,
+    ij,
+    ijk,
+    ijkl,
+    ijl,
+    ik,
+    ikl,
+    il,
+    j,
+    jk,
+    jkl,
+    jl,
+    k,
+    kl,
+    l,  # noqa: E741
+    root,
+)
+from .frontend.field import make_field as field  # noqa: E402
 from .frontend.matrix import Matrix, Vector  # noqa: E402
+from .frontend.ndarray import (  # noqa: E402
+    MatrixNdarray,
+    Ndarray,
+    ScalarNdarray,
+    VectorNdarray,
+    ndarray,
+)
 from .frontend.ops import (  # noqa: E402
     abs,
     acos,
@@ -85,6 +116,16 @@ from .frontend.ops import (  # noqa: E402
     tanh,
     zero,
 )
+from .frontend.sparse import (  # noqa: E402
+    activate,
+    append,
+    deactivate,
+    deactivate_all_snodes,
+    is_active,
+    length,
+    no_activate,
+    rescale_index,
+)
 from .frontend.struct import Struct, StructField, dataclass  # noqa: E402
 from .frontend.transformer import (  # noqa: E402
     Grouped,
@@ -95,37 +136,6 @@ from .frontend.transformer import (  # noqa: E402
     static_print,
 )
 from .runtime import program as _program_mod  # noqa: E402
-from .runtime.field import (  # noqa: E402
-    Field,
-    MatrixField,
-    ScalarField,
-    axes,
-    block_local,
-    i,
-    ij,
-    ijk,
-    ijkl,
-    ijl,
-    ik,
-    ikl,
-    il,
-    j,
-    jk,
-    jkl,
-    jl,
-    k,
-    kl,
-    l,  # noqa: E741
-    root,
-)
-from .runtime.field import make_field as field  # noqa: E402
-from .runtime.ndarray import (  # noqa: E402
-    MatrixNdarray,
-    Ndarray,
-    ScalarNdarray,
-    VectorNdarray,
-    ndarray,
-)
 from .runtime.program import (  # noqa: E402
     arm64,
     cpu,
@@ -138,16 +148,6 @@ from .runtime.program import (  # noqa: E402
     reset,
     vulkan,
     x64,
-)
-from .runtime.sparse import (  # noqa: E402
-    activate,
-    append,
-    deactivate,
-    deactivate_all_snodes,
-    is_active,
-    length,
-    no_activate,
-    rescale_index,
 )
 from .types import (  # noqa: E402
     f16,

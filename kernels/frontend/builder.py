@@ -62,7 +62,7 @@ class Builder:
         # Building the IR that reverse mode differentiates: writes do not activate sparse
         # cells (the adjoint only reads activity) and deactivation/append are refused.
         self.adjoint = False
-        # Struct-fors over sparse SNodes: their activity loads (runtime/sparse.py).
+        # Struct-fors over sparse SNodes: their activity loads (frontend/sparse.py).
         self.struct_fors: list[dict] = []
         # ti.stop_grad(field): (block, buffer slot) pairs, applied by finish_stop_grads.
         self.stop_grads: list[tuple[Block, int]] = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 
-from ..runtime.kernel import Kernel, defined_in_class
+from .kernel import Kernel, defined_in_class
 
 
 class Func:

@@ -551,14 +551,14 @@ class Matrix:
     @classmethod
     def field(cls, n: int, m: int, dtype, shape=None, order=None, name: str = "", offset=None,
               needs_grad: bool = False, needs_dual: bool = False, layout=None, ndim=None):
-        from ..runtime.field import make_field
+        from .field import make_field
 
         return make_field(dtype, shape, order, name, offset, needs_grad, needs_dual,
                           element_shape=(n,) if ndim == 1 else (n, m), layout=layout)
 
     @classmethod
     def ndarray(cls, n: int, m: int, dtype, shape, needs_grad: bool = False):
-        from ..runtime.ndarray import MatrixNdarray
+        from .ndarray import MatrixNdarray
 
         return MatrixNdarray(n, m, dtype, shape, needs_grad)
 
@@ -579,14 +579,14 @@ class Vector(Matrix):
     def field(cls, n: int, dtype, shape=None, order=None,  # type: ignore[override]
               name: str = "", offset=None, needs_grad: bool = False, needs_dual: bool = False,
               layout=None):
-        from ..runtime.field import make_field
+        from .field import make_field
 
         return make_field(dtype, shape, order, name, offset, needs_grad, needs_dual,
                           element_shape=(n,), layout=layout)
 
     @classmethod
     def ndarray(cls, n: int, dtype, shape, needs_grad: bool = False):  # type: ignore[override]
-        from ..runtime.ndarray import VectorNdarray
+        from .ndarray import VectorNdarray
 
         return VectorNdarray(n, dtype, shape, needs_grad)
 
@@ -666,7 +666,7 @@ class MatrixType:
 
     def field(self, shape=None, order=None, name: str = "", offset=None,
               needs_grad: bool = False, needs_dual: bool = False, layout=None):
-        from ..runtime.field import make_field
+        from .field import make_field
 
         return make_field(self.scalar_dtype, shape, order, name, offset, needs_grad, needs_dual,
                           element_shape=self.element_shape, layout=layout)

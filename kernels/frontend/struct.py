@@ -109,7 +109,7 @@ class Struct:
             if not is_place(entry):
                 raise bld.error(f"member '{key}' of this struct is a value, not a variable: "
                                 "assign the struct to a name first")
-            from ..runtime.field import assign
+            from .field import assign
 
             assign(entry, _coerce_member(entry, value))
             return
@@ -208,16 +208,16 @@ class Struct:
                 fields[k] = dt.field(name=f"{name}.{k}", needs_grad=needs_grad,
                                      needs_dual=needs_dual)
             else:
-                from ..runtime.field import make_field
+                from .field import make_field
 
                 fields[k] = make_field(dt, None, needs_grad=needs_grad, needs_dual=needs_dual,
                                        name=f"{name}.{k}")
         sf = StructField(fields, methods or {}, name)
         if shape is not None:
-            from ..runtime.field import root
+            from .field import root
 
             shape = (shape,) if isinstance(shape, numbers.Integral) else tuple(shape)
-            from ..runtime.field import axes
+            from .field import axes
 
             root.dense(axes(*range(len(shape))), shape).place(sf)
         return sf
@@ -467,7 +467,7 @@ class StructField:
         if _b.current() is not None:
             entries = {k: f[key] for k, f in self.field_dict.items()}
         else:
-            from ..runtime.field import Field
+            from .field import Field
 
             entries = {k: _HostSlot(f, key) if isinstance(f, Field) and not f.element_shape
                        else f[key] for k, f in self.field_dict.items()}
@@ -479,7 +479,7 @@ class StructField:
         if bld is None:
             element._set_entries(value)
             return
-        from ..runtime.field import assign
+        from .field import assign
 
         assign(element, Struct(value) if isinstance(value, dict) else value)
 

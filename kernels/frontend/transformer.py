@@ -521,7 +521,7 @@ class FunctionTransformer:
                 raise self.bld.error(f"kernel argument '{target.id}' is read-only; copy it into "
                                      f"a local first, e.g. `{target.id}_ = {target.id}`")
             if isinstance(var, Ref | Matrix | Struct) and is_place(var):
-                from ..runtime.field import assign
+                from .field import assign
 
                 if isinstance(var, Matrix) and not isinstance(value, Matrix):
                     raise self.bld.error(f"'{target.id}' is a vector/matrix; cannot assign a "
@@ -590,7 +590,7 @@ class FunctionTransformer:
         if op in _ATOMIC_AUGASSIGN and (_is_global(target) or _is_reduction(target)):
             ops.atomic(op, target, value)  # Taichi semantics: += &= ... on globals are atomic
             return
-        from ..runtime.field import assign
+        from .field import assign
 
         new = apply_binop(op, target._values() if isinstance(target, Matrix) else target.expr(),
                           value)
@@ -760,9 +760,9 @@ class FunctionTransformer:
 
     def _sparse_guard(self, iterable):
         """A struct-for over a field or SNode below sparse SNodes visits the active cells
-        only: the body starts with a guard (see runtime/sparse.py)."""
-        from ..runtime.field import Field, SNode
-        from ..runtime.sparse import struct_for_guard
+        only: the body starts with a guard (see frontend/sparse.py)."""
+        from .field import Field, SNode
+        from .sparse import struct_for_guard
 
         node = iterable.parent() if isinstance(iterable, Field) and \
             iterable.primal._container is not None else iterable
@@ -776,7 +776,7 @@ class FunctionTransformer:
         return lambda indices: struct_for_guard(self, node, indices)
 
     def _iteration_bounds(self, iterable) -> list[tuple]:
-        from ..runtime.field import Field, SNode
+        from .field import Field, SNode
 
         if isinstance(iterable, NdRange):
             return iterable.bounds
@@ -1155,8 +1155,8 @@ class FunctionTransformer:
         return self.call(fn, args, kwargs)
 
     def call(self, fn, args: list, kwargs: dict):
-        from ..runtime.kernel import Kernel
         from .decorators import Func
+        from .kernel import Kernel
 
         if isinstance(fn, Func):
             return inline_func(self.bld, fn, args, kwargs)
@@ -1322,7 +1322,7 @@ class NdarrayArg:
                      for a in range(self.field_ndim))
 
     def __getitem__(self, key):
-        from ..runtime.field import kernel_element
+        from .field import kernel_element
 
         if not isinstance(key, tuple):
             key = (key,)
@@ -1343,7 +1343,7 @@ class NdarrayArg:
         return element
 
     def __setitem__(self, key, value) -> None:
-        from ..runtime.field import assign
+        from .field import assign
         from .matrix import _coerce
 
         assign(self[key], _coerce(value))
@@ -1446,7 +1446,7 @@ def _func_annotations(fn) -> tuple[dict[str, Any], Any]:
     cached = getattr(fn, "_annotations", None)
     if cached is not None:
         return cached
-    from ..runtime.kernel import _resolve_annotation
+    from .kernel import _resolve_annotation
 
     name = fn.pyfunc.__name__
     params = {}
@@ -1575,7 +1575,7 @@ def build_kernel_body(bld: _b.Builder, kernel, args: tuple) -> None:
 
 def _ndarray_binding(bld: _b.Builder, index: int, name: str, value) -> NdarrayArg:
     """The kernel-side view of ndarray argument ``index``, from its launch description
-    ``(dtype, ndim, element shape, has_grad, boundary)`` (see ``runtime.kernel``)."""
+    ``(dtype, ndim, element shape, has_grad, boundary)`` (see ``frontend.kernel``)."""
     dtype, field_ndim, esh, has_grad, boundary = value
     clamp = boundary == "clamp"
     buf = Buffer(("ndarray", index, "primal"), dtype, (None,) * field_ndim + esh, name, len(esh))

@@ -33,18 +33,18 @@ from ..errors import (
     KernelAssertionError,
     KernelSyntaxError,
 )
-from ..frontend import builder as _b
-from ..frontend.annotations import NdarrayType, Template
-from ..frontend.matrix import Matrix, MatrixType
-from ..frontend.struct import Struct, StructType
-from ..frontend.transformer import build_kernel_body, parse_function
 from ..ir import serialize
 from ..ir.nodes import Buffer, KernelIR, task_blocks, walk
 from ..ir.passes import run_pipeline
 from ..ir.passes.bounds import OUT_OF_RANGE
-from . import cache, program
+from ..runtime import cache, program
+from . import builder as _b
+from .annotations import NdarrayType, Template
+from .matrix import Matrix, MatrixType
 from .ndarray import Ndarray
 from .sparse import finish_struct_fors
+from .struct import Struct, StructType
+from .transformer import build_kernel_body, parse_function
 
 TASK_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int32)
 BOUNDS_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
@@ -267,7 +267,7 @@ class Kernel:
 
     def _frontend_ir(self, prog, spec: tuple, adjoint: bool) -> KernelIR:
         """The IR the frontend builds; ``adjoint``: the source of reverse mode (writes do
-        not activate sparse cells there, see runtime/sparse.py)."""
+        not activate sparse cells there, see frontend/sparse.py)."""
         cfg = prog.config
         parsed = parse_function(self.pyfunc)
         bld = _b.Builder(self.name, parsed.file, default_fp=cfg.default_fp,
@@ -879,7 +879,7 @@ def _ndarray_kind(ann: NdarrayType, a) -> tuple | None:
 
 
 def _resolve(dtype) -> T.DType:
-    from ..frontend.ops import resolve_dtype
+    from .ops import resolve_dtype
 
     return resolve_dtype(dtype)
 

@@ -24,11 +24,11 @@ import numpy as np
 
 from .. import types as T
 from ..errors import DifftapeError, GradientRuleError
-from ..frontend import builder as _b
+from . import builder as _b
 
 if TYPE_CHECKING:
-    from ..frontend.values import Expr
     from .field import Field, SNode
+    from .values import Expr
 
 
 # ---------------------------------------------------------------------------- Python scope
@@ -52,7 +52,7 @@ def active_mask(node: SNode, shape: tuple[int, ...]) -> np.ndarray:
 
 # ---------------------------------------------------------------------------- kernel IR
 def _ops():
-    from ..frontend import ops
+    from . import ops
 
     return ops
 
@@ -155,7 +155,7 @@ def finish_struct_fors(bld, key: tuple) -> None:
 def _copy_loop(bld, src: Field, dst: Field) -> None:
     """``dst[I] = src[I]`` over the whole field, the outer loop parallel."""
     ops = _ops()
-    from ..frontend.values import Expr
+    from .values import Expr
 
     def nest(level: int, idx: list) -> None:
         if level == len(src.shape):
@@ -186,7 +186,7 @@ def _node(x, what: str) -> SNode:
 
 
 def _indices(node: SNode, indices, ndim: int, what: str) -> list:
-    from ..frontend.matrix import Matrix
+    from .matrix import Matrix
 
     if isinstance(indices, Matrix):
         indices = indices.entries
@@ -254,8 +254,8 @@ def deactivate(node, indices) -> None:
 
 def _zero_box(bld, f: Field, n: SNode, box: SNode, cell: list) -> None:
     """Store 0 in every element of ``f`` (indexed like node ``n``) inside ``box[cell]``."""
-    from ..frontend.values import Expr
     from .field import assign, kernel_element
+    from .values import Expr
 
     ops = _ops()
     bmap = n.index_map(box)
@@ -312,8 +312,8 @@ def append(node, indices, value):
     ops = _ops()
     par = _indices(node, indices, len(node.parent().shape), "ti.append")
     k = _element(node.activity, par).atomic("add", ops.const(1, T.i32))
-    from ..frontend.matrix import _coerce
     from .field import assign, kernel_element
+    from .matrix import _coerce
 
     with bld.block() as then:
         # the cells above the list are activated as by a write; the list's length already is
@@ -377,7 +377,7 @@ class DynamicRow:
 
 def dynamic_row(field: Field, key) -> DynamicRow | None:
     """``x[I]`` with one index fewer than the field has: the list (None otherwise)."""
-    from ..frontend.matrix import Matrix
+    from .matrix import Matrix
 
     if key is None:
         key = ()
@@ -402,7 +402,7 @@ def dynamic_op(field: Field, op: str, par: tuple, *args):
 def rescale_index(a, b, index):
     """``ti.rescale_index(a, b, I)``: the index of ``b`` (a field or SNode) holding element
     ``I`` of ``a``, from the two shapes (as Taichi computes it)."""
-    from ..frontend.matrix import Matrix, Vector
+    from .matrix import Matrix, Vector
 
     entries = list(index.entries if isinstance(index, Matrix) else index)
     out = list(entries)

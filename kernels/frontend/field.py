@@ -14,9 +14,9 @@ import numpy as np
 
 from .. import types as T
 from ..errors import DifftapeError, KernelIndexError, KernelTypeError, ShapeError
-from ..frontend import builder as _b
 from ..ir.nodes import Buffer
-from . import program
+from ..runtime import program
+from . import builder as _b
 from .sparse import active_condition, active_mask, dynamic_op, dynamic_row, emit_activate
 
 _field_ids = itertools.count(1)
@@ -32,7 +32,7 @@ class Field:
 
     def __init__(self, dtype, shape, element_shape=(), name: str = "", role: str = "primal",
                  primal: Field | None = None) -> None:
-        from ..frontend.ops import resolve_dtype
+        from .ops import resolve_dtype
 
         self.dtype = resolve_dtype(dtype)
         self.element_shape = tuple(element_shape)
@@ -208,7 +208,7 @@ class Field:
 
     # ------------------------------------------------------------------ indexing
     def _norm_key(self, key) -> tuple:
-        from ..frontend.matrix import Matrix
+        from .matrix import Matrix
 
         if key is None or (isinstance(key, tuple) and not key):
             key = ()
@@ -273,7 +273,7 @@ class Field:
     def __setitem__(self, key, value) -> None:
         key = self._norm_key(key)
         if _b.current() is not None:
-            from ..frontend.matrix import _coerce
+            from .matrix import _coerce
 
             assign(self[key], _coerce(value))
             return
@@ -357,7 +357,7 @@ class Field:
         if bld.loop_stack:
             raise bld.error(f"{self._label()}.fill() inside a loop: it is itself a loop over "
                             "the field; call it at the kernel's top level")
-        from ..frontend.matrix import Matrix, _coerce
+        from .matrix import Matrix, _coerce
 
         if isinstance(value, list | tuple):
             value = _coerce(value)
@@ -491,7 +491,7 @@ def _index_error(msg: str):
 def _to_python(value, element_shape, writable: bool = False):
     """A Python-scope element: a number, or a vector/matrix that (when ``writable``) writes
     through to the field, so ``v[2][0] = 9`` works as in Taichi."""
-    from ..frontend.matrix import Matrix
+    from .matrix import Matrix
 
     if not element_shape:
         return value.item() if isinstance(value, np.generic) else value
@@ -508,7 +508,7 @@ def _element_classes():
     """Vector/Matrix subclasses whose entry writes also write the field element."""
     global _ELEMENT_CLASSES
     if _ELEMENT_CLASSES is None:
-        from ..frontend.matrix import Matrix, Vector
+        from .matrix import Matrix, Vector
 
         def _assign_entry(self, k: int, value) -> None:
             self.entries[k] = value
@@ -532,9 +532,9 @@ def kernel_element(buf: Buffer, key: tuple, sparse: Field | None = None,
     """A field/ndarray element inside a kernel: a place (scalar) or a matrix of places.
     ``sparse``: the field, when sparse SNodes hold it: writes to the element activate it.
     ``component``: one entry of the element (a place), for a view made by get_scalar_field."""
-    from ..frontend import ops
-    from ..frontend.matrix import Matrix
-    from ..frontend.values import GlobalRef
+    from . import ops
+    from .matrix import Matrix
+    from .values import GlobalRef
 
     bld = _b.require()
     slot = bld.buffer_slot(buf)
@@ -569,7 +569,7 @@ def block_local(*fields) -> None:
     """``ti.block_local(x, ...)``: Taichi's hint to cache fields in GPU shared memory. On the
     CPU it changes nothing (as in Taichi), so it only checks that it is given fields, inside
     a kernel."""
-    from ..frontend.struct import StructField
+    from .struct import StructField
 
     bld = _b.current()
     if bld is None:
@@ -582,8 +582,8 @@ def block_local(*fields) -> None:
 
 def assign(target, value) -> None:
     """Store ``value`` into a place, or a matrix or struct of places (inside a kernel)."""
-    from ..frontend.matrix import Matrix
-    from ..frontend.struct import Struct
+    from .matrix import Matrix
+    from .struct import Struct
 
     if isinstance(target, Struct):
         if isinstance(value, dict):
@@ -596,7 +596,7 @@ def assign(target, value) -> None:
         for k in names:
             member, v = target[k], value[k]
             if isinstance(member, Matrix) and isinstance(v, list | tuple):
-                from ..frontend.matrix import _coerce
+                from .matrix import _coerce
 
                 v = _coerce(v)
             assign(member, v)
@@ -627,7 +627,7 @@ def make_field(dtype, shape=None, order=None, name: str = "", offset=None, needs
     ``layout``. ``order`` and ``layout`` choose Taichi's memory layout only, never a result, so
     they are checked and need nothing here; an ``offset`` would change every index: refused
     until fields support it (rather than silently indexing from 0)."""
-    from ..frontend.matrix import MatrixType
+    from .matrix import MatrixType
 
     if offset is not None and any(int(o) for o in np.atleast_1d(offset)):
         raise DifftapeError(f"field(offset={offset!r}): fields with an offset are not supported "
@@ -823,7 +823,7 @@ class SNode:
             raise ShapeError("place(offset=...) is not supported: fields are indexed from 0")
         if self.kind == "place":
             raise ShapeError("cannot place fields under a field's own SNode")
-        from ..frontend.struct import StructField
+        from .struct import StructField
 
         shape = self.shape
         fields = [g for f in fields

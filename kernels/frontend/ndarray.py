@@ -16,7 +16,7 @@ import numbers
 import numpy as np
 
 from ..errors import DifftapeError, ShapeError
-from ..frontend.builder import python_scope
+from .builder import python_scope
 
 
 class Ndarray:
@@ -28,8 +28,8 @@ class Ndarray:
 
     def __init__(self, dtype, shape, element_shape=(), needs_grad: bool = False,
                  _arr: np.ndarray | None = None) -> None:
-        from ..frontend.matrix import MatrixType
-        from ..frontend.ops import resolve_dtype
+        from .matrix import MatrixType
+        from .ops import resolve_dtype
 
         if isinstance(dtype, MatrixType):
             element_shape = dtype.element_shape
@@ -74,7 +74,7 @@ class Ndarray:
     def _norm_key(self, key) -> tuple:
         """Taichi's Python-scope keys: one index per array axis (``None``/``()`` for 0-D);
         vector keys are flattened."""
-        from ..frontend.matrix import Matrix
+        from .matrix import Matrix
 
         if key is None:
             key = ()
@@ -176,7 +176,7 @@ class MatrixNdarray(Ndarray):
 def ndarray(dtype, shape, needs_grad: bool = False) -> Ndarray:
     """``ti.ndarray(dtype, shape, needs_grad=False)``: scalar, vector or matrix elements
     according to ``dtype`` (a scalar type or ``ti.types.vector/matrix``)."""
-    from ..frontend.matrix import MatrixType
+    from .matrix import MatrixType
 
     if isinstance(dtype, MatrixType):
         if dtype.n is None or (dtype.ndim == 2 and dtype.m is None):
@@ -204,7 +204,7 @@ def _check_shape(shape) -> tuple[int, ...]:
 def _element_value(value, element_shape: tuple) -> np.ndarray | int | float:
     """A Python-scope value for one element, checked against the element shape (a scalar is
     broadcast to all components, as in Taichi's fill)."""
-    from ..frontend.matrix import Matrix
+    from .matrix import Matrix
 
     if isinstance(value, Matrix):
         value = value.to_list()
