@@ -5,12 +5,11 @@
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
 from . import (
     math,  # noqa: E402
     types,  # noqa: E402
 )
+from ._version import __version__  # noqa: E402
 from .errors import (  # noqa: E402
     ArgumentError,
     CompileError,

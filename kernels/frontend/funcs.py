@@ -15,13 +15,12 @@ from ..autodiff.forward import tangents_of_block
 from ..ir.nodes import Stmt
 from . import builder as _b
 from .matrix import Matrix
+from .transformer import _as_value
 from .values import Expr, Value
 
 
 def _flatten(bld: _b.Builder, v) -> tuple[list[Stmt], object]:
     """Scalar statements of a func argument/result and a function rebuilding its shape."""
-    from .transformer import _as_value
-
     v = _as_value(v)
     if isinstance(v, Matrix):
         stmts = [_scalar(bld, e) for e in v.entries]

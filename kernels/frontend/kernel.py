@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import __version__
 from .. import types as T
+from .._version import __version__
 from ..autodiff.lost import NO_FLOW, lost_flow
 from ..codegen.layout import CtxLayout, ctx_layout
 from ..codegen.llvm_lowering import Lowering, assert_messages
@@ -39,12 +39,12 @@ from ..ir.passes import run_pipeline
 from ..ir.passes.bounds import OUT_OF_RANGE
 from ..runtime import cache, program
 from . import builder as _b
-from .annotations import NdarrayType, Template
+from .annotations import NdarrayType, Template, _resolve_annotation
 from .matrix import Matrix, MatrixType
 from .ndarray import Ndarray
 from .sparse import finish_struct_fors
 from .struct import Struct, StructType
-from .transformer import build_kernel_body, parse_function
+from .transformer import build_kernel_body, defined_in_class, parse_function
 
 TASK_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int32)
 BOUNDS_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
@@ -85,6 +85,9 @@ class CompileStats:
 
 class Kernel:
     """A ``@ti.kernel``: compiled on first call for each kind of argument, then launched."""
+
+    #: Marks kernel objects for the transformer, which refuses calling one inside a kernel.
+    _kernel_object = True
 
     def __init__(self, pyfunc) -> None:
         self.pyfunc = pyfunc
@@ -331,12 +334,6 @@ class Kernel:
 
     def __repr__(self) -> str:
         return f"<difftape kernel {self.name}>"
-
-
-def defined_in_class(pyfunc) -> bool:
-    """Was ``pyfunc`` written in a class body (a method)? From its qualified name."""
-    parts = pyfunc.__qualname__.split(".")
-    return len(parts) > 1 and parts[-2] != "<locals>"
 
 
 class BoundKernel:
@@ -910,19 +907,3 @@ def _scalar_dtype(ann, cfg):
     if isinstance(ann, T.DType):
         return ann
     raise CompileError(f"unsupported return annotation {ann!r}")
-
-
-def _resolve_annotation(ann, fn):
-    if ann is inspect.Parameter.empty or ann is inspect.Signature.empty:
-        return None
-    if isinstance(ann, str):
-        try:
-            ann = eval(ann, fn.__globals__)  # noqa: S307 - the user's own annotation text
-        except Exception as e:
-            raise CompileError(f"cannot evaluate annotation {ann!r} of '{fn.__name__}': {e}") \
-                from None
-    if ann is None:
-        return None
-    if isinstance(ann, type) and issubclass(ann, NdarrayType):
-        return NdarrayType()
-    return ann

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import builtins
 import contextlib
+import functools
 import inspect
 import linecache
 import textwrap
@@ -31,7 +32,7 @@ from ..errors import (
 from ..ir.nodes import OPS, Block, Buffer, Stmt
 from . import builder as _b
 from . import ops
-from .annotations import NdarrayType, RefType, Template, template
+from .annotations import NdarrayType, RefType, Template, _resolve_annotation, template
 from .matrix import Matrix, MatrixType, Vector
 from .struct import (
     Struct,
@@ -1155,12 +1156,9 @@ class FunctionTransformer:
         return self.call(fn, args, kwargs)
 
     def call(self, fn, args: list, kwargs: dict):
-        from .decorators import Func
-        from .kernel import Kernel
-
         if isinstance(fn, Func):
             return inline_func(self.bld, fn, args, kwargs)
-        if isinstance(fn, Kernel):
+        if getattr(fn, "_kernel_object", False):  # a Kernel (frontend/kernel.py)
             raise self.bld.error(f"kernel '{fn.name}' cannot be called from inside a kernel; "
                                  "make it a @ti.func")
         if fn is print:
@@ -1446,8 +1444,6 @@ def _func_annotations(fn) -> tuple[dict[str, Any], Any]:
     cached = getattr(fn, "_annotations", None)
     if cached is not None:
         return cached
-    from .kernel import _resolve_annotation
-
     name = fn.pyfunc.__name__
     params = {}
     for index, p in enumerate(fn.signature.parameters.values()):
@@ -1583,3 +1579,43 @@ def _ndarray_binding(bld: _b.Builder, index: int, name: str, value) -> NdarrayAr
     if has_grad:
         grad = NdarrayArg(buf.with_role("grad"), field_ndim, clamp=clamp)
     return NdarrayArg(buf, field_ndim, grad, clamp)
+
+
+# ---------------------------------------------------------------------------------------------
+# ``@ti.func`` objects (moved from decorators.py: what this module inlines)
+
+
+def defined_in_class(pyfunc) -> bool:
+    """Was ``pyfunc`` written in a class body (a method)? From its qualified name."""
+    parts = pyfunc.__qualname__.split(".")
+    return len(parts) > 1 and parts[-2] != "<locals>"
+
+
+class Func:
+    """A ``@ti.func``: inlined at every call site inside a kernel (so it may take and return
+    vectors, matrices and tuples, and be specialized by its arguments for free)."""
+
+    def __init__(self, pyfunc) -> None:
+        self.pyfunc = pyfunc
+        self.signature = inspect.signature(pyfunc)
+        # Defined in a class body (a method of a @ti.dataclass or @ti.data_oriented class):
+        # its unannotated first parameter (`self`) is the object itself, as in Taichi.
+        self.classfunc = defined_in_class(pyfunc)
+        self.__name__ = pyfunc.__name__
+        self.__doc__ = pyfunc.__doc__
+        self.__wrapped__ = pyfunc
+
+    def __call__(self, *args, **kwargs):
+        bld = _b.current()
+        if bld is None:
+            raise TypeError(f"@ti.func '{self.__name__}' can only be called from a kernel or "
+                            "another func")
+        return inline_func(bld, self, list(args), kwargs)
+
+    def __get__(self, obj, objtype=None):
+        """``obj.func`` (a method of a ``@ti.data_oriented`` object): the func with ``obj``
+        as its first argument."""
+        return self if obj is None else functools.partial(self, obj)
+
+    def __repr__(self) -> str:
+        return f"<difftape func {self.__name__}>"
