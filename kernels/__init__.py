@@ -193,20 +193,22 @@ def sync() -> None:
         prog.remote.flush()
 
 
+def _linalg():
+    # Function-level: linalg's funcs are built on the first ti.svd/ti.polar_decompose, not at
+    # `import difftape` (import time).
+    from . import linalg
+
+    return linalg
+
+
 def svd(A, dt=None):
     """``ti.svd(A)`` -> (U, S, V) with A = U @ S @ V.T (2x2 or 3x3), inside kernels."""
-    from . import linalg
-    from .frontend.ops import resolve_dtype
-
-    return linalg.svd(A, resolve_dtype(dt if dt is not None else float))
+    return _linalg().svd(A, _ops_mod.resolve_dtype(dt if dt is not None else float))
 
 
 def polar_decompose(A, dt=None):
     """``ti.polar_decompose(A)`` -> (U, P) with A = U @ P (2x2 or 3x3), inside kernels."""
-    from . import linalg
-    from .frontend.ops import resolve_dtype
-
-    return linalg.polar_decompose(A, resolve_dtype(dt if dt is not None else float))
+    return _linalg().polar_decompose(A, _ops_mod.resolve_dtype(dt if dt is not None else float))
 
 
 # ``ti.types`` offers the frontend's type constructors beside the scalar types; ``types`` is

@@ -5,19 +5,18 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ._version import __version__
+from .codegen import get_target
+from .demo import main as demo_main
+from .runtime import cache, program
+
 
 def _demo(args: argparse.Namespace) -> int:
-    from .demo import main as demo_main
-
     return demo_main(steps=args.steps, remote=args.remote)
 
 
 def _info(args: argparse.Namespace) -> int:
     import llvmlite
-
-    from . import __version__
-    from .codegen.cpu import get_target
-    from .runtime import cache, program
 
     t = get_target()
     print(f"difftape {__version__}, llvmlite {llvmlite.__version__}")
@@ -28,27 +27,29 @@ def _info(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     # Flags override DIFFTAPE_* environment variables; unset flags leave them in charge.
-    from .server.settings import Settings
+    # Function-level: the server needs the optional `server` extra (FastAPI, uvicorn, ...).
+    from .server import app
+    from .server import settings as server_settings
 
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port),
                                    ("arch", args.arch), ("data_dir", args.data_dir))
                  if v is not None}
-    settings = Settings(**overrides)
-    from .server.app import serve
+    settings = server_settings.Settings(**overrides)
 
     print(f"difftape server on http://{settings.host}:{settings.port} "
           f"(arch {settings.arch}, data {settings.data_dir})", flush=True)
-    serve(settings, log_level=args.log_level, access_log=args.access_log)
+    app.serve(settings, log_level=args.log_level, access_log=args.access_log)
     return 0
 
 
 def _token_create(args: argparse.Namespace) -> int:
-    from .server.db import Database
-    from .server.settings import Settings
+    # Function-level: the server needs the optional `server` extra (FastAPI, uvicorn, ...).
+    from .server import db
+    from .server import settings as server_settings
 
-    settings = Settings(**({"data_dir": args.data_dir} if args.data_dir else {}))
+    settings = server_settings.Settings(**({"data_dir": args.data_dir} if args.data_dir else {}))
     try:
-        token = Database(settings.db_path).create_user(args.name)
+        token = db.Database(settings.db_path).create_user(args.name)
     except ValueError as e:
         print(f"difftape: {e}", file=sys.stderr)
         return 1

@@ -18,6 +18,8 @@ import time
 
 import numpy as np
 
+import difftape as ti  # the demo is a user program: it uses the public API
+
 
 def main(steps: int = 200, remote: bool = False) -> int:
     if not remote:
@@ -40,11 +42,11 @@ def main(steps: int = 200, remote: bool = False) -> int:
 @contextlib.contextmanager
 def _local_server():
     """A difftape server on a free loopback port with a fresh data dir and one user."""
-    from .server.db import Database
-    from .server.settings import Settings
+    # Function-level: the server needs the optional `server` extra (FastAPI, uvicorn, ...).
+    from .server import db, settings
 
     with tempfile.TemporaryDirectory(prefix="difftape-demo-") as data:
-        token = Database(Settings(data_dir=data).db_path).create_user("demo")
+        token = db.Database(settings.Settings(data_dir=data).db_path).create_user("demo")
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
@@ -74,8 +76,6 @@ def _wait_ready(url: str, proc: subprocess.Popen) -> None:
 
 
 def _simulate(steps: int, init: dict) -> dict:
-    import difftape as ti
-
     arch = ti.remote if init.pop("arch") == "remote" else ti.cpu
     ti.init(arch=arch, default_fp=ti.f32, **init)
     n = 1024

@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 
 from ..errors import ArgumentError, CompileError
+from .matrix import MatrixType, matrix, vector
 
 BOUNDARIES = ("unsafe", "clamp")
 
@@ -73,8 +74,6 @@ class NdarrayType:
 
 def _element_dtype(element_dim: int | None, element_shape: tuple | None, dtype):
     """The vector/matrix dtype that ``element_dim``/``element_shape`` describe."""
-    from .matrix import MatrixType, matrix, vector
-
     if isinstance(dtype, MatrixType):
         raise ArgumentError(f"cannot give both a vector/matrix dtype ({dtype!r}) and "
                             "element_dim/element_shape")

@@ -21,7 +21,12 @@ import numpy as np
 
 from .. import types as T
 from .._version import __version__
+from ..autodiff import validation
+from ..autodiff.forward import forward_kernel
 from ..autodiff.lost import NO_FLOW, lost_flow
+from ..autodiff.reverse import ReverseAD, reverse_kernel
+from ..autodiff.validation import NOT_WITH_FORWARD_MODE, RULE_MARKER
+from ..codegen import get_target
 from ..codegen.layout import CtxLayout, ctx_layout
 from ..codegen.llvm_lowering import Lowering, assert_messages
 from ..errors import (
@@ -37,11 +42,13 @@ from ..ir import serialize
 from ..ir.nodes import Buffer, KernelIR, task_blocks, walk
 from ..ir.passes import run_pipeline
 from ..ir.passes.bounds import OUT_OF_RANGE
+from ..ir.printer import format_kernel
 from ..runtime import cache, program
 from . import builder as _b
 from .annotations import NdarrayType, Template, _resolve_annotation
 from .matrix import Matrix, MatrixType
 from .ndarray import Ndarray
+from .ops import resolve_dtype
 from .sparse import finish_struct_fors
 from .struct import Struct, StructType
 from .transformer import build_kernel_body, defined_in_class, parse_function
@@ -157,8 +164,6 @@ class Kernel:
             tape.record(self, args)
             if tape.validation and not tape._suspended:
                 if prog.fwd is not None:
-                    from ..autodiff.validation import NOT_WITH_FORWARD_MODE
-
                     raise DifftapeError(NOT_WITH_FORWARD_MODE)
                 return self.instance(args, "validate").launch(args)
         if prog.fwd is None:
@@ -255,9 +260,6 @@ class Kernel:
         ir = self._frontend_ir(prog, spec, adjoint=variant in ("grad", "grad_fwd"))
         has = lambda buf, role: has_storage(prog, spec, buf, role)
         if variant == "validate":
-            from ..autodiff import validation
-            from ..autodiff.reverse import ReverseAD
-
             ad = ReverseAD(self._frontend_ir(prog, spec, adjoint=True),
                            lambda buf: has(buf, "grad"))
             ad.build()
@@ -309,8 +311,6 @@ class Kernel:
         ir = run_pipeline(ir)
         t2 = time.perf_counter()
         if prog.config.print_ir:  # ti.init(print_ir=True): the IR that is compiled
-            from ..ir.printer import format_kernel
-
             print(format_kernel(ir))
         inst = compile_ir(ir, prog, stats, [p.name for p in self.params])
         stats.frontend_s, stats.passes_s = t1 - t0, t2 - t1
@@ -395,14 +395,10 @@ def derive(ir: KernelIR, variant: str, storage: Callable[[Buffer, str], bool]) -
     if variant == "primal":
         return ir
     if variant in ("grad", "grad_fwd"):
-        from ..autodiff.reverse import reverse_kernel
-
         ir = reverse_kernel(ir, lambda buf: storage(buf, "grad"))
         if variant == "grad":
             return ir
     if variant in ("fwd", "grad_fwd", "fwd_const"):
-        from ..autodiff.forward import forward_kernel
-
         return forward_kernel(ir, lambda buf: storage(buf, "dual"),
                               inputs=variant != "fwd_const")
     raise ValueError(f"unknown kernel variant {variant!r}")
@@ -423,8 +419,6 @@ def has_storage(prog, spec: tuple, buf, role: str) -> bool:
 def compile_ir(ir: KernelIR, prog, stats: CompileStats | None = None,
                arg_names: list[str] | None = None) -> CompiledKernel:
     """Object code for offloaded IR (from the cache when possible), loaded and ready."""
-    from ..codegen.cpu import get_target
-
     stats = stats or CompileStats()
     target = get_target()
     layout = ctx_layout(ir)
@@ -697,8 +691,6 @@ class CompiledKernel:
         value = int(self.ctx_i64[self.layout.err_value])
         self.ctx_i64[self.layout.err_code] = 0
         msg = self.messages[code - 1] if 0 < code <= len(self.messages) else "assertion failed"
-        from ..autodiff.validation import RULE_MARKER
-
         if msg.startswith(RULE_MARKER):
             raise GradientRuleError(msg[len(RULE_MARKER):], kernel=self.ir.name)
         cls = IndexOutOfRangeError if msg.startswith(OUT_OF_RANGE) else KernelAssertionError
@@ -876,8 +868,6 @@ def _ndarray_kind(ann: NdarrayType, a) -> tuple | None:
 
 
 def _resolve(dtype) -> T.DType:
-    from .ops import resolve_dtype
-
     return resolve_dtype(dtype)
 
 

@@ -16,7 +16,11 @@ import numbers
 import numpy as np
 
 from ..errors import DifftapeError, ShapeError
+from . import matrix as _matrix
 from .builder import python_scope
+from .field import _to_python
+from .matrix import Matrix, MatrixType
+from .ops import resolve_dtype
 
 
 class Ndarray:
@@ -28,9 +32,6 @@ class Ndarray:
 
     def __init__(self, dtype, shape, element_shape=(), needs_grad: bool = False,
                  _arr: np.ndarray | None = None) -> None:
-        from .matrix import MatrixType
-        from .ops import resolve_dtype
-
         if isinstance(dtype, MatrixType):
             element_shape = dtype.element_shape
             dtype = dtype.scalar_dtype
@@ -74,8 +75,6 @@ class Ndarray:
     def _norm_key(self, key) -> tuple:
         """Taichi's Python-scope keys: one index per array axis (``None``/``()`` for 0-D);
         vector keys are flattened."""
-        from .matrix import Matrix
-
         if key is None:
             key = ()
         elif not isinstance(key, tuple | list):
@@ -98,8 +97,6 @@ class Ndarray:
 
     @python_scope
     def __getitem__(self, key):
-        from .field import _to_python
-
         # Vector/matrix elements write through: nd[i][j] = v changes the ndarray.
         return _to_python(self.arr[self._norm_key(key)], self.element_shape, writable=True)
 
@@ -176,8 +173,6 @@ class MatrixNdarray(Ndarray):
 def ndarray(dtype, shape, needs_grad: bool = False) -> Ndarray:
     """``ti.ndarray(dtype, shape, needs_grad=False)``: scalar, vector or matrix elements
     according to ``dtype`` (a scalar type or ``ti.types.vector/matrix``)."""
-    from .matrix import MatrixType
-
     if isinstance(dtype, MatrixType):
         if dtype.n is None or (dtype.ndim == 2 and dtype.m is None):
             raise DifftapeError(f"ti.ndarray needs a complete element type, got {dtype!r}")
@@ -204,8 +199,6 @@ def _check_shape(shape) -> tuple[int, ...]:
 def _element_value(value, element_shape: tuple) -> np.ndarray | int | float:
     """A Python-scope value for one element, checked against the element shape (a scalar is
     broadcast to all components, as in Taichi's fill)."""
-    from .matrix import Matrix
-
     if isinstance(value, Matrix):
         value = value.to_list()
     arr = np.asarray(value)
@@ -218,3 +211,6 @@ def _element_value(value, element_shape: tuple) -> np.ndarray | int | float:
         raise ShapeError(f"value of shape {arr.shape} does not fit an element of shape "
                          f"{element_shape}")
     return arr.reshape(element_shape)
+
+
+_matrix.register_storage(MatrixNdarray=MatrixNdarray, VectorNdarray=VectorNdarray)

@@ -31,9 +31,12 @@ from ..errors import (
 )
 from ..ir.nodes import OPS, Block, Buffer, Stmt
 from . import builder as _b
-from . import ops
+from . import ops, printing
 from .annotations import NdarrayType, RefType, Template, _resolve_annotation, template
-from .matrix import Matrix, MatrixType, Vector
+from .field import Field, SNode, assign, kernel_element
+from .matrix import Matrix, MatrixType, Vector, _coerce
+from .printing import emit_print, format_string
+from .sparse import struct_for_guard
 from .struct import (
     Struct,
     StructField,
@@ -42,7 +45,7 @@ from .struct import (
     is_place,
     load_places,
 )
-from .values import Expr, LocalRef, Ref, Value
+from .values import Expr, GlobalRef, LocalRef, Ref, Value
 
 # --------------------------------------------------------------------------- source handling
 
@@ -214,8 +217,6 @@ def apply_binop(op: str, a, b):
     if op == "matmul":
         return a @ b
     if isinstance(a, Matrix) or isinstance(b, Matrix):
-        from .matrix import _coerce
-
         a, b = _coerce(a), _coerce(b)
     if op == "add" and isinstance(a, tuple) and isinstance(b, tuple):
         return a + b
@@ -522,8 +523,6 @@ class FunctionTransformer:
                 raise self.bld.error(f"kernel argument '{target.id}' is read-only; copy it into "
                                      f"a local first, e.g. `{target.id}_ = {target.id}`")
             if isinstance(var, Ref | Matrix | Struct) and is_place(var):
-                from .field import assign
-
                 if isinstance(var, Matrix) and not isinstance(value, Matrix):
                     raise self.bld.error(f"'{target.id}' is a vector/matrix; cannot assign a "
                                          "scalar to it")
@@ -582,8 +581,6 @@ class FunctionTransformer:
                     return
         target = self.eval_place(node.target)
         if isinstance(target, Matrix) and isinstance(value, list | tuple):
-            from .matrix import _coerce
-
             value = _coerce(value)
         if not is_place(target):
             raise self.bld.error("the target of an augmented assignment must be a variable, "
@@ -591,8 +588,6 @@ class FunctionTransformer:
         if op in _ATOMIC_AUGASSIGN and (_is_global(target) or _is_reduction(target)):
             ops.atomic(op, target, value)  # Taichi semantics: += &= ... on globals are atomic
             return
-        from .field import assign
-
         new = apply_binop(op, target._values() if isinstance(target, Matrix) else target.expr(),
                           value)
         assign(target, new)
@@ -762,9 +757,6 @@ class FunctionTransformer:
     def _sparse_guard(self, iterable):
         """A struct-for over a field or SNode below sparse SNodes visits the active cells
         only: the body starts with a guard (see frontend/sparse.py)."""
-        from .field import Field, SNode
-        from .sparse import struct_for_guard
-
         node = iterable.parent() if isinstance(iterable, Field) and \
             iterable.primal._container is not None else iterable
         if not isinstance(node, SNode) or not node.activity_terms():
@@ -777,8 +769,6 @@ class FunctionTransformer:
         return lambda indices: struct_for_guard(self, node, indices)
 
     def _iteration_bounds(self, iterable) -> list[tuple]:
-        from .field import Field, SNode
-
         if isinstance(iterable, NdRange):
             return iterable.bounds
         if isinstance(iterable, Field | SNode | StructField):
@@ -1026,8 +1016,6 @@ class FunctionTransformer:
             else:
                 a, b = left, right
                 if isinstance(a, Matrix) or isinstance(b, Matrix):
-                    from .matrix import _coerce
-
                     a, b = _coerce(a), _coerce(b)  # v == (1, 2, 3)
                 r = ops.binary(_CMPOPS[type(op)], a, b)
             result = r if result is None else ops.binary("logical_and", result, r)
@@ -1129,8 +1117,6 @@ class FunctionTransformer:
     def expr_JoinedStr(self, node: ast.JoinedStr):
         """An f-string: Python's text when every value is known at compile time; with kernel
         values, something only print() takes (see printing.py)."""
-        from . import printing
-
         values: list = []
         for v in node.values:
             if isinstance(v, ast.Constant):
@@ -1162,13 +1148,9 @@ class FunctionTransformer:
             raise self.bld.error(f"kernel '{fn.name}' cannot be called from inside a kernel; "
                                  "make it a @ti.func")
         if fn is print:
-            from .printing import emit_print
-
             return emit_print(self.bld, [_as_value(a) for a in args], **kwargs)
         if isinstance(getattr(fn, "__self__", None), str) and \
                 getattr(fn, "__name__", None) == "format":
-            from .printing import format_string
-
             return format_string(fn.__self__, tuple(_as_value(a) for a in args),
                                  {k: _as_value(v) for k, v in kwargs.items()})
         if fn in _PY_BUILTIN_MAP:
@@ -1281,8 +1263,6 @@ def _loaded(x):
 
 
 def _is_global(x) -> bool:
-    from .values import GlobalRef
-
     if isinstance(x, Matrix):
         return all(isinstance(e, GlobalRef) for e in x.entries)
     return isinstance(x, GlobalRef)
@@ -1290,8 +1270,6 @@ def _is_global(x) -> bool:
 
 def _is_reduction(x) -> bool:
     """A kernel-level variable updated inside a parallel loop (``s += v`` is a reduction)."""
-    from .values import LocalRef
-
     entries = x.entries if isinstance(x, Matrix) else [x]
     bld = _b.require()
     return all(isinstance(e, LocalRef) and bld.is_reduction_target(e.alloca) for e in entries)
@@ -1320,8 +1298,6 @@ class NdarrayArg:
                      for a in range(self.field_ndim))
 
     def __getitem__(self, key):
-        from .field import kernel_element
-
         if not isinstance(key, tuple):
             key = (key,)
         flat: list = []
@@ -1341,9 +1317,6 @@ class NdarrayArg:
         return element
 
     def __setitem__(self, key, value) -> None:
-        from .field import assign
-        from .matrix import _coerce
-
         assign(self[key], _coerce(value))
 
 

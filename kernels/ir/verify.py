@@ -21,6 +21,7 @@ from collections.abc import Callable
 from .. import types as T
 from ..errors import DifftapeError
 from .nodes import ATOMIC_KINDS, OPS, Block, KernelIR, Stmt
+from .printf import check
 
 
 class IRVerificationError(DifftapeError):
@@ -228,8 +229,6 @@ class _Checker:
             if not isinstance(s.attr, str):
                 raise self.fail(s, f"assert message {s.attr!r} is not a string")
         elif op == "print":
-            from .printf import check
-
             if not isinstance(s.attr, tuple) or len(s.attr) != 2 * len(a) + 1 or not all(
                     isinstance(x, str) for x in s.attr[::2]):
                 raise self.fail(s, "print takes (text, conversion, ..., text) around its "

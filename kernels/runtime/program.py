@@ -17,8 +17,10 @@ from typing import Any
 import numpy as np
 
 from .. import types as T
+from ..codegen import get_target
 from ..errors import OptionError, UnknownOptionError
 from ..types import DType
+from .parallel import ThreadPool
 
 
 @dataclass(frozen=True)
@@ -202,8 +204,6 @@ class Program:
     @property
     def pool(self):
         if self._pool is None:
-            from .parallel import ThreadPool
-
             self._pool = ThreadPool(self.num_threads)
         return self._pool
 
@@ -214,8 +214,6 @@ class Program:
             arr.fill(0)
             return
         import ctypes
-
-        from ..codegen.cpu import get_target
 
         fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                               ctypes.c_int32)(get_target().zero_task())
@@ -313,8 +311,6 @@ def init(arch: Arch | None = None, default_fp=None, default_ip=None, **options) 
     _current = Program(cfg)
     # Load LLVM and set up the CPU target now rather than inside the first kernel call, so
     # a kernel's first call costs only its own compile (or cache load).
-    from ..codegen.cpu import get_target
-
     get_target().warm_up()
     _ = _current.pool  # start the worker threads now, not in the first parallel launch
 
