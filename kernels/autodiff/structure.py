@@ -21,7 +21,6 @@ from collections.abc import Callable
 from ..ir.nodes import Block, Stmt, walk
 from ..ir.ops import NO_DERIVATIVE, OPS, STRUCTURAL
 from ..types import i32
-from .rules import RISKY
 
 # ---------------------------------------------------------------------------------------------
 # break / continue -> flags
@@ -288,6 +287,10 @@ def maybe_nonfinite(body: Block) -> set[Stmt]:
     """Values that can be infinite or NaN although every field holds finite numbers: results of
     the :data:`~.rules.RISKY` ops and everything computed from them. Only partials involving
     these need the zero-seed guard (which costs a compare and a select per use)."""
+    # Function-level: the rule table (~4 ms of import) loads with the first derivative, not
+    # with `import difftape` (which loads this module for lost-derivative checks).
+    from .rules import RISKY
+
     bounds = lower_bounds(body)
 
     def seed(s: Stmt) -> bool | None:

@@ -22,9 +22,7 @@ import numpy as np
 from .. import types as T
 from .._version import __version__
 from ..autodiff import validation
-from ..autodiff.forward import forward_kernel
 from ..autodiff.lost import NO_FLOW, lost_flow
-from ..autodiff.reverse import ReverseAD, reverse_kernel
 from ..autodiff.validation import NOT_WITH_FORWARD_MODE, RULE_MARKER
 from ..codegen import get_target
 from ..codegen.layout import CtxLayout, ctx_layout
@@ -260,6 +258,10 @@ class Kernel:
         ir = self._frontend_ir(prog, spec, adjoint=variant in ("grad", "grad_fwd"))
         has = lambda buf, role: has_storage(prog, spec, buf, role)
         if variant == "validate":
+            # Function-level: the autodiff transforms (~15 ms of import) load with the first
+            # derivative compiled, not with `import difftape`.
+            from ..autodiff.reverse import ReverseAD
+
             ad = ReverseAD(self._frontend_ir(prog, spec, adjoint=True),
                            lambda buf: has(buf, "grad"))
             ad.build()
@@ -395,10 +397,18 @@ def derive(ir: KernelIR, variant: str, storage: Callable[[Buffer, str], bool]) -
     if variant == "primal":
         return ir
     if variant in ("grad", "grad_fwd"):
+        # Function-level: the autodiff transforms (~15 ms of import) load with the first
+        # derivative compiled, not with `import difftape`.
+        from ..autodiff.reverse import reverse_kernel
+
         ir = reverse_kernel(ir, lambda buf: storage(buf, "grad"))
         if variant == "grad":
             return ir
     if variant in ("fwd", "grad_fwd", "fwd_const"):
+        # Function-level: the autodiff transforms (~15 ms of import) load with the first
+        # derivative compiled, not with `import difftape`.
+        from ..autodiff.forward import forward_kernel
+
         return forward_kernel(ir, lambda buf: storage(buf, "dual"),
                               inputs=variant != "fwd_const")
     raise ValueError(f"unknown kernel variant {variant!r}")

@@ -31,11 +31,10 @@ from ..errors import (
 )
 from ..ir.nodes import OPS, Block, Buffer, Stmt
 from . import builder as _b
-from . import ops, printing
+from . import ops
 from .annotations import NdarrayType, RefType, Template, _resolve_annotation, template
 from .field import Field, SNode, assign, kernel_element
 from .matrix import Matrix, MatrixType, Vector, _coerce
-from .printing import emit_print, format_string
 from .sparse import struct_for_guard
 from .struct import (
     Struct,
@@ -1127,6 +1126,9 @@ class FunctionTransformer:
                 raise self._at(v).error("a format spec must be known at compile time")
             conv = chr(v.conversion) if v.conversion != -1 else None
             values.append((_as_value(self.eval(v.value)), spec, conv))
+        # Function-level: print()/f-strings in kernels load printing.py (~4 ms import) on use.
+        from . import printing
+
         return printing.joined(values)
 
     def expr_Call(self, node: ast.Call):
@@ -1148,9 +1150,15 @@ class FunctionTransformer:
             raise self.bld.error(f"kernel '{fn.name}' cannot be called from inside a kernel; "
                                  "make it a @ti.func")
         if fn is print:
+            # Function-level: print()/f-strings in kernels load printing.py (~4 ms import) on use.
+            from .printing import emit_print
+
             return emit_print(self.bld, [_as_value(a) for a in args], **kwargs)
         if isinstance(getattr(fn, "__self__", None), str) and \
                 getattr(fn, "__name__", None) == "format":
+            # Function-level: print()/f-strings in kernels load printing.py (~4 ms import) on use.
+            from .printing import format_string
+
             return format_string(fn.__self__, tuple(_as_value(a) for a in args),
                                  {k: _as_value(v) for k, v in kwargs.items()})
         if fn in _PY_BUILTIN_MAP:

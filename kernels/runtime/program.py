@@ -20,7 +20,6 @@ from .. import types as T
 from ..codegen import get_target
 from ..errors import OptionError, UnknownOptionError
 from ..types import DType
-from .parallel import ThreadPool
 
 
 @dataclass(frozen=True)
@@ -204,6 +203,9 @@ class Program:
     @property
     def pool(self):
         if self._pool is None:
+            # Function-level: the thread pool's module loads with the first ti.init, not on import.
+            from .parallel import ThreadPool
+
             self._pool = ThreadPool(self.num_threads)
         return self._pool
 
