@@ -27,7 +27,7 @@ N_BODY = 1024
 
 def _forward_mode():
     """difftape's forward-mode context (FwdMode without copying a seed inside the clock)."""
-    from difftape.autodiff.functional import forward_mode
+    from difftape.ad.functional import forward_mode
 
     return forward_mode()
 

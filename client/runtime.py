@@ -29,12 +29,8 @@ from difftape.autodiff.lost import Flow, lost_flow
 from difftape.errors import ArgumentError, DifftapeError, ShapeError
 from difftape.frontend import builder as _b
 from difftape.frontend.annotations import NdarrayType
-from difftape.frontend.matrix import Matrix, MatrixType, Vector
-from difftape.frontend.struct import StructType
-from difftape.ir import serialize
-from difftape.ir.serialize import from_jsonable
-from difftape.runtime.field import Field, _to_python
-from difftape.runtime.kernel import (
+from difftape.frontend.field import Field, _to_python
+from difftape.frontend.kernel import (
     LOST_ROLE,
     arg_component,
     compound_return,
@@ -42,6 +38,10 @@ from difftape.runtime.kernel import (
     has_storage,
     param_path,
 )
+from difftape.frontend.matrix import Matrix, MatrixType, Vector
+from difftape.frontend.struct import StructType
+from difftape.ir import serialize
+from difftape.ir.serialize import from_jsonable
 
 #: Queued ops beyond this many are sent without waiting for a synchronisation point.
 MAX_QUEUE = 4096

@@ -5,12 +5,11 @@
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
 from . import (
     math,  # noqa: E402
     types,  # noqa: E402
 )
+from ._version import __version__  # noqa: E402
 from .errors import (  # noqa: E402
     ArgumentError,
     CompileError,
@@ -36,9 +35,45 @@ from .errors import (  # noqa: E402
     TaichiTypeError,
     UnknownOptionError,
 )
+from .frontend import matrix as _matrix_mod  # noqa: E402
+from .frontend import ops as _ops_mod  # noqa: E402
+from .frontend import struct as _struct_mod  # noqa: E402
+from .frontend.annotations import NdarrayType as _NdarrayType  # noqa: E402
 from .frontend.annotations import ref, template  # noqa: E402
 from .frontend.decorators import data_oriented, func, kernel, pyfunc, real_func  # noqa: E402
+from .frontend.field import (  # noqa: E402
+    Field,
+    MatrixField,
+    ScalarField,
+    axes,
+    block_local,
+    i,
+    ij,
+    ijk,
+    ijkl,
+    ijl,
+    ik,
+    ikl,
+    il,
+    j,
+    jk,
+    jkl,
+    jl,
+    k,
+    kl,
+    l,  # noqa: E741
+    root,
+)
+from .frontend.field import make_field as field  # noqa: E402
 from .frontend.matrix import Matrix, Vector  # noqa: E402
+from .frontend.ndarray import (  # noqa: E402
+    MatrixNdarray,
+    Ndarray,
+    ScalarNdarray,
+    VectorNdarray,
+    from_dlpack,  # noqa: E402
+    ndarray,
+)
 from .frontend.ops import (  # noqa: E402
     abs,
     acos,
@@ -81,6 +116,16 @@ from .frontend.ops import (  # noqa: E402
     tanh,
     zero,
 )
+from .frontend.sparse import (  # noqa: E402
+    activate,
+    append,
+    deactivate,
+    deactivate_all_snodes,
+    is_active,
+    length,
+    no_activate,
+    rescale_index,
+)
 from .frontend.struct import Struct, StructField, dataclass  # noqa: E402
 from .frontend.transformer import (  # noqa: E402
     Grouped,
@@ -90,38 +135,7 @@ from .frontend.transformer import (  # noqa: E402
     static_assert,
     static_print,
 )
-from .runtime.field import (  # noqa: E402
-    Field,
-    MatrixField,
-    ScalarField,
-    axes,
-    block_local,
-    i,
-    ij,
-    ijk,
-    ijkl,
-    ijl,
-    ik,
-    ikl,
-    il,
-    j,
-    jk,
-    jkl,
-    jl,
-    k,
-    kl,
-    l,  # noqa: E741
-    root,
-)
-from .runtime.field import make_field as field  # noqa: E402
-from .runtime.foreign import from_dlpack  # noqa: E402
-from .runtime.ndarray import (  # noqa: E402
-    MatrixNdarray,
-    Ndarray,
-    ScalarNdarray,
-    VectorNdarray,
-    ndarray,
-)
+from .runtime import program as _program_mod  # noqa: E402
 from .runtime.program import (  # noqa: E402
     arm64,
     cpu,
@@ -134,16 +148,6 @@ from .runtime.program import (  # noqa: E402
     reset,
     vulkan,
     x64,
-)
-from .runtime.sparse import (  # noqa: E402
-    activate,
-    append,
-    deactivate,
-    deactivate_all_snodes,
-    is_active,
-    length,
-    no_activate,
-    rescale_index,
 )
 from .types import (  # noqa: E402
     f16,
@@ -185,28 +189,53 @@ def grouped(x) -> Grouped:
 def sync() -> None:
     """``ti.sync``: kernels run synchronously on the CPU, so there is nothing to wait for;
     under ``arch=ti.remote`` it sends the queued launches and waits for them."""
-    from .runtime import program as _program
-
-    prog = _program._current
+    prog = _program_mod._current
     if prog is not None and prog.remote is not None:
         prog.remote.flush()
 
 
+def _linalg():
+    # Function-level: linalg's funcs are built on the first ti.svd/ti.polar_decompose, not at
+    # `import difftape` (import time).
+    from . import linalg
+
+    return linalg
+
+
 def svd(A, dt=None):
     """``ti.svd(A)`` -> (U, S, V) with A = U @ S @ V.T (2x2 or 3x3), inside kernels."""
-    from . import linalg
-    from .frontend.ops import resolve_dtype
-
-    return linalg.svd(A, resolve_dtype(dt if dt is not None else float))
+    return _linalg().svd(A, _ops_mod.resolve_dtype(dt if dt is not None else float))
 
 
 def polar_decompose(A, dt=None):
     """``ti.polar_decompose(A)`` -> (U, P) with A = U @ P (2x2 or 3x3), inside kernels."""
-    from . import linalg
-    from .frontend.ops import resolve_dtype
+    return _linalg().polar_decompose(A, _ops_mod.resolve_dtype(dt if dt is not None else float))
 
-    return linalg.polar_decompose(A, resolve_dtype(dt if dt is not None else float))
 
+# ``ti.types`` offers the frontend's type constructors beside the scalar types; ``types`` is
+# the ground floor, so the API puts them there (types.provide) rather than types importing up.
+types.provide(
+    vector=_matrix_mod.vector,
+    matrix=_matrix_mod.matrix,
+    struct=_struct_mod.struct,
+    ndarray=_NdarrayType,
+    template=template,
+    is_signed=_ops_mod.is_signed,
+    is_integral=_ops_mod.is_integral,
+    is_real=_ops_mod.is_real,
+)
+
+
+
+def _attach_remote(prog, **options):
+    """``ti.init(arch=ti.remote)``: the program runs on a difftape server (difftape.client)."""
+    # Function-level: the client needs httpx (the optional `client` extra); only remote loads it.
+    from .client.runtime import attach
+
+    return attach(prog, **options)
+
+
+_program_mod.register_backend(remote, _attach_remote)
 
 from . import ad, profiler  # noqa: E402
 from .ad import FwdMode, Tape  # noqa: E402

@@ -11,19 +11,18 @@ import argparse
 import sys
 import time
 
+from ._version import __version__
+from .codegen import get_target
+from .demo import main as demo_main
+from .runtime import cache, program
+
 
 def _demo(args: argparse.Namespace) -> int:
-    from .demo import main as demo_main
-
     return demo_main(steps=args.steps, remote=args.remote)
 
 
 def _info(args: argparse.Namespace) -> int:
     import llvmlite
-
-    from . import __version__
-    from .codegen.cpu import get_target
-    from .runtime import cache, program
 
     t = get_target()
     print(f"difftape {__version__}, llvmlite {llvmlite.__version__}")
@@ -37,6 +36,7 @@ def _settings(**overrides):
     pydantic traceback, when a variable holds something the server cannot use."""
     from pydantic import ValidationError
 
+    # Function-level: the server needs the optional `server` extra (FastAPI, uvicorn, ...).
     from .server.settings import Settings
 
     try:
@@ -56,6 +56,7 @@ def _serve(args: argparse.Namespace) -> int:
     # Flags override DIFFTAPE_* environment variables; unset flags leave them in charge.
     settings = _settings(host=args.host, port=args.port, arch=args.arch,
                          data_dir=args.data_dir)
+    # Function-level: the server needs the optional `server` extra (FastAPI, uvicorn, ...).
     from .server.app import serve
 
     print(f"difftape server on http://{settings.host}:{settings.port} "
@@ -70,6 +71,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _database(args: argparse.Namespace):
+    # Function-level: the server needs the optional `server` extra (FastAPI, uvicorn, ...).
     from .server.db import Database
 
     return Database(_settings(data_dir=args.data_dir).db_path)
@@ -144,8 +146,6 @@ def _which_token(p: argparse.ArgumentParser) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    from . import __version__
-
     p = argparse.ArgumentParser(prog="difftape", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"difftape {__version__}")

@@ -19,6 +19,8 @@ import time
 
 import numpy as np
 
+import difftape as ti  # the demo is a user program: it uses the public API
+
 
 def main(steps: int = 200, remote: bool = False) -> int:
     if not remote:
@@ -54,11 +56,11 @@ def _no_arch_from_environment():
 @contextlib.contextmanager
 def _local_server():
     """A difftape server on a free loopback port with a fresh data dir and one user."""
-    from .server.db import Database
-    from .server.settings import Settings
+    # Function-level: the server needs the optional `server` extra (FastAPI, uvicorn, ...).
+    from .server import db, settings
 
     with tempfile.TemporaryDirectory(prefix="difftape-demo-") as data:
-        token = Database(Settings(data_dir=data).db_path).create_user("demo")
+        token = db.Database(settings.Settings(data_dir=data).db_path).create_user("demo")
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
@@ -92,8 +94,6 @@ def first_calls(*kernels) -> float:
     """Seconds for the first call of each (argument-less) kernel, compilation included:
     ``ti.sync()`` waits for the launches, which under ``arch=ti.remote`` are queued, sent on
     the next synchronisation and compiled by the server when they arrive."""
-    import difftape as ti
-
     t0 = time.perf_counter()
     for k in kernels:
         k()
@@ -102,8 +102,6 @@ def first_calls(*kernels) -> float:
 
 
 def _simulate(steps: int, init: dict) -> dict:
-    import difftape as ti
-
     arch = ti.remote if init.pop("arch") == "remote" else ti.cpu
     ti.init(arch=arch, default_fp=ti.f32, **init)
     n = 1024

@@ -1,4 +1,8 @@
-import difftape as ti
+from . import types as T
+from .frontend import ops
+from .frontend.decorators import func
+from .frontend.matrix import Matrix, Vector
+from .frontend.transformer import static
 
 # Small dense decompositions written in the kernel language itself.
 #
@@ -6,9 +10,9 @@ import difftape as ti
 # ``@ti.func`` bodies.  Everything here is restricted to the subset of the language that the
 # frontend inlines and unrolls to scalars (matrix/vector construction, constant-index access,
 # arithmetic, ``ti.sqrt``/``ti.abs``/``ti.max``, scalar ``if``/``else``, ``ti.static`` loops and
-# one ``for _ in range(k)`` sweep loop with a constant trip count), so the same source also runs
-# unchanged under Taichi, and reverse-mode autodiff can differentiate through it: there is no
-# data-dependent loop and every func has a single ``return`` at the end.
+# one ``for _ in range(k)`` sweep loop with a constant trip count), so the same code (with
+# ``ti.`` before the names) also runs under Taichi, and reverse-mode autodiff can differentiate
+# through it: there is no data-dependent loop and every func has a single ``return`` at the end.
 #
 # Conventions (measured against Taichi 1.7.4, which this API mirrors):
 #
@@ -54,16 +58,16 @@ _ORTHO_TOL_F64 = 1e-15
 _MIN_GS_NORM2 = 1e-6
 
 
-@ti.func
+@func
 def _dot3(a, b):
     """Dot product of two 3-vectors, spelled out on scalars."""
     return a[0] * b[0] + a[1] * b[1] + a[2] * b[2]
 
 
-@ti.func
+@func
 def _cross3(a, b):
     """Cross product of two 3-vectors."""
-    return ti.Vector(
+    return Vector(
         [
             a[1] * b[2] - a[2] * b[1],
             a[2] * b[0] - a[0] * b[2],
@@ -72,22 +76,22 @@ def _cross3(a, b):
     )
 
 
-@ti.func
+@func
 def _max_abs3x3(A, dt):
     """Largest absolute entry of a 3x3 matrix, cast to ``dt``."""
-    m = ti.cast(0.0, dt)
-    for i in ti.static(range(3)):
-        for j in ti.static(range(3)):
-            m = ti.max(m, ti.abs(ti.cast(A[i, j], dt)))
+    m = ops.cast(0.0, dt)
+    for i in static(range(3)):
+        for j in static(range(3)):
+            m = ops.max(m, ops.abs(ops.cast(A[i, j], dt)))
     return m
 
 
-@ti.func
+@func
 def _ortho_tol(dt):
     """Relative orthogonality tolerance for the one-sided Jacobi sweep in precision ``dt``."""
-    tol = ti.cast(_ORTHO_TOL_F64, dt)
-    if ti.static(dt == ti.f32):
-        tol = ti.cast(_ORTHO_TOL_F32, dt)
+    tol = ops.cast(_ORTHO_TOL_F64, dt)
+    if static(dt == T.f32):
+        tol = ops.cast(_ORTHO_TOL_F32, dt)
     return tol
 
 
@@ -95,7 +99,7 @@ _SCALE_EXPONENTS_F32 = (64, 32, 16, 8, 4, 2, 1)
 _SCALE_EXPONENTS_F64 = (512, 256, 128) + _SCALE_EXPONENTS_F32
 
 
-@ti.func
+@func
 def _pow2_scale(m, dt):
     """A power of two ``c`` with ``m / c`` in ``[0.5, 2)`` (``c = 1`` when ``m == 0``).
 
@@ -106,33 +110,33 @@ def _pow2_scale(m, dt):
     are homogeneous, so treating ``c`` as a constant still gives the true derivative, without
     ``1 / m^2`` intermediates that would overflow in the reverse pass for tiny inputs.
     """
-    one = ti.cast(1.0, dt)
+    one = ops.cast(1.0, dt)
     c = one
     mm = m
     # Exponents 512, 256, 128 only exist in f64; 64 ... 1 in both.
-    for e in ti.static(_SCALE_EXPONENTS_F64 if dt == ti.f64 else _SCALE_EXPONENTS_F32):
-        if mm >= ti.static(2.0 ** e):
-            mm = mm * ti.static(2.0 ** -e)
-            c = c * ti.static(2.0 ** e)
-        if mm < ti.static(2.0 ** -e):
-            mm = mm * ti.static(2.0 ** e)
-            c = c * ti.static(2.0 ** -e)
-    return ti.select(m > 0.0, c, one)
+    for e in static(_SCALE_EXPONENTS_F64 if dt == T.f64 else _SCALE_EXPONENTS_F32):
+        if mm >= static(2.0 ** e):
+            mm = mm * static(2.0 ** -e)
+            c = c * static(2.0 ** e)
+        if mm < static(2.0 ** -e):
+            mm = mm * static(2.0 ** e)
+            c = c * static(2.0 ** -e)
+    return ops.select(m > 0.0, c, one)
 
 
-@ti.func
+@func
 def _cast3x3(A, dt):
     """``A`` with every entry cast to ``dt``."""
-    return ti.Matrix(
+    return Matrix(
         [
-            [ti.cast(A[0, 0], dt), ti.cast(A[0, 1], dt), ti.cast(A[0, 2], dt)],
-            [ti.cast(A[1, 0], dt), ti.cast(A[1, 1], dt), ti.cast(A[1, 2], dt)],
-            [ti.cast(A[2, 0], dt), ti.cast(A[2, 1], dt), ti.cast(A[2, 2], dt)],
+            [ops.cast(A[0, 0], dt), ops.cast(A[0, 1], dt), ops.cast(A[0, 2], dt)],
+            [ops.cast(A[1, 0], dt), ops.cast(A[1, 1], dt), ops.cast(A[1, 2], dt)],
+            [ops.cast(A[2, 0], dt), ops.cast(A[2, 1], dt), ops.cast(A[2, 2], dt)],
         ]
     )
 
 
-@ti.func
+@func
 def _jacobi_rotate(bi, bj, vi, vj, dt):
     """One Hestenes (one-sided Jacobi) plane rotation of columns ``bi``/``bj`` of ``B = A V``.
 
@@ -148,10 +152,10 @@ def _jacobi_rotate(bi, bj, vi, vj, dt):
     A pair whose columns are orthogonal *and* of equal length to working precision is
     degenerate (a repeated singular value): any rotation is valid, the formula would only
     amplify rounding noise (costing accuracy and producing huge derivatives), so such pairs are
-    left alone.  Everything is branch-free (``ti.select`` with finite operands on both sides).
+    left alone.  Everything is branch-free (``ops.select`` with finite operands on both sides).
     """
-    one = ti.cast(1.0, dt)
-    zero = ti.cast(0.0, dt)
+    one = ops.cast(1.0, dt)
+    zero = ops.cast(0.0, dt)
     alpha = _dot3(bi, bi)
     beta = _dot3(bj, bj)
     gamma = _dot3(bi, bj)
@@ -160,10 +164,10 @@ def _jacobi_rotate(bi, bj, vi, vj, dt):
     h2 = d * d + gamma * gamma
     rotate = h2 > tol * tol * alpha * beta
     # Safe operands: when not rotating, sqrt and the division see 1 instead of (maybe) 0.
-    denom = ti.abs(d) + ti.sqrt(ti.select(rotate, h2, one))
-    t = ti.select(d >= zero, gamma, -gamma) / denom
-    t = ti.select(rotate, t, zero)
-    c = one / ti.sqrt(one + t * t)
+    denom = ops.abs(d) + ops.sqrt(ops.select(rotate, h2, one))
+    t = ops.select(d >= zero, gamma, -gamma) / denom
+    t = ops.select(rotate, t, zero)
+    c = one / ops.sqrt(one + t * t)
     s = c * t
     bi_new = c * bi - s * bj
     bj_new = s * bi + c * bj
@@ -172,53 +176,53 @@ def _jacobi_rotate(bi, bj, vi, vj, dt):
     return bi_new, bj_new, vi_new, vj_new
 
 
-@ti.func
+@func
 def _orthonormal_to(u, dt):
     """A unit vector orthogonal to the unit vector ``u``.
 
     Projects out ``u`` from the coordinate axis least aligned with it, so the remainder has
     squared length at least 2/3 and the normalisation is always well conditioned.
     """
-    one = ti.cast(1.0, dt)
-    zero = ti.cast(0.0, dt)
-    ax = ti.abs(u[0])
-    ay = ti.abs(u[1])
-    az = ti.abs(u[2])
-    e = ti.Vector([zero, zero, one])
+    one = ops.cast(1.0, dt)
+    zero = ops.cast(0.0, dt)
+    ax = ops.abs(u[0])
+    ay = ops.abs(u[1])
+    az = ops.abs(u[2])
+    e = Vector([zero, zero, one])
     if ax <= ay:
         if ax <= az:
-            e = ti.Vector([one, zero, zero])
+            e = Vector([one, zero, zero])
     elif ay <= az:
-        e = ti.Vector([zero, one, zero])
+        e = Vector([zero, one, zero])
     w = e - _dot3(u, e) * u
-    return w / ti.sqrt(_dot3(w, w))
+    return w / ops.sqrt(_dot3(w, w))
 
 
-@ti.func
+@func
 def _inv_norm(n2, dt):
     """``(sqrt(n2), 1 / sqrt(n2))``, or ``(0, 0)`` when ``n2`` is negligible."""
-    s = ti.cast(0.0, dt)
-    inv = ti.cast(0.0, dt)
+    s = ops.cast(0.0, dt)
+    inv = ops.cast(0.0, dt)
     if n2 > _TINY:
-        s = ti.sqrt(n2)
+        s = ops.sqrt(n2)
         inv = 1.0 / s
     return s, inv
 
 
-@ti.func
+@func
 def _lowdin_coeff(f, inv_i, inv_j, s_i, s_j, dt):
     """Off-diagonal entry of ``(B^T B)^(-1/2)`` to first order in ``f = b_i . b_j``.
 
     For ``B^T B = diag(s^2) + F`` the Daleckii-Krein formula for ``x -> x^(-1/2)`` gives
     ``-f / (s_i s_j (s_i + s_j))``, which stays finite when ``s_i == s_j``.
     """
-    k = ti.cast(0.0, dt)
+    k = ops.cast(0.0, dt)
     if s_i + s_j > 0.0:
         k = -f * inv_i * inv_j / (s_i + s_j)
     return k
 
 
-@ti.func
+@func
 def svd3d(A, dt):
     """SVD of a 3x3 matrix: returns ``(U, S, V)`` with ``A = U @ S @ V.T``.
 
@@ -238,18 +242,18 @@ def svd3d(A, dt):
     identity.  The singular values are ``u_k . b_k``; the last one therefore carries the sign
     of ``det(A)``, matching Taichi.
     """
-    zero = ti.cast(0.0, dt)
-    one = ti.cast(1.0, dt)
+    zero = ops.cast(0.0, dt)
+    one = ops.cast(1.0, dt)
 
     scale = _pow2_scale(_max_abs3x3(A, dt), dt)
     inv = one / scale
 
-    b0 = ti.Vector([ti.cast(A[0, 0], dt), ti.cast(A[1, 0], dt), ti.cast(A[2, 0], dt)]) * inv
-    b1 = ti.Vector([ti.cast(A[0, 1], dt), ti.cast(A[1, 1], dt), ti.cast(A[2, 1], dt)]) * inv
-    b2 = ti.Vector([ti.cast(A[0, 2], dt), ti.cast(A[1, 2], dt), ti.cast(A[2, 2], dt)]) * inv
-    v0 = ti.Vector([one, zero, zero])
-    v1 = ti.Vector([zero, one, zero])
-    v2 = ti.Vector([zero, zero, one])
+    b0 = Vector([ops.cast(A[0, 0], dt), ops.cast(A[1, 0], dt), ops.cast(A[2, 0], dt)]) * inv
+    b1 = Vector([ops.cast(A[0, 1], dt), ops.cast(A[1, 1], dt), ops.cast(A[2, 1], dt)]) * inv
+    b2 = Vector([ops.cast(A[0, 2], dt), ops.cast(A[1, 2], dt), ops.cast(A[2, 2], dt)]) * inv
+    v0 = Vector([one, zero, zero])
+    v1 = Vector([zero, one, zero])
+    v2 = Vector([zero, zero, one])
 
     for _ in range(_SWEEPS):
         b0, b1, v0, v1 = _jacobi_rotate(b0, b1, v0, v1, dt)
@@ -303,16 +307,16 @@ def svd3d(A, dt):
     c1 = k01 * b0 + i1 * b1 + k12 * b2
 
     # Exact orthonormalisation (Gram-Schmidt, projecting twice), right-handed completion.
-    u0 = ti.Vector([one, zero, zero])
+    u0 = Vector([one, zero, zero])
     nc0 = _dot3(c0, c0)
     if nc0 > _TINY:
-        u0 = c0 / ti.sqrt(nc0)
+        u0 = c0 / ops.sqrt(nc0)
     w = c1 - _dot3(u0, c1) * u0
     w = w - _dot3(u0, w) * u0
     nw = _dot3(w, w)
-    u1 = ti.Vector([zero, one, zero])
+    u1 = Vector([zero, one, zero])
     if nw > _MIN_GS_NORM2:
-        u1 = w / ti.sqrt(nw)
+        u1 = w / ops.sqrt(nw)
     else:
         u1 = _orthonormal_to(u0, dt)
     if _dot3(u1, b1) < zero:  # only possible for the arbitrary fallback direction
@@ -323,13 +327,13 @@ def svd3d(A, dt):
     sv1 = _dot3(u1, b1) * scale
     sv2 = _dot3(u2, b2) * scale
 
-    U = ti.Matrix([[u0[0], u1[0], u2[0]], [u0[1], u1[1], u2[1]], [u0[2], u1[2], u2[2]]])
-    S = ti.Matrix([[sv0, zero, zero], [zero, sv1, zero], [zero, zero, sv2]])
-    V = ti.Matrix([[v0[0], v1[0], v2[0]], [v0[1], v1[1], v2[1]], [v0[2], v1[2], v2[2]]])
+    U = Matrix([[u0[0], u1[0], u2[0]], [u0[1], u1[1], u2[1]], [u0[2], u1[2], u2[2]]])
+    S = Matrix([[sv0, zero, zero], [zero, sv1, zero], [zero, zero, sv2]])
+    V = Matrix([[v0[0], v1[0], v2[0]], [v0[1], v1[1], v2[1]], [v0[2], v1[2], v2[2]]])
     return U, S, V
 
 
-@ti.func
+@func
 def _polar2d_scaled(A, dt):
     """Closed-form 2x2 polar decomposition of ``A / m``, ``m`` = a power of two near max|A_ij|.
 
@@ -342,13 +346,13 @@ def _polar2d_scaled(A, dt):
     normalising length is ``|A|_F^2 + 2 |det(A)| >= |A|_F^2 >= 1/4`` after scaling unless
     ``A == 0``, so no small divisor can occur; ``A == 0`` gives ``U = I``.
     """
-    zero = ti.cast(0.0, dt)
-    one = ti.cast(1.0, dt)
-    a = ti.cast(A[0, 0], dt)
-    b = ti.cast(A[0, 1], dt)
-    c = ti.cast(A[1, 0], dt)
-    d = ti.cast(A[1, 1], dt)
-    m = ti.max(ti.max(ti.abs(a), ti.abs(b)), ti.max(ti.abs(c), ti.abs(d)))
+    zero = ops.cast(0.0, dt)
+    one = ops.cast(1.0, dt)
+    a = ops.cast(A[0, 0], dt)
+    b = ops.cast(A[0, 1], dt)
+    c = ops.cast(A[1, 0], dt)
+    d = ops.cast(A[1, 1], dt)
+    m = ops.max(ops.max(ops.abs(a), ops.abs(b)), ops.max(ops.abs(c), ops.abs(d)))
     scale = _pow2_scale(m, dt)
     inv = one / scale
     a = a * inv
@@ -366,19 +370,19 @@ def _polar2d_scaled(A, dt):
     co = one
     si = zero
     if r2 > _TINY:
-        r = ti.sqrt(r2)
+        r = ops.sqrt(r2)
         co = x / r
         si = y / r
     # U = [[co, -sgn si], [si, sgn co]]; P = U^T A, symmetrised against rounding.
     p00 = co * a + si * c
     p11 = sgn * (co * d - si * b)
     p01 = 0.5 * ((co * b + si * d) + sgn * (co * c - si * a))
-    U = ti.Matrix([[co, -sgn * si], [si, sgn * co]])
-    P = ti.Matrix([[p00, p01], [p01, p11]])
-    return U, P, scale, ti.abs(det)
+    U = Matrix([[co, -sgn * si], [si, sgn * co]])
+    P = Matrix([[p00, p01], [p01, p11]])
+    return U, P, scale, ops.abs(det)
 
 
-@ti.func
+@func
 def polar_decompose2d(A, dt):
     """Polar decomposition ``A = U @ P`` of a 2x2 matrix (closed form, no iteration).
 
@@ -389,7 +393,7 @@ def polar_decompose2d(A, dt):
     return U, P * scale
 
 
-@ti.func
+@func
 def svd2d(A, dt):
     """SVD of a 2x2 matrix: returns ``(U, S, V)`` with ``A = U @ S @ V.T``.
 
@@ -402,8 +406,8 @@ def svd2d(A, dt):
     ``V`` is a rotation, ``S`` is non-negative and decreasing, and ``det(U) = sign(det(A))``,
     which is Taichi's 2-D convention.
     """
-    zero = ti.cast(0.0, dt)
-    one = ti.cast(1.0, dt)
+    zero = ops.cast(0.0, dt)
+    one = ops.cast(1.0, dt)
     R, P, scale, det_p = _polar2d_scaled(A, dt)
     p = P[0, 0]
     q = P[0, 1]
@@ -412,12 +416,12 @@ def svd2d(A, dt):
     h2 = half_diff * half_diff + q * q
     h = zero
     if h2 > _TINY:  # otherwise P is a multiple of I and V = I (also keeps sqrt'(0) out of AD)
-        h = ti.sqrt(h2)
+        h = ops.sqrt(h2)
     mean = 0.5 * (p + r)
     l0 = mean + h
     l1 = zero
     if l0 > zero:
-        l1 = ti.min(det_p / l0, l0)
+        l1 = ops.min(det_p / l0, l0)
     vx = one
     vy = zero
     if h2 > _TINY:
@@ -426,16 +430,16 @@ def svd2d(A, dt):
         if half_diff < zero:
             ex = q
             ey = h - half_diff
-        n = ti.sqrt(ex * ex + ey * ey)
+        n = ops.sqrt(ex * ex + ey * ey)
         vx = ex / n
         vy = ey / n
-    V = ti.Matrix([[vx, -vy], [vy, vx]])
+    V = Matrix([[vx, -vy], [vy, vx]])
     U = R @ V
-    S = ti.Matrix([[l0 * scale, zero], [zero, l1 * scale]])
+    S = Matrix([[l0 * scale, zero], [zero, l1 * scale]])
     return U, S, V
 
 
-@ti.func
+@func
 def polar_decompose3d(A, dt):
     """Polar decomposition ``A = U @ P`` of a 3x3 matrix via ``svd3d``.
 
@@ -452,25 +456,25 @@ def polar_decompose3d(A, dt):
     return U, 0.5 * (P + P.transpose())
 
 
-@ti.func
+@func
 def svd(A, dt):
     """Public ``ti.svd(A, dt)``: dispatch on the (compile-time) size of ``A``."""
-    U = ti.Matrix.identity(dt, A.n)
-    S = ti.Matrix.zero(dt, A.n, A.n)
-    V = ti.Matrix.identity(dt, A.n)
-    if ti.static(A.n == 2):
+    U = Matrix.identity(dt, A.n)
+    S = Matrix.zero(dt, A.n, A.n)
+    V = Matrix.identity(dt, A.n)
+    if static(A.n == 2):
         U, S, V = svd2d(A, dt)
     else:
         U, S, V = svd3d(A, dt)
     return U, S, V
 
 
-@ti.func
+@func
 def polar_decompose(A, dt):
     """Public ``ti.polar_decompose(A, dt)``: dispatch on the (compile-time) size of ``A``."""
-    U = ti.Matrix.identity(dt, A.n)
-    P = ti.Matrix.zero(dt, A.n, A.n)
-    if ti.static(A.n == 2):
+    U = Matrix.identity(dt, A.n)
+    P = Matrix.zero(dt, A.n, A.n)
+    if static(A.n == 2):
         U, P = polar_decompose2d(A, dt)
     else:
         U, P = polar_decompose3d(A, dt)

@@ -6,6 +6,7 @@ the wire format (by name), so one object describes a type everywhere.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -55,10 +56,10 @@ class DType:
         return self.name
 
     def __call__(self, value):
-        """``ti.f32(x)`` casts, as in Taichi (works in kernels and in Python scope)."""
-        from .frontend import ops
-
-        return ops.construct(value, self)
+        """``ti.f32(x)`` casts, as in Taichi (works in kernels and in Python scope). The cast
+        is the frontend's, registered with :func:`set_caster`: this module is the ground floor
+        and imports nothing of ours."""
+        return _caster(value, self)
 
 
 f16 = DType("f16", "f", 16)
@@ -118,44 +119,23 @@ def promote(a: DType, b: DType) -> DType:
     return b if a.is_signed else a
 
 
-def is_signed(dt) -> bool:
-    """``ti.types.is_signed``: true for signed integer (and float) types."""
-    return _cook(dt).is_signed
+def set_caster(cast: Callable[[object, DType], object]) -> None:
+    """Registration point for ``ti.f32(x)``: the frontend passes its ``construct`` (the cast
+    that also works inside kernels) when it loads."""
+    global _caster
+    _caster = cast
 
 
-def is_integral(dt) -> bool:
-    """``ti.types.is_integral``: true for integer types, signed or not."""
-    return _cook(dt).is_int
+def _no_caster(value, dtype: DType):
+    raise RuntimeError(f"{dtype}(...) needs the frontend: import difftape")
 
 
-def is_real(dt) -> bool:
-    """``ti.types.is_real``: true for floating-point types."""
-    return _cook(dt).is_float
+_caster: Callable[[object, DType], object] = _no_caster
 
 
-def _cook(dt) -> DType:
-    from .frontend.ops import resolve_dtype
-
-    return resolve_dtype(dt)
-
-
-def __getattr__(name: str):
-    """``ti.types.vector/matrix/ndarray/template`` live in the frontend; resolved lazily
-    because the frontend itself imports this module."""
-    if name in ("vector", "matrix"):
-        from .frontend import matrix as _m
-
-        return getattr(_m, name)
-    if name == "struct":
-        from .frontend.struct import struct
-
-        return struct
-    if name == "ndarray":
-        from .frontend.annotations import NdarrayType
-
-        return NdarrayType
-    if name == "template":
-        from .frontend.annotations import template
-
-        return template
-    raise AttributeError(f"module 'difftape.types' has no attribute {name!r}")
+def provide(**names: object) -> None:
+    """Registration point for the ``ti.types`` names defined above this module
+    (``vector``, ``matrix``, ``struct``, ``ndarray``, ``template``, ``is_signed``, ...: the
+    frontend's). The package's ``__init__`` provides them when it loads, so the namespace is
+    complete for any user of ``difftape.types`` while this module imports nothing of ours."""
+    globals().update(names)

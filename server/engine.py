@@ -28,19 +28,19 @@ import numpy as np
 
 from difftape import types as T
 from difftape.errors import ArgumentError, CompileError, DifftapeError, ShapeError
-from difftape.ir import serialize
-from difftape.ir.nodes import KernelIR
-from difftape.ir.passes import run_pipeline
-from difftape.ir.serialize import from_jsonable, jsonable
-from difftape.runtime import program
-from difftape.runtime.field import Field
-from difftape.runtime.kernel import (
+from difftape.frontend.field import Field
+from difftape.frontend.kernel import (
     CompiledKernel,
     CompileStats,
     compile_ir,
     derive,
     has_storage,
 )
+from difftape.ir import serialize
+from difftape.ir.nodes import KernelIR
+from difftape.ir.passes import run_pipeline
+from difftape.ir.serialize import from_jsonable, jsonable
+from difftape.runtime import program
 
 #: Storage roles of a field: ``grad_dual`` is ``x.grad.dual`` (forward-over-reverse).
 ROLES = ("primal", "grad", "dual", "grad_dual", "mark")

@@ -287,6 +287,8 @@ def maybe_nonfinite(body: Block) -> set[Stmt]:
     """Values that can be infinite or NaN although every field holds finite numbers: results of
     the :data:`~.rules.RISKY` ops and everything computed from them. Only partials involving
     these need the zero-seed guard (which costs a compare and a select per use)."""
+    # Function-level: the rule table (~4 ms of import) loads with the first derivative, not
+    # with `import difftape` (which loads this module for lost-derivative checks).
     from .rules import RISKY
 
     bounds = lower_bounds(body)

@@ -18,6 +18,7 @@ import functools
 import llvmlite
 import llvmlite.binding as llvm
 
+from ..errors import CompileError
 from ..types import DType
 from . import vecmath
 from .llvm_lowering import TRANSCENDENTAL
@@ -123,8 +124,6 @@ class CPUTarget:
         argument reduction (:mod:`.vecmath`; a map of ``sin(x) + cos(x)`` over 2^24 f32 went
         from 8.4 to 6.7 ms) while a lone sin stays on libmvec, faster for one."""
         if t.bits == 16:
-            from ..errors import CompileError
-
             raise CompileError(f"{name} on f16 is not supported: f16 is a storage type here; "
                                "cast to ti.f32 first", kernel=low.ir.name)
         ty = "float" if t.bits == 32 else "double"

@@ -42,8 +42,6 @@ def ll_const(value, t: DType) -> str:
 
 def assert_messages(ir: KernelIR) -> list[str]:
     """The distinct assertion messages of a kernel; message k has error code k + 1."""
-    from ..ir.nodes import task_blocks, walk
-
     out: list[str] = []
     for t in ir.tasks or []:
         for blk in task_blocks(t):
@@ -63,8 +61,6 @@ def _worth_vectorizing(body: Block) -> bool:
     without loads. Branches become masked code and data-dependent indices gathers and
     scatters; for such bodies (particle-to-grid transfers, boundary conditions) LLVM's cost
     model picks vector code that was measured 1.5-2.5x slower than scalar."""
-    from ..ir.nodes import walk
-
     data: set[Stmt] = set()
     for s in walk(body):
         if s.op in ("if", "while"):
@@ -282,8 +278,6 @@ class Lowering:
         return self.fn
 
     def _task(self, k: int, task: Task) -> str:
-        from ..ir.nodes import task_blocks, walk
-
         self.serial = task.kind == "serial"
         fn = self._new_function(
             f"define void @{self.task_name(k)}(ptr noalias %ctx, i64 %begin, i64 %end, "
@@ -334,8 +328,6 @@ class Lowering:
 
     def _private_copies(self, task: Task) -> list[str]:
         """Zeroed per-invocation copies of the buffers ``passes/scatter.py`` privatized."""
-        from ..ir.nodes import task_blocks, walk
-
         slots = sorted({s.attr if s.op in ("load", "store") else s.attr[0]
                         for b in task_blocks(task) for s in walk(b)
                         if s.op in ("load", "store", "atomic")})

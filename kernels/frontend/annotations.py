@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from ..errors import ArgumentError
+import inspect
+
+from ..errors import ArgumentError, CompileError
+from .matrix import MatrixType, matrix, vector
 
 BOUNDARIES = ("unsafe", "clamp")
 
@@ -71,8 +74,6 @@ class NdarrayType:
 
 def _element_dtype(element_dim: int | None, element_shape: tuple | None, dtype):
     """The vector/matrix dtype that ``element_dim``/``element_shape`` describe."""
-    from .matrix import MatrixType, matrix, vector
-
     if isinstance(dtype, MatrixType):
         raise ArgumentError(f"cannot give both a vector/matrix dtype ({dtype!r}) and "
                             "element_dim/element_shape")
@@ -95,3 +96,18 @@ def _element_dtype(element_dim: int | None, element_shape: tuple | None, dtype):
         return matrix(shape[0], shape[1], dtype)
     raise ArgumentError("only scalars, vectors and matrices can be elements of ti.types.ndarray()")
 
+
+def _resolve_annotation(ann, fn):
+    if ann is inspect.Parameter.empty or ann is inspect.Signature.empty:
+        return None
+    if isinstance(ann, str):
+        try:
+            ann = eval(ann, fn.__globals__)  # noqa: S307 - the user's own annotation text
+        except Exception as e:
+            raise CompileError(f"cannot evaluate annotation {ann!r} of '{fn.__name__}': {e}") \
+                from None
+    if ann is None:
+        return None
+    if isinstance(ann, type) and issubclass(ann, NdarrayType):
+        return NdarrayType()
+    return ann

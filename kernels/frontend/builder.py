@@ -18,7 +18,7 @@ from typing import Any
 
 from ..errors import CompileError
 from ..ir.nodes import Block, Buffer, Param, Stmt
-from ..types import DType, i32
+from ..types import DType
 
 _state = threading.local()
 
@@ -62,7 +62,7 @@ class Builder:
         # Building the IR that reverse mode differentiates: writes do not activate sparse
         # cells (the adjoint only reads activity) and deactivation/append are refused.
         self.adjoint = False
-        # Struct-fors over sparse SNodes: their activity loads (runtime/sparse.py).
+        # Struct-fors over sparse SNodes: their activity loads (frontend/sparse.py).
         self.struct_fors: list[dict] = []
         # ti.stop_grad(field): (block, buffer slot) pairs, applied by finish_stop_grads.
         self.stop_grads: list[tuple[Block, int]] = []
@@ -166,30 +166,6 @@ class Builder:
     @property
     def at_top_level(self) -> bool:
         return len(self._blocks) == 1
-
-    def loop_nest(self, extents: tuple[int, ...], body: Callable[[list], None]) -> None:
-        """Emit loops over ``extents`` (constant sizes) around ``body(indices)``: the outermost
-        parallel at the kernel's top level, serial elsewhere. For operations that loop over a
-        whole field from one call (``x.fill(v)`` in a kernel)."""
-        def nest(level: int, indices: list) -> None:
-            if level == len(extents):
-                body(indices)
-                return
-            from .ops import const
-            from .values import Expr
-
-            begin, end = const(0, i32), const(extents[level], i32)
-            loop_id = next(self.loop_ids)
-            kind = "parallel" if level == 0 and self.at_top_level else "range"
-            with self.block() as blk:
-                self.loop_stack.append((kind, loop_id))
-                index = Expr(self.emit("loop_index", i32, (), loop_id))
-                nest(level + 1, indices + [index])
-                self.loop_stack.pop()
-            self.emit("range_for", None, (begin.stmt, end.stmt),
-                      (loop_id, "parallel" if kind == "parallel" else "inner"), (blk,))
-
-        nest(0, [])
 
     # -- tables --------------------------------------------------------------------------------
     def buffer_slot(self, buf: Buffer) -> int:

@@ -1,45 +1,10 @@
-"""``@ti.kernel`` and ``@ti.func``."""
+"""``@ti.kernel`` and ``@ti.func`` (the ``Func`` object lives with the transformer that
+inlines it)."""
 
 from __future__ import annotations
 
-import functools
-import inspect
-
-from ..runtime.kernel import Kernel, defined_in_class
-
-
-class Func:
-    """A ``@ti.func``: inlined at every call site inside a kernel (so it may take and return
-    vectors, matrices and tuples, and be specialized by its arguments for free)."""
-
-    def __init__(self, pyfunc) -> None:
-        self.pyfunc = pyfunc
-        self.signature = inspect.signature(pyfunc)
-        # Defined in a class body (a method of a @ti.dataclass or @ti.data_oriented class):
-        # its unannotated first parameter (`self`) is the object itself, as in Taichi.
-        self.classfunc = defined_in_class(pyfunc)
-        self.__name__ = pyfunc.__name__
-        self.__doc__ = pyfunc.__doc__
-        self.__wrapped__ = pyfunc
-
-    def __call__(self, *args, **kwargs):
-        from . import builder
-
-        bld = builder.current()
-        if bld is None:
-            raise TypeError(f"@ti.func '{self.__name__}' can only be called from a kernel or "
-                            "another func")
-        from .transformer import inline_func
-
-        return inline_func(bld, self, list(args), kwargs)
-
-    def __get__(self, obj, objtype=None):
-        """``obj.func`` (a method of a ``@ti.data_oriented`` object): the func with ``obj``
-        as its first argument."""
-        return self if obj is None else functools.partial(self, obj)
-
-    def __repr__(self) -> str:
-        return f"<difftape func {self.__name__}>"
+from .kernel import Kernel
+from .transformer import Func
 
 
 def kernel(fn=None, **_options):

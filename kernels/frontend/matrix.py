@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import linecache
 import numbers
+from collections.abc import Callable
 
 import numpy as np
 
@@ -19,6 +20,15 @@ from ..errors import KernelIndexError, KernelRuntimeError, KernelSyntaxError, Ke
 from . import builder as _b
 from . import ops
 from .values import Ref, Value
+
+#: Field and ndarray constructors (field.py, ndarray.py, which build on matrices) for
+#: ``ti.Vector.field`` & co.: those modules register them when they load (:func:`register_storage`).
+_storage: dict[str, Callable] = {}
+
+
+def register_storage(**constructors: Callable) -> None:
+    """Registration point for field.py (``make_field``) and ndarray.py (its classes)."""
+    _storage.update(constructors)
 
 
 class Matrix:
@@ -551,14 +561,14 @@ class Matrix:
     @classmethod
     def field(cls, n: int, m: int, dtype, shape=None, order=None, name: str = "", offset=None,
               needs_grad: bool = False, needs_dual: bool = False, layout=None, ndim=None):
-        from ..runtime.field import make_field
+        make_field = _storage["make_field"]
 
         return make_field(dtype, shape, order, name, offset, needs_grad, needs_dual,
                           element_shape=(n,) if ndim == 1 else (n, m), layout=layout)
 
     @classmethod
     def ndarray(cls, n: int, m: int, dtype, shape, needs_grad: bool = False):
-        from ..runtime.ndarray import MatrixNdarray
+        MatrixNdarray = _storage["MatrixNdarray"]
 
         return MatrixNdarray(n, m, dtype, shape, needs_grad)
 
@@ -579,14 +589,14 @@ class Vector(Matrix):
     def field(cls, n: int, dtype, shape=None, order=None,  # type: ignore[override]
               name: str = "", offset=None, needs_grad: bool = False, needs_dual: bool = False,
               layout=None):
-        from ..runtime.field import make_field
+        make_field = _storage["make_field"]
 
         return make_field(dtype, shape, order, name, offset, needs_grad, needs_dual,
                           element_shape=(n,), layout=layout)
 
     @classmethod
     def ndarray(cls, n: int, dtype, shape, needs_grad: bool = False):  # type: ignore[override]
-        from ..runtime.ndarray import VectorNdarray
+        VectorNdarray = _storage["VectorNdarray"]
 
         return VectorNdarray(n, dtype, shape, needs_grad)
 
@@ -666,7 +676,7 @@ class MatrixType:
 
     def field(self, shape=None, order=None, name: str = "", offset=None,
               needs_grad: bool = False, needs_dual: bool = False, layout=None):
-        from ..runtime.field import make_field
+        make_field = _storage["make_field"]
 
         return make_field(self.scalar_dtype, shape, order, name, offset, needs_grad, needs_dual,
                           element_shape=self.element_shape, layout=layout)
@@ -718,3 +728,6 @@ def matrix(n: int | None = None, m: int | None = None, dtype=None) -> MatrixType
 
 
 __all__ = ["Matrix", "Vector", "MatrixType", "vector", "matrix", "T"]
+
+
+ops.register_matrix(Matrix)

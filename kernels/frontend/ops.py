@@ -9,28 +9,35 @@ from __future__ import annotations
 
 import builtins
 import numbers
+import sys
+from collections.abc import Callable
 
 import numpy as np
 
 from .. import types as T
 from ..errors import CompileError, KernelTypeError
 from ..ir.ops import OPS
+from ..runtime import program
 from ..types import DType
 from . import builder as _b
+from . import values as _values
 from .values import Expr, Ref, Value
 
 # ----------------------------------------------------------------------------------- helpers
 
 
+#: ``Matrix`` (frontend/matrix.py, which builds on this module), registered by matrix.py when it
+#: loads (:func:`register_matrix`): elementwise ops take matrices without an upward import.
 _matrix_class = None
 
 
-def _is_matrix(x) -> bool:
+def register_matrix(cls: type) -> None:
+    """Registration point for the matrix class (called once by matrix.py)."""
     global _matrix_class
-    if _matrix_class is None:  # matrix.py imports this module; resolve once, not per call
-        from .matrix import Matrix
+    _matrix_class = cls
 
-        _matrix_class = Matrix
+
+def _is_matrix(x) -> bool:
     return isinstance(x, _matrix_class)
 
 
@@ -115,8 +122,7 @@ def _cast_expr(e: Expr, dtype: DType) -> Expr:
 
 
 def _elementwise(fn, *xs):
-    from .matrix import Matrix
-
+    Matrix = _matrix_class
     shape = next(x for x in xs if _is_matrix(x))
     for x in xs:
         if _is_matrix(x) and (x.n, x.m) != (shape.n, shape.m):
@@ -179,8 +185,6 @@ def resolve_dtype(dtype) -> DType:
 
 
 def _default(which: str) -> DType:
-    from ..runtime import program
-
     cfg = program.get().config
     return cfg.default_fp if which == "fp" else cfg.default_ip
 
@@ -561,3 +565,51 @@ def atomic_or(ref, value):
 
 def atomic_xor(ref, value):
     return atomic("bit_xor", ref, value)
+
+
+# Moved from builder.py (Builder.loop_nest): it emits constants and values, which are built here.
+def loop_nest(bld: _b.Builder, extents: tuple[int, ...], body: Callable[[list], None]) -> None:
+    """Emit loops over ``extents`` (constant sizes) around ``body(indices)``: the outermost
+    parallel at the kernel's top level, serial elsewhere. For operations that loop over a
+    whole field from one call (``x.fill(v)`` in a kernel)."""
+    def nest(level: int, indices: list) -> None:
+        if level == len(extents):
+            body(indices)
+            return
+        begin, end = const(0, T.i32), const(extents[level], T.i32)
+        loop_id = next(bld.loop_ids)
+        kind = "parallel" if level == 0 and bld.at_top_level else "range"
+        with bld.block() as blk:
+            bld.loop_stack.append((kind, loop_id))
+            index = Expr(bld.emit("loop_index", T.i32, (), loop_id))
+            nest(level + 1, indices + [index])
+            bld.loop_stack.pop()
+        bld.emit("range_for", None, (begin.stmt, end.stmt),
+                  (loop_id, "parallel" if kind == "parallel" else "inner"), (blk,))
+
+    nest(0, [])
+
+
+# ``ti.types.is_signed/is_integral/is_real`` (moved from ``types.py``: they accept Python's
+# ``int``/``float``, which only the frontend resolves; the package provides them to ``ti.types``).
+def is_signed(dt) -> bool:
+    """``ti.types.is_signed``: true for signed integer (and float) types."""
+    return _cook(dt).is_signed
+
+
+def is_integral(dt) -> bool:
+    """``ti.types.is_integral``: true for integer types, signed or not."""
+    return _cook(dt).is_int
+
+
+def is_real(dt) -> bool:
+    """``ti.types.is_real``: true for floating-point types."""
+    return _cook(dt).is_float
+
+
+def _cook(dt) -> DType:
+    return resolve_dtype(dt)
+
+
+T.set_caster(construct)
+_values.bind_ops(sys.modules[__name__])

@@ -22,6 +22,7 @@ from ..ir.printf import FormatError, conversion
 from . import builder as _b
 from . import ops
 from .matrix import Matrix
+from .struct import Struct
 from .values import Value
 
 
@@ -120,8 +121,6 @@ def _field(value, spec: str, conv: str | None):
 
 def _pieces(x, spec: str | None, out: list) -> None:
     """Append the text and (scalar value, spec) items that print ``x``."""
-    from .struct import Struct
-
     if isinstance(x, str):
         out.append(x)
     elif isinstance(x, Formatted):

@@ -22,8 +22,10 @@ import numpy as np
 
 from ..errors import KernelSyntaxError
 from . import builder as _b
+from . import field as _field
 from . import ops
-from .matrix import Matrix, MatrixType
+from .field import Field, assign, axes, make_field, root
+from .matrix import Matrix, MatrixType, _coerce
 from .values import Ref, Value
 
 _CLASSES: dict[tuple[str, ...], type] = {}
@@ -109,8 +111,6 @@ class Struct:
             if not is_place(entry):
                 raise bld.error(f"member '{key}' of this struct is a value, not a variable: "
                                 "assign the struct to a name first")
-            from ..runtime.field import assign
-
             assign(entry, _coerce_member(entry, value))
             return
         if isinstance(entry, _HostSlot):
@@ -208,17 +208,11 @@ class Struct:
                 fields[k] = dt.field(name=f"{name}.{k}", needs_grad=needs_grad,
                                      needs_dual=needs_dual)
             else:
-                from ..runtime.field import make_field
-
                 fields[k] = make_field(dt, None, needs_grad=needs_grad, needs_dual=needs_dual,
                                        name=f"{name}.{k}")
         sf = StructField(fields, methods or {}, name)
         if shape is not None:
-            from ..runtime.field import root
-
             shape = (shape,) if isinstance(shape, numbers.Integral) else tuple(shape)
-            from ..runtime.field import axes
-
             root.dense(axes(*range(len(shape))), shape).place(sf)
         return sf
 
@@ -236,8 +230,6 @@ def _set_matrix(target: Matrix, value) -> None:
 
 def _coerce_member(entry, value):
     if isinstance(entry, Matrix) and isinstance(value, list | tuple):
-        from .matrix import _coerce
-
         return _coerce(value)
     if isinstance(entry, Struct) and isinstance(value, dict):
         return Struct(value)
@@ -467,8 +459,6 @@ class StructField:
         if _b.current() is not None:
             entries = {k: f[key] for k, f in self.field_dict.items()}
         else:
-            from ..runtime.field import Field
-
             entries = {k: _HostSlot(f, key) if isinstance(f, Field) and not f.element_shape
                        else f[key] for k, f in self.field_dict.items()}
         return Struct._make(entries, self.struct_methods)
@@ -479,8 +469,6 @@ class StructField:
         if bld is None:
             element._set_entries(value)
             return
-        from ..runtime.field import assign
-
         assign(element, Struct(value) if isinstance(value, dict) else value)
 
     @_b.python_scope
@@ -509,3 +497,6 @@ class StructField:
         return f"<difftape StructField {self.name} members={self.keys}>"
 
     __hash__ = object.__hash__
+
+
+_field.bind(Struct=Struct, StructField=StructField)

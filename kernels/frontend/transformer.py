@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import builtins
 import contextlib
+import functools
 import inspect
 import linecache
 import textwrap
@@ -31,8 +32,10 @@ from ..errors import (
 from ..ir.nodes import OPS, Block, Buffer, Stmt
 from . import builder as _b
 from . import ops
-from .annotations import NdarrayType, RefType, Template, template
-from .matrix import Matrix, MatrixType, Vector
+from .annotations import NdarrayType, RefType, Template, _resolve_annotation, template
+from .field import Field, SNode, assign, kernel_element
+from .matrix import Matrix, MatrixType, Vector, _coerce
+from .sparse import struct_for_guard
 from .struct import (
     Struct,
     StructField,
@@ -41,7 +44,7 @@ from .struct import (
     is_place,
     load_places,
 )
-from .values import Expr, LocalRef, Ref, Value
+from .values import Expr, GlobalRef, LocalRef, Ref, Value
 
 # --------------------------------------------------------------------------- source handling
 
@@ -213,8 +216,6 @@ def apply_binop(op: str, a, b):
     if op == "matmul":
         return a @ b
     if isinstance(a, Matrix) or isinstance(b, Matrix):
-        from .matrix import _coerce
-
         a, b = _coerce(a), _coerce(b)
     if op == "add" and isinstance(a, tuple) and isinstance(b, tuple):
         return a + b
@@ -521,8 +522,6 @@ class FunctionTransformer:
                 raise self.bld.error(f"kernel argument '{target.id}' is read-only; copy it into "
                                      f"a local first, e.g. `{target.id}_ = {target.id}`")
             if isinstance(var, Ref | Matrix | Struct) and is_place(var):
-                from ..runtime.field import assign
-
                 if isinstance(var, Matrix) and not isinstance(value, Matrix):
                     raise self.bld.error(f"'{target.id}' is a vector/matrix; cannot assign a "
                                          "scalar to it")
@@ -581,8 +580,6 @@ class FunctionTransformer:
                     return
         target = self.eval_place(node.target)
         if isinstance(target, Matrix) and isinstance(value, list | tuple):
-            from .matrix import _coerce
-
             value = _coerce(value)
         if not is_place(target):
             raise self.bld.error("the target of an augmented assignment must be a variable, "
@@ -590,8 +587,6 @@ class FunctionTransformer:
         if op in _ATOMIC_AUGASSIGN and (_is_global(target) or _is_reduction(target)):
             ops.atomic(op, target, value)  # Taichi semantics: += &= ... on globals are atomic
             return
-        from ..runtime.field import assign
-
         new = apply_binop(op, target._values() if isinstance(target, Matrix) else target.expr(),
                           value)
         assign(target, new)
@@ -760,10 +755,7 @@ class FunctionTransformer:
 
     def _sparse_guard(self, iterable):
         """A struct-for over a field or SNode below sparse SNodes visits the active cells
-        only: the body starts with a guard (see runtime/sparse.py)."""
-        from ..runtime.field import Field, SNode
-        from ..runtime.sparse import struct_for_guard
-
+        only: the body starts with a guard (see frontend/sparse.py)."""
         node = iterable.parent() if isinstance(iterable, Field) and \
             iterable.primal._container is not None else iterable
         if not isinstance(node, SNode) or not node.activity_terms():
@@ -776,8 +768,6 @@ class FunctionTransformer:
         return lambda indices: struct_for_guard(self, node, indices)
 
     def _iteration_bounds(self, iterable) -> list[tuple]:
-        from ..runtime.field import Field, SNode
-
         if isinstance(iterable, NdRange):
             return iterable.bounds
         if isinstance(iterable, Field | SNode | StructField):
@@ -1025,8 +1015,6 @@ class FunctionTransformer:
             else:
                 a, b = left, right
                 if isinstance(a, Matrix) or isinstance(b, Matrix):
-                    from .matrix import _coerce
-
                     a, b = _coerce(a), _coerce(b)  # v == (1, 2, 3)
                 r = ops.binary(_CMPOPS[type(op)], a, b)
             result = r if result is None else ops.binary("logical_and", result, r)
@@ -1128,8 +1116,6 @@ class FunctionTransformer:
     def expr_JoinedStr(self, node: ast.JoinedStr):
         """An f-string: Python's text when every value is known at compile time; with kernel
         values, something only print() takes (see printing.py)."""
-        from . import printing
-
         values: list = []
         for v in node.values:
             if isinstance(v, ast.Constant):
@@ -1140,6 +1126,9 @@ class FunctionTransformer:
                 raise self._at(v).error("a format spec must be known at compile time")
             conv = chr(v.conversion) if v.conversion != -1 else None
             values.append((_as_value(self.eval(v.value)), spec, conv))
+        # Function-level: print()/f-strings in kernels load printing.py (~4 ms import) on use.
+        from . import printing
+
         return printing.joined(values)
 
     def expr_Call(self, node: ast.Call):
@@ -1155,20 +1144,19 @@ class FunctionTransformer:
         return self.call(fn, args, kwargs)
 
     def call(self, fn, args: list, kwargs: dict):
-        from ..runtime.kernel import Kernel
-        from .decorators import Func
-
         if isinstance(fn, Func):
             return inline_func(self.bld, fn, args, kwargs)
-        if isinstance(fn, Kernel):
+        if getattr(fn, "_kernel_object", False):  # a Kernel (frontend/kernel.py)
             raise self.bld.error(f"kernel '{fn.name}' cannot be called from inside a kernel; "
                                  "make it a @ti.func")
         if fn is print:
+            # Function-level: print()/f-strings in kernels load printing.py (~4 ms import) on use.
             from .printing import emit_print
 
             return emit_print(self.bld, [_as_value(a) for a in args], **kwargs)
         if isinstance(getattr(fn, "__self__", None), str) and \
                 getattr(fn, "__name__", None) == "format":
+            # Function-level: print()/f-strings in kernels load printing.py (~4 ms import) on use.
             from .printing import format_string
 
             return format_string(fn.__self__, tuple(_as_value(a) for a in args),
@@ -1283,8 +1271,6 @@ def _loaded(x):
 
 
 def _is_global(x) -> bool:
-    from .values import GlobalRef
-
     if isinstance(x, Matrix):
         return all(isinstance(e, GlobalRef) for e in x.entries)
     return isinstance(x, GlobalRef)
@@ -1292,8 +1278,6 @@ def _is_global(x) -> bool:
 
 def _is_reduction(x) -> bool:
     """A kernel-level variable updated inside a parallel loop (``s += v`` is a reduction)."""
-    from .values import LocalRef
-
     entries = x.entries if isinstance(x, Matrix) else [x]
     bld = _b.require()
     return all(isinstance(e, LocalRef) and bld.is_reduction_target(e.alloca) for e in entries)
@@ -1322,8 +1306,6 @@ class NdarrayArg:
                      for a in range(self.field_ndim))
 
     def __getitem__(self, key):
-        from ..runtime.field import kernel_element
-
         if not isinstance(key, tuple):
             key = (key,)
         flat: list = []
@@ -1343,9 +1325,6 @@ class NdarrayArg:
         return element
 
     def __setitem__(self, key, value) -> None:
-        from ..runtime.field import assign
-        from .matrix import _coerce
-
         assign(self[key], _coerce(value))
 
 
@@ -1446,8 +1425,6 @@ def _func_annotations(fn) -> tuple[dict[str, Any], Any]:
     cached = getattr(fn, "_annotations", None)
     if cached is not None:
         return cached
-    from ..runtime.kernel import _resolve_annotation
-
     name = fn.pyfunc.__name__
     params = {}
     for index, p in enumerate(fn.signature.parameters.values()):
@@ -1575,7 +1552,7 @@ def build_kernel_body(bld: _b.Builder, kernel, args: tuple) -> None:
 
 def _ndarray_binding(bld: _b.Builder, index: int, name: str, value) -> NdarrayArg:
     """The kernel-side view of ndarray argument ``index``, from its launch description
-    ``(dtype, ndim, element shape, has_grad, boundary)`` (see ``runtime.kernel``)."""
+    ``(dtype, ndim, element shape, has_grad, boundary)`` (see ``frontend.kernel``)."""
     dtype, field_ndim, esh, has_grad, boundary = value
     clamp = boundary == "clamp"
     buf = Buffer(("ndarray", index, "primal"), dtype, (None,) * field_ndim + esh, name, len(esh))
@@ -1583,3 +1560,43 @@ def _ndarray_binding(bld: _b.Builder, index: int, name: str, value) -> NdarrayAr
     if has_grad:
         grad = NdarrayArg(buf.with_role("grad"), field_ndim, clamp=clamp)
     return NdarrayArg(buf, field_ndim, grad, clamp)
+
+
+# ---------------------------------------------------------------------------------------------
+# ``@ti.func`` objects (moved from decorators.py: what this module inlines)
+
+
+def defined_in_class(pyfunc) -> bool:
+    """Was ``pyfunc`` written in a class body (a method)? From its qualified name."""
+    parts = pyfunc.__qualname__.split(".")
+    return len(parts) > 1 and parts[-2] != "<locals>"
+
+
+class Func:
+    """A ``@ti.func``: inlined at every call site inside a kernel (so it may take and return
+    vectors, matrices and tuples, and be specialized by its arguments for free)."""
+
+    def __init__(self, pyfunc) -> None:
+        self.pyfunc = pyfunc
+        self.signature = inspect.signature(pyfunc)
+        # Defined in a class body (a method of a @ti.dataclass or @ti.data_oriented class):
+        # its unannotated first parameter (`self`) is the object itself, as in Taichi.
+        self.classfunc = defined_in_class(pyfunc)
+        self.__name__ = pyfunc.__name__
+        self.__doc__ = pyfunc.__doc__
+        self.__wrapped__ = pyfunc
+
+    def __call__(self, *args, **kwargs):
+        bld = _b.current()
+        if bld is None:
+            raise TypeError(f"@ti.func '{self.__name__}' can only be called from a kernel or "
+                            "another func")
+        return inline_func(bld, self, list(args), kwargs)
+
+    def __get__(self, obj, objtype=None):
+        """``obj.func`` (a method of a ``@ti.data_oriented`` object): the func with ``obj``
+        as its first argument."""
+        return self if obj is None else functools.partial(self, obj)
+
+    def __repr__(self) -> str:
+        return f"<difftape func {self.__name__}>"

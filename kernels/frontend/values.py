@@ -229,7 +229,16 @@ class GlobalRef(Ref):
         return old
 
 
-def _ops():
-    from . import ops
+#: The ``ops`` module (which builds on this one): it registers itself when it loads
+#: (:func:`bind_ops`), so ``Expr``'s operators reach it without an upward import.
+_ops_module = None
 
-    return ops
+
+def bind_ops(module) -> None:
+    """Registration point for ``ops`` (called once by ops.py)."""
+    global _ops_module
+    _ops_module = module
+
+
+def _ops():
+    return _ops_module

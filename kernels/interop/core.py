@@ -32,11 +32,11 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ..ad import Tape, clear_all_gradients
-from ..autodiff.functional import _backward, _ensure_second_order, clear_all_duals, forward_mode
+from ..ad.functional import _backward, _ensure_second_order, clear_all_duals, forward_mode
 from ..errors import DifftapeError
+from ..frontend.field import Field
+from ..frontend.ndarray import Ndarray
 from ..runtime import program
-from ..runtime.field import Field
-from ..runtime.ndarray import Ndarray
 
 
 class DiffProgram:

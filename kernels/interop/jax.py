@@ -28,6 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import DifftapeError
+from ..frontend.field import Field
+from ..runtime import program
 from .core import DiffProgram
 
 __all__ = ["function", "call", "Params"]
@@ -167,9 +169,6 @@ def call(fn: Callable, inputs: Sequence, outputs: Sequence, params: Params | Non
     the inputs' gradients are added into their ``.grad``, the parameters' into
     ``params.grad``, and the outputs' ``.grad`` are zeroed (the call overwrote them). Under
     ``ti.ad.FwdMode`` the inputs' ``.dual`` are its ``jax.jvp`` tangents."""
-    from ..runtime import program
-    from ..runtime.field import Field
-
     prog = program.get()
     if prog.remote is not None:
         raise DifftapeError("difftape.interop.jax.call runs JAX locally; it is not supported "

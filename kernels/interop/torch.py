@@ -31,7 +31,8 @@ import numpy as np
 import torch
 
 from ..errors import DifftapeError
-from ..runtime.field import Field
+from ..frontend.field import Field
+from ..runtime import program
 from ..runtime.foreign import as_numpy
 from .core import DiffProgram
 
@@ -244,8 +245,6 @@ def call(fn: Callable, inputs: Sequence, outputs: Sequence) -> None:
     call overwrote them, as a kernel's store does). Under ``ti.ad.FwdMode`` the inputs'
     ``.dual`` are PyTorch forward-mode tangents and the outputs' ``.dual`` receive theirs.
     The tensors are copies: a kernel may overwrite the inputs later in the recording."""
-    from ..runtime import program
-
     prog = program.get()
     if prog.remote is not None:
         raise DifftapeError("difftape.interop.torch.call runs PyTorch locally; it is not "

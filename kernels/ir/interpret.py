@@ -11,6 +11,7 @@ import numpy as np
 
 from .nodes import Block, KernelIR, Stmt
 from .ops import OPS, evaluate
+from .printf import python_format
 
 
 class _Break(Exception):
@@ -119,8 +120,6 @@ class Interpreter:
         elif op == "return":
             self.returns[s.attr] = a[0]
         elif op == "print":
-            from .printf import python_format
-
             text = s.attr[0] + "".join(python_format(s.attr[2 * k + 1], v) + s.attr[2 * k + 2]
                                        for k, v in enumerate(a))
             print(text, end="")

@@ -195,7 +195,7 @@ class _Decoder:
                 raise self.fail(path + "[0]", f"parameter name {name!r} must be an ASCII "
                                               "identifier, 'name[k]' for a vector component, "
                                               "or 'name.member' for a struct member")
-            # Launches map parameters back to arguments by name (runtime.kernel): a vector
+            # Launches map parameters back to arguments by name (frontend.kernel): a vector
             # argument's components must be consecutive and numbered from 0.
             base, comp = m.group(1), m.group(2)
             seen = components.get(base)
@@ -461,7 +461,7 @@ def decode_untrusted(data: object, *, max_stmts: int = 200_000, max_depth: int =
     """Check ``data`` (``serialize.encode`` of a frontend KernelIR, as parsed from JSON) and
     build the IR; raise :class:`IRValidationError` naming the offending place otherwise.
 
-    IR that passes goes through ``passes.run_pipeline`` and ``runtime.kernel.compile_ir`` (with
+    IR that passes goes through ``passes.run_pipeline`` and ``frontend.kernel.compile_ir`` (with
     ``arg_names=argument_names(ir)``) raising nothing but ``DifftapeError`` subclasses. What is
     *not* checked here: that the buffers are fields of the caller's session with the dtype and
     shape claimed (the service checks that against its field table); that bounds checks are on

@@ -64,13 +64,11 @@ def call_with_arrays(call: Callable, kernel: str, names: list[str], args: tuple,
     of their memory. A strided one is staged: a C-ordered copy for the call, copied back into
     the original afterwards (also when the call raises, so a partial write is visible as it is
     for contiguous arrays). Kept off the hot path: only called when such an array is passed."""
-    from .ndarray import Ndarray
-
     args = list(args)
     staged: list[tuple[np.ndarray, np.ndarray]] = []
     for k in indices:
         a = args[k]
-        if isinstance(a, np.ndarray | Ndarray):
+        if isinstance(a, np.ndarray | ArrayExchange):
             continue
         try:
             arr = as_numpy(a, f"argument '{names[k]}'")
@@ -131,29 +129,3 @@ class ArrayExchange:
     def from_jax(self, array) -> None:
         """Copy a JAX array in."""
         self.from_numpy(as_numpy(array, "the JAX array"))
-
-
-def from_dlpack(obj, element_shape: tuple[int, ...] = ()):
-    """``ti.from_dlpack(t)``: a ``ti.ndarray`` over the memory of ``t`` (a tensor, a JAX
-    array, anything exporting DLPack or the array interface), without copying: writes on
-    either side are seen by the other. Its trailing axes ``element_shape`` become the
-    element (vector/matrix) shape. The array must be C-contiguous (``t.contiguous()``)."""
-    from .ndarray import MatrixNdarray, Ndarray, ScalarNdarray, VectorNdarray
-
-    arr = as_numpy(obj, "ti.from_dlpack's argument")
-    if not arr.flags.c_contiguous:
-        raise DifftapeError("ti.from_dlpack: the array is not C-contiguous (a strided view); "
-                            "a ti.ndarray is dense: pass t.contiguous() (a copy)")
-    esh = tuple(int(n) for n in element_shape)
-    if len(esh) > 2 or arr.shape[arr.ndim - len(esh):] != esh or arr.ndim == len(esh):
-        raise DifftapeError(f"ti.from_dlpack: element_shape {esh} does not match the array's "
-                            f"trailing axes (shape {arr.shape})")
-    from ..types import from_numpy as dtype_of
-
-    try:
-        dtype = dtype_of(arr.dtype)
-    except TypeError as e:
-        raise DifftapeError(f"ti.from_dlpack: {e}") from None
-    out = object.__new__((ScalarNdarray, VectorNdarray, MatrixNdarray)[len(esh)])
-    Ndarray.__init__(out, dtype, arr.shape[:arr.ndim - len(esh)], esh, _arr=arr)
-    return out

@@ -24,6 +24,9 @@ import threading
 
 import numpy as np
 
+from ..codegen import get_target
+from . import cache
+
 # The job record: int64 slots.
 GEN, FN, CTX, BEGIN, END, CHUNK, NEXT, FINISHED, TOTAL, STOP = range(10)
 
@@ -185,9 +188,6 @@ exit:
 def _native():
     """Compile the scheduler once per process: (engine, worker fn, run fn, serial fn)."""
     import llvmlite.binding as llvm
-
-    from ..codegen.cpu import get_target
-    from . import cache
 
     target = get_target()
     libc = ctypes.CDLL(None)

@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 
 from .. import types as T
+from ..codegen import get_target
+from ..errors import OptionError, UnknownOptionError
 from ..types import DType
 
 
@@ -55,8 +57,6 @@ def arch_from_environment() -> tuple[Arch, str] | None:
     given to ``ti.init`` (so a program runs elsewhere without an edit); difftape reads it
     the same way, and ``DIFFTAPE_ARCH`` (which also takes ``remote``) before it. Empty
     means unset; an unknown name is refused rather than ignored."""
-    from ..errors import OptionError
-
     for var, names in (("DIFFTAPE_ARCH", DIFFTAPE_ARCH_NAMES), ("TI_ARCH", TI_ARCH_NAMES)):
         value = os.environ.get(var, "").strip()
         if not value:
@@ -234,6 +234,7 @@ class Program:
     @property
     def pool(self):
         if self._pool is None:
+            # Function-level: the thread pool's module loads with the first ti.init, not on import.
             from .parallel import ThreadPool
 
             self._pool = ThreadPool(self.num_threads)
@@ -246,8 +247,6 @@ class Program:
             arr.fill(0)
             return
         import ctypes
-
-        from ..codegen.cpu import get_target
 
         fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                               ctypes.c_int32)(get_target().zero_task())
@@ -263,6 +262,18 @@ class Program:
 
 _current: Program | None = None
 
+#: Backends that run the program somewhere else, by arch: ``attach(prog, **options)``. The
+#: package registers ``remote`` (difftape.client) through :func:`register_backend`, so the core
+#: never imports the client.
+_backends: dict[Arch, Callable[..., object]] = {}
+
+
+def register_backend(arch: Arch, attach: Callable[..., object]) -> None:
+    """Registration point for a backend that runs programs elsewhere: ``ti.init(arch=arch,
+    **options)`` makes a fresh :class:`Program` and calls ``attach(prog, **options)``, which
+    installs its runtime as ``prog.remote``."""
+    _backends[arch] = attach
+
 
 def get() -> Program:
     """The current program, created with default settings on first use (as Taichi does)."""
@@ -277,9 +288,6 @@ def init(arch: Arch | None = None, default_fp=None, default_ip=None, **options) 
     previous one are dropped). The keywords are Taichi's; :data:`OPTIONS` says what each does
     here. Unknown keywords raise ``KeyError`` (:class:`~difftape.errors.UnknownOptionError`)."""
     global _current
-    from .. import types as _t
-    from ..errors import OptionError, UnknownOptionError
-
     unknown = [k for k in options if k not in OPTIONS]
     if "default_up" in options:
         raise UnknownOptionError("'default_up' is always the unsigned type of 'default_ip'; "
@@ -332,12 +340,12 @@ def init(arch: Arch | None = None, default_fp=None, default_ip=None, **options) 
     cfg = Config(arch=arch, **settings)
     if default_fp is not None:
         cfg.default_fp = default_fp if isinstance(default_fp, DType) else (
-            _t.f64 if default_fp is float else _t.from_numpy(default_fp))
+            T.f64 if default_fp is float else T.from_numpy(default_fp))
     if default_ip is not None:
         cfg.default_ip = default_ip if isinstance(default_ip, DType) else (
-            _t.i32 if default_ip is int else _t.from_numpy(default_ip))
+            T.i32 if default_ip is int else T.from_numpy(default_ip))
     if arch == remote:  # the program runs on a difftape server (difftape.client)
-        from ..client.runtime import attach
+        attach = _backends[remote]
 
         prog = Program(cfg)
         attach(prog, **remote_opts)
@@ -346,8 +354,6 @@ def init(arch: Arch | None = None, default_fp=None, default_ip=None, **options) 
     _current = Program(cfg)
     # Load LLVM and set up the CPU target now rather than inside the first kernel call, so
     # a kernel's first call costs only its own compile (or cache load).
-    from ..codegen.cpu import get_target
-
     get_target().warm_up()
     _ = _current.pool  # start the worker threads now, not in the first parallel launch
 

@@ -276,7 +276,7 @@ def test_forward_mode_cancels_power_of_two_factors(prog):
     v = np.random.default_rng(1).uniform(-1, 1, (n, 2))
     x.from_numpy(xs)
     x.dual.from_numpy(v)
-    from difftape.autodiff.functional import forward_mode
+    from difftape.ad.functional import forward_mode
 
     with forward_mode():
         k()

@@ -33,6 +33,7 @@ from test_random_programs import _compile, _expr
 
 import difftape as ti
 from difftape.errors import DifftapeError, IRValidationError
+from difftape.frontend.kernel import compile_ir, derive, has_storage
 from difftape.ir import serialize
 from difftape.ir.nodes import ATOMIC_KINDS, OPS
 from difftape.ir.passes import run_pipeline
@@ -43,7 +44,6 @@ from difftape.ir.validate import (
     decode_untrusted,
 )
 from difftape.runtime import program
-from difftape.runtime.kernel import compile_ir, derive, has_storage
 
 pytestmark = pytest.mark.difftape_only
 

@@ -26,12 +26,12 @@ from difftape import types as T
 from difftape.autodiff.forward import forward_kernel
 from difftape.autodiff.reverse import reverse_kernel
 from difftape.codegen import cpu, llvm_lowering
+from difftape.frontend.kernel import compile_ir
 from difftape.ir import interpret
 from difftape.ir.nodes import Buffer, KernelIR, Stmt
 from difftape.ir.ops import NO_DERIVATIVE, OPS, STRUCTURAL, TYPE_RULES
 from difftape.ir.passes import run_pipeline
 from difftape.runtime import program
-from difftape.runtime.kernel import compile_ir
 
 pytestmark = pytest.mark.difftape_only
 

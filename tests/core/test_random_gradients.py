@@ -43,7 +43,7 @@ from hypothesis import strategies as st
 from test_random_programs import _compile
 
 import difftape as ti
-from difftape.autodiff.functional import forward_mode
+from difftape.ad.functional import forward_mode
 
 N = 8
 H = 1e-5  # finite-difference step (times max(1, |value|))

@@ -15,7 +15,7 @@ three schedules (``Task.schedule``):
   runs exactly as by default, at full speed.
 - ``"ordered"``: the body is order-free, but the epilogue adds per-chunk partial results
   (privatized reductions and scatters) into shared floats. The chunk boundaries are then fixed
-  by the range and the task's weight alone (``runtime/kernel.py``, ``deterministic_chunk``),
+  by the range and the task's weight alone (``frontend/kernel.py``, ``deterministic_chunk``),
   never by the thread count or the inline/threaded choice, and each chunk's epilogue waits for
   the previous chunk's (a ticket in the launch context): partial sums are combined in chunk
   order. Chunks still run in parallel; only the short epilogues are serialized.

@@ -1,4 +1,4 @@
-"""``ti.ad``: the Tape, custom gradients and gradient utilities.
+"""``ti.ad``'s Tape, custom gradients and gradient utilities.
 
 A :class:`Tape` records the kernel launches made inside its ``with`` block (with their
 arguments) and, on exit, seeds ``loss.grad[None] = 1`` and runs the adjoint kernels in reverse
@@ -13,16 +13,17 @@ from typing import Any
 
 import numpy as np
 
-from .autodiff import functional as _fn
-from .autodiff.functional import clear_all_duals, hessian, hvp, jacobian
-from .autodiff.lost import LostTracker
-from .errors import DifftapeError, GradientRuleError
-from .runtime import program
-from .runtime.field import Field
+from ..autodiff import validation
+from ..autodiff.lost import LostTracker
+from ..errors import DifftapeError, GradientRuleError
+from ..frontend.field import Field
+from ..frontend.kernel import Kernel
+from ..frontend.ndarray import Ndarray
+from ..runtime import program
+from .graph import tape_dot, write_graph
 
-__all__ = ["Tape", "FwdMode", "clear_all_gradients", "clear_all_duals", "grad_for",
-           "grad_replaced", "no_grad", "GradientCheckError", "grad", "jvp", "vjp", "jacobian",
-           "hvp", "hessian"]
+__all__ = ["Tape", "clear_all_gradients", "grad_for", "grad_replaced", "no_grad",
+           "GradientCheckError"]
 
 
 class GradientCheckError(DifftapeError):
@@ -45,8 +46,6 @@ def no_grad(func):
     forward and never differentiates it (and ``kernel.grad()`` does nothing); in forward mode
     what it writes gets a zero tangent (its ``.dual`` is set, not left as it was). For
     bookkeeping (clearing buffers, logging) inside a differentiated program."""
-    from .runtime.kernel import Kernel
-
     if isinstance(func, Kernel):
         func.no_grad = True
         return func
@@ -130,8 +129,6 @@ class Tape:
             raise DifftapeError("ti.ad.Tape blocks cannot be nested")
         loss = self.loss
         if loss is not None:
-            from .runtime.ndarray import Ndarray
-
             if isinstance(loss, Field) and loss.shape == ():
                 label = loss._label()
             elif isinstance(loss, Ndarray) and loss.arr.size == 1:
@@ -161,8 +158,6 @@ class Tape:
         if self.grad_check:
             self._snapshot = {i: f.to_numpy() for i, f in prog.fields.items()}
         if self.validation:
-            from .autodiff import validation
-
             validation.begin(prog)
         prog.tape = self
         return self
@@ -194,8 +189,6 @@ class Tape:
         ellipse per version of each field it reads or writes, edges for the data flow. Writes
         ``path`` (DOT text) and, when the ``graphviz`` package and its ``dot`` program are
         installed, the SVG next to it. Returns the files written."""
-        from .autodiff.graph import tape_dot, write_graph
-
         return write_graph(tape_dot(self), path)
 
     # ------------------------------------------------------------------ back-propagation
@@ -344,93 +337,3 @@ def grad_for(primal: Callable) -> Callable:
 
 
 __all__ += ["GradientRuleError"]
-
-
-# ---------------------------------------------------------------------------------------------
-# forward mode
-
-
-class FwdMode:
-    """``with ti.ad.FwdMode(loss=y, param=x, seed=[...]): ...``: kernels launched inside run in
-    forward mode, so on exit ``y.dual`` holds the derivative of ``y`` along ``seed``.
-
-    ``loss``: a field or list of fields with dual storage. ``param``: a float field with dual
-    storage; ``seed`` its tangent (default ``[1.0]`` for a 0-D param; required otherwise, one
-    value per element). ``clear_gradients``: zero every ``.dual`` on entry. The seed is cleared
-    on exit, as in Taichi.
-    """
-
-    def __init__(self, loss, param: Field, seed=None, clear_gradients: bool = True) -> None:
-        self.losses = list(loss) if isinstance(loss, list | tuple) else [loss]
-        self.param = param
-        self.seed = seed
-        self.clear_gradients = clear_gradients
-        self._mode: _fn.forward_mode | None = None
-
-    def __enter__(self) -> FwdMode:
-        p = self.param
-        for f in [p, *self.losses]:
-            if not isinstance(f, Field):
-                raise DifftapeError(f"ti.ad.FwdMode: expected fields, got {type(f).__name__}")
-            if f.dual is None:
-                raise DifftapeError(f"ti.ad.FwdMode: '{f._label()}' has no dual storage; create "
-                                    "it with needs_dual=True or call ti.root.lazy_dual()")
-        if program.get().tape is not None:
-            raise DifftapeError("ti.ad.FwdMode cannot run inside a ti.ad.Tape; for second "
-                                "derivatives put the Tape inside the FwdMode, or use ti.ad.hvp")
-        seed = self.seed
-        size = _fn._size(p)
-        if seed is None:
-            if size != 1:
-                raise DifftapeError(f"ti.ad.FwdMode: param '{p._label()}' has {size} "
-                                    "elements; give seed= (one value per element)")
-            seed = [1.0]
-        value = _fn._as_seed(p, seed, "seed")
-        if self.clear_gradients:
-            clear_all_duals()
-        if size == 1:
-            p.dual.fill(value.reshape(-1)[0])  # (remote: queued, no round trip)
-        else:
-            p.dual.from_numpy(value)
-        self._mode = _fn.forward_mode(self)
-        self._mode.__enter__()
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> bool:
-        self._mode.__exit__(exc_type, exc, tb)
-        self.param.dual.fill(0)
-        return False
-
-
-def grad(f, argnums: int | tuple[int, ...] = 0):
-    """``ti.ad.grad(f)``: for a ``@ti.func`` f returning a scalar, a func (callable inside
-    kernels) computing its gradient with respect to argument ``argnums``, derived at compile
-    time: ``dfdx = ti.ad.grad(f)`` then ``dfdx(1.0)`` in a kernel."""
-    from .autodiff.funcs import DerivedFunc
-
-    return DerivedFunc(f, "grad", argnums)
-
-
-def jvp(f, *args, **kwargs):
-    """``ti.ad.jvp(func)``: a func ``(*primals, *tangents) -> (value, J @ tangents)`` for a
-    ``@ti.func``. ``ti.ad.jvp(fn, inputs, tangents, outputs)``: run a Python program of kernel
-    launches in forward mode with those input tangents; returns the outputs' tangents."""
-    from .autodiff.funcs import DerivedFunc
-    from .frontend.decorators import Func
-
-    if isinstance(f, Func | DerivedFunc) and not args and not kwargs:
-        return DerivedFunc(f, "jvp")
-    return _fn.jvp(f, *args, **kwargs)
-
-
-def vjp(f, *args, **kwargs):
-    """``ti.ad.vjp(func)``: a func ``(*primals, cotangent) -> (value, *J^T @ cotangent)``.
-    ``ti.ad.vjp(fn, inputs, outputs, cotangents)``: record a Python program of kernel
-    launches, seed its outputs' gradients with the cotangents and back-propagate; returns the
-    inputs' gradients."""
-    from .autodiff.funcs import DerivedFunc
-    from .frontend.decorators import Func
-
-    if isinstance(f, Func | DerivedFunc) and not args and not kwargs:
-        return DerivedFunc(f, "vjp")
-    return _fn.vjp(f, *args, **kwargs)

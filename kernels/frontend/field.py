@@ -14,11 +14,30 @@ import numpy as np
 
 from .. import types as T
 from ..errors import DifftapeError, KernelIndexError, KernelTypeError, ShapeError
-from ..frontend import builder as _b
 from ..ir.nodes import Buffer
-from . import program
-from .foreign import ArrayExchange
-from .sparse import active_condition, active_mask, dynamic_op, dynamic_row, emit_activate
+from ..runtime import program
+from ..runtime.foreign import ArrayExchange
+from . import builder as _b
+from . import matrix as _matrix
+from . import ops
+from .matrix import Matrix, MatrixType, Vector, _coerce
+from .ops import resolve_dtype
+from .values import GlobalRef
+
+# Names of modules that build on fields: sparse.py (activity of sparse SNodes) and struct.py
+# (struct values and struct fields). They register them when they load (:func:`bind`), so this
+# module does not import upwards.
+active_condition = active_mask = dynamic_op = dynamic_row = emit_activate = None
+Struct = StructField = None
+
+
+def bind(**names: object) -> None:
+    """Registration point for sparse.py and struct.py (the names above)."""
+    unknown = set(names) - {"active_condition", "active_mask", "dynamic_op", "dynamic_row",
+                            "emit_activate", "Struct", "StructField"}
+    assert not unknown, unknown
+    globals().update(names)
+
 
 _field_ids = itertools.count(1)
 
@@ -33,8 +52,6 @@ class Field(ArrayExchange):
 
     def __init__(self, dtype, shape, element_shape=(), name: str = "", role: str = "primal",
                  primal: Field | None = None) -> None:
-        from ..frontend.ops import resolve_dtype
-
         self.dtype = resolve_dtype(dtype)
         self.element_shape = tuple(element_shape)
         self.name = name
@@ -209,8 +226,6 @@ class Field(ArrayExchange):
 
     # ------------------------------------------------------------------ indexing
     def _norm_key(self, key) -> tuple:
-        from ..frontend.matrix import Matrix
-
         if key is None or (isinstance(key, tuple) and not key):
             key = ()
         elif not isinstance(key, tuple):
@@ -274,8 +289,6 @@ class Field(ArrayExchange):
     def __setitem__(self, key, value) -> None:
         key = self._norm_key(key)
         if _b.current() is not None:
-            from ..frontend.matrix import _coerce
-
             assign(self[key], _coerce(value))
             return
         if not self.element_shape:
@@ -358,8 +371,6 @@ class Field(ArrayExchange):
         if bld.loop_stack:
             raise bld.error(f"{self._label()}.fill() inside a loop: it is itself a loop over "
                             "the field; call it at the kernel's top level")
-        from ..frontend.matrix import Matrix, _coerce
-
         if isinstance(value, list | tuple):
             value = _coerce(value)
         if isinstance(value, Matrix) and value.shape != self.element_shape:
@@ -375,7 +386,7 @@ class Field(ArrayExchange):
                 assign(self._kernel_element(tuple(idx)), value)
             bld.emit("if", None, (active_condition(node, idx).stmt,), None, (then, []))
 
-        bld.loop_nest(self.shape, fill_one)
+        ops.loop_nest(bld, self.shape, fill_one)
 
     @_b.python_scope
     def copy_from(self, other: Field) -> None:
@@ -492,8 +503,6 @@ def _index_error(msg: str):
 def _to_python(value, element_shape, writable: bool = False):
     """A Python-scope element: a number, or a vector/matrix that (when ``writable``) writes
     through to the field, so ``v[2][0] = 9`` works as in Taichi."""
-    from ..frontend.matrix import Matrix
-
     if not element_shape:
         return value.item() if isinstance(value, np.generic) else value
     ndim = len(element_shape)
@@ -509,8 +518,6 @@ def _element_classes():
     """Vector/Matrix subclasses whose entry writes also write the field element."""
     global _ELEMENT_CLASSES
     if _ELEMENT_CLASSES is None:
-        from ..frontend.matrix import Matrix, Vector
-
         def _assign_entry(self, k: int, value) -> None:
             self.entries[k] = value
             self._view.reshape(-1)[k] = value
@@ -533,10 +540,6 @@ def kernel_element(buf: Buffer, key: tuple, sparse: Field | None = None,
     """A field/ndarray element inside a kernel: a place (scalar) or a matrix of places.
     ``sparse``: the field, when sparse SNodes hold it: writes to the element activate it.
     ``component``: one entry of the element (a place), for a view made by get_scalar_field."""
-    from ..frontend import ops
-    from ..frontend.matrix import Matrix
-    from ..frontend.values import GlobalRef
-
     bld = _b.require()
     slot = bld.buffer_slot(buf)
     idx = []
@@ -570,7 +573,6 @@ def block_local(*fields) -> None:
     """``ti.block_local(x, ...)``: Taichi's hint to cache fields in GPU shared memory. On the
     CPU it changes nothing (as in Taichi), so it only checks that it is given fields, inside
     a kernel."""
-    from ..frontend.struct import StructField
 
     bld = _b.current()
     if bld is None:
@@ -583,8 +585,6 @@ def block_local(*fields) -> None:
 
 def assign(target, value) -> None:
     """Store ``value`` into a place, or a matrix or struct of places (inside a kernel)."""
-    from ..frontend.matrix import Matrix
-    from ..frontend.struct import Struct
 
     if isinstance(target, Struct):
         if isinstance(value, dict):
@@ -597,8 +597,6 @@ def assign(target, value) -> None:
         for k in names:
             member, v = target[k], value[k]
             if isinstance(member, Matrix) and isinstance(v, list | tuple):
-                from ..frontend.matrix import _coerce
-
                 v = _coerce(v)
             assign(member, v)
         return
@@ -628,8 +626,6 @@ def make_field(dtype, shape=None, order=None, name: str = "", offset=None, needs
     ``layout``. ``order`` and ``layout`` choose Taichi's memory layout only, never a result, so
     they are checked and need nothing here; an ``offset`` would change every index: refused
     until fields support it (rather than silently indexing from 0)."""
-    from ..frontend.matrix import MatrixType
-
     if offset is not None and any(int(o) for o in np.atleast_1d(offset)):
         raise DifftapeError(f"field(offset={offset!r}): fields with an offset are not supported "
                             "yet; make the field without one and shift its indices in the "
@@ -824,8 +820,6 @@ class SNode:
             raise ShapeError("place(offset=...) is not supported: fields are indexed from 0")
         if self.kind == "place":
             raise ShapeError("cannot place fields under a field's own SNode")
-        from ..frontend.struct import StructField
-
         shape = self.shape
         fields = [g for f in fields
                   for g in (f.leaf_fields() if isinstance(f, StructField) else [f])]
@@ -891,3 +885,6 @@ class _Root(SNode):
 
 
 root = _Root()
+
+
+_matrix.register_storage(make_field=make_field)

@@ -18,17 +18,17 @@ zero** (storage starts zeroed, deactivation zeroes it), so reads never consult a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from .. import types as T
 from ..errors import DifftapeError, GradientRuleError
-from ..frontend import builder as _b
-
-if TYPE_CHECKING:
-    from ..frontend.values import Expr
-    from .field import Field, SNode
+from ..ir.nodes import walk
+from . import builder as _b
+from . import field as _field
+from . import ops
+from .field import Field, SNode, assign, kernel_element, root
+from .matrix import Matrix, Vector, _coerce
+from .values import Expr
 
 
 # ---------------------------------------------------------------------------- Python scope
@@ -52,8 +52,6 @@ def active_mask(node: SNode, shape: tuple[int, ...]) -> np.ndarray:
 
 # ---------------------------------------------------------------------------- kernel IR
 def _ops():
-    from ..frontend import ops
-
     return ops
 
 
@@ -64,8 +62,6 @@ def level_index(idx: list, imap: list[tuple[int, int]]) -> list:
 
 
 def _element(field: Field, idx: list):
-    from .field import kernel_element
-
     return kernel_element(field.buffer(), tuple(idx))
 
 
@@ -124,8 +120,6 @@ def finish_struct_fors(bld, key: tuple) -> None:
     order in which iterations run. ``key`` names the kernel (snapshot storage is per loop)."""
     if not bld.struct_fors:
         return
-    from ..ir.nodes import walk
-
     written = {s.attr if s.op == "store" else s.attr[0]
                for s in walk(bld.body) if s.op in ("store", "atomic")}
     for n, rec in enumerate(bld.struct_fors):
@@ -137,8 +131,6 @@ def finish_struct_fors(bld, key: tuple) -> None:
         for slot, act in stale.items():
             snap = act.__dict__.setdefault("_snapshots", {})
             if (key, n) not in snap:
-                from .field import Field
-
                 snap[(key, n)] = Field(act.dtype, act.shape, name=f"{act.name}.snapshot")
             copy = snap[(key, n)]
             with bld.block() as blk:
@@ -155,8 +147,6 @@ def finish_struct_fors(bld, key: tuple) -> None:
 def _copy_loop(bld, src: Field, dst: Field) -> None:
     """``dst[I] = src[I]`` over the whole field, the outer loop parallel."""
     ops = _ops()
-    from ..frontend.values import Expr
-
     def nest(level: int, idx: list) -> None:
         if level == len(src.shape):
             _element(dst, idx).store(_element(src, idx).expr())
@@ -175,8 +165,6 @@ def _copy_loop(bld, src: Field, dst: Field) -> None:
 
 # ---------------------------------------------------------------------------- builtins
 def _node(x, what: str) -> SNode:
-    from .field import Field, SNode
-
     if isinstance(x, Field):
         return x.parent()
     if isinstance(x, SNode):
@@ -186,8 +174,6 @@ def _node(x, what: str) -> SNode:
 
 
 def _indices(node: SNode, indices, ndim: int, what: str) -> list:
-    from ..frontend.matrix import Matrix
-
     if isinstance(indices, Matrix):
         indices = indices.entries
     elif not isinstance(indices, list | tuple):
@@ -254,9 +240,6 @@ def deactivate(node, indices) -> None:
 
 def _zero_box(bld, f: Field, n: SNode, box: SNode, cell: list) -> None:
     """Store 0 in every element of ``f`` (indexed like node ``n``) inside ``box[cell]``."""
-    from ..frontend.values import Expr
-    from .field import assign, kernel_element
-
     ops = _ops()
     bmap = n.index_map(box)
     amap = dict(bmap)
@@ -312,9 +295,6 @@ def append(node, indices, value):
     ops = _ops()
     par = _indices(node, indices, len(node.parent().shape), "ti.append")
     k = _element(node.activity, par).atomic("add", ops.const(1, T.i32))
-    from ..frontend.matrix import _coerce
-    from .field import assign, kernel_element
-
     with bld.block() as then:
         # the cells above the list are activated as by a write; the list's length already is
         idx = par + [k]
@@ -377,8 +357,6 @@ class DynamicRow:
 
 def dynamic_row(field: Field, key) -> DynamicRow | None:
     """``x[I]`` with one index fewer than the field has: the list (None otherwise)."""
-    from ..frontend.matrix import Matrix
-
     if key is None:
         key = ()
     elif isinstance(key, Matrix):
@@ -402,8 +380,6 @@ def dynamic_op(field: Field, op: str, par: tuple, *args):
 def rescale_index(a, b, index):
     """``ti.rescale_index(a, b, I)``: the index of ``b`` (a field or SNode) holding element
     ``I`` of ``a``, from the two shapes (as Taichi computes it)."""
-    from ..frontend.matrix import Matrix, Vector
-
     entries = list(index.entries if isinstance(index, Matrix) else index)
     out = list(entries)
     for k in range(min(len(entries), len(a.shape), len(b.shape))):
@@ -416,8 +392,6 @@ def rescale_index(a, b, index):
 
 def deactivate_all_snodes() -> None:
     """``ti.deactivate_all_snodes()``: deactivate every sparse SNode of the program."""
-    from .field import root
-
     root.deactivate_all()
 
 
@@ -432,3 +406,7 @@ __all__ = ["DynamicRow", "activate", "active_condition", "active_mask", "append"
            "deactivate", "deactivate_all_snodes", "dynamic_op", "dynamic_row", "emit_activate",
            "finish_struct_fors", "is_active", "length", "no_activate", "rescale_index",
            "struct_for_guard"]
+
+
+_field.bind(active_condition=active_condition, active_mask=active_mask, dynamic_op=dynamic_op,
+            dynamic_row=dynamic_row, emit_activate=emit_activate)

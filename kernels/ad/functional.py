@@ -19,10 +19,11 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from ..autodiff.lost import LostTracker
 from ..errors import DifftapeError
+from ..frontend.field import Field, root
 from ..runtime import program
-from ..runtime.field import Field, root
-from .lost import LostTracker
+from .tape import Tape, clear_all_gradients
 
 
 class forward_mode:
@@ -128,8 +129,6 @@ def jvp(fn: Callable[[], object], inputs: Sequence[Field] | Field, tangents,
 
 
 def _record(fn: Callable[[], object]):
-    from ..ad import Tape
-
     root.lazy_grad()
     tape = Tape(loss=None)
     with tape:
@@ -148,8 +147,6 @@ def vjp(fn: Callable[[], object], inputs: Sequence[Field] | Field,
         outputs: Sequence[Field] | Field, cotangents) -> list[np.ndarray]:
     """Run ``fn`` recorded, seed ``outputs``' ``.grad`` with ``cotangents`` and back-propagate;
     returns the inputs' gradients (J^T @ u), one array per input field."""
-    from ..ad import clear_all_gradients
-
     ins, outs = _fields(inputs), _fields(outputs)
     us = cotangents if isinstance(outputs, list | tuple) else [cotangents]
     if len(us) != len(outs):
@@ -167,8 +164,6 @@ def jacobian(fn: Callable[[], object], inputs: Sequence[Field] | Field,
     """The dense Jacobian d(outputs)/d(inputs), shape (output scalars, input scalars), both
     flattened in field order. ``mode``: "forward" (one pass per input scalar), "reverse" (one
     recording, then one backward pass per output scalar) or "auto" (fewer passes)."""
-    from ..ad import clear_all_gradients
-
     ins, outs = _fields(inputs), _fields(outputs)
     n_in = sum(_size(f) for f in ins)
     n_out = sum(_size(f) for f in outs)
@@ -209,8 +204,6 @@ def hvp(fn: Callable[[], object], loss: Field, params: Sequence[Field] | Field, 
     forward-mode pass of ``fn`` and one forward-over-reverse pass of its adjoint. The gradient
     is left in ``params``' ``.grad`` as a Tape would leave it. Returns one array per param (a
     single array for a single param)."""
-    from ..ad import Tape
-
     ps = _fields(params)
     vs = vectors if isinstance(params, list | tuple) else [vectors]
     if len(vs) != len(ps):

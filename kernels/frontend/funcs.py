@@ -11,17 +11,16 @@ hand-written derivative would.
 
 from __future__ import annotations
 
-from ..frontend import builder as _b
-from ..frontend.matrix import Matrix
-from ..frontend.values import Expr, Value
+from ..autodiff.forward import tangents_of_block
 from ..ir.nodes import Stmt
-from .forward import tangents_of_block
+from . import builder as _b
+from .matrix import Matrix
+from .transformer import _as_value
+from .values import Expr, Value
 
 
 def _flatten(bld: _b.Builder, v) -> tuple[list[Stmt], object]:
     """Scalar statements of a func argument/result and a function rebuilding its shape."""
-    from ..frontend.transformer import _as_value
-
     v = _as_value(v)
     if isinstance(v, Matrix):
         stmts = [_scalar(bld, e) for e in v.entries]

@@ -19,9 +19,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import __version__
 from .. import types as T
+from .._version import __version__
+from ..autodiff import validation
 from ..autodiff.lost import NO_FLOW, lost_flow
+from ..autodiff.validation import NOT_WITH_FORWARD_MODE, RULE_MARKER
+from ..codegen import get_target
 from ..codegen.layout import CtxLayout, ctx_layout
 from ..codegen.llvm_lowering import Lowering, assert_messages
 from ..errors import (
@@ -33,18 +36,21 @@ from ..errors import (
     KernelAssertionError,
     KernelSyntaxError,
 )
-from ..frontend import builder as _b
-from ..frontend.annotations import NdarrayType, Template
-from ..frontend.matrix import Matrix, MatrixType
-from ..frontend.struct import Struct, StructType
-from ..frontend.transformer import build_kernel_body, parse_function
 from ..ir import serialize
 from ..ir.nodes import Buffer, KernelIR, task_blocks, walk
 from ..ir.passes import run_pipeline
 from ..ir.passes.bounds import OUT_OF_RANGE
-from . import cache, program
+from ..ir.printer import format_kernel
+from ..runtime import cache, program
+from ..runtime.foreign import call_with_arrays
+from . import builder as _b
+from .annotations import NdarrayType, Template, _resolve_annotation
+from .matrix import Matrix, MatrixType
 from .ndarray import Ndarray
+from .ops import resolve_dtype
 from .sparse import finish_struct_fors
+from .struct import Struct, StructType
+from .transformer import build_kernel_body, defined_in_class, parse_function
 
 TASK_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int32)
 BOUNDS_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
@@ -87,6 +93,9 @@ class CompileStats:
 
 class Kernel:
     """A ``@ti.kernel``: compiled on first call for each kind of argument, then launched."""
+
+    #: Marks kernel objects for the transformer, which refuses calling one inside a kernel.
+    _kernel_object = True
 
     def __init__(self, pyfunc) -> None:
         self.pyfunc = pyfunc
@@ -160,8 +169,6 @@ class Kernel:
     def foreign_call(self, call: Callable, args: tuple):
         """``call(*args)`` with the PyTorch/JAX/DLPack arrays among the ndarray arguments
         viewed as NumPy arrays (see runtime/foreign.py)."""
-        from .foreign import call_with_arrays
-
         if len(args) != len(self.params):
             raise self._arg_count_error(args)
         return call_with_arrays(call, self.name, [p.name for p in self.params], args,
@@ -174,8 +181,6 @@ class Kernel:
             tape.record(self, args)
             if tape.validation and not tape._suspended:
                 if prog.fwd is not None:
-                    from ..autodiff.validation import NOT_WITH_FORWARD_MODE
-
                     raise DifftapeError(NOT_WITH_FORWARD_MODE)
                 return self.instance(args, "validate").launch(args)
         if prog.fwd is None:
@@ -272,7 +277,8 @@ class Kernel:
         ir = self._frontend_ir(prog, spec, adjoint=variant in ("grad", "grad_fwd"))
         has = lambda buf, role: has_storage(prog, spec, buf, role)
         if variant == "validate":
-            from ..autodiff import validation
+            # Function-level: the autodiff transforms (~15 ms of import) load with the first
+            # derivative compiled, not with `import difftape`.
             from ..autodiff.reverse import ReverseAD
 
             ad = ReverseAD(self._frontend_ir(prog, spec, adjoint=True),
@@ -287,7 +293,7 @@ class Kernel:
 
     def _frontend_ir(self, prog, spec: tuple, adjoint: bool) -> KernelIR:
         """The IR the frontend builds; ``adjoint``: the source of reverse mode (writes do
-        not activate sparse cells there, see runtime/sparse.py)."""
+        not activate sparse cells there, see frontend/sparse.py)."""
         cfg = prog.config
         parsed = parse_function(self.pyfunc)
         bld = _b.Builder(self.name, parsed.file, default_fp=cfg.default_fp,
@@ -326,8 +332,6 @@ class Kernel:
         ir = run_pipeline(ir)
         t2 = time.perf_counter()
         if prog.config.print_ir:  # ti.init(print_ir=True): the IR that is compiled
-            from ..ir.printer import format_kernel
-
             print(format_kernel(ir))
         inst = compile_ir(ir, prog, stats, [p.name for p in self.params])
         stats.frontend_s, stats.passes_s = t1 - t0, t2 - t1
@@ -351,12 +355,6 @@ class Kernel:
 
     def __repr__(self) -> str:
         return f"<difftape kernel {self.name}>"
-
-
-def defined_in_class(pyfunc) -> bool:
-    """Was ``pyfunc`` written in a class body (a method)? From its qualified name."""
-    parts = pyfunc.__qualname__.split(".")
-    return len(parts) > 1 and parts[-2] != "<locals>"
 
 
 class BoundKernel:
@@ -422,12 +420,16 @@ def derive(ir: KernelIR, variant: str, storage: Callable[[Buffer, str], bool]) -
     if variant == "primal":
         return ir
     if variant in ("grad", "grad_fwd"):
+        # Function-level: the autodiff transforms (~15 ms of import) load with the first
+        # derivative compiled, not with `import difftape`.
         from ..autodiff.reverse import reverse_kernel
 
         ir = reverse_kernel(ir, lambda buf: storage(buf, "grad"))
         if variant == "grad":
             return ir
     if variant in ("fwd", "grad_fwd", "fwd_const"):
+        # Function-level: the autodiff transforms (~15 ms of import) load with the first
+        # derivative compiled, not with `import difftape`.
         from ..autodiff.forward import forward_kernel
 
         return forward_kernel(ir, lambda buf: storage(buf, "dual"),
@@ -450,8 +452,6 @@ def has_storage(prog, spec: tuple, buf, role: str) -> bool:
 def compile_ir(ir: KernelIR, prog, stats: CompileStats | None = None,
                arg_names: list[str] | None = None) -> CompiledKernel:
     """Object code for offloaded IR (from the cache when possible), loaded and ready."""
-    from ..codegen.cpu import get_target
-
     stats = stats or CompileStats()
     target = get_target()
     layout = ctx_layout(ir)
@@ -725,8 +725,6 @@ class CompiledKernel:
         value = int(self.ctx_i64[self.layout.err_value])
         self.ctx_i64[self.layout.err_code] = 0
         msg = self.messages[code - 1] if 0 < code <= len(self.messages) else "assertion failed"
-        from ..autodiff.validation import RULE_MARKER
-
         if msg.startswith(RULE_MARKER):
             raise GradientRuleError(msg[len(RULE_MARKER):], kernel=self.ir.name)
         cls = IndexOutOfRangeError if msg.startswith(OUT_OF_RANGE) else KernelAssertionError
@@ -905,8 +903,6 @@ def _ndarray_kind(ann: NdarrayType, a) -> tuple | None:
 
 
 def _resolve(dtype) -> T.DType:
-    from ..frontend.ops import resolve_dtype
-
     return resolve_dtype(dtype)
 
 
@@ -936,19 +932,3 @@ def _scalar_dtype(ann, cfg):
     if isinstance(ann, T.DType):
         return ann
     raise CompileError(f"unsupported return annotation {ann!r}")
-
-
-def _resolve_annotation(ann, fn):
-    if ann is inspect.Parameter.empty or ann is inspect.Signature.empty:
-        return None
-    if isinstance(ann, str):
-        try:
-            ann = eval(ann, fn.__globals__)  # noqa: S307 - the user's own annotation text
-        except Exception as e:
-            raise CompileError(f"cannot evaluate annotation {ann!r} of '{fn.__name__}': {e}") \
-                from None
-    if ann is None:
-        return None
-    if isinstance(ann, type) and issubclass(ann, NdarrayType):
-        return NdarrayType()
-    return ann

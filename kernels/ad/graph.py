@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import warnings
 
+from ..frontend.kernel import Kernel
 from ..ir.nodes import walk
 
 
@@ -39,8 +40,6 @@ def _q(text: str) -> str:
 
 def tape_dot(tape) -> str:
     """The DOT text of a Tape's recording."""
-    from ..runtime.kernel import Kernel
-
     lines = ["digraph tape {", "  rankdir=LR;", '  node [fontname="Helvetica"];']
     version: dict[str, int] = {}
     declared: set[str] = set()

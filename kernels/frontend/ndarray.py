@@ -16,8 +16,13 @@ import numbers
 import numpy as np
 
 from ..errors import DifftapeError, ShapeError
-from ..frontend.builder import python_scope
-from .foreign import ArrayExchange
+from ..runtime.foreign import ArrayExchange, as_numpy
+from ..types import from_numpy as dtype_of
+from . import matrix as _matrix
+from .builder import python_scope
+from .field import _to_python
+from .matrix import Matrix, MatrixType
+from .ops import resolve_dtype
 
 
 class Ndarray(ArrayExchange):
@@ -29,9 +34,6 @@ class Ndarray(ArrayExchange):
 
     def __init__(self, dtype, shape, element_shape=(), needs_grad: bool = False,
                  _arr: np.ndarray | None = None) -> None:
-        from ..frontend.matrix import MatrixType
-        from ..frontend.ops import resolve_dtype
-
         if isinstance(dtype, MatrixType):
             element_shape = dtype.element_shape
             dtype = dtype.scalar_dtype
@@ -75,8 +77,6 @@ class Ndarray(ArrayExchange):
     def _norm_key(self, key) -> tuple:
         """Taichi's Python-scope keys: one index per array axis (``None``/``()`` for 0-D);
         vector keys are flattened."""
-        from ..frontend.matrix import Matrix
-
         if key is None:
             key = ()
         elif not isinstance(key, tuple | list):
@@ -99,8 +99,6 @@ class Ndarray(ArrayExchange):
 
     @python_scope
     def __getitem__(self, key):
-        from .field import _to_python
-
         # Vector/matrix elements write through: nd[i][j] = v changes the ndarray.
         return _to_python(self.arr[self._norm_key(key)], self.element_shape, writable=True)
 
@@ -177,8 +175,6 @@ class MatrixNdarray(Ndarray):
 def ndarray(dtype, shape, needs_grad: bool = False) -> Ndarray:
     """``ti.ndarray(dtype, shape, needs_grad=False)``: scalar, vector or matrix elements
     according to ``dtype`` (a scalar type or ``ti.types.vector/matrix``)."""
-    from ..frontend.matrix import MatrixType
-
     if isinstance(dtype, MatrixType):
         if dtype.n is None or (dtype.ndim == 2 and dtype.m is None):
             raise DifftapeError(f"ti.ndarray needs a complete element type, got {dtype!r}")
@@ -205,8 +201,6 @@ def _check_shape(shape) -> tuple[int, ...]:
 def _element_value(value, element_shape: tuple) -> np.ndarray | int | float:
     """A Python-scope value for one element, checked against the element shape (a scalar is
     broadcast to all components, as in Taichi's fill)."""
-    from ..frontend.matrix import Matrix
-
     if isinstance(value, Matrix):
         value = value.to_list()
     arr = np.asarray(value)
@@ -219,3 +213,28 @@ def _element_value(value, element_shape: tuple) -> np.ndarray | int | float:
         raise ShapeError(f"value of shape {arr.shape} does not fit an element of shape "
                          f"{element_shape}")
     return arr.reshape(element_shape)
+
+
+_matrix.register_storage(MatrixNdarray=MatrixNdarray, VectorNdarray=VectorNdarray)
+
+
+def from_dlpack(obj, element_shape: tuple[int, ...] = ()):
+    """``ti.from_dlpack(t)``: a ``ti.ndarray`` over the memory of ``t`` (a tensor, a JAX
+    array, anything exporting DLPack or the array interface), without copying: writes on
+    either side are seen by the other. Its trailing axes ``element_shape`` become the
+    element (vector/matrix) shape. The array must be C-contiguous (``t.contiguous()``)."""
+    arr = as_numpy(obj, "ti.from_dlpack's argument")
+    if not arr.flags.c_contiguous:
+        raise DifftapeError("ti.from_dlpack: the array is not C-contiguous (a strided view); "
+                            "a ti.ndarray is dense: pass t.contiguous() (a copy)")
+    esh = tuple(int(n) for n in element_shape)
+    if len(esh) > 2 or arr.shape[arr.ndim - len(esh):] != esh or arr.ndim == len(esh):
+        raise DifftapeError(f"ti.from_dlpack: element_shape {esh} does not match the array's "
+                            f"trailing axes (shape {arr.shape})")
+    try:
+        dtype = dtype_of(arr.dtype)
+    except TypeError as e:
+        raise DifftapeError(f"ti.from_dlpack: {e}") from None
+    out = object.__new__((ScalarNdarray, VectorNdarray, MatrixNdarray)[len(esh)])
+    Ndarray.__init__(out, dtype, arr.shape[:arr.ndim - len(esh)], esh, _arr=arr)
+    return out
