@@ -167,10 +167,12 @@ class Builder:
     def at_top_level(self) -> bool:
         return len(self._blocks) == 1
 
-    def loop_nest(self, extents: tuple[int, ...], body: Callable[[list], None]) -> None:
-        """Emit loops over ``extents`` (constant sizes) around ``body(indices)``: the outermost
-        parallel at the kernel's top level, serial elsewhere. For operations that loop over a
-        whole field from one call (``x.fill(v)`` in a kernel)."""
+    def loop_nest(self, extents: tuple[int, ...], body: Callable[[list], None],
+                  starts: tuple[int, ...] | None = None) -> None:
+        """Emit loops over ``extents`` (constant sizes, from ``starts``, zeros by default)
+        around ``body(indices)``: the outermost parallel at the kernel's top level, serial
+        elsewhere. For operations that loop over a whole field from one call (``x.fill(v)``
+        in a kernel: the field's indices run from its offset)."""
         def nest(level: int, indices: list) -> None:
             if level == len(extents):
                 body(indices)
@@ -178,7 +180,8 @@ class Builder:
             from .ops import const
             from .values import Expr
 
-            begin, end = const(0, i32), const(extents[level], i32)
+            start = starts[level] if starts else 0
+            begin, end = const(start, i32), const(start + extents[level], i32)
             loop_id = next(self.loop_ids)
             kind = "parallel" if level == 0 and self.at_top_level else "range"
             with self.block() as blk:

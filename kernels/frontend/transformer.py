@@ -780,7 +780,9 @@ class FunctionTransformer:
 
         if isinstance(iterable, NdRange):
             return iterable.bounds
-        if isinstance(iterable, Field | SNode | StructField):
+        if isinstance(iterable, Field | StructField):  # a field's indices start at its offset
+            return [(o, o + s) for o, s in zip(iterable.offset, iterable.shape, strict=True)]
+        if isinstance(iterable, SNode):
             return [(0, s) for s in iterable.shape]
         if isinstance(iterable, NdarrayArg):
             return [(0, s) for s in iterable.shape]

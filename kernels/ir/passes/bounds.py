@@ -38,9 +38,18 @@ def _checks_for(s: Stmt, ir: KernelIR) -> list[Stmt]:
         if s.loc:
             text = linecache.getline(s.loc[0], s.loc[1]).strip()
             where = f"\n  in kernel '{ir.name}', {s.loc[0]}:{s.loc[1]}\n    {text}"
+        shown = idx  # the index as the user wrote it: a field's offset added back
+        off = buf.offset[axis] if buf.offset else 0
+        extra: list[Stmt] = []
+        if off:
+            c = Stmt("const", i32, (), off, loc=s.loc)
+            shown = Stmt("add", i32, (idx, c), loc=s.loc)
+            extra = [c, shown]
+            where = f" and offset {buf.offset}{where}"
         msg = (f"{OUT_OF_RANGE} for axis {axis} of '{buf.name}' with shape "
                f"{shape}{where}")
-        out += [ext, zero, lo, hi, ok, Stmt("assert", None, (ok, idx), msg, loc=s.loc)]
+        out += [ext, zero, lo, hi, ok, *extra,
+                Stmt("assert", None, (ok, shown), msg, loc=s.loc)]
     return out
 
 
