@@ -13,7 +13,7 @@ import numbers
 import numpy as np
 
 from .. import types as T
-from ..errors import CompileError, KernelTypeError
+from ..errors import CompileError, DifftapeError, KernelTypeError
 from ..ir.ops import OPS
 from ..types import DType
 from . import builder as _b
@@ -294,6 +294,27 @@ def bit_cast(x, dtype):
                                  f"{dtype.bits}; bit_cast needs types of the same width "
                                  "(use ti.cast to convert values)")
     return Expr(_b.require().emit("bit_cast", dtype, (e.stmt,)))
+
+
+def bit_shr(x1, x2):
+    """``ti.bit_shr(x1, x2)``: ``x1`` shifted right by ``x2`` bits, filling with zeros (a
+    logical shift, also for signed types, whose bits are shifted as unsigned ones); the
+    result has ``x1``'s type. ``>>`` is the arithmetic shift. Elementwise on vectors. Kernels
+    only, as in Taichi: a Python int has no width to shift within."""
+    if _is_matrix(x1) or _is_matrix(x2):
+        return _elementwise(bit_shr, x1, x2)
+    bld = _b.current()
+    if bld is None:
+        raise DifftapeError("ti.bit_shr() runs in kernels only (as in Taichi): a Python int has "
+                            "no width to shift zeros into; use x >> n, or (x % 2**32) >> n")
+    a, b = to_expr(x1), to_expr(x2)
+    if not (a.dtype.is_int and b.dtype.is_int):
+        raise bld.error(f"ti.bit_shr takes integers, got {a.dtype} and {b.dtype}",
+                        KernelTypeError)
+    if not a.dtype.is_signed:
+        return binary("shr", a, b)
+    bits = T.ALL[f"u{a.dtype.bits}"]
+    return bit_cast(binary("shr", bit_cast(a, bits), b), a.dtype)
 
 
 def clz(x):

@@ -916,10 +916,17 @@ class FunctionTransformer:
         return [self.eval(e) for e in node.elts]
 
     def expr_Dict(self, node: ast.Dict):
-        if any(k is None for k in node.keys):
-            raise self._at(node).error("`**` in a dict display is not supported in kernels",
-                                       KernelSyntaxError)
-        return {self.eval(k): self.eval(v) for k, v in zip(node.keys, node.values, strict=True)}
+        out: dict = {}
+        for k, v in zip(node.keys, node.values, strict=True):
+            if k is not None:
+                out[self.eval(k)] = self.eval(v)
+                continue
+            merged = self.eval(v)  # {**d}: a compile-time dict merged in, as in Python
+            if not isinstance(merged, dict):
+                raise self._at(v).error(f"`**` in a dict display needs a dict, got a "
+                                        f"{type(merged).__name__}", KernelTypeError)
+            out.update(merged)
+        return out
 
     def expr_BinOp(self, node: ast.BinOp):
         a, b = self.eval(node.left), self.eval(node.right)
@@ -1100,25 +1107,44 @@ class FunctionTransformer:
             raise self.bld.error(f"cannot index a {type(container).__name__}: {e}") from None
 
     def expr_ListComp(self, node: ast.ListComp):
-        """Unrolled at compile time: the iterables must be compile-time (range(3), tuples)."""
+        """Unrolled at compile time: the iterables must be compile-time (range(3), tuples,
+        the entries of a vector, the rows of a matrix)."""
         out: list = []
-        self._comprehension(node.elt, node.generators, out)
+        self._comprehension(lambda: out.append(self.eval(node.elt)), node.generators)
         return out
 
-    def _comprehension(self, elt, generators, out: list) -> None:
+    def expr_DictComp(self, node: ast.DictComp):
+        """``{k: v for ...}``: unrolled at compile time as a list comprehension; the keys are
+        compile-time values (as in Taichi, indexing it with a missing key is an error)."""
+        out: dict = {}
+
+        def add() -> None:
+            key = self.eval(node.key)
+            if isinstance(key, Value):
+                raise self._at(node.key).error("dict comprehension keys in kernels must be "
+                                               "compile-time values")
+            out[key] = self.eval(node.value)
+
+        self._comprehension(add, node.generators)
+        return out
+
+    def _comprehension(self, emit, generators) -> None:
         if not generators:
-            out.append(self.eval(elt))
+            emit()
             return
         gen = generators[0]
         iterable = self.eval(gen.iter)
-        if isinstance(iterable, Value) or isinstance(iterable, Matrix) and iterable.ndim == 2:
+        if isinstance(iterable, Value):
             raise self.bld.error("comprehensions in kernels iterate at compile time; the "
-                                 "iterable must be a range/tuple of constants")
-        for item in (iterable.entries if isinstance(iterable, Matrix) else iterable):
+                                 "iterable must be a range/tuple of constants, or a vector/"
+                                 "matrix (its entries/rows)")
+        if isinstance(iterable, Matrix):  # as a ti.static loop: entries, or rows
+            iterable = iterable.entries if iterable.ndim == 1 else list(iterable)
+        for item in iterable:
             self.scopes.append({})
             self._bind_target(gen.target, item)
             if all(self._static_truth(c) for c in gen.ifs):
-                self._comprehension(elt, generators[1:], out)
+                self._comprehension(emit, generators[1:])
             self.scopes.pop()
 
     def _static_truth(self, node) -> bool:

@@ -159,8 +159,12 @@ class Field:
 
     @property
     def snode(self) -> SNode:
-        """The field's own (place) SNode, whose ``parent()`` holds it."""
-        return SNode(self.parent(), (), (), "place", field=self)
+        """The field's own (place) SNode, whose ``parent()`` holds it: one object per field,
+        so that ``x.snode.parent(0) == x.snode`` as in Taichi."""
+        node = self.__dict__.get("_place_snode")
+        if node is None:
+            node = self._place_snode = SNode(self.parent(), (), (), "place", field=self)
+        return node
 
     def _dynamic(self) -> SNode | None:
         node = self.primal._container
