@@ -16,6 +16,7 @@ import numpy as np
 
 from .. import types as T
 from ..errors import KernelIndexError, KernelRuntimeError, KernelSyntaxError, KernelTypeError
+from ..ir.passes.bounds import OUT_OF_RANGE
 from . import builder as _b
 from . import ops
 from .values import Ref, Value
@@ -102,7 +103,7 @@ class Matrix:
                 text = linecache.getline(bld.loc[0], bld.loc[1]).strip()
                 where = f"\n  in kernel '{bld.kernel_name}', {bld.loc[0]}:{bld.loc[1]}\n    {text}"
             bld.emit("assert", None, (ok.stmt, e.stmt),
-                     f"index {{}}{axis} out of range for a {self._shape_text()}{where}")
+                     f"{OUT_OF_RANGE}{axis} out of range for a {self._shape_text()}{where}")
         return k
 
     def _flat_index(self, index) -> int | Value:

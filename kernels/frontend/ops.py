@@ -120,7 +120,8 @@ def _elementwise(fn, *xs):
     shape = next(x for x in xs if _is_matrix(x))
     for x in xs:
         if _is_matrix(x) and (x.n, x.m) != (shape.n, shape.m):
-            raise _err(f"matrix shapes differ: {x.n}x{x.m} vs {shape.n}x{shape.m}")
+            raise _err(f"Cannot broadcast tensor to tensor: the shapes differ ({x.n}x{x.m} "
+                       f"vs {shape.n}x{shape.m})")
     entries = [fn(*[x.entries[k] if _is_matrix(x) else x for x in xs])
                for k in range(len(shape.entries))]
     return Matrix._from_entries(entries, shape.n, shape.m, shape.ndim)
@@ -198,6 +199,10 @@ def to_condition(x) -> Expr:
     return e
 
 
+#: How the user writes a binary op, for messages.
+_SYMBOL = {"bit_and": "&", "bit_or": "|", "bit_xor": "^", "shl": "<<", "shr": ">>"}
+
+
 def binary(op: str, a, b):
     """Apply a binary op with Taichi's typing. Numbers fold at compile time."""
     if _is_matrix(a) or _is_matrix(b):
@@ -217,7 +222,8 @@ def binary(op: str, a, b):
     if rule in ("fdiv", "farith") and t.is_int:
         t = bld.default_fp
     elif rule in ("bits", "shift") and t.is_float:
-        raise bld.error(f"bitwise operation '{op}' needs integer operands, got {t}",
+        raise bld.error(f"unsupported operand type(s) for '{_SYMBOL.get(op, op)}': "
+                        f"{ea.dtype} and {eb.dtype} (bitwise operations need integers)",
                         KernelTypeError)
     if rule == "shift":
         t = ea.dtype
@@ -396,7 +402,8 @@ def unary(op: str, x):
     if op == "logical_not":
         return Expr(bld.emit("logical_not", T.i32, (to_condition(e).stmt,)))
     if op == "bit_not" and e.dtype.is_float:
-        raise bld.error("bitwise not (~) needs an integer operand", KernelTypeError)
+        raise bld.error(f"bitwise not (~) takes integral inputs only, got {e.dtype}",
+                        KernelTypeError)
     return Expr(bld.emit(op, e.dtype, (e.stmt,)))
 
 

@@ -158,8 +158,9 @@ def static(x, *xs):
                                      any(isinstance(e, Value) for e in v.entries)) or (
                 isinstance(v, Struct) and has_runtime_values(v)):
             bld = _b.current()
-            msg = ("ti.static() needs a compile-time value (a constant, a global, a field, a "
-                   "ti.template() argument); this one is only known when the kernel runs")
+            msg = ("ti.static() arguments must be compile-time constants (a constant, a "
+                   "global, a field, a ti.template() argument); this one is only known when "
+                   "the kernel runs")
             raise bld.error(msg, KernelTypeError) if bld else TypeError(msg)
     return (x, *xs) if xs else x
 
@@ -248,6 +249,7 @@ class FunctionTransformer:
         # `break`/`continue` of the innermost one, which ends the unrolled iteration.
         self.static_loops: list[tuple[int, int]] = []
         self.static_jump: str | None = None
+        self.static_scope = 0  # > 0 while evaluating the arguments of ti.static(...)
         self.loop_user_breaks: list[bool] = []  # per runtime loop: has a `break` of its own
         self.return_value: Any = None
         # The rest of the current block is unreachable: a `return` ran (at compile time).
@@ -275,7 +277,7 @@ class FunctionTransformer:
             return self.parsed.globals[name]
         if hasattr(builtins, name):
             return getattr(builtins, name)
-        raise self.bld.error(f"name '{name}' is not defined", KernelNameError)
+        raise self.bld.error(f'Name "{name}" is not defined', KernelNameError)
 
     def _find_var(self, name: str):
         for scope in reversed(self.scopes):
@@ -430,9 +432,10 @@ class FunctionTransformer:
             return
         if has_value and ann is None:
             raise self.bld.error(
-                f"func '{self.name}' returns a value and has a `return` inside a runtime "
-                "`if`/loop: annotate its return type, e.g. `def f(...) -> ti.f32:` (as Taichi "
-                "requires of funcs with such returns), so that every return gives that type")
+                f"Return inside non-static if/for is not supported in func '{self.name}' "
+                "without a return annotation: annotate its return type, e.g. `def f(...) -> "
+                "ti.f32:` (as Taichi requires of funcs with such returns), so that every "
+                "return gives that type")
         slots = self._return_slots()
         if has_value:
             self._store_return(slots, value)
@@ -448,6 +451,11 @@ class FunctionTransformer:
         ann = self.return_annotation
         if ann is not None and not self.returned:
             self.bld.loc = (self.parsed.file, self.parsed.tree.lineno)
+            if not any(isinstance(n, ast.Return) for n in ast.walk(self.parsed.tree)):
+                raise self.bld.error(
+                    f"Function has a return type but does not have a return statement: func "
+                    f"'{self.name}' is annotated to return a value; add a `return` at the end "
+                    "of its body")
             raise self.bld.error(
                 f"func '{self.name}' is annotated to return a value but not every path "
                 "through it ends in a `return`; add a final `return`")
@@ -472,8 +480,8 @@ class FunctionTransformer:
         self._at(node)
         method = getattr(self, "build_" + type(node).__name__, None)
         if method is None:
-            raise self.bld.error(f"'{type(node).__name__}' statements are not supported in "
-                                 "difftape kernels", KernelSyntaxError)
+            raise self.bld.error(f'Unsupported node "{type(node).__name__}": these statements '
+                                 "are not supported in difftape kernels", KernelSyntaxError)
         try:
             method(node)
         except CompileError:
@@ -481,6 +489,13 @@ class FunctionTransformer:
         except Exception as e:  # user Python run at compile time failed: report the line
             self._at(node)
             raise self.bld.error(f"{type(e).__name__}: {e}", compile_error_class(e)) from e
+
+    def build_FunctionDef(self, node: ast.FunctionDef) -> None:
+        where = "ti.kernel" if self.is_kernel else "ti.func"
+        raise self.bld.error(f"Function definition is not allowed in '{where}': define "
+                             f"'{node.name}' outside, as a @ti.func", KernelSyntaxError)
+
+    build_AsyncFunctionDef = build_FunctionDef
 
     def build_Pass(self, node: ast.Pass) -> None:
         pass
@@ -661,9 +676,10 @@ class FunctionTransformer:
             # The innermost loop is unrolled: leave it (or its iteration) while compiling.
             if self.runtime_depth > self.static_loops[-1][1]:
                 raise self.bld.error(
-                    f"`{what}` of a ti.static loop inside a runtime `if`: the loop is unrolled "
-                    "while compiling, so it can only be left at compile time (as in Taichi); "
-                    "make the condition ti.static(...), or make the loop a runtime loop",
+                    f"You are trying to `{what}` a static `for` loop inside a runtime `if`: "
+                    "the loop is unrolled while compiling, so it can only be left at compile "
+                    "time (as in Taichi); make the condition ti.static(...), or make the loop "
+                    "a runtime loop",
                     KernelSyntaxError)
             self.static_jump = what
             return
@@ -682,9 +698,10 @@ class FunctionTransformer:
             isinstance(node.value, ast.Constant) and node.value.value is None)
         if self.is_kernel and not self.bld.at_top_level:
             raise self.bld.error(
-                "a kernel's `return` must be at the top level of its body, not inside a "
-                "runtime `if` or loop (as in Taichi); compute the value into a variable and "
-                "return it at the end, or move the logic into a @ti.func")
+                "Return inside non-static if/for is not supported in a kernel (as in "
+                "Taichi): its `return` must be at the top level of its body; compute the "
+                "value into a variable and return it at the end, or move the logic into a "
+                "@ti.func")
         value = self.eval(node.value) if has_value else None
         self._at(node)
         if self.is_kernel:
@@ -744,8 +761,9 @@ class FunctionTransformer:
                 elif len(args) == 2:
                     bounds = [(args[0], args[1])]
                 else:
-                    raise self.bld.error("range() with a step is not supported in kernels; "
-                                         "loop over range(n) and scale the index")
+                    raise self.bld.error(f"Range should have 1 or 2 arguments, found "
+                                         f"{len(args)}: range() with a step is not supported "
+                                         "in kernels; loop over range(n) and scale the index")
                 self._range_for(node, bounds, grouped=False)
                 return
         iterable = self.eval(it)
@@ -881,8 +899,9 @@ class FunctionTransformer:
         method = getattr(self, "expr_" + type(node).__name__, None)
         if method is None:
             self._at(node)
-            raise self.bld.error(f"'{type(node).__name__}' expressions are not supported in "
-                                 "difftape kernels", KernelSyntaxError)
+            raise self.bld.error(f'Unsupported node "{type(node).__name__}": these '
+                                 "expressions are not supported in difftape kernels",
+                                 KernelSyntaxError)
         return method(node)
 
     def eval_index(self, node: ast.expr):
@@ -948,8 +967,8 @@ class FunctionTransformer:
                 return not v
             if any(e.dtype.is_float for e in (v.entries if isinstance(v, Matrix) else [v])
                    if isinstance(e, Value)):
-                raise self.bld.error("`not` takes integers (as in Taichi); for a float x write "
-                                     "`x == 0`", KernelTypeError)
+                raise self.bld.error("`not` takes integral inputs only (as in Taichi); for a "
+                                     "float x write `x == 0`", KernelTypeError)
             return ops.logical_not(v)
         if isinstance(node.op, ast.Invert):
             return ~v
@@ -1025,8 +1044,18 @@ class FunctionTransformer:
         for op, comp in zip(node.ops, node.comparators, strict=True):
             right = _as_value(self.eval(comp))
             if isinstance(op, ast.Is | ast.IsNot):
-                r = (left is right) == isinstance(op, ast.Is)
+                # As Taichi: identity of kernel values has no meaning (each use is a new
+                # value); compare values with ==, or objects in Python before the kernel.
+                name = "is" if isinstance(op, ast.Is) else "is not"
+                raise self._at(node).error(f'Operator "{name}" in Taichi scope is not '
+                                           "supported; compare values with == / !=",
+                                           KernelSyntaxError)
             elif isinstance(op, ast.In | ast.NotIn):
+                if not self.static_scope:
+                    raise self._at(node).error(
+                        f'"{type(op).__name__}" is only supported inside `ti.static`: '
+                        "membership is decided while compiling, e.g. "
+                        "`if ti.static(k in names):`", KernelSyntaxError)
                 r = (left in right) == isinstance(op, ast.In)
             elif not isinstance(left, Value | Matrix) and not isinstance(right, Value | Matrix) \
                     and not (ops._is_number(left) and ops._is_number(right)):
@@ -1173,12 +1202,17 @@ class FunctionTransformer:
     def expr_Call(self, node: ast.Call):
         fn = self.eval(node.func)
         args = []
-        for a in node.args:
-            if isinstance(a, ast.Starred):
-                args.extend(self.eval(a.value))
-            else:
-                args.append(self.eval(a))
-        kwargs = {k.arg: self.eval(k.value) for k in node.keywords if k.arg is not None}
+        in_static = fn is static
+        self.static_scope += in_static
+        try:
+            for a in node.args:
+                if isinstance(a, ast.Starred):
+                    args.extend(self.eval(a.value))
+                else:
+                    args.append(self.eval(a))
+            kwargs = {k.arg: self.eval(k.value) for k in node.keywords if k.arg is not None}
+        finally:
+            self.static_scope -= in_static
         self._at(node)
         return self.call(fn, args, kwargs)
 
@@ -1596,9 +1630,10 @@ def build_kernel_body(bld: _b.Builder, kernel, args: tuple) -> None:
     bld.finish_stop_grads()
     if bld.return_type is not None and not tr.returned:
         bld.loc = (parsed.file, parsed.tree.lineno)
-        raise bld.error(f"kernel '{kernel.name}' is annotated to return a value but has no "
-                        "`return` (as Taichi, difftape refuses to make one up); add one at the "
-                        "end of its body")
+        raise bld.error(f"Kernel has a return type but does not have a return statement: "
+                        f"kernel '{kernel.name}' is annotated to return a value (as Taichi, "
+                        "difftape refuses to make one up); add a `return` at the end of its "
+                        "body", KernelSyntaxError)
 
 
 def _ndarray_binding(bld: _b.Builder, index: int, name: str, value) -> NdarrayArg:

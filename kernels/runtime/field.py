@@ -273,12 +273,15 @@ class Field:
             try:
                 r = operator.index(k) - o
             except TypeError:
-                raise TypeError(f"{self._label()}: indices are integers, got {k!r:.40} "
-                                f"({type(k).__name__}) for axis {axis}") from None
+                raise TypeError(f"Detected illegal element of type: {type(k).__name__}. Please "
+                                "be aware that slicing a ti.field is not supported so far: "
+                                f"{self._label()} is indexed with integers, got {k!r:.40} for "
+                                f"axis {axis} (to_numpy() gives an array to slice)") from None
             if not 0 <= r < n:
                 where = f" and offset {self.offset}" if any(self.offset) else ""
                 raise IndexOutOfRangeError(
-                    f"{OUT_OF_RANGE.format(r + o)} for axis {axis} of '{self._label()}' "
+                    f"{OUT_OF_RANGE.format(r + o)} out of range for axis {axis} of "
+                    f"'{self._label()}' "
                     f"with shape {self.shape}{where}")
             out.append(r)
         return tuple(out)
@@ -372,8 +375,8 @@ class Field:
         arr = np.asarray(arr)
         expected = self.shape + self.element_shape
         column = self.shape + self.element_shape[:1]
-        if arr.shape != expected and self.element_shape[1:] in ((), (1,)) and \
-                arr.shape in (column, column + (1,)):
+        if arr.shape != expected and self.element_shape and \
+                self.element_shape[1:] in ((), (1,)) and arr.shape in (column, column + (1,)):
             arr = arr.reshape(expected)
         if arr.shape != expected:
             raise ShapeError(f"from_numpy: {self._label()} has shape {expected} "
@@ -420,6 +423,9 @@ class Field:
 
     @_b.python_scope
     def copy_from(self, other: Field) -> None:
+        if not isinstance(other, Field):
+            raise TypeError(f"{self._label()}.copy_from() takes a field, got a "
+                            f"{type(other).__name__}; use from_numpy() for an array")
         np.copyto(self.arr, other.arr)
         if self.sparse_terms:  # Taichi copies over the whole index range: all activated
             self._np_activate_all()
@@ -427,6 +433,13 @@ class Field:
     def __repr__(self) -> str:
         kind = "Field" if not self.element_shape else f"Field{list(self.element_shape)}"
         return f"<difftape {kind} {self._label()} {self.dtype} shape={self._shape}>"
+
+    def __iter__(self):
+        # Without this, Python would iterate by calling __getitem__(0), (1), ... (as Taichi,
+        # a field is not a Python iterable).
+        raise NotImplementedError("Struct for is only available in Taichi scope: iterate "
+                                  f"over {self._label()} in a kernel, or over ti.ndrange(*x."
+                                  "shape) / x.to_numpy() in Python")
 
     # ``ti.field`` objects are hashable by identity (used as dict keys by users and by us).
     __hash__ = object.__hash__
@@ -916,6 +929,11 @@ class SNode:
         fields = [g for f in fields
                   for g in (f.leaf_fields() if isinstance(f, StructField) else [f])]
         for f in fields:
+            if isinstance(f, ScalarFieldView):
+                raise DifftapeError(
+                    f"place({f._label()}): an entry of a matrix field (get_scalar_field) "
+                    "cannot be placed on its own; difftape keeps a matrix field's entries "
+                    f"together: place the matrix field {f._matrix._label()} itself")
             if isinstance(f, Field):
                 if f._shape is not None:
                     if f.role != "primal" and f._shape == shape and \
