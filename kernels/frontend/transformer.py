@@ -14,6 +14,7 @@ import builtins
 import contextlib
 import inspect
 import linecache
+import numbers
 import textwrap
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,7 @@ import numpy as np
 from .. import types as T
 from ..errors import (
     CompileError,
+    KernelIndexError,
     KernelNameError,
     KernelSyntaxError,
     KernelTypeError,
@@ -532,9 +534,7 @@ class FunctionTransformer:
         self._at(target)
         if isinstance(target, ast.Name):
             var = self._find_var(target.id)
-            if target.id in self.kernel_args and var is self.scopes[0].get(target.id):
-                raise self.bld.error(f"kernel argument '{target.id}' is read-only; copy it into "
-                                     f"a local first, e.g. `{target.id}_ = {target.id}`")
+            self._check_not_kernel_arg(target.id, var)
             if isinstance(var, Ref | Matrix | Struct) and is_place(var):
                 from ..runtime.field import assign
 
@@ -575,19 +575,30 @@ class FunctionTransformer:
             return
         raise self.bld.error(f"cannot assign to {type(target).__name__}")
 
+    def _check_not_kernel_arg(self, name: str, var) -> None:
+        """Kernel arguments are values the launch passes in (as in Taichi, immutable)."""
+        if name in self.kernel_args and var is self.scopes[0].get(name):
+            raise self.bld.error(f'Kernel argument "{name}" is immutable in the kernel; copy '
+                                 f"it into a local first, e.g. `{name}_ = {name}`",
+                                 KernelSyntaxError)
+
     def build_AugAssign(self, node: ast.AugAssign) -> None:
         op = _BINOPS.get(type(node.op))
         if op is None:
             raise self.bld.error("unsupported augmented assignment")
+        if isinstance(node.target, ast.Name):
+            self._at(node)
+            self._check_not_kernel_arg(node.target.id, self._find_var(node.target.id))
         value = _as_value(self.eval(node.value))
         if isinstance(node.target, ast.Subscript):
             container = self.eval(node.target.value)
             if isinstance(container, Matrix):
                 index = self.eval_index(node.target.slice)
                 keys = index if isinstance(index, tuple) else (index,)
-                if any(isinstance(k, Value) for k in keys):
+                if any(isinstance(k, Value | slice) for k in keys):
                     # A runtime index (`v[k] += x`, `m[i, j] += x`): read the entry, then a
-                    # guarded write of every entry it may be (as for `v[k] = x`).
+                    # guarded write of every entry it may be (as for `v[k] = x`). A slice
+                    # (`m[:2, :] += rows`): read the entries, write them back.
                     keys = tuple(k.expr() if isinstance(k, Ref) else k for k in keys)
                     index = keys if isinstance(index, tuple) else keys[0]
                     self._at(node)
@@ -903,6 +914,22 @@ class FunctionTransformer:
                                  "expressions are not supported in difftape kernels",
                                  KernelSyntaxError)
         return method(node)
+
+    def expr_Slice(self, node: ast.Slice):
+        """``a:b:c`` in a subscript: compile-time bounds (the slice's shape is the value's)."""
+        parts = [None if p is None else self.eval(p) for p in (node.lower, node.upper,
+                                                                node.step)]
+        if any(isinstance(p, Value | Matrix) for p in parts):
+            raise self._at(node).error("Taichi does not support variables in slice now: the "
+                                       "bounds of a slice must be compile-time constants (a "
+                                       "runtime index of one entry is fine: m[i, :])",
+                                       KernelIndexError)
+        if any(isinstance(p, numbers.Integral) and p < 0 for p in parts):
+            raise self._at(node).error("Negative indices are not supported in Taichi kernels. "
+                                       "Kernels do not wrap indices around: write the slice "
+                                       "with non-negative bounds, e.g. v[:n - 1]",
+                                       KernelSyntaxError)
+        return slice(*parts)
 
     def eval_index(self, node: ast.expr):
         if isinstance(node, ast.Tuple):
@@ -1599,8 +1626,10 @@ def build_kernel_body(bld: _b.Builder, kernel, args: tuple) -> None:
         ann = p.annotation
         if isinstance(ann, Template):
             tr.scopes[0][p.name] = value
+            tr.kernel_args.add(p.name)
         elif isinstance(ann, NdarrayType):
             tr.scopes[0][p.name] = _ndarray_binding(bld, index, p.name, value)
+            tr.kernel_args.add(p.name)
         elif isinstance(ann, MatrixType):
             if ann.n is None or (ann.ndim == 2 and ann.m is None):
                 raise bld.error(f"parameter '{p.name}' of kernel '{kernel.name}' is annotated "

@@ -601,6 +601,9 @@ def kernel_element(buf: Buffer, key: tuple, sparse: Field | None = None,
     slot = bld.buffer_slot(buf)
     idx = []
     for k in key:
+        if isinstance(k, slice):
+            raise bld.error(f"Slicing is not supported on ti.field (nor ndarrays) in kernels: "
+                            f"index '{buf.name}' with one integer per axis", KernelIndexError)
         e = ops.to_expr(k)
         if e.dtype.is_float:
             raise bld.error(f"index into '{buf.name}' must be an integer, got {e.dtype}; "

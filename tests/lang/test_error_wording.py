@@ -233,3 +233,34 @@ def test_identity_and_membership_operators(ti):
         return r
 
     assert static_membership(1) == 10 and static_membership(3) == 1
+
+
+def test_kernel_arguments_are_immutable(ti):
+    @ti.kernel
+    def assign(a: ti.i32):
+        a = 1  # noqa: F841
+
+    @ti.kernel
+    def augassign(a: ti.i32):
+        a += 1
+
+    @ti.kernel
+    def annassign(a: ti.i32):
+        a: ti.i32 = 1  # noqa: F841
+
+    @ti.kernel
+    def template(a: ti.template()):
+        a = 5  # noqa: F841
+
+    for k in (assign, augassign, annassign, template):
+        with pytest.raises(ti.TaichiSyntaxError,
+                           match='Kernel argument "a" is immutable in the kernel'):
+            k(5)
+
+    @ti.kernel
+    def copies(a: ti.i32) -> ti.i32:
+        b = a
+        b += 1
+        return b
+
+    assert copies(5) == 6
