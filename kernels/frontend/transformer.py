@@ -252,6 +252,10 @@ class FunctionTransformer:
         self.static_loops: list[tuple[int, int]] = []
         self.static_jump: str | None = None
         self.static_scope = 0  # > 0 while evaluating the arguments of ti.static(...)
+        # > 0 inside the body of an `if` whose condition is a Python constant but not
+        # ti.static(...): Taichi compiles such an `if` as a runtime one, so the loops in it
+        # are not the kernel's outermost (parallel) loops.
+        self.plain_if_depth = 0
         self.loop_user_breaks: list[bool] = []  # per runtime loop: has a `break` of its own
         self.return_value: Any = None
         # The rest of the current block is unreachable: a `return` ran (at compile time).
@@ -636,7 +640,13 @@ class FunctionTransformer:
         if not isinstance(cond, Value):
             if isinstance(cond, Matrix):
                 raise self.bld.error("an `if` condition must be a scalar; use .any()/.all()")
-            self.run_body(node.body if cond else node.orelse)  # compile-time condition
+            plain = not (isinstance(node.test, ast.Call) and
+                         self.eval(node.test.func) is static)
+            self.plain_if_depth += plain
+            try:
+                self.run_body(node.body if cond else node.orelse)  # compile-time condition
+            finally:
+                self.plain_if_depth -= plain
             return
         c = ops.to_condition(cond)
         with self.bld.block() as then_blk, self._region("branch") as then_info:
@@ -699,9 +709,9 @@ class FunctionTransformer:
         if what == "break":
             self.loop_user_breaks[-1] = True
         if self.bld.loop_stack and self.bld.loop_stack[-1][0] == "parallel" and what == "break":
-            raise self.bld.error("`break` in a parallel (outermost) loop is not allowed: its "
-                                 "iterations run concurrently. Use ti.loop_config(serialize="
-                                 "True) before the loop, or an inner loop")
+            raise self.bld.error("Cannot break in the outermost loop: its iterations run in "
+                                 "parallel. Use ti.loop_config(serialize=True) before the "
+                                 "loop, or an inner loop", KernelSyntaxError)
         self.bld.emit(what, None)
 
     def build_Return(self, node: ast.Return) -> None:
@@ -866,7 +876,8 @@ class FunctionTransformer:
                 f"`for {', '.join('ijkl'[:len(bounds)])} in ...` or ti.grouped(...)")
         config = getattr(self.bld, "pending_loop_config", None) or {}
         self.bld.pending_loop_config = None
-        outermost = self.is_kernel and self.bld.at_top_level and self.loop_depth == 0
+        outermost = self.is_kernel and self.bld.at_top_level and self.loop_depth == 0 and \
+            not self.plain_if_depth
         parallel = outermost and not config.get("serialize", False)
         self._nested_loops(node, names, bounds, 0, [], grouped=grouped,
                            parallel=parallel, serialize=config.get("serialize", False),
