@@ -89,6 +89,7 @@ from .frontend.ops import (  # noqa: E402
     atomic_sub,
     atomic_xor,
     bit_cast,
+    bit_shr,
     cast,
     ceil,
     cos,

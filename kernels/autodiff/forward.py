@@ -274,7 +274,8 @@ def _buffer_duals(buffers: list[Buffer], has_dual: Callable[[Buffer], bool]
                 dual_slot[slot] = k
                 break
         else:
-            out.append(Buffer(key, b.dtype, b.shape, f"{b.name}.dual", b.element_ndim))
+            out.append(Buffer(key, b.dtype, b.shape, f"{b.name}.dual", b.element_ndim,
+                              b.offset))
             dual_slot[slot] = len(out) - 1
     return out, dual_slot
 

@@ -39,7 +39,7 @@ def _mark_buffer(ir: KernelIR, prog, slot: int, slots: dict[int, int | None]) ->
         if field.mark is None:
             field.make_mark()
         ir.buffers.append(Buffer(("field", buf.key[1], "mark"), i8, buf.shape,
-                                 buf.name + ".mark", buf.element_ndim))
+                                 buf.name + ".mark", buf.element_ndim, buf.offset))
         out = len(ir.buffers) - 1
     slots[slot] = out
     return out

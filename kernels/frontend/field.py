@@ -9,12 +9,21 @@ from __future__ import annotations
 
 import itertools
 import numbers
+import operator
 
 import numpy as np
 
 from .. import types as T
-from ..errors import DifftapeError, KernelIndexError, KernelTypeError, ShapeError
+from ..errors import (
+    DifftapeError,
+    IndexOutOfRangeError,
+    KernelIndexError,
+    KernelSyntaxError,
+    KernelTypeError,
+    ShapeError,
+)
 from ..ir.nodes import Buffer
+from ..ir.passes.bounds import OUT_OF_RANGE
 from ..runtime import program
 from ..runtime.foreign import ArrayExchange
 from . import builder as _b
@@ -65,6 +74,7 @@ class Field(ArrayExchange):
         self._shape: tuple[int, ...] | None = None
         self._program = program.get()
         self._container: SNode | None = None  # the SNode it is placed in (primal)
+        self._offset: tuple[int, ...] = ()  # offset= (primal; companions share it)
         if shape is not None:
             self._allocate(shape)
         elif role == "primal":
@@ -167,8 +177,12 @@ class Field(ArrayExchange):
 
     @property
     def snode(self) -> SNode:
-        """The field's own (place) SNode, whose ``parent()`` holds it."""
-        return SNode(self.parent(), (), (), "place", field=self)
+        """The field's own (place) SNode, whose ``parent()`` holds it: one object per field,
+        so that ``x.snode.parent(0) == x.snode`` as in Taichi."""
+        node = self.__dict__.get("_place_snode")
+        if node is None:
+            node = self._place_snode = SNode(self.parent(), (), (), "place", field=self)
+        return node
 
     def _dynamic(self) -> SNode | None:
         node = self.primal._container
@@ -210,6 +224,13 @@ class Field(ArrayExchange):
         return len(self.shape)
 
     @property
+    def offset(self) -> tuple[int, ...]:
+        """The index of the first element along each axis (Taichi's ``offset=``): ``x[offset]``
+        is element 0 of the storage (and of ``to_numpy()``); zeros for a field made without
+        one. Struct-fors over the field run over ``offset .. offset + shape``."""
+        return self.primal._offset or (0,) * len(self.shape)
+
+    @property
     def n(self) -> int:
         return self.element_shape[0]
 
@@ -222,7 +243,7 @@ class Field(ArrayExchange):
         return Buffer(("field", self.id, self.role), self.dtype, self.shape + self.element_shape,
                       self._label() if self.role == "primal" else
                       f"{self.primal._label()}.{self.role.replace('_', '.')}",
-                      len(self.element_shape))
+                      len(self.element_shape), self.primal._offset)
 
     # ------------------------------------------------------------------ indexing
     def _norm_key(self, key) -> tuple:
@@ -252,11 +273,34 @@ class Field(ArrayExchange):
         key = self._norm_key(key)
         if _b.current() is not None:
             return self._kernel_element(key)
+        key = self._host_index(key)
         value = self.arr[key]
         out = _to_python(value, self.element_shape, writable=True)
         if self.element_shape and self.sparse_terms:
             out._on_write = lambda: self._np_activate(key)
         return out
+
+    def _host_index(self, key: tuple) -> tuple[int, ...]:
+        """A Python-scope index (as the user wrote it, from ``offset``) as the index into
+        ``arr``. Out of range is an error, as in kernels under ``debug=True`` (NumPy would
+        wrap a negative index around to the other end)."""
+        out = []
+        for axis, (k, n, o) in enumerate(zip(key, self.shape, self.offset, strict=True)):
+            try:
+                r = operator.index(k) - o
+            except TypeError:
+                raise TypeError(f"Detected illegal element of type: {type(k).__name__}. Please "
+                                "be aware that slicing a ti.field is not supported so far: "
+                                f"{self._label()} is indexed with integers, got {k!r:.40} for "
+                                f"axis {axis} (to_numpy() gives an array to slice)") from None
+            if not 0 <= r < n:
+                where = f" and offset {self.offset}" if any(self.offset) else ""
+                raise IndexOutOfRangeError(
+                    f"{OUT_OF_RANGE.format(r + o)} out of range for axis {axis} of "
+                    f"'{self._label()}' "
+                    f"with shape {self.shape}{where}")
+            out.append(r)
+        return tuple(out)
 
     def _kernel_element(self, key: tuple):
         """Element ``key`` inside a kernel: a place or a matrix of places."""
@@ -291,6 +335,7 @@ class Field(ArrayExchange):
         if _b.current() is not None:
             assign(self[key], _coerce(value))
             return
+        key = self._host_index(key)
         if not self.element_shape:
             # Integers wrap around as in Taichi (0xFFFF into an i16 is -1).
             self.arr[key] = self.dtype.wrap(value) if self.dtype.is_int and isinstance(
@@ -344,8 +389,8 @@ class Field(ArrayExchange):
         arr = np.asarray(arr)
         expected = self.shape + self.element_shape
         column = self.shape + self.element_shape[:1]
-        if arr.shape != expected and self.element_shape[1:] in ((), (1,)) and \
-                arr.shape in (column, column + (1,)):
+        if arr.shape != expected and self.element_shape and \
+                self.element_shape[1:] in ((), (1,)) and arr.shape in (column, column + (1,)):
             arr = arr.reshape(expected)
         if arr.shape != expected:
             raise ShapeError(f"from_numpy: {self._label()} has shape {expected} "
@@ -386,10 +431,13 @@ class Field(ArrayExchange):
                 assign(self._kernel_element(tuple(idx)), value)
             bld.emit("if", None, (active_condition(node, idx).stmt,), None, (then, []))
 
-        ops.loop_nest(bld, self.shape, fill_one)
+        ops.loop_nest(bld, self.shape, fill_one, self.offset)
 
     @_b.python_scope
     def copy_from(self, other: Field) -> None:
+        if not isinstance(other, Field):
+            raise TypeError(f"{self._label()}.copy_from() takes a field, got a "
+                            f"{type(other).__name__}; use from_numpy() for an array")
         np.copyto(self.arr, other.arr)
         if self.sparse_terms:  # Taichi copies over the whole index range: all activated
             self._np_activate_all()
@@ -397,6 +445,13 @@ class Field(ArrayExchange):
     def __repr__(self) -> str:
         kind = "Field" if not self.element_shape else f"Field{list(self.element_shape)}"
         return f"<difftape {kind} {self._label()} {self.dtype} shape={self._shape}>"
+
+    def __iter__(self):
+        # Without this, Python would iterate by calling __getitem__(0), (1), ... (as Taichi,
+        # a field is not a Python iterable).
+        raise NotImplementedError("Struct for is only available in Taichi scope: iterate "
+                                  f"over {self._label()} in a kernel, or over ti.ndrange(*x."
+                                  "shape) / x.to_numpy() in Python")
 
     # ``ti.field`` objects are hashable by identity (used as dict keys by users and by us).
     __hash__ = object.__hash__
@@ -461,6 +516,10 @@ class ScalarFieldView(Field):
     @property
     def _shape(self) -> tuple[int, ...] | None:
         return self._matrix._shape
+
+    @property
+    def offset(self) -> tuple[int, ...]:
+        return self._matrix.offset
 
     @property
     def _arr(self) -> np.ndarray | None:
@@ -538,17 +597,25 @@ _ELEMENT_CLASSES = None
 def kernel_element(buf: Buffer, key: tuple, sparse: Field | None = None,
                    component: tuple[int, ...] | None = None):
     """A field/ndarray element inside a kernel: a place (scalar) or a matrix of places.
+    ``key`` is the index as the user wrote it: a field's ``offset`` (``buf.offset``) is
+    subtracted here, the one place where kernel accesses become storage indices.
     ``sparse``: the field, when sparse SNodes hold it: writes to the element activate it.
     ``component``: one entry of the element (a place), for a view made by get_scalar_field."""
     bld = _b.require()
     slot = bld.buffer_slot(buf)
     idx = []
     for k in key:
+        if isinstance(k, slice):
+            raise bld.error(f"Slicing is not supported on ti.field (nor ndarrays) in kernels: "
+                            f"index '{buf.name}' with one integer per axis", KernelIndexError)
         e = ops.to_expr(k)
         if e.dtype.is_float:
             raise bld.error(f"index into '{buf.name}' must be an integer, got {e.dtype}; "
                             "use ti.cast(i, ti.i32) or int(i)", KernelTypeError)
         idx.append(ops.to_expr(e, T.i32) if e.dtype != T.i32 else e)
+    if buf.offset:
+        idx = [ops.binary("sub", e, ops.const(o, T.i32)) if o else e
+               for e, o in zip(idx, buf.offset, strict=True)]
     esh = buf.shape[len(buf.shape) - buf.element_ndim:] if buf.element_ndim else ()
     on_write = None
     if sparse is not None and not bld.adjoint:
@@ -624,12 +691,19 @@ def make_field(dtype, shape=None, order=None, name: str = "", offset=None, needs
     """``ti.field(dtype, shape=..., order=..., name=..., offset=..., needs_grad=...,
     needs_dual=...)``; ``ti.Vector.field``/``ti.Matrix.field`` add ``element_shape`` and
     ``layout``. ``order`` and ``layout`` choose Taichi's memory layout only, never a result, so
-    they are checked and need nothing here; an ``offset`` would change every index: refused
-    until fields support it (rather than silently indexing from 0)."""
-    if offset is not None and any(int(o) for o in np.atleast_1d(offset)):
-        raise DifftapeError(f"field(offset={offset!r}): fields with an offset are not supported "
-                            "yet; make the field without one and shift its indices in the "
-                            "kernel (x[i - lo])")
+    they are checked and need nothing here. ``offset`` (see :attr:`Field.offset`) needs a
+    ``shape`` with as many axes, as in Taichi."""
+    if offset is not None:
+        if shape is None:
+            raise KernelSyntaxError("shape cannot be None when offset is set: give the field "
+                                    "a shape, or place it with ti.root.dense(...).place(x, "
+                                    "offset=...)")
+        dims = 1 if isinstance(shape, numbers.Integral) else len(shape)
+        offset = _offset_tuple(offset)
+        if len(offset) != dims:
+            raise KernelSyntaxError(f"The dimensionality of shape and offset must be the same "
+                                    f"({dims} != {len(offset)}): shape {shape!r}, offset "
+                                    f"{offset!r}")
     if order is not None:
         dims = len(shape) if isinstance(shape, tuple | list) else 1
         if sorted(order) != sorted("ijkl"[:dims]):
@@ -638,12 +712,27 @@ def make_field(dtype, shape=None, order=None, name: str = "", offset=None, needs
     if isinstance(dtype, MatrixType):
         element_shape = dtype.element_shape
         dtype = dtype.scalar_dtype
-    f = Field(dtype, shape, element_shape, name)
+    offset = offset if offset and any(offset) else None
+    f = Field(dtype, None if offset else shape, element_shape, name)
     if needs_grad:
         f._make_companion("grad")
     if needs_dual:
         f._make_companion("dual")
+    if offset:
+        shape = (shape,) if isinstance(shape, numbers.Integral) else tuple(shape)
+        root.dense(axes(*range(len(shape))), shape).place(f, offset=offset)
     return f
+
+
+def _offset_tuple(offset) -> tuple[int, ...]:
+    """``offset=`` as a tuple of ints (Taichi takes a number for one axis)."""
+    if isinstance(offset, numbers.Integral):
+        return (int(offset),)
+    try:
+        return tuple(operator.index(o) for o in offset)
+    except TypeError:
+        raise TypeError(f"offset= takes an integer or a tuple of integers, got "
+                        f"{offset!r:.60}") from None
 
 
 # ---------------------------------------------------------------------------- SNode builder
@@ -816,14 +905,33 @@ class SNode:
         return out
 
     def place(self, *fields, offset=None) -> SNode:
-        if offset is not None:
-            raise ShapeError("place(offset=...) is not supported: fields are indexed from 0")
+        """Place fields in this SNode: their shape is its shape. ``offset``: the index of
+        their first element along each axis (see :attr:`Field.offset`)."""
         if self.kind == "place":
             raise ShapeError("cannot place fields under a field's own SNode")
         shape = self.shape
+        offset = _offset_tuple(offset) if offset is not None else ()
+        if offset and len(offset) != len(shape):
+            raise ShapeError(f"place(offset={offset}): the SNode has {len(shape)} axes (shape "
+                             f"{shape}), the offset {len(offset)}")
+        if not any(offset):
+            offset = ()
+        elif self.activity_terms() or self.kind in _SPARSE:
+            raise DifftapeError(f"place(offset={offset}): fields with an offset under sparse "
+                                "SNodes (pointer, bitmasked, dynamic) are not supported; use "
+                                "dense SNodes, or index from 0 and shift the indices")
+        elif program.get().remote is not None:
+            raise DifftapeError(f"place(offset={offset}): fields with an offset are not "
+                                "supported under arch=ti.remote; index from 0 and shift the "
+                                "indices, or run on ti.cpu")
         fields = [g for f in fields
                   for g in (f.leaf_fields() if isinstance(f, StructField) else [f])]
         for f in fields:
+            if isinstance(f, ScalarFieldView):
+                raise DifftapeError(
+                    f"place({f._label()}): an entry of a matrix field (get_scalar_field) "
+                    "cannot be placed on its own; difftape keeps a matrix field's entries "
+                    f"together: place the matrix field {f._matrix._label()} itself")
             if isinstance(f, Field):
                 if f._shape is not None:
                     if f.role != "primal" and f._shape == shape and \
@@ -832,6 +940,7 @@ class SNode:
                     raise DifftapeError(f"{f._label()} is already placed")
                 if f.role != "primal":
                     raise DifftapeError(f"{f._label()}: place its primal field first")
+                f._offset = offset
                 f._allocate(shape)
                 f._container = self
                 self.fields.append(f)

@@ -245,8 +245,9 @@ class Kernel:
             if isinstance(ann, Template):
                 if isinstance(a, Ndarray):
                     raise ArgumentError(f"kernel '{self.name}': argument '{p.name}' is a "
-                                        "ti.ndarray; ndarrays are passed through parameters "
-                                        "annotated ti.types.ndarray(), not ti.template()",
+                                        "ti.ndarray: Ndarray shouldn't be passed in via "
+                                        "ti.template(); annotate the parameter "
+                                        "ti.types.ndarray()",
                                         kernel=self.name)
                 k = ("t", id(a)) if not isinstance(a, numbers.Number | str | tuple) else ("v", a)
                 key.append(k)
@@ -867,26 +868,34 @@ def _ndarray_desc(kernel: str, name: str, ann: NdarrayType, a) -> tuple:
                              f"the array has only {arr.ndim} axes (shape {arr.shape})")
             esh = arr.shape[arr.ndim - edim:]
             if not _element_matches(want, esh, None):
-                raise refuse(f"must have {_element_text(want)} elements: the array's trailing "
-                             f"axes are {esh} (shape {arr.shape})")
+                raise refuse(f"must have {_element_text(want)} elements (Invalid value for "
+                             f"argument {name} - required element_shape={want.element_shape}, "
+                             f"array with element shape of {esh}): the array's trailing axes "
+                             f"are {esh} (shape {arr.shape})")
         elif want is not None and _resolve(want) != dtype:
-            raise refuse(f"must be an array of {_resolve(want)}, got NumPy dtype {arr.dtype} "
-                         f"(convert it with .astype(np.{_resolve(want).np}))")
+            raise refuse(f"must be an array of {_resolve(want)} (Invalid value for argument "
+                         f"{name} - required array has dtype={_resolve(want)}), got NumPy "
+                         f"dtype {arr.dtype} (convert it with .astype(np.{_resolve(want).np}))")
         if not (arr.flags.c_contiguous or arr.flags.f_contiguous):
-            raise refuse("is a non-contiguous NumPy array (a strided view): pass "
-                         "np.ascontiguousarray(arr), and copy the result back if the kernel "
-                         "writes it")
+            raise refuse("is a strided view of a NumPy array: Non contiguous numpy arrays are "
+                         "not supported; pass np.ascontiguousarray(arr), and copy the result "
+                         "back if the kernel writes it")
         if ann.needs_grad:
             raise refuse("needs a gradient (needs_grad=True), but NumPy arrays have none: "
                          "pass ti.ndarray(..., needs_grad=True)")
         has_grad = False
     else:
-        raise refuse(f"must be an array (NumPy, ti.ndarray, or one exporting __dlpack__ or "
-                     f"__array_interface__: PyTorch, JAX), got {type(a).__name__}")
+        raise ArgumentError(f"kernel '{kernel}': Invalid type for argument {name}, got "
+                            f"{a!r:.60}: argument '{name}' must be an array (NumPy, "
+                            f"ti.ndarray, or one exporting __dlpack__ or __array_interface__: "
+                            f"PyTorch, JAX), got {type(a).__name__}", kernel=kernel)
     ndim = arr.ndim - len(esh)
     if ann.ndim is not None and ann.ndim != ndim:
-        raise refuse(f"must have ndim={ann.ndim}, got an array with {ndim} dimension(s) "
-                     f"(shape {arr.shape[:ndim]})")
+        detail = (f"required ndim={ann.ndim}, but {ndim}d ndarray with shape "
+                  f"{arr.shape[:ndim]} is provided" if isinstance(a, Ndarray) else
+                  f"Invalid value for argument {name} - required array has ndim={ann.ndim}, "
+                  f"array with {ndim} dimensions is provided; shape {arr.shape[:ndim]}")
+        raise refuse(f"must have ndim={ann.ndim} ({detail})")
     return (dtype, ndim, tuple(esh), has_grad, ann.boundary)
 
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from .. import types as T
 from ..errors import KernelIndexError, KernelRuntimeError, KernelSyntaxError, KernelTypeError
+from ..ir.passes.bounds import OUT_OF_RANGE
 from . import builder as _b
 from . import ops
 from .values import Ref, Value
@@ -112,7 +113,7 @@ class Matrix:
                 text = linecache.getline(bld.loc[0], bld.loc[1]).strip()
                 where = f"\n  in kernel '{bld.kernel_name}', {bld.loc[0]}:{bld.loc[1]}\n    {text}"
             bld.emit("assert", None, (ok.stmt, e.stmt),
-                     f"index {{}}{axis} out of range for a {self._shape_text()}{where}")
+                     f"{OUT_OF_RANGE}{axis} out of range for a {self._shape_text()}{where}")
         return k
 
     def _flat_index(self, index) -> int | Value:
@@ -132,7 +133,39 @@ class Matrix:
             return i * self.m + j
         return ops.binary("add", ops.binary("mul", i, self.m), j)
 
+    def _sliced(self, index) -> tuple[list, tuple[int, ...]] | None:
+        """For an index with slices (``v[1::2]``, ``m[:, j]``, ``m[1:, :2]``): the (flat)
+        entry index of each element of the result, row-major, and the result's shape (one
+        axis per slice: a vector for one, a matrix for two); None without slices. Slice
+        bounds are compile-time (the transformer refuses runtime ones); the other index may be
+        a runtime value."""
+        keys = index if isinstance(index, tuple) else (index,)
+        if not any(isinstance(k, slice) for k in keys):
+            return None
+        if len(keys) != self.ndim:
+            raise ops._err(f"Expected {self.ndim} indices, got {len(keys)}: slicing a "
+                           f"{self._shape_text()} takes one index or slice per axis",
+                           KernelIndexError)
+        extents = (self.n,) if self.ndim == 1 else (self.n, self.m)
+        axes = [list(range(e))[k] if isinstance(k, slice) else [k]
+                for k, e in zip(keys, extents, strict=True)]
+        shape = tuple(len(a) for a, k in zip(axes, keys, strict=True) if isinstance(k, slice))
+        if 0 in shape:
+            raise ops._err(f"the slice {keys} of a {self._shape_text()} is empty",
+                           KernelIndexError)
+        return list(itertools.product(*axes)), shape
+
+    def _slice_result(self, values: list, shape: tuple[int, ...]):
+        if len(shape) == 1:
+            return Matrix._from_entries(values, shape[0], 1, 1)
+        return Matrix._from_entries(values, shape[0], shape[1], 2)
+
     def __getitem__(self, index):
+        sliced = self._sliced(index)
+        if sliced is not None:
+            picks, shape = sliced
+            return self._slice_result([self[p if self.ndim == 2 else p[0]] for p in picks],
+                                      shape)
         if self.ndim == 2 and not (isinstance(index, tuple) and len(index) == 2):
             i = self._checked(index[0] if isinstance(index, tuple) else index, self.n, " (row)")
             if _static(i):
@@ -145,6 +178,19 @@ class Matrix:
         return _dynamic_pick(self.entries, k)
 
     def __setitem__(self, index, value) -> None:
+        sliced = self._sliced(index)
+        if sliced is not None:
+            picks, shape = sliced
+            values = value.entries if isinstance(value, Matrix) else \
+                [value] * len(picks) if not isinstance(value, list | tuple) else \
+                list(itertools.chain.from_iterable(
+                    v if isinstance(v, list | tuple) else [v] for v in value))
+            if len(values) != len(picks):
+                raise ops._err(f"cannot assign {len(values)} values to a slice of "
+                               f"{'x'.join(map(str, shape))} entries")
+            for p, v in zip(picks, values, strict=True):
+                self[p if self.ndim == 2 else p[0]] = v
+            return
         if self.ndim == 2 and not (isinstance(index, tuple) and len(index) == 2):
             i = self._checked(index[0] if isinstance(index, tuple) else index, self.n, " (row)")
             row = value.entries if isinstance(value, Matrix) else list(value)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import numpy as np
 
 from .. import types as T
-from ..errors import CompileError, KernelTypeError
+from ..errors import CompileError, DifftapeError, KernelTypeError
 from ..ir.ops import OPS
 from ..runtime import program
 from ..types import DType
@@ -126,7 +126,8 @@ def _elementwise(fn, *xs):
     shape = next(x for x in xs if _is_matrix(x))
     for x in xs:
         if _is_matrix(x) and (x.n, x.m) != (shape.n, shape.m):
-            raise _err(f"matrix shapes differ: {x.n}x{x.m} vs {shape.n}x{shape.m}")
+            raise _err(f"Cannot broadcast tensor to tensor: the shapes differ ({x.n}x{x.m} "
+                       f"vs {shape.n}x{shape.m})")
     entries = [fn(*[x.entries[k] if _is_matrix(x) else x for x in xs])
                for k in range(len(shape.entries))]
     return Matrix._from_entries(entries, shape.n, shape.m, shape.ndim)
@@ -202,6 +203,10 @@ def to_condition(x) -> Expr:
     return e
 
 
+#: How the user writes a binary op, for messages.
+_SYMBOL = {"bit_and": "&", "bit_or": "|", "bit_xor": "^", "shl": "<<", "shr": ">>"}
+
+
 def binary(op: str, a, b):
     """Apply a binary op with Taichi's typing. Numbers fold at compile time."""
     if _is_matrix(a) or _is_matrix(b):
@@ -221,7 +226,8 @@ def binary(op: str, a, b):
     if rule in ("fdiv", "farith") and t.is_int:
         t = bld.default_fp
     elif rule in ("bits", "shift") and t.is_float:
-        raise bld.error(f"bitwise operation '{op}' needs integer operands, got {t}",
+        raise bld.error(f"unsupported operand type(s) for '{_SYMBOL.get(op, op)}': "
+                        f"{ea.dtype} and {eb.dtype} (bitwise operations need integers)",
                         KernelTypeError)
     if rule == "shift":
         t = ea.dtype
@@ -298,6 +304,27 @@ def bit_cast(x, dtype):
                                  f"{dtype.bits}; bit_cast needs types of the same width "
                                  "(use ti.cast to convert values)")
     return Expr(_b.require().emit("bit_cast", dtype, (e.stmt,)))
+
+
+def bit_shr(x1, x2):
+    """``ti.bit_shr(x1, x2)``: ``x1`` shifted right by ``x2`` bits, filling with zeros (a
+    logical shift, also for signed types, whose bits are shifted as unsigned ones); the
+    result has ``x1``'s type. ``>>`` is the arithmetic shift. Elementwise on vectors. Kernels
+    only, as in Taichi: a Python int has no width to shift within."""
+    if _is_matrix(x1) or _is_matrix(x2):
+        return _elementwise(bit_shr, x1, x2)
+    bld = _b.current()
+    if bld is None:
+        raise DifftapeError("ti.bit_shr() runs in kernels only (as in Taichi): a Python int has "
+                            "no width to shift zeros into; use x >> n, or (x % 2**32) >> n")
+    a, b = to_expr(x1), to_expr(x2)
+    if not (a.dtype.is_int and b.dtype.is_int):
+        raise bld.error(f"ti.bit_shr takes integers, got {a.dtype} and {b.dtype}",
+                        KernelTypeError)
+    if not a.dtype.is_signed:
+        return binary("shr", a, b)
+    bits = T.ALL[f"u{a.dtype.bits}"]
+    return bit_cast(binary("shr", bit_cast(a, bits), b), a.dtype)
 
 
 def clz(x):
@@ -379,7 +406,8 @@ def unary(op: str, x):
     if op == "logical_not":
         return Expr(bld.emit("logical_not", T.i32, (to_condition(e).stmt,)))
     if op == "bit_not" and e.dtype.is_float:
-        raise bld.error("bitwise not (~) needs an integer operand", KernelTypeError)
+        raise bld.error(f"bitwise not (~) takes integral inputs only, got {e.dtype}",
+                        KernelTypeError)
     return Expr(bld.emit(op, e.dtype, (e.stmt,)))
 
 
@@ -568,15 +596,18 @@ def atomic_xor(ref, value):
 
 
 # Moved from builder.py (Builder.loop_nest): it emits constants and values, which are built here.
-def loop_nest(bld: _b.Builder, extents: tuple[int, ...], body: Callable[[list], None]) -> None:
-    """Emit loops over ``extents`` (constant sizes) around ``body(indices)``: the outermost
-    parallel at the kernel's top level, serial elsewhere. For operations that loop over a
-    whole field from one call (``x.fill(v)`` in a kernel)."""
+def loop_nest(bld: _b.Builder, extents: tuple[int, ...], body: Callable[[list], None],
+              starts: tuple[int, ...] | None = None) -> None:
+    """Emit loops over ``extents`` (constant sizes, from ``starts``, zeros by default)
+    around ``body(indices)``: the outermost parallel at the kernel's top level, serial
+    elsewhere. For operations that loop over a whole field from one call (``x.fill(v)`` in a
+    kernel: the field's indices run from its offset)."""
     def nest(level: int, indices: list) -> None:
         if level == len(extents):
             body(indices)
             return
-        begin, end = const(0, T.i32), const(extents[level], T.i32)
+        start = starts[level] if starts else 0
+        begin, end = const(start, T.i32), const(start + extents[level], T.i32)
         loop_id = next(bld.loop_ids)
         kind = "parallel" if level == 0 and bld.at_top_level else "range"
         with bld.block() as blk:

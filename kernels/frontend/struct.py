@@ -199,9 +199,12 @@ class Struct:
               name: str = "<Struct>", offset=None, needs_grad: bool = False,
               needs_dual: bool = False, layout=None) -> StructField:
         """``ti.Struct.field({"a": ti.f32, "v": vec3}, shape=n)``: one field per member
-        (nested structs: struct fields), placed together when ``shape`` is given."""
-        if offset is not None:
-            raise ops._err("fields with an offset are not supported")
+        (nested structs: struct fields), placed together when ``shape`` is given, from
+        ``offset`` if given (see ``Field.offset``)."""
+        if offset is not None and shape is None:
+            raise KernelSyntaxError("shape cannot be None when offset is set: give the struct "
+                                    "field a shape, or place it with "
+                                    "ti.root.dense(...).place(x, offset=...)")
         fields: dict[str, Any] = {}
         for k, dt in members.items():
             if isinstance(dt, StructType):
@@ -213,7 +216,7 @@ class Struct:
         sf = StructField(fields, methods or {}, name)
         if shape is not None:
             shape = (shape,) if isinstance(shape, numbers.Integral) else tuple(shape)
-            root.dense(axes(*range(len(shape))), shape).place(sf)
+            root.dense(axes(*range(len(shape))), shape).place(sf, offset=offset)
         return sf
 
 
@@ -440,6 +443,11 @@ class StructField:
     @property
     def ndim(self) -> int:
         return len(self.shape)
+
+    @property
+    def offset(self) -> tuple[int, ...]:
+        """Its members' ``offset`` (they are placed together)."""
+        return self._members[0].offset
 
     def _companion(self, role: str) -> StructField | None:
         comps = {k: getattr(f, role) for k, f in self.field_dict.items()}

@@ -15,6 +15,7 @@ import contextlib
 import functools
 import inspect
 import linecache
+import numbers
 import textwrap
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,7 @@ import numpy as np
 from .. import types as T
 from ..errors import (
     CompileError,
+    KernelIndexError,
     KernelNameError,
     KernelSyntaxError,
     KernelTypeError,
@@ -161,8 +163,9 @@ def static(x, *xs):
                                      any(isinstance(e, Value) for e in v.entries)) or (
                 isinstance(v, Struct) and has_runtime_values(v)):
             bld = _b.current()
-            msg = ("ti.static() needs a compile-time value (a constant, a global, a field, a "
-                   "ti.template() argument); this one is only known when the kernel runs")
+            msg = ("ti.static() arguments must be compile-time constants (a constant, a "
+                   "global, a field, a ti.template() argument); this one is only known when "
+                   "the kernel runs")
             raise bld.error(msg, KernelTypeError) if bld else TypeError(msg)
     return (x, *xs) if xs else x
 
@@ -249,6 +252,11 @@ class FunctionTransformer:
         # `break`/`continue` of the innermost one, which ends the unrolled iteration.
         self.static_loops: list[tuple[int, int]] = []
         self.static_jump: str | None = None
+        self.static_scope = 0  # > 0 while evaluating the arguments of ti.static(...)
+        # > 0 inside the body of an `if` whose condition is a Python constant but not
+        # ti.static(...): Taichi compiles such an `if` as a runtime one, so the loops in it
+        # are not the kernel's outermost (parallel) loops.
+        self.plain_if_depth = 0
         self.loop_user_breaks: list[bool] = []  # per runtime loop: has a `break` of its own
         self.return_value: Any = None
         # The rest of the current block is unreachable: a `return` ran (at compile time).
@@ -276,7 +284,7 @@ class FunctionTransformer:
             return self.parsed.globals[name]
         if hasattr(builtins, name):
             return getattr(builtins, name)
-        raise self.bld.error(f"name '{name}' is not defined", KernelNameError)
+        raise self.bld.error(f'Name "{name}" is not defined', KernelNameError)
 
     def _find_var(self, name: str):
         for scope in reversed(self.scopes):
@@ -431,9 +439,10 @@ class FunctionTransformer:
             return
         if has_value and ann is None:
             raise self.bld.error(
-                f"func '{self.name}' returns a value and has a `return` inside a runtime "
-                "`if`/loop: annotate its return type, e.g. `def f(...) -> ti.f32:` (as Taichi "
-                "requires of funcs with such returns), so that every return gives that type")
+                f"Return inside non-static if/for is not supported in func '{self.name}' "
+                "without a return annotation: annotate its return type, e.g. `def f(...) -> "
+                "ti.f32:` (as Taichi requires of funcs with such returns), so that every "
+                "return gives that type")
         slots = self._return_slots()
         if has_value:
             self._store_return(slots, value)
@@ -449,6 +458,11 @@ class FunctionTransformer:
         ann = self.return_annotation
         if ann is not None and not self.returned:
             self.bld.loc = (self.parsed.file, self.parsed.tree.lineno)
+            if not any(isinstance(n, ast.Return) for n in ast.walk(self.parsed.tree)):
+                raise self.bld.error(
+                    f"Function has a return type but does not have a return statement: func "
+                    f"'{self.name}' is annotated to return a value; add a `return` at the end "
+                    "of its body")
             raise self.bld.error(
                 f"func '{self.name}' is annotated to return a value but not every path "
                 "through it ends in a `return`; add a final `return`")
@@ -473,8 +487,8 @@ class FunctionTransformer:
         self._at(node)
         method = getattr(self, "build_" + type(node).__name__, None)
         if method is None:
-            raise self.bld.error(f"'{type(node).__name__}' statements are not supported in "
-                                 "difftape kernels", KernelSyntaxError)
+            raise self.bld.error(f'Unsupported node "{type(node).__name__}": these statements '
+                                 "are not supported in difftape kernels", KernelSyntaxError)
         try:
             method(node)
         except CompileError:
@@ -482,6 +496,13 @@ class FunctionTransformer:
         except Exception as e:  # user Python run at compile time failed: report the line
             self._at(node)
             raise self.bld.error(f"{type(e).__name__}: {e}", compile_error_class(e)) from e
+
+    def build_FunctionDef(self, node: ast.FunctionDef) -> None:
+        where = "ti.kernel" if self.is_kernel else "ti.func"
+        raise self.bld.error(f"Function definition is not allowed in '{where}': define "
+                             f"'{node.name}' outside, as a @ti.func", KernelSyntaxError)
+
+    build_AsyncFunctionDef = build_FunctionDef
 
     def build_Pass(self, node: ast.Pass) -> None:
         pass
@@ -518,9 +539,7 @@ class FunctionTransformer:
         self._at(target)
         if isinstance(target, ast.Name):
             var = self._find_var(target.id)
-            if target.id in self.kernel_args and var is self.scopes[0].get(target.id):
-                raise self.bld.error(f"kernel argument '{target.id}' is read-only; copy it into "
-                                     f"a local first, e.g. `{target.id}_ = {target.id}`")
+            self._check_not_kernel_arg(target.id, var)
             if isinstance(var, Ref | Matrix | Struct) and is_place(var):
                 if isinstance(var, Matrix) and not isinstance(value, Matrix):
                     raise self.bld.error(f"'{target.id}' is a vector/matrix; cannot assign a "
@@ -559,19 +578,30 @@ class FunctionTransformer:
             return
         raise self.bld.error(f"cannot assign to {type(target).__name__}")
 
+    def _check_not_kernel_arg(self, name: str, var) -> None:
+        """Kernel arguments are values the launch passes in (as in Taichi, immutable)."""
+        if name in self.kernel_args and var is self.scopes[0].get(name):
+            raise self.bld.error(f'Kernel argument "{name}" is immutable in the kernel; copy '
+                                 f"it into a local first, e.g. `{name}_ = {name}`",
+                                 KernelSyntaxError)
+
     def build_AugAssign(self, node: ast.AugAssign) -> None:
         op = _BINOPS.get(type(node.op))
         if op is None:
             raise self.bld.error("unsupported augmented assignment")
+        if isinstance(node.target, ast.Name):
+            self._at(node)
+            self._check_not_kernel_arg(node.target.id, self._find_var(node.target.id))
         value = _as_value(self.eval(node.value))
         if isinstance(node.target, ast.Subscript):
             container = self.eval(node.target.value)
             if isinstance(container, Matrix):
                 index = self.eval_index(node.target.slice)
                 keys = index if isinstance(index, tuple) else (index,)
-                if any(isinstance(k, Value) for k in keys):
+                if any(isinstance(k, Value | slice) for k in keys):
                     # A runtime index (`v[k] += x`, `m[i, j] += x`): read the entry, then a
-                    # guarded write of every entry it may be (as for `v[k] = x`).
+                    # guarded write of every entry it may be (as for `v[k] = x`). A slice
+                    # (`m[:2, :] += rows`): read the entries, write them back.
                     keys = tuple(k.expr() if isinstance(k, Ref) else k for k in keys)
                     index = keys if isinstance(index, tuple) else keys[0]
                     self._at(node)
@@ -605,7 +635,13 @@ class FunctionTransformer:
         if not isinstance(cond, Value):
             if isinstance(cond, Matrix):
                 raise self.bld.error("an `if` condition must be a scalar; use .any()/.all()")
-            self.run_body(node.body if cond else node.orelse)  # compile-time condition
+            plain = not (isinstance(node.test, ast.Call) and
+                         self.eval(node.test.func) is static)
+            self.plain_if_depth += plain
+            try:
+                self.run_body(node.body if cond else node.orelse)  # compile-time condition
+            finally:
+                self.plain_if_depth -= plain
             return
         c = ops.to_condition(cond)
         with self.bld.block() as then_blk, self._region("branch") as then_info:
@@ -656,9 +692,10 @@ class FunctionTransformer:
             # The innermost loop is unrolled: leave it (or its iteration) while compiling.
             if self.runtime_depth > self.static_loops[-1][1]:
                 raise self.bld.error(
-                    f"`{what}` of a ti.static loop inside a runtime `if`: the loop is unrolled "
-                    "while compiling, so it can only be left at compile time (as in Taichi); "
-                    "make the condition ti.static(...), or make the loop a runtime loop",
+                    f"You are trying to `{what}` a static `for` loop inside a runtime `if`: "
+                    "the loop is unrolled while compiling, so it can only be left at compile "
+                    "time (as in Taichi); make the condition ti.static(...), or make the loop "
+                    "a runtime loop",
                     KernelSyntaxError)
             self.static_jump = what
             return
@@ -667,9 +704,9 @@ class FunctionTransformer:
         if what == "break":
             self.loop_user_breaks[-1] = True
         if self.bld.loop_stack and self.bld.loop_stack[-1][0] == "parallel" and what == "break":
-            raise self.bld.error("`break` in a parallel (outermost) loop is not allowed: its "
-                                 "iterations run concurrently. Use ti.loop_config(serialize="
-                                 "True) before the loop, or an inner loop")
+            raise self.bld.error("Cannot break in the outermost loop: its iterations run in "
+                                 "parallel. Use ti.loop_config(serialize=True) before the "
+                                 "loop, or an inner loop", KernelSyntaxError)
         self.bld.emit(what, None)
 
     def build_Return(self, node: ast.Return) -> None:
@@ -677,9 +714,10 @@ class FunctionTransformer:
             isinstance(node.value, ast.Constant) and node.value.value is None)
         if self.is_kernel and not self.bld.at_top_level:
             raise self.bld.error(
-                "a kernel's `return` must be at the top level of its body, not inside a "
-                "runtime `if` or loop (as in Taichi); compute the value into a variable and "
-                "return it at the end, or move the logic into a @ti.func")
+                "Return inside non-static if/for is not supported in a kernel (as in "
+                "Taichi): its `return` must be at the top level of its body; compute the "
+                "value into a variable and return it at the end, or move the logic into a "
+                "@ti.func")
         value = self.eval(node.value) if has_value else None
         self._at(node)
         if self.is_kernel:
@@ -739,8 +777,9 @@ class FunctionTransformer:
                 elif len(args) == 2:
                     bounds = [(args[0], args[1])]
                 else:
-                    raise self.bld.error("range() with a step is not supported in kernels; "
-                                         "loop over range(n) and scale the index")
+                    raise self.bld.error(f"Range should have 1 or 2 arguments, found "
+                                         f"{len(args)}: range() with a step is not supported "
+                                         "in kernels; loop over range(n) and scale the index")
                 self._range_for(node, bounds, grouped=False)
                 return
         iterable = self.eval(it)
@@ -770,7 +809,9 @@ class FunctionTransformer:
     def _iteration_bounds(self, iterable) -> list[tuple]:
         if isinstance(iterable, NdRange):
             return iterable.bounds
-        if isinstance(iterable, Field | SNode | StructField):
+        if isinstance(iterable, Field | StructField):  # a field's indices start at its offset
+            return [(o, o + s) for o, s in zip(iterable.offset, iterable.shape, strict=True)]
+        if isinstance(iterable, SNode):
             return [(0, s) for s in iterable.shape]
         if isinstance(iterable, NdarrayArg):
             return [(0, s) for s in iterable.shape]
@@ -825,7 +866,8 @@ class FunctionTransformer:
                 f"`for {', '.join('ijkl'[:len(bounds)])} in ...` or ti.grouped(...)")
         config = getattr(self.bld, "pending_loop_config", None) or {}
         self.bld.pending_loop_config = None
-        outermost = self.is_kernel and self.bld.at_top_level and self.loop_depth == 0
+        outermost = self.is_kernel and self.bld.at_top_level and self.loop_depth == 0 and \
+            not self.plain_if_depth
         parallel = outermost and not config.get("serialize", False)
         self._nested_loops(node, names, bounds, 0, [], grouped=grouped,
                            parallel=parallel, serialize=config.get("serialize", False),
@@ -869,9 +911,26 @@ class FunctionTransformer:
         method = getattr(self, "expr_" + type(node).__name__, None)
         if method is None:
             self._at(node)
-            raise self.bld.error(f"'{type(node).__name__}' expressions are not supported in "
-                                 "difftape kernels", KernelSyntaxError)
+            raise self.bld.error(f'Unsupported node "{type(node).__name__}": these '
+                                 "expressions are not supported in difftape kernels",
+                                 KernelSyntaxError)
         return method(node)
+
+    def expr_Slice(self, node: ast.Slice):
+        """``a:b:c`` in a subscript: compile-time bounds (the slice's shape is the value's)."""
+        parts = [None if p is None else self.eval(p) for p in (node.lower, node.upper,
+                                                                node.step)]
+        if any(isinstance(p, Value | Matrix) for p in parts):
+            raise self._at(node).error("Taichi does not support variables in slice now: the "
+                                       "bounds of a slice must be compile-time constants (a "
+                                       "runtime index of one entry is fine: m[i, :])",
+                                       KernelIndexError)
+        if any(isinstance(p, numbers.Integral) and p < 0 for p in parts):
+            raise self._at(node).error("Negative indices are not supported in Taichi kernels. "
+                                       "Kernels do not wrap indices around: write the slice "
+                                       "with non-negative bounds, e.g. v[:n - 1]",
+                                       KernelSyntaxError)
+        return slice(*parts)
 
     def eval_index(self, node: ast.expr):
         if isinstance(node, ast.Tuple):
@@ -904,10 +963,17 @@ class FunctionTransformer:
         return [self.eval(e) for e in node.elts]
 
     def expr_Dict(self, node: ast.Dict):
-        if any(k is None for k in node.keys):
-            raise self._at(node).error("`**` in a dict display is not supported in kernels",
-                                       KernelSyntaxError)
-        return {self.eval(k): self.eval(v) for k, v in zip(node.keys, node.values, strict=True)}
+        out: dict = {}
+        for k, v in zip(node.keys, node.values, strict=True):
+            if k is not None:
+                out[self.eval(k)] = self.eval(v)
+                continue
+            merged = self.eval(v)  # {**d}: a compile-time dict merged in, as in Python
+            if not isinstance(merged, dict):
+                raise self._at(v).error(f"`**` in a dict display needs a dict, got a "
+                                        f"{type(merged).__name__}", KernelTypeError)
+            out.update(merged)
+        return out
 
     def expr_BinOp(self, node: ast.BinOp):
         a, b = self.eval(node.left), self.eval(node.right)
@@ -929,8 +995,8 @@ class FunctionTransformer:
                 return not v
             if any(e.dtype.is_float for e in (v.entries if isinstance(v, Matrix) else [v])
                    if isinstance(e, Value)):
-                raise self.bld.error("`not` takes integers (as in Taichi); for a float x write "
-                                     "`x == 0`", KernelTypeError)
+                raise self.bld.error("`not` takes integral inputs only (as in Taichi); for a "
+                                     "float x write `x == 0`", KernelTypeError)
             return ops.logical_not(v)
         if isinstance(node.op, ast.Invert):
             return ~v
@@ -1006,8 +1072,18 @@ class FunctionTransformer:
         for op, comp in zip(node.ops, node.comparators, strict=True):
             right = _as_value(self.eval(comp))
             if isinstance(op, ast.Is | ast.IsNot):
-                r = (left is right) == isinstance(op, ast.Is)
+                # As Taichi: identity of kernel values has no meaning (each use is a new
+                # value); compare values with ==, or objects in Python before the kernel.
+                name = "is" if isinstance(op, ast.Is) else "is not"
+                raise self._at(node).error(f'Operator "{name}" in Taichi scope is not '
+                                           "supported; compare values with == / !=",
+                                           KernelSyntaxError)
             elif isinstance(op, ast.In | ast.NotIn):
+                if not self.static_scope:
+                    raise self._at(node).error(
+                        f'"{type(op).__name__}" is only supported inside `ti.static`: '
+                        "membership is decided while compiling, e.g. "
+                        "`if ti.static(k in names):`", KernelSyntaxError)
                 r = (left in right) == isinstance(op, ast.In)
             elif not isinstance(left, Value | Matrix) and not isinstance(right, Value | Matrix) \
                     and not (ops._is_number(left) and ops._is_number(right)):
@@ -1086,25 +1162,44 @@ class FunctionTransformer:
             raise self.bld.error(f"cannot index a {type(container).__name__}: {e}") from None
 
     def expr_ListComp(self, node: ast.ListComp):
-        """Unrolled at compile time: the iterables must be compile-time (range(3), tuples)."""
+        """Unrolled at compile time: the iterables must be compile-time (range(3), tuples,
+        the entries of a vector, the rows of a matrix)."""
         out: list = []
-        self._comprehension(node.elt, node.generators, out)
+        self._comprehension(lambda: out.append(self.eval(node.elt)), node.generators)
         return out
 
-    def _comprehension(self, elt, generators, out: list) -> None:
+    def expr_DictComp(self, node: ast.DictComp):
+        """``{k: v for ...}``: unrolled at compile time as a list comprehension; the keys are
+        compile-time values (as in Taichi, indexing it with a missing key is an error)."""
+        out: dict = {}
+
+        def add() -> None:
+            key = self.eval(node.key)
+            if isinstance(key, Value):
+                raise self._at(node.key).error("dict comprehension keys in kernels must be "
+                                               "compile-time values")
+            out[key] = self.eval(node.value)
+
+        self._comprehension(add, node.generators)
+        return out
+
+    def _comprehension(self, emit, generators) -> None:
         if not generators:
-            out.append(self.eval(elt))
+            emit()
             return
         gen = generators[0]
         iterable = self.eval(gen.iter)
-        if isinstance(iterable, Value) or isinstance(iterable, Matrix) and iterable.ndim == 2:
+        if isinstance(iterable, Value):
             raise self.bld.error("comprehensions in kernels iterate at compile time; the "
-                                 "iterable must be a range/tuple of constants")
-        for item in (iterable.entries if isinstance(iterable, Matrix) else iterable):
+                                 "iterable must be a range/tuple of constants, or a vector/"
+                                 "matrix (its entries/rows)")
+        if isinstance(iterable, Matrix):  # as a ti.static loop: entries, or rows
+            iterable = iterable.entries if iterable.ndim == 1 else list(iterable)
+        for item in iterable:
             self.scopes.append({})
             self._bind_target(gen.target, item)
             if all(self._static_truth(c) for c in gen.ifs):
-                self._comprehension(elt, generators[1:], out)
+                self._comprehension(emit, generators[1:])
             self.scopes.pop()
 
     def _static_truth(self, node) -> bool:
@@ -1134,12 +1229,17 @@ class FunctionTransformer:
     def expr_Call(self, node: ast.Call):
         fn = self.eval(node.func)
         args = []
-        for a in node.args:
-            if isinstance(a, ast.Starred):
-                args.extend(self.eval(a.value))
-            else:
-                args.append(self.eval(a))
-        kwargs = {k.arg: self.eval(k.value) for k in node.keywords if k.arg is not None}
+        in_static = fn is static
+        self.static_scope += in_static
+        try:
+            for a in node.args:
+                if isinstance(a, ast.Starred):
+                    args.extend(self.eval(a.value))
+                else:
+                    args.append(self.eval(a))
+            kwargs = {k.arg: self.eval(k.value) for k in node.keywords if k.arg is not None}
+        finally:
+            self.static_scope -= in_static
         self._at(node)
         return self.call(fn, args, kwargs)
 
@@ -1514,8 +1614,10 @@ def build_kernel_body(bld: _b.Builder, kernel, args: tuple) -> None:
         ann = p.annotation
         if isinstance(ann, Template):
             tr.scopes[0][p.name] = value
+            tr.kernel_args.add(p.name)
         elif isinstance(ann, NdarrayType):
             tr.scopes[0][p.name] = _ndarray_binding(bld, index, p.name, value)
+            tr.kernel_args.add(p.name)
         elif isinstance(ann, MatrixType):
             if ann.n is None or (ann.ndim == 2 and ann.m is None):
                 raise bld.error(f"parameter '{p.name}' of kernel '{kernel.name}' is annotated "
@@ -1545,9 +1647,10 @@ def build_kernel_body(bld: _b.Builder, kernel, args: tuple) -> None:
     bld.finish_stop_grads()
     if bld.return_type is not None and not tr.returned:
         bld.loc = (parsed.file, parsed.tree.lineno)
-        raise bld.error(f"kernel '{kernel.name}' is annotated to return a value but has no "
-                        "`return` (as Taichi, difftape refuses to make one up); add one at the "
-                        "end of its body")
+        raise bld.error(f"Kernel has a return type but does not have a return statement: "
+                        f"kernel '{kernel.name}' is annotated to return a value (as Taichi, "
+                        "difftape refuses to make one up); add a `return` at the end of its "
+                        "body", KernelSyntaxError)
 
 
 def _ndarray_binding(bld: _b.Builder, index: int, name: str, value) -> NdarrayArg:

@@ -73,6 +73,11 @@ class Buffer:
     compile time; for ndarray arguments only ``ndim`` is, and the extents come at launch
     (``None`` entries). ``key`` identifies the storage at run time: ``("field", id, role)`` with
     role ``primal``/``grad``/``dual``, or ``("ndarray", arg index, role)``.
+
+    ``offset`` is a field's ``offset=`` (Taichi's): the index of its first element along each
+    field axis, empty for none. Accesses in the IR index from 0 (the frontend subtracts the
+    offset where it builds them, in ``frontend.field.kernel_element``); the offset is kept here
+    so that what reports an index to the user (the bounds checks) reports the user's index.
     """
 
     key: tuple
@@ -80,6 +85,7 @@ class Buffer:
     shape: tuple[int | None, ...]
     name: str
     element_ndim: int = 0  # trailing axes that are vector/matrix components
+    offset: tuple[int, ...] = ()
 
     @property
     def ndim(self) -> int:
@@ -92,7 +98,7 @@ class Buffer:
     def with_role(self, role: str) -> Buffer:
         return Buffer((self.key[0], self.key[1], role), self.dtype, self.shape,
                       f"{self.name}.{role}" if role != "primal" else self.name,
-                      self.element_ndim)
+                      self.element_ndim, self.offset)
 
 
 @dataclass(frozen=True)

@@ -73,7 +73,8 @@ def call_with_arrays(call: Callable, kernel: str, names: list[str], args: tuple,
         try:
             arr = as_numpy(a, f"argument '{names[k]}'")
         except DifftapeError as e:
-            raise ArgumentError(f"kernel '{kernel}': {e}", kernel=kernel) from None
+            raise ArgumentError(f"kernel '{kernel}': Invalid type for argument {names[k]}, got "
+                                f"{a!r:.60}: {e}", kernel=kernel) from None
         if not (arr.flags.c_contiguous or arr.flags.f_contiguous):
             copy = np.ascontiguousarray(arr)
             if arr.flags.writeable:

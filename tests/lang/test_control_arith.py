@@ -260,6 +260,45 @@ def test_shifts_are_arithmetic(ti):
     np.testing.assert_array_equal(run(37), [9, 296])
 
 
+def test_bit_shr_is_a_logical_shift_in_the_operands_width(ti):
+    """``ti.bit_shr`` fills with zeros; a signed value's bits are shifted as unsigned ones,
+    within its own width (an i8 -128 is 0x80), and the result keeps its type."""
+    @ti.kernel
+    def shr32(a: ti.i32, n: ti.i32) -> ti.i32:
+        return ti.bit_shr(a, n)
+
+    @ti.kernel
+    def shr8(a: ti.i8, n: ti.i32) -> ti.i8:
+        return ti.bit_shr(a, n)
+
+    @ti.kernel
+    def shr_u16(a: ti.u16, n: ti.i32) -> ti.u16:
+        return ti.bit_shr(a, n)
+
+    @ti.kernel
+    def shr_vec(a: ti.i32) -> ti.types.vector(2, ti.i32):
+        return ti.bit_shr(ti.Vector([a, -a]), ti.Vector([1, 3]))
+
+    for a in (-256, -1, 7, 2**31 - 1, -(2**31)):
+        for n in (0, 1, 5, 31):
+            assert shr32(a, n) == np.int32(np.uint32(a % 2**32) >> np.uint32(n))
+    assert shr8(-128, 1) == 64 and shr8(-1, 4) == 15 and shr8(100, 2) == 25
+    assert shr_u16(65535, 4) == 4095
+    np.testing.assert_array_equal(shr_vec(8), [4, (2**32 - 8) >> 3])
+
+
+@pytest.mark.difftape_only
+def test_bit_shr_needs_integers_in_a_kernel(ti):
+    @ti.kernel
+    def bad(a: ti.f32) -> ti.i32:
+        return ti.bit_shr(a, 1)
+
+    with pytest.raises(ti.KernelTypeError, match="bit_shr takes integers, got f32"):
+        bad(1.0)
+    with pytest.raises(ti.DifftapeError, match="kernels only"):
+        ti.bit_shr(8, 1)
+
+
 def test_cast_and_int_float_builtins(ti):
     @ti.kernel
     def run(a: ti.f64) -> ti.types.vector(5, ti.f64):

@@ -389,14 +389,9 @@ def test_get_scalar_field_grad_is_the_same_entry_of_the_grad(ti):
         ti.field(ti.f32, shape=2).get_scalar_field(0)
 
 
-@pytest.mark.difftape_only
 def test_field_keywords_are_honoured_or_refused(ti):
-    """An offset changes every index: refused (not silently indexed from 0); an unknown keyword
-    is a TypeError as in Taichi; ``order`` only picks a memory layout, values are unchanged."""
-    with pytest.raises(ti.DifftapeError, match="offset"):
-        ti.field(ti.f32, shape=(4, 4), offset=(-4, -4))
-    with pytest.raises(ti.DifftapeError, match="offset"):
-        ti.Vector.field(2, ti.f32, shape=4, offset=-2)
+    """An unknown keyword is a TypeError as in Taichi; ``order`` only picks a memory layout,
+    values are unchanged. (``offset`` changes the indices: tests/lang/test_offsets.py.)"""
     with pytest.raises(TypeError):
         ti.field(ti.f32, shape=4, foo_bar=1)
     x = ti.field(ti.i32, shape=(2, 3), order="ji")
@@ -409,3 +404,35 @@ def test_field_keywords_are_honoured_or_refused(ti):
     fill()
     a, b = np.indices((2, 3))
     np.testing.assert_array_equal(x.to_numpy(), a * 10 + b)
+
+
+@pytest.mark.difftape_only
+def test_placing_one_entry_of_a_matrix_field_is_refused(ti):
+    """(Taichi places each entry's scalar field on its own; difftape stores a matrix field's
+    entries together, so it refuses rather than fail with an AttributeError.)"""
+    v = ti.Vector.field(2, ti.i32)
+    with pytest.raises(ti.DifftapeError, match="place the matrix field"):
+        ti.root.dense(ti.i, 8).place(v.get_scalar_field(0))
+    ti.root.dense(ti.i, 8).place(v)
+    assert v.shape == (8,)
+
+
+def test_python_scope_misuses_of_a_field_are_errors(ti):
+    """A field is not a Python iterable, not sliceable, copy_from takes a field, and
+    from_numpy checks the shape (a (1,) array is not a 0-D field's value)."""
+    x = ti.field(ti.i32, shape=3)
+    with pytest.raises(NotImplementedError, match="Struct for is only available in Taichi "
+                                                  "scope"):
+        for _ in x:
+            pass
+    y = ti.field(ti.i32, shape=(2, 2))
+    with pytest.raises(TypeError, match="slicing a ti.field is not supported"):
+        print(y[0, :])
+    with pytest.raises(TypeError):
+        y.copy_from(np.zeros((2, 2)))
+    s = ti.field(ti.f32, shape=())
+    with pytest.raises(ValueError):
+        s.from_numpy(np.ones(1, dtype=np.float32))
+    v = ti.Vector.field(2, ti.f32, shape=3)
+    v.from_numpy(np.ones((3, 2, 1), dtype=np.float32))  # a column per element is fine
+    assert v[2][1] == 1

@@ -261,6 +261,33 @@ def test_list_comprehension_is_unrolled_at_compile_time(ti, fp, rtol):
     np.testing.assert_allclose(run(2.0), want, rtol=rtol)
 
 
+def test_comprehensions_over_matrices_and_dict_comprehensions(ti):
+    """A comprehension iterates a vector's entries and a matrix's rows (as a ti.static loop);
+    dict comprehensions and ``**`` in dict displays build compile-time dicts."""
+    @ti.kernel
+    def run(a: ti.i32) -> ti.i32:
+        m = ti.Matrix([[a, 2 * a, 3], [4, 5, 6]])
+        firsts = [row[0] for row in m]
+        flat = [e for row in m for e in row]
+        odd = {i: i * i for i in range(7) if i % 2 if i != 3}
+        both = {0: 100, **odd}
+        return firsts[0] * 10000 + firsts[1] * 1000 + flat[1] * 100 + flat[5] + \
+            both[0] + both[5] + both[1] + len(both)
+
+    # a*10000 + 4*1000 + 2a*100 + 6 + 100 + 25 + 1 + len({0, 1, 5})
+    assert run(1) == 10000 + 4000 + 200 + 6 + 100 + 25 + 1 + 3
+    assert run(3) == 30000 + 4000 + 600 + 6 + 100 + 25 + 1 + 3
+
+    @ti.kernel
+    def missing(k: ti.template()) -> ti.i32:
+        d = {i: i for i in range(3)}
+        return d[k]
+
+    assert missing(2) == 2
+    with pytest.raises(ti.TaichiCompilationError):
+        missing(5)
+
+
 def test_static_assert_and_static_print_run_at_compile_time(ti, capsys):
     x = ti.field(ti.i32, shape=4)
 

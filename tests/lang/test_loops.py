@@ -330,3 +330,37 @@ def test_parallel_loop_iterations_have_private_locals(ti, fp, rtol):
     for _ in range(3):
         u = u * 0.5 + t
     np.testing.assert_allclose(x.to_numpy(), u, rtol=rtol)
+
+
+def test_loops_under_a_plain_if_are_not_the_outermost(ti):
+    """As in Taichi, an ``if`` on a Python constant (not ti.static) is compiled as a runtime
+    ``if``: a loop in it is not an outermost (parallel) loop, so it may ``break``; under
+    ``if ti.static(...)`` it is, and it may not."""
+    @ti.kernel
+    def count() -> ti.i32:
+        a = 0
+        if True:
+            for i in range(1000):
+                if i == 100:
+                    break
+                a += 1
+        return a
+
+    assert count() == 100
+
+    @ti.kernel
+    def top_level_break():
+        for _i in range(10):
+            break
+
+    with pytest.raises(ti.TaichiSyntaxError, match="Cannot break in the outermost loop"):
+        top_level_break()
+
+    @ti.kernel
+    def static_if_break():
+        if ti.static(True):
+            for _i in range(10):
+                break
+
+    with pytest.raises(ti.TaichiSyntaxError, match="Cannot break in the outermost loop"):
+        static_if_break()

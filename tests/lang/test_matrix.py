@@ -385,3 +385,93 @@ def test_numpy_scalar_and_vector_in_python_scope(ti):
     assert isinstance(v, ti.Matrix) and isinstance(w, ti.Matrix)
     np.testing.assert_allclose(v.to_numpy(), [3.0, 4.0])
     np.testing.assert_allclose(w.to_numpy(), [3.0, 6.0])
+
+
+def test_slices_of_vectors_and_matrices_in_kernels(ti):
+    """``v[a:b:c]`` and ``m[rows, cols]`` with compile-time slices read a vector/matrix of the
+    entries; with one runtime index (``m[:, j]``) too; slice assignments and ``+=`` write
+    them back."""
+    b = 6
+
+    @ti.kernel
+    def read(j: ti.i32) -> ti.types.matrix(3, 3, ti.i32):
+        c = ti.Vector([0, 1, 2, 3, 4, 5, 6])
+        a = ti.Matrix([[1, 2, 3], [4, 5, 6], [7, 8, 9]])
+        v = c[:b:2]  # 0 2 4
+        low = a[1:, :]  # rows 1 and 2
+        col = a[:, j]
+        return ti.Matrix([[v[0], v[1], v[2]], [low[0, 0], low[1, 2], a[:1, 1:][0, 1]],
+                          [col[0], col[1], col[2]]])
+
+    np.testing.assert_array_equal(read(1), [[0, 2, 4], [4, 9, 3], [2, 5, 8]])
+    np.testing.assert_array_equal(read(2), [[0, 2, 4], [4, 9, 3], [3, 6, 9]])
+
+    @ti.kernel
+    def write(i: ti.i32) -> ti.types.matrix(3, 4, ti.i32):
+        mat = ti.Matrix([[1, 1, 1, 1] for _ in range(3)])
+        rows = ti.Matrix([[1, 2, 3, 4] for _ in range(2)])
+        mat[:2, :] += rows
+        mat[i, 1:3] = ti.Vector([7, 8])
+        mat[:, 0] = ti.Vector([-1, -2, -3])
+        return mat
+
+    want = np.array([[-1, 3, 4, 5], [-2, 3, 4, 5], [-3, 1, 1, 1]])
+    for i in range(3):
+        expected = want.copy()
+        expected[i, 1:3] = [7, 8]
+        np.testing.assert_array_equal(write(i), expected)
+
+
+def test_slices_carry_gradients(ti, fp, rtol):
+    x = ti.Vector.field(4, fp, shape=2, needs_grad=True)
+    loss = ti.field(fp, shape=(), needs_grad=True)
+    xs = np.arange(8.0).reshape(2, 4) / 3
+    x.from_numpy(xs)
+
+    @ti.kernel
+    def f():
+        for i in x:
+            v = x[i]
+            loss[None] += (v[1:3] * v[:2]).sum()
+
+    with ti.ad.Tape(loss=loss):
+        f()
+    np.testing.assert_allclose(loss[None], (xs[:, 1:3] * xs[:, :2]).sum(), rtol=rtol)
+    grad = np.zeros_like(xs)
+    grad[:, 1:3] += xs[:, :2]
+    grad[:, :2] += xs[:, 1:3]
+    np.testing.assert_allclose(x.grad.to_numpy(), grad, rtol=rtol)
+
+
+def test_slice_bounds_must_be_compile_time(ti):
+    @ti.kernel
+    def runtime_bound(i: ti.i32):
+        a = ti.Vector([0, 1, 2, 3, 4, 5, 6])
+        print(a[i::2])
+
+    with pytest.raises(ti.TaichiCompilationError,
+                       match="Taichi does not support variables in slice now"):
+        runtime_bound(1)
+
+
+def test_negative_slice_bounds_are_refused_in_kernels(ti):
+    @ti.kernel
+    def foo(i: int):
+        x = ti.Vector([i, i + 1, i + 2])
+        print(x[:-1])
+
+    with pytest.raises(ti.TaichiSyntaxError,
+                       match="Negative indices are not supported in Taichi kernels"):
+        foo(0)
+
+
+@pytest.mark.difftape_only
+def test_slicing_a_field_in_a_kernel_is_refused(ti):
+    x = ti.field(ti.i32, shape=3)
+
+    @ti.kernel
+    def foo():
+        print(x[:2])
+
+    with pytest.raises(ti.KernelIndexError, match="Slicing is not supported on ti.field"):
+        foo()

@@ -465,6 +465,21 @@ def test_append_to_a_full_list_raises(ti):
         push(3)
 
 
+def test_a_fields_snode_is_one_object(ti):
+    """``x.snode`` is the same SNode each time: its ``parent(0)`` is itself (as in Taichi)."""
+    val = ti.field(ti.i32)
+    blk1 = ti.root.dense(ti.k, 3)
+    blk2 = blk1.dense(ti.i, 7)
+    blk3 = blk2.dense(ti.j, 11)
+    blk3.place(val)
+    m = ti.Matrix.field(3, 2, ti.i32, shape=4)
+    for f in (val, m):
+        assert f.snode == f.snode and f.snode.parent(0) == f.snode
+    assert val.snode.parent() == blk3 and val.snode.parent(3) == blk1
+    assert val.snode.parent(4) == ti.root and val.shape == (7, 11, 3)
+    assert m.snode.parent().shape == (4,)
+
+
 def test_parent_of_a_field_made_with_shape(ti):
     x = ti.field(ti.f32, shape=(4, 5))
     v = ti.Vector.field(2, ti.f32, shape=3)

@@ -12,9 +12,10 @@ import linecache
 from ...types import i32
 from ..nodes import Block, KernelIR, Stmt
 
-#: How every bounds-check message starts ("{}" is the index): the runtime raises
-#: IndexOutOfRangeError for these, KernelAssertionError for other failed asserts.
-OUT_OF_RANGE = "index {} out of range"
+#: How every bounds-check message starts ("{}" is the index; Taichi's messages start with
+#: "Out of bound access" too): the runtime raises IndexOutOfRangeError for these,
+#: KernelAssertionError for other failed asserts.
+OUT_OF_RANGE = "Out of bound access: index {}"
 
 
 def _checks_for(s: Stmt, ir: KernelIR) -> list[Stmt]:
@@ -38,9 +39,18 @@ def _checks_for(s: Stmt, ir: KernelIR) -> list[Stmt]:
         if s.loc:
             text = linecache.getline(s.loc[0], s.loc[1]).strip()
             where = f"\n  in kernel '{ir.name}', {s.loc[0]}:{s.loc[1]}\n    {text}"
-        msg = (f"{OUT_OF_RANGE} for axis {axis} of '{buf.name}' with shape "
+        shown = idx  # the index as the user wrote it: a field's offset added back
+        off = buf.offset[axis] if buf.offset else 0
+        extra: list[Stmt] = []
+        if off:
+            c = Stmt("const", i32, (), off, loc=s.loc)
+            shown = Stmt("add", i32, (idx, c), loc=s.loc)
+            extra = [c, shown]
+            where = f" and offset {buf.offset}{where}"
+        msg = (f"{OUT_OF_RANGE} out of range for axis {axis} of '{buf.name}' with shape "
                f"{shape}{where}")
-        out += [ext, zero, lo, hi, ok, Stmt("assert", None, (ok, idx), msg, loc=s.loc)]
+        out += [ext, zero, lo, hi, ok, *extra,
+                Stmt("assert", None, (ok, shown), msg, loc=s.loc)]
     return out
 
 

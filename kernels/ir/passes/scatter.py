@@ -105,7 +105,8 @@ def privatize_scatters(ir: KernelIR) -> KernelIR:
             buf = ir.buffers[slot]
             kind, ident, role = buf.key
             ir.buffers.append(Buffer(("private", ident, role), buf.dtype, buf.shape,
-                                     f"{buf.name} (per-chunk copy)", buf.element_ndim))
+                                     f"{buf.name} (per-chunk copy)", buf.element_ndim,
+                                     buf.offset))
             private[slot] = len(ir.buffers) - 1
         t.body = _rewrite(t.body, private, {})
         loc = next((s.loc for s in walk(t.body) if s.loc), None)

@@ -1,0 +1,266 @@
+"""Error messages contain the phrases Taichi's own messages have.
+
+Programs (and Taichi's test-suite) match Taichi's messages with ``pytest.raises(...,
+match=...)`` or in logs; difftape's messages say more (where, why, how to fix it) but contain
+Taichi's phrase, and the exception is of the class Taichi raises. These tests run on Taichi too.
+"""
+
+import numpy as np
+import pytest
+
+
+def test_unknown_name(ti):
+    @ti.kernel
+    def foo():
+        a + 1  # noqa: F821
+
+    with pytest.raises(ti.TaichiNameError, match='Name "a" is not defined'):
+        foo()
+
+
+def test_unsupported_statement_and_nested_function_definitions(ti):
+    @ti.kernel
+    def raises():
+        raise Exception()
+
+    with pytest.raises(ti.TaichiSyntaxError, match='Unsupported node "Raise"'):
+        raises()
+
+    @ti.kernel
+    def defines():
+        def bar():
+            pass
+
+    with pytest.raises(ti.TaichiSyntaxError, match="Function definition is not allowed in "
+                                                   "'ti.kernel'"):
+        defines()
+
+    @ti.func
+    def func_defines():
+        def bar():
+            pass
+
+    @ti.kernel
+    def calls():
+        func_defines()
+
+    with pytest.raises(ti.TaichiSyntaxError, match="Function definition is not allowed in "
+                                                   "'ti.func'"):
+        calls()
+
+
+def test_range_with_a_step_and_static_of_a_runtime_value(ti):
+    @ti.kernel
+    def stepped():
+        for i in range(3, 7, 2):
+            print(i)
+
+    with pytest.raises(ti.TaichiCompilationError,
+                       match="Range should have 1 or 2 arguments, found 3"):
+        stepped()
+
+    @ti.kernel
+    def static_if(val: ti.f32):
+        if ti.static(val > 0.5):
+            print(val)
+
+    with pytest.raises(ti.TaichiCompilationError, match="must be compile-time constants"):
+        static_if(0.7)
+
+
+def test_leaving_a_static_loop_under_a_runtime_if(ti):
+    @ti.kernel
+    def leave(a: ti.i32):
+        for i in ti.static(range(3)):
+            if a > i:
+                break
+
+    with pytest.raises(ti.TaichiSyntaxError, match="You are trying to `break` a static `for` "
+                                                   "loop"):
+        leave(1)
+
+
+def test_returns(ti):
+    @ti.kernel
+    def no_return() -> ti.i32:
+        pass
+
+    with pytest.raises(ti.TaichiSyntaxError, match="Kernel has a return type but does not "
+                                                   "have a return statement"):
+        no_return()
+
+    @ti.func
+    def bar() -> ti.i32:
+        pass
+
+    @ti.kernel
+    def calls_bar() -> ti.i32:
+        return bar()
+
+    with pytest.raises(ti.TaichiCompilationError, match="Function has a return type but does "
+                                                        "not have a return statement"):
+        calls_bar()
+
+    @ti.kernel
+    def returns_in_loop() -> ti.i32:
+        for i in range(3):
+            return i
+        return 0
+
+    with pytest.raises(ti.TaichiCompilationError,
+                       match="Return inside non-static if/for is not supported"):
+        returns_in_loop()
+
+
+def test_operand_types(ti):
+    @ti.kernel
+    def bitwise_float(a: ti.f32, b: ti.f32):
+        print(a & b)
+
+    with pytest.raises(ti.TaichiTypeError, match=r"unsupported operand type\(s\) for '&'"):
+        bitwise_float(1.0, 2.0)
+
+    @ti.kernel
+    def invert_float(x: ti.f32) -> ti.f32:
+        return ~x
+
+    with pytest.raises(ti.TaichiTypeError, match="takes integral inputs only"):
+        invert_float(1.0)
+
+    @ti.kernel
+    def not_float(x: ti.f32) -> ti.i32:
+        return not x
+
+    with pytest.raises(ti.TaichiTypeError, match="takes integral inputs only"):
+        not_float(1.0)
+
+    @ti.kernel
+    def select(b: ti.i32):
+        a = ti.Vector([1, 2, 3])
+        c = ti.Vector([1, 2])
+        print(a if b else c)
+
+    with pytest.raises(ti.TaichiCompilationError, match="Cannot broadcast tensor to tensor"):
+        select(1)
+
+
+def test_out_of_bound_access_under_debug(ti):
+    ti.init(arch=ti.cpu, debug=True)
+
+    @ti.kernel
+    def read(a: ti.types.ndarray(dtype=ti.f32, ndim=1), i: ti.i32) -> ti.f32:
+        return a[i]
+
+    arr = np.arange(4, dtype=np.float32)
+    assert read(arr, 3) == 3.0
+    with pytest.raises(AssertionError, match="Out of bound access"):
+        read(arr, 4)
+
+    @ti.kernel
+    def entry(i: ti.i32, j: ti.i32) -> ti.i32:
+        m = ti.Matrix([[1, 2], [3, 4]])
+        return m[i, j]
+
+    assert entry(1, 0) == 3
+    with pytest.raises(AssertionError, match="Out of bound access"):
+        entry(2, 0)
+
+
+def test_ndarray_argument_mismatches(ti):
+    @ti.kernel
+    def ints(x: ti.types.ndarray(dtype=ti.i32, ndim=1)):
+        pass
+
+    with pytest.raises(ValueError, match="Invalid value for argument x - required array has "
+                                         "dtype="):
+        ints(np.zeros(3, dtype=np.int64))
+    with pytest.raises(ValueError, match="Non contiguous numpy arrays are not supported"):
+        ints(np.zeros(6, dtype=np.int32)[::2])
+    with pytest.raises(ValueError, match=r"required ndim=1, but 2d ndarray with shape \(2, 3\) "
+                                         r"is provided"):
+        ints(ti.ndarray(ti.i32, shape=(2, 3)))
+    with pytest.raises(ValueError, match="Invalid value for argument x - required array has "
+                                         "ndim=1, array with 2 dimensions is provided"):
+        ints(np.zeros((2, 3), dtype=np.int32))
+    with pytest.raises(TypeError, match="Invalid type for argument x, got 1.2"):
+        ints(1.2)
+
+    @ti.kernel
+    def mats(m: ti.types.ndarray(dtype=ti.math.mat3, ndim=1)):
+        pass
+
+    with pytest.raises(ValueError, match=r"Invalid value for argument m - required "
+                                         r"element_shape=\(3, 3\), array with element shape of "
+                                         r"\(2, 3\)"):
+        mats(np.zeros((4, 2, 3), dtype=np.float32))
+
+    @ti.kernel
+    def template(t: ti.template()):
+        pass
+
+    with pytest.raises(ti.TaichiRuntimeTypeError, match="Ndarray shouldn't be passed in via"):
+        template(ti.ndarray(ti.f32, shape=3))
+
+
+def test_identity_and_membership_operators(ti):
+    """``is`` has no meaning for kernel values; ``in`` is decided at compile time, so only
+    inside ti.static(...)."""
+    b = ti.field(ti.i32, shape=())
+    c = ti.field(ti.i32, shape=())
+
+    @ti.kernel
+    def identity():
+        print(b is c)
+
+    with pytest.raises(ti.TaichiSyntaxError, match='Operator "is" in Taichi scope is not '
+                                                   'supported'):
+        identity()
+
+    @ti.kernel
+    def membership():
+        print(1 in [1, 2])
+
+    with pytest.raises(ti.TaichiSyntaxError, match='"In" is only supported inside `ti.static`'):
+        membership()
+
+    @ti.kernel
+    def static_membership(k: ti.template()) -> ti.i32:
+        r = 0
+        if ti.static(k in (1, 2)):
+            r = 10
+        if ti.static(k not in (1, 2)):
+            r += 1
+        return r
+
+    assert static_membership(1) == 10 and static_membership(3) == 1
+
+
+def test_kernel_arguments_are_immutable(ti):
+    @ti.kernel
+    def assign(a: ti.i32):
+        a = 1  # noqa: F841
+
+    @ti.kernel
+    def augassign(a: ti.i32):
+        a += 1
+
+    @ti.kernel
+    def annassign(a: ti.i32):
+        a: ti.i32 = 1  # noqa: F841
+
+    @ti.kernel
+    def template(a: ti.template()):
+        a = 5  # noqa: F841
+
+    for k in (assign, augassign, annassign, template):
+        with pytest.raises(ti.TaichiSyntaxError,
+                           match='Kernel argument "a" is immutable in the kernel'):
+            k(5)
+
+    @ti.kernel
+    def copies(a: ti.i32) -> ti.i32:
+        b = a
+        b += 1
+        return b
+
+    assert copies(5) == 6
