@@ -124,10 +124,17 @@ _PURE_KEYED = frozenset({"load", "const", "arg", "buf_shape", "loop_index", "cas
 FAST = "contract"  # allow FMA formation, as Taichi does; results stay within rounding
 
 
+#: Called as ``observer(ir, layout)`` for every kernel lowered (whether or not its object code
+#: then comes from the cache): ``ptx_check.py`` also lowers each one for the CUDA target.
+observers: list = []
+
+
 class Lowering:
     """Writes one module for a kernel's tasks."""
 
     def __init__(self, ir: KernelIR, layout: CtxLayout, target) -> None:
+        for observe in observers:
+            observe(ir, layout)
         self.ir = ir
         self.layout = layout
         self.target = target
@@ -265,15 +272,16 @@ class Lowering:
             self.target.stack_init(self)
             self.stack = True
 
-    def range_body(self, task: Task, indices) -> None:
+    def range_body(self, task: Task, indices, ordered: bool = True) -> None:
         """A range task's body for this invocation: the prologue, the loop over this
         invocation's indices, the epilogue (an ordered task's after the previous chunk's).
         ``indices()``, called after the prologue, gives the loop ``(begin, end, step,
         wide)``: indices ``begin, begin + step, ...`` below ``end``, i32 values (``step``
         None for 1), or i64 values when ``wide`` (a grid-stride loop, whose index may step
-        past 2^31)."""
+        past 2^31). ``ordered``: an ordered task's invocations are chunks that commit their
+        epilogues in turn (``False`` where the target runs such a task on one thread)."""
         self.copies = self._private_copies(task)
-        self.turn = "waiting" if task.schedule == "ordered" else None
+        self.turn = "waiting" if ordered and task.schedule == "ordered" else None
         self.block(task.prologue)
         begin, end, step, wide = indices()
         self.counted_loop(task.loop_id, begin, end, task.body, step=step, wide=wide)
