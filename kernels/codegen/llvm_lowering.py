@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import struct
+import threading
 from dataclasses import dataclass, field
 
 from .. import types as T
@@ -124,17 +125,18 @@ _PURE_KEYED = frozenset({"load", "const", "arg", "buf_shape", "loop_index", "cas
 FAST = "contract"  # allow FMA formation, as Taichi does; results stay within rounding
 
 
-#: Called as ``observer(ir, layout)`` for every kernel lowered (whether or not its object code
-#: then comes from the cache): ``ptx_check.py`` also lowers each one for the CUDA target.
+#: Called as ``observer(ir, layout)`` for every kernel whose module is written (not for one
+#: whose object code comes from the cache), after it was written without error:
+#: ``ptx_check.py`` also lowers each one for the CUDA target.
 observers: list = []
+_observing = threading.local()
+_observing.active = False
 
 
 class Lowering:
     """Writes one module for a kernel's tasks."""
 
     def __init__(self, ir: KernelIR, layout: CtxLayout, target) -> None:
-        for observe in observers:
-            observe(ir, layout)
         self.ir = ir
         self.layout = layout
         self.target = target
@@ -197,8 +199,16 @@ class Lowering:
             head.append(f'target datalayout = "{self.target.datalayout}"')
         trailer = self.target.module_trailer(self)
         groups = [f"attributes #{n} = {{ {text} }}" for text, n in self.attribute_groups.items()]
-        return "\n".join(head + sorted(self.declarations) + self.functions + trailer +
+        text = "\n".join(head + sorted(self.declarations) + self.functions + trailer +
                          groups + self._alias_metadata()) + "\n"
+        if observers and not _observing.active:  # not for the observers' own lowerings
+            _observing.active = True
+            try:
+                for observe in observers:
+                    observe(self.ir, self.layout)
+            finally:
+                _observing.active = False
+        return text
 
     # ------------------------------------------------------------------ alias information
     def _field_slots(self) -> list[int]:
