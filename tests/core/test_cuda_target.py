@@ -260,3 +260,13 @@ def test_ptx_uses_libdevice_native_atomics_and_vprintf(prog, tmp_path):
 def test_architecture_is_checked():
     with pytest.raises(ValueError, match="sm_75"):
         cuda.CUDATarget("compute_75x")
+
+
+def test_both_targets_supply_the_whole_target_interface():
+    from difftape.codegen.target import Target
+
+    members = [n for n in vars(Target) if not n.startswith("_")] + \
+        list(Target.__annotations__)
+    for target in (cpu.get_target(), cuda.get_target()):
+        missing = [n for n in members if not hasattr(target, n)]
+        assert not missing, (target.name, missing)
