@@ -45,7 +45,7 @@ import llvmlite.binding as llvm
 from ..errors import CompileError
 from ..ir.nodes import Block, Task
 from ..types import DType
-from .llvm_lowering import TRANSCENDENTAL, Lowering
+from .llvm_lowering import TRANSCENDENTAL, Lowering, ll_type
 
 #: the oldest architecture CUDA 13's ptxas accepts; PTX made for it runs on all later GPUs
 DEFAULT_ARCH = "sm_75"
@@ -119,7 +119,7 @@ class CUDATarget:
                 serial, low.serial = low.serial, True
                 low.block(task.bounds)  # pure: every thread computes the range itself
                 low.serial = serial
-                b, e = (fn.ins(f"sext {_ll(s.dtype)} {low.values[s]} to i64")
+                b, e = (fn.ins(f"sext {ll_type(s.dtype)} {low.values[s]} to i64")
                         for s in (task.begin, task.end))
                 if one_thread:
                     return b, e, None, True
@@ -153,7 +153,7 @@ class CUDATarget:
         if t.bits == 16:
             raise CompileError(f"{name} on f16 is not supported: f16 is a storage type here; "
                                "cast to ti.f32 first", kernel=low.ir.name)
-        ty = _ll(t)
+        ty = ll_type(t)
         sym = f"__nv_{name}{'f' if t.bits == 32 else ''}"
         pure = low.attribute_group("nounwind willreturn memory(none)")
         low.declare(f"declare {ty} @{sym}({', '.join([ty] * len(args))}) {pure}")
@@ -287,12 +287,6 @@ class CUDATarget:
     def load(self, obj: bytes, names: list[str]) -> tuple[object, dict[str, int]]:
         raise CompileError("the CUDA target has no runtime yet: ti.init(arch=ti.cuda) runs on "
                            "the CPU")
-
-
-def _ll(t: DType) -> str:
-    from .llvm_lowering import ll_type
-
-    return ll_type(t)
 
 
 @functools.cache
