@@ -16,6 +16,13 @@ Fixtures:
 
 Tests that check difftape-only behaviour carry the ``difftape_only`` marker; they are skipped
 when the peer is Taichi.
+
+PTX check (``DIFFTAPE_CHECK_PTX``): every kernel the tests compile is also compiled for the CUDA
+target and assembled by ``ptxas`` (difftape/codegen/ptx_check.py); a kernel that cannot be
+fails the run, listed with the reason at the end. On by default where ``ptxas`` and libdevice
+are found (CI, the development machines); ``DIFFTAPE_CHECK_PTX=0`` turns it off, ``=1``
+insists (an error where it cannot run). ``DIFFTAPE_PTX_ARCH`` picks the architecture (default
+sm_75) and ``DIFFTAPE_PTX_DIR`` keeps the PTX there (default: a temporary directory).
 """
 
 import importlib
@@ -60,13 +67,57 @@ def pytest_configure(config):
         raise pytest.UsageError(
             f"DIFFTAPE_TEST_PEER={PEER!r}: expected one of {', '.join(_BACKENDS)}"
         )
+    config._difftape_ptx = _start_ptx_check()
     config.addinivalue_line(
         "markers", "difftape_only: checks difftape-specific behaviour; skipped against Taichi"
     )
 
 
 def pytest_report_header(config):
-    return f"language backend under test: {PEER}"
+    lines = [f"language backend under test: {PEER}"]
+    check = getattr(config, "_difftape_ptx", None)
+    if check is not None:
+        lines.append(f"PTX check: every kernel also through ptxas -arch={check.arch} "
+                     f"(DIFFTAPE_CHECK_PTX=0 to skip), PTX in {check.directory}")
+    return lines
+
+
+def _start_ptx_check():
+    want = os.environ.get("DIFFTAPE_CHECK_PTX", "").strip()
+    if PEER != "difftape" or want == "0":
+        return None
+    from difftape.codegen import ptx_check
+
+    why = ptx_check.available()
+    if why is not None:
+        if want == "1":
+            raise pytest.UsageError(f"DIFFTAPE_CHECK_PTX=1 but {why}")
+        return None
+    directory = os.environ.get("DIFFTAPE_PTX_DIR") or None
+    if directory:
+        os.makedirs(directory, exist_ok=True)
+    return ptx_check.install(arch=os.environ.get("DIFFTAPE_PTX_ARCH") or ptx_check.DEFAULT_ARCH,
+                             directory=directory)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session, exitstatus):
+    check = getattr(session.config, "_difftape_ptx", None)
+    if check is not None and check.finish() and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    check = getattr(config, "_difftape_ptx", None)
+    if check is None:
+        return
+    tr = terminalreporter
+    ok = check.modules - sum(f.stage != "lowering" for f in check.failures)
+    tr.write_line(f"PTX check ({check.arch}): {check.kernels} kernels compiled, "
+                  f"{check.modules} distinct CUDA modules, {ok} accepted by ptxas, "
+                  f"{len(check.failures)} failed ({check.worker_s:.0f} s in workers)")
+    for f in check.failures:
+        tr.write_line(f"  PTX FAILED {f}", red=True)
 
 
 def pytest_collection_modifyitems(config, items):

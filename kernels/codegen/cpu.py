@@ -7,6 +7,13 @@ than the scalarized ``llvm.sin`` that LLVM emits without a vector library). Wher
 missing (not glibc), the scalar calls remain and are still correct. The sine and cosine
 of one value (what any derivative of either needs) are one call of our own ``dt_sincos[f]``
 (:mod:`.vecmath`), inlined into the vector loop after vectorization.
+
+The task ABI (:class:`.target.Target`): each task is ``void @<kernel>_task<k>(ptr %ctx, i64
+%begin, i64 %end, i32 %tid)``, called by the thread pool (``runtime/parallel.py``) once per
+chunk [begin, end) of a range task's indices (once for a serial task) with the pool thread's
+id; a range task also gets ``void @<kernel>_bounds<k>(ptr %ctx, ptr %out)`` computing its
+range. Scratch memory comes from libc: a chunk's private copies from ``calloc``, the
+reverse-mode stack grows by ``realloc``; a thread's random state is ``rng[tid]``.
 """
 
 from __future__ import annotations
@@ -19,14 +26,33 @@ import llvmlite
 import llvmlite.binding as llvm
 
 from ..errors import CompileError
+from ..ir.nodes import Block, Stmt, Task, walk
 from ..types import DType
 from . import vecmath
-from .llvm_lowering import TRANSCENDENTAL
+from .llvm_lowering import TRANSCENDENTAL, FunctionText, Lowering
 
 _LIBM_NAMES = {"sin": "sin", "cos": "cos", "tan": "tan", "asin": "asin", "acos": "acos",
                "atan": "atan", "tanh": "tanh", "exp": "exp", "log": "log", "pow": "pow",
                "atan2": "atan2"}
 _ARITY = {"pow": 2, "atan2": 2}
+
+
+def worth_vectorizing(body: Block) -> bool:
+    """Vectorize a parallel loop only when its body is straight-line code with indices computed
+    without loads. Branches become masked code and data-dependent indices gathers and
+    scatters; for such bodies (particle-to-grid transfers, boundary conditions) LLVM's cost
+    model picks vector code that was measured 1.5-2.5x slower than scalar."""
+    data: set[Stmt] = set()
+    for s in walk(body):
+        if s.op in ("if", "while"):
+            return False
+        if s.op in ("load", "local_load", "temp_load") or any(a in data for a in s.args):
+            data.add(s)
+        if s.op in ("load", "store", "atomic"):
+            idx = s.args if s.op == "load" else s.args[:-1]
+            if any(a in data for a in idx):
+                return False
+    return True
 
 
 class CPUTarget:
@@ -117,7 +143,110 @@ class CPUTarget:
         return (f"cpu:{self.triple}:{self.cpu}:{self.features}:llvmlite{llvmlite.__version__}"
                 f":{variants}")
 
+    # ------------------------------------------------------------------ task entry points
+    def task_functions(self, low: Lowering, k: int, task: Task) -> list[str]:
+        """The chunk function of task ``k`` (and, for a range task, its bounds function)."""
+        fn = low.begin_task(f"define void @{low.task_name(k)}(ptr noalias %ctx, i64 %begin, "
+                            f"i64 %end, i32 %tid) #0", task)
+        low.task_setup(task)
+        if task.kind == "serial":
+            low.block(task.body)
+        else:
+            low.range_body(task, lambda: (fn.ins("trunc i64 %begin to i32"),
+                                          fn.ins("trunc i64 %end to i32"), None, False))
+        out = [low.finish_task()]
+        if task.kind == "range":
+            out.append(low.bounds_function(k, task))
+        return out
+
+    def entry_names(self, low: Lowering) -> list[str]:
+        names = []
+        for k, t in enumerate(low.ir.tasks):
+            names.append(low.task_name(k))
+            if t.kind == "range":
+                names.append(low.bounds_name(k))
+        return names
+
+    def rng_index(self, low: Lowering) -> str:
+        return low.fn.ins("sext i32 %tid to i64")
+
+    def loop_hint(self, low: Lowering, body: Block) -> str:
+        if worth_vectorizing(body):
+            return ""
+        off = getattr(low, "_no_vectorize_md", None)
+        if off is None:
+            off = low._no_vectorize_md = low.metadata('!{{!"llvm.loop.vectorize.enable", '
+                                                      "i1 false}}")
+        return f", !llvm.loop !{low.metadata('distinct !{{!{n}, !' + str(off) + '}}')}"
+
+    # ------------------------------------------------------------------ scratch memory
+    def private_copy(self, low: Lowering, elements: int, elem_bytes: int) -> str:
+        low.declare(f"declare ptr @{self.calloc_symbol}(i64, i64)")
+        low.declare(f"declare void @{self.free_symbol}(ptr)")
+        return low.fn.ins(f"call ptr @{self.calloc_symbol}(i64 {elements}, i64 {elem_bytes})")
+
+    def release_private(self, low: Lowering, ptr: str) -> None:
+        low.fn.void(f"call void @{self.free_symbol}(ptr {ptr})")
+
+    def stack_init(self, low: Lowering) -> None:
+        """The stack starts empty and unallocated; the first push allocates 256 slots."""
+        fn = low.fn
+        data, top, cap = fn.alloca("ptr"), fn.alloca("i64"), fn.alloca("i64")
+        fn.allocas += [f"  store ptr null, ptr {data}", f"  store i64 0, ptr {top}",
+                       f"  store i64 0, ptr {cap}"]
+        low.declare(f"declare ptr @{self.realloc_symbol}(ptr, i64)")
+        low.declare(f"declare void @{self.free_symbol}(ptr)")
+        low.stack_state = (data, top, cap)
+
+    def stack_push(self, low: Lowering, bits: str) -> None:
+        """Push, doubling the allocation when full (the stack never overflows)."""
+        fn: FunctionText = low.fn
+        data, top, cap = low.stack_state
+        n = fn.ins(f"load i64, ptr {top}")
+        c = fn.ins(f"load i64, ptr {cap}")
+        full = fn.ins(f"icmp eq i64 {n}, {c}")
+        grow, ok = fn.label("stack_grow"), fn.label("stack_ok")
+        fn.term(f"br i1 {full}, label %{grow}, label %{ok}")
+        fn.start_block(grow)
+        dbl = fn.ins(f"shl i64 {c}, 1")
+        z = fn.ins(f"icmp eq i64 {c}, 0")
+        newcap = fn.ins(f"select i1 {z}, i64 256, i64 {dbl}")
+        nbytes = fn.ins(f"shl i64 {newcap}, 3")
+        old = fn.ins(f"load ptr, ptr {data}")
+        new = fn.ins(f"call ptr @{self.realloc_symbol}(ptr {old}, i64 {nbytes})")
+        fn.void(f"store ptr {new}, ptr {data}")
+        fn.void(f"store i64 {newcap}, ptr {cap}")
+        fn.start_block(ok)
+        base = fn.ins(f"load ptr, ptr {data}")
+        p = fn.ins(f"getelementptr i64, ptr {base}, i64 {n}", "p")
+        fn.void(f"store i64 {bits}, ptr {p}")
+        n1 = fn.ins(f"add i64 {n}, 1")
+        fn.void(f"store i64 {n1}, ptr {top}")
+
+    def stack_pop(self, low: Lowering) -> str:
+        fn = low.fn
+        data, top, _ = low.stack_state
+        n = fn.ins(f"load i64, ptr {top}")
+        n1 = fn.ins(f"sub i64 {n}, 1")
+        fn.void(f"store i64 {n1}, ptr {top}")
+        base = fn.ins(f"load ptr, ptr {data}")
+        p = fn.ins(f"getelementptr i64, ptr {base}, i64 {n1}", "p")
+        return fn.ins(f"load i64, ptr {p}")
+
+    def stack_release(self, low: Lowering) -> None:
+        p = low.fn.ins(f"load ptr, ptr {low.stack_state[0]}")
+        low.fn.void(f"call void @{self.free_symbol}(ptr {p})")
+
     # ------------------------------------------------------------------ lowering hooks
+    def pause(self, low: Lowering) -> None:
+        low.declare(f"declare i32 @{self.yield_symbol}()")
+        low.fn.ins(f"call i32 @{self.yield_symbol}()")
+
+    def print_call(self, low: Lowering, fmt: str, args: list[str]) -> None:
+        low.declare(f"declare i32 @{self.printf_symbol}(ptr, ...)")
+        low.fn.ins(f"call i32 (ptr, ...) @{self.printf_symbol}(ptr {fmt}"
+                   + "".join(", " + a for a in args) + ")")
+
     def math_call(self, low, name: str, t: DType, args: list[str], paired: bool = False) -> str:
         """A call of libm's ``name`` (libmvec's vector version once vectorized). ``paired``:
         the kernel also takes the other of sin/cos of this value; such pairs then share one

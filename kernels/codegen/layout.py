@@ -1,8 +1,10 @@
 """The launch context: one array of 64-bit slots shared by the launcher and the generated code.
 
 Buffers' base pointers, ndarray extents, scalar arguments, temps (kernel-level variables shared
-between tasks), return values, the error report, the random-state pointer and the commit ticket
-of ordered (deterministic) tasks each have a slot. Floats travel as f64 bit patterns and
+between tasks), return values, the error report, the random-state pointer, the commit ticket
+of ordered (deterministic) tasks and, for targets whose reverse-mode stacks come from a
+preallocated pool (CUDA), the pool's address, each thread's capacity and the overflow flag each
+have a slot. Floats travel as f64 bit patterns and
 integers as i64, so the Python side writes every scalar with one NumPy store and the layout does
 not depend on argument types.
 """
@@ -25,6 +27,9 @@ class CtxLayout:
     err_value: int = 0
     rng: int = 0
     commit: int = 0  # an "ordered" task's next chunk to commit (its begin index)
+    stack_pool: int = 0  # pooled stacks: the pool's address
+    stack_cap: int = 0  # pooled stacks: slots per thread
+    overflow: int = 0  # set when a pooled stack or the device heap ran out: rerun larger
     size: int = 0
 
 
@@ -48,5 +53,6 @@ def ctx_layout(ir: KernelIR) -> CtxLayout:
         lay.returns.append(n)
         n += 1
     lay.err_code, lay.err_value, lay.rng, lay.commit = n, n + 1, n + 2, n + 3
-    lay.size = n + 4
+    lay.stack_pool, lay.stack_cap, lay.overflow = n + 4, n + 5, n + 6
+    lay.size = n + 7
     return lay

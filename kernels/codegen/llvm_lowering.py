@@ -1,20 +1,24 @@
 """Shared lowering of offloaded difftape IR to LLVM IR text.
 
-Every target (CPU now, CUDA next) uses this module; a target supplies only what differs: the
-triple and data layout, how transcendental math is called (libmvec variants on the CPU,
-libdevice on NVIDIA GPUs) and how tasks are wrapped. We write LLVM IR as text rather than
-through ``llvmlite.ir`` so that call-site attributes, fast-math flags and metadata are exactly
-what we mean.
+Every target (``cpu.py``, ``cuda.py``) uses this module; a target supplies only what differs
+(:class:`.target.Target`): the triple and data layout, each task's entry points and index
+mapping, how transcendental math is called (libmvec variants on the CPU, libdevice on NVIDIA
+GPUs), scratch memory (private copies, the reverse-mode stack), per-thread random states and
+loop hints. We write LLVM IR as text rather than through ``llvmlite.ir`` so that call-site
+attributes, fast-math flags and metadata are exactly what we mean.
 
-Each task becomes ``void @<kernel>_task<k>(ptr %ctx, i64 %begin, i64 %end, i32 %tid)``; a range
-task also gets ``void @<kernel>_bounds<k>(ptr %ctx, ptr %out)`` that computes its index range.
-Locals are allocas in the entry block (LLVM's mem2reg turns them into registers).
+A target writes a task's entry function with :meth:`Lowering.begin_task`, lowers the body
+with :meth:`Lowering.range_body` (range tasks: prologue, the loop over this thread's indices,
+epilogue) or :meth:`Lowering.block` (serial tasks), and ends it with
+:meth:`Lowering.finish_task`. Locals are allocas in the entry block (LLVM's mem2reg turns them
+into registers).
 """
 
 from __future__ import annotations
 
 import functools
 import struct
+import threading
 from dataclasses import dataclass, field
 
 from .. import types as T
@@ -51,27 +55,8 @@ def assert_messages(ir: KernelIR) -> list[str]:
     return out
 
 
-# Metadata numbering: !1 is "do not vectorize", loop nodes from !2, alias scopes after them.
-_LOOP_MD = 2
+# Metadata numbering: loop and other nodes (``Lowering.metadata``) from !1, alias scopes after.
 _ALIAS_MD = 1 << 20
-
-
-def _worth_vectorizing(body: Block) -> bool:
-    """Vectorize a parallel loop only when its body is straight-line code with indices computed
-    without loads. Branches become masked code and data-dependent indices gathers and
-    scatters; for such bodies (particle-to-grid transfers, boundary conditions) LLVM's cost
-    model picks vector code that was measured 1.5-2.5x slower than scalar."""
-    data: set[Stmt] = set()
-    for s in walk(body):
-        if s.op in ("if", "while"):
-            return False
-        if s.op in ("load", "local_load", "temp_load") or any(a in data for a in s.args):
-            data.add(s)
-        if s.op in ("load", "store", "atomic"):
-            idx = s.args if s.op == "load" else s.args[:-1]
-            if any(a in data for a in idx):
-                return False
-    return True
 
 
 @dataclass
@@ -140,6 +125,14 @@ _PURE_KEYED = frozenset({"load", "const", "arg", "buf_shape", "loop_index", "cas
 FAST = "contract"  # allow FMA formation, as Taichi does; results stay within rounding
 
 
+#: Called as ``observer(ir, layout)`` for every kernel whose module is written (not for one
+#: whose object code comes from the cache), after it was written without error:
+#: ``ptx_check.py`` also lowers each one for the CUDA target.
+observers: list = []
+_observing = threading.local()
+_observing.active = False
+
+
 class Lowering:
     """Writes one module for a kernel's tasks."""
 
@@ -153,8 +146,7 @@ class Lowering:
         self.symbol = ir.name
         self.messages = {m: k + 1 for k, m in enumerate(assert_messages(ir))}
         self.attribute_groups: dict[str, int] = {"nounwind": 0}
-        self.loop_metadata: list[str] = []
-        self._loop_md = _LOOP_MD
+        self.metadata_nodes: list[str] = []
 
     @functools.cached_property
     def sin_and_cos(self) -> set[Stmt]:
@@ -201,16 +193,22 @@ class Lowering:
     # ------------------------------------------------------------------ module
     def module(self) -> str:
         for k, task in enumerate(self.ir.tasks):
-            self.functions.append(self._task(k, task))
-            if task.kind == "range":
-                self.functions.append(self._bounds(k, task))
+            self.functions += self.target.task_functions(self, k, task)
         head = [f'target triple = "{self.target.triple}"']
         if self.target.datalayout:
             head.append(f'target datalayout = "{self.target.datalayout}"')
         trailer = self.target.module_trailer(self)
         groups = [f"attributes #{n} = {{ {text} }}" for text, n in self.attribute_groups.items()]
-        return "\n".join(head + sorted(self.declarations) + self.functions + trailer +
+        text = "\n".join(head + sorted(self.declarations) + self.functions + trailer +
                          groups + self._alias_metadata()) + "\n"
+        if observers and not _observing.active:  # not for the observers' own lowerings
+            _observing.active = True
+            try:
+                for observe in observers:
+                    observe(self.ir, self.layout)
+            finally:
+                _observing.active = False
+        return text
 
     # ------------------------------------------------------------------ alias information
     def _field_slots(self) -> list[int]:
@@ -222,7 +220,7 @@ class Lowering:
         scope (a caller may pass one array twice)."""
         fields = self._field_slots()
         if len(fields) < 2:
-            return self._loop_metadata_text()
+            return self.metadata_nodes
         m = _ALIAS_MD
         out = [f'!{m} = distinct !{{!{m}, !"difftape buffers"}}']
         for k in range(len(fields)):
@@ -232,18 +230,13 @@ class Lowering:
             others = ", ".join(f"!{m + 1 + o}" for o in range(len(fields)) if o != k)
             out.append(f"!{base + 2 * k} = !{{!{m + 1 + k}}}")
             out.append(f"!{base + 2 * k + 1} = !{{{others}}}")
-        return out + self._loop_metadata_text()
+        return out + self.metadata_nodes
 
-    def _loop_metadata_text(self) -> list[str]:
-        if not self.loop_metadata:
-            return []
-        return ['!1 = !{!"llvm.loop.vectorize.enable", i1 false}'] + self.loop_metadata
-
-    def _no_vectorize(self) -> int:
-        """A distinct loop-metadata node turning the loop vectorizer off for one loop."""
-        n = self._loop_md
-        self._loop_md += 1
-        self.loop_metadata.append(f"!{n} = distinct !{{!{n}, !1}}")
+    def metadata(self, text: str) -> int:
+        """Number a module-level metadata node; ``{n}`` in ``text`` is its own number (for
+        self-referencing distinct nodes)."""
+        n = len(self.metadata_nodes) + 1
+        self.metadata_nodes.append(f"!{n} = " + text.format(n=n))
         return n
 
     def alias_tags(self, slot: int) -> str:
@@ -272,43 +265,53 @@ class Lowering:
         self.loops: list[_Loop] = []
         self.buffer_bases: dict[int, str] = {}
         self.extents: dict[tuple[int, int], str] = {}
-        self.stack: tuple[str, str, str] | None = None  # allocas: data, top, capacity
+        self.stack = False  # has a reverse-mode stack (the target's, see Target.stack_*)
+        self.stack_state: tuple[str, ...] = ()  # the target's allocas for it
         self.copies: list[str] = []  # per-chunk copies of privatized scatter targets
         self.turn: str | None = None  # ordered task: "waiting"/"holding" the commit ticket
         return self.fn
 
-    def _task(self, k: int, task: Task) -> str:
+    def begin_task(self, header: str, task: Task) -> FunctionText:
+        """Start a task's entry function (``header`` is its ``define`` line, without ``{``)."""
         self.serial = task.kind == "serial"
-        fn = self._new_function(
-            f"define void @{self.task_name(k)}(ptr noalias %ctx, i64 %begin, i64 %end, "
-            f"i32 %tid) #0")
+        return self._new_function(header)
+
+    def task_setup(self, task: Task) -> None:
+        """What every task needs before its body: the reverse-mode stack, if it pushes."""
         if any(s.op == "stack_push" for b in task_blocks(task) for s in walk(b)):
-            self._stack_init()
-        if task.kind == "serial":
-            self.block(task.body)
-        else:
-            self.copies = self._private_copies(task)
-            self.turn = "waiting" if task.schedule == "ordered" else None
-            self.block(task.prologue)
-            b32 = fn.ins("trunc i64 %begin to i32")
-            e32 = fn.ins("trunc i64 %end to i32")
-            self._counted_loop(task.loop_id, b32, e32, task.body,
-                               vectorize=_worth_vectorizing(task.body))
-            if self.turn:
-                # Ordered: this chunk's epilogue runs after the previous chunk's, alone, so
-                # its commits are plain read-modify-writes in chunk order.
-                self._await_turn()
-                self.serial = True
-            self.block(task.epilogue)
+            self.target.stack_init(self)
+            self.stack = True
+
+    def range_body(self, task: Task, indices, ordered: bool = True) -> None:
+        """A range task's body for this invocation: the prologue, the loop over this
+        invocation's indices, the epilogue (an ordered task's after the previous chunk's).
+        ``indices()``, called after the prologue, gives the loop ``(begin, end, step,
+        wide)``: indices ``begin, begin + step, ...`` below ``end``, i32 values (``step``
+        None for 1), or i64 values when ``wide`` (a grid-stride loop, whose index may step
+        past 2^31). ``ordered``: an ordered task's invocations are chunks that commit their
+        epilogues in turn (``False`` where the target runs such a task on one thread)."""
+        self.copies = self._private_copies(task)
+        self.turn = "waiting" if ordered and task.schedule == "ordered" else None
+        self.block(task.prologue)
+        begin, end, step, wide = indices()
+        self.counted_loop(task.loop_id, begin, end, task.body, step=step, wide=wide)
+        if self.turn:
+            # Ordered: this chunk's epilogue runs after the previous chunk's, alone, so
+            # its commits are plain read-modify-writes in chunk order.
+            self._await_turn()
+            self.serial = True
+        self.block(task.epilogue)
+
+    def finish_task(self) -> str:
+        """Return from the task (releasing its scratch memory); the function's text."""
         self._return()
-        return fn.text()
+        return self.fn.text()
 
     def _await_turn(self) -> None:
         """Wait until the commit ticket reaches this chunk's ``%begin`` (acquire): every
         earlier chunk has committed. Chunks are claimed in index order and none waits before
         its body is done, so the chunk holding the ticket always makes progress."""
         fn = self.fn
-        self.declare(f"declare i32 @{self.target.yield_symbol}()")
         p = self.ctx_slot(self.layout.commit)
         wait, spin, go = fn.label("turn_wait"), fn.label("turn_spin"), fn.label("turn_go")
         fn.start_block(wait)
@@ -316,7 +319,7 @@ class Lowering:
         mine = fn.ins(f"icmp eq i64 {c}, %begin")
         fn.term(f"br i1 {mine}, label %{go}, label %{spin}")
         fn.start_block(spin)
-        fn.ins(f"call i32 @{self.target.yield_symbol}()")
+        self.target.pause(self)
         fn.term(f"br label %{wait}")
         fn.start_block(go)
         self.turn = "holding"
@@ -339,10 +342,7 @@ class Lowering:
             n = 1
             for e in buf.shape:
                 n *= e
-            self.declare(f"declare ptr @{self.target.calloc_symbol}(i64, i64)")
-            self.declare(f"declare void @{self.target.free_symbol}(ptr)")
-            p = self.fn.ins(f"call ptr @{self.target.calloc_symbol}(i64 {n}, "
-                            f"i64 {buf.dtype.bits // 8})")
+            p = self.target.private_copy(self, n, buf.dtype.bits // 8)
             self.buffer_bases[slot] = p
             out.append(p)
         return out
@@ -358,13 +358,14 @@ class Lowering:
             self._pass_turn()
             self.turn = turn  # other exits (assertions) are lowered after this one
         for p in self.copies:
-            self.fn.void(f"call void @{self.target.free_symbol}(ptr {p})")
-        if self.stack is not None:
-            p = self.fn.ins(f"load ptr, ptr {self.stack[0]}")
-            self.fn.void(f"call void @{self.target.free_symbol}(ptr {p})")
+            self.target.release_private(self, p)
+        if self.stack:
+            self.target.stack_release(self)
         self.fn.term("ret void")
 
-    def _bounds(self, k: int, task: Task) -> str:
+    def bounds_function(self, k: int, task: Task) -> str:
+        """``void @<kernel>_bounds<k>(ptr %ctx, ptr %out)``: a range task's [begin, end) as
+        two i64 in ``out`` (an ordered task's commit ticket starts at begin)."""
         fn = self._new_function(f"define void @{self.bounds_name(k)}(ptr noalias %ctx, "
                                 "ptr noalias %out) #0")
         self.serial = True
@@ -758,51 +759,12 @@ class Lowering:
         self.fn.void(f"store {ll_type(v.dtype)} {self.values[v]}, ptr {self.allocas[s.args[0]]}")
 
     # ------------------------------------------------------------------ reverse-mode stack
-    def _stack_init(self) -> None:
-        fn = self.fn
-        data, top, cap = fn.alloca("ptr"), fn.alloca("i64"), fn.alloca("i64")
-        fn.allocas += [f"  store ptr null, ptr {data}", f"  store i64 0, ptr {top}",
-                       f"  store i64 0, ptr {cap}"]
-        self.declare(f"declare ptr @{self.target.realloc_symbol}(ptr, i64)")
-        self.declare(f"declare void @{self.target.free_symbol}(ptr)")
-        self.stack = (data, top, cap)
-
     def op_stack_push(self, s: Stmt) -> None:
-        fn = self.fn
-        data, top, cap = self.stack
         v = s.args[0]
-        bits = self._to_i64(self.values[v], v.dtype)
-        n = fn.ins(f"load i64, ptr {top}")
-        c = fn.ins(f"load i64, ptr {cap}")
-        full = fn.ins(f"icmp eq i64 {n}, {c}")
-        grow, ok = fn.label("stack_grow"), fn.label("stack_ok")
-        fn.term(f"br i1 {full}, label %{grow}, label %{ok}")
-        fn.start_block(grow)
-        dbl = fn.ins(f"shl i64 {c}, 1")
-        z = fn.ins(f"icmp eq i64 {c}, 0")
-        newcap = fn.ins(f"select i1 {z}, i64 256, i64 {dbl}")
-        nbytes = fn.ins(f"shl i64 {newcap}, 3")
-        old = fn.ins(f"load ptr, ptr {data}")
-        new = fn.ins(f"call ptr @{self.target.realloc_symbol}(ptr {old}, i64 {nbytes})")
-        fn.void(f"store ptr {new}, ptr {data}")
-        fn.void(f"store i64 {newcap}, ptr {cap}")
-        fn.start_block(ok)
-        base = fn.ins(f"load ptr, ptr {data}")
-        p = fn.ins(f"getelementptr i64, ptr {base}, i64 {n}", "p")
-        fn.void(f"store i64 {bits}, ptr {p}")
-        n1 = fn.ins(f"add i64 {n}, 1")
-        fn.void(f"store i64 {n1}, ptr {top}")
+        self.target.stack_push(self, self._to_i64(self.values[v], v.dtype))
 
     def op_stack_pop(self, s: Stmt) -> str:
-        fn = self.fn
-        data, top, _ = self.stack
-        n = fn.ins(f"load i64, ptr {top}")
-        n1 = fn.ins(f"sub i64 {n}, 1")
-        fn.void(f"store i64 {n1}, ptr {top}")
-        base = fn.ins(f"load ptr, ptr {data}")
-        p = fn.ins(f"getelementptr i64, ptr {base}, i64 {n1}", "p")
-        bits = fn.ins(f"load i64, ptr {p}")
-        return self._from_i64(bits, s.dtype)
+        return self._from_i64(self.target.stack_pop(self), s.dtype)
 
     def _to_i64(self, v: str, t: DType) -> str:
         if t.is_float:
@@ -860,7 +822,7 @@ class Lowering:
         fn = self.fn
         base_p = self.ctx_slot(self.layout.rng)
         base = fn.ins(f"load ptr, ptr {base_p}")
-        tid = fn.ins("sext i32 %tid to i64")
+        tid = self.target.rng_index(self)
         sp = fn.ins(f"getelementptr i64, ptr {base}, i64 {tid}", "p")
         x0 = fn.ins(f"load i64, ptr {sp}")
         a = fn.ins(f"lshr i64 {x0}, 12")
@@ -902,33 +864,37 @@ class Lowering:
 
     def op_range_for(self, s: Stmt) -> None:
         begin, end = (self.values[a] for a in s.args)
-        self._counted_loop(s.attr[0], begin, end, s.blocks[0],
-                           vectorize=_worth_vectorizing(s.blocks[0]))
+        self.counted_loop(s.attr[0], begin, end, s.blocks[0])
 
-    def _counted_loop(self, loop_id: int, begin: str, end: str, body_block: Block,
-                      vectorize: bool = True) -> None:
-        """``for (i = begin; i < end; ++i) body`` with an i32 index in an alloca (mem2reg
-        turns it into the induction variable the vectorizer wants)."""
+    def counted_loop(self, loop_id: int, begin: str, end: str, body_block: Block,
+                     step: str | None = None, wide: bool = False) -> None:
+        """``for (i = begin; i < end; i += step) body`` with an i32 index in an alloca
+        (mem2reg turns it into the induction variable the vectorizer wants). ``wide``: the
+        bounds and step are i64 and so is the counter (a grid-stride loop, whose last step
+        may pass 2^31); the body still sees the index as i32."""
         fn = self.fn
-        idx = fn.alloca("i32")
+        ty = "i64" if wide else "i32"
+        counter = fn.alloca(ty)
+        idx = fn.alloca("i32") if wide else counter
         self.loop_index[loop_id] = idx
-        fn.void(f"store i32 {begin}, ptr {idx}")
+        fn.void(f"store {ty} {begin}, ptr {counter}")
         cond, body, latch, exit_ = (fn.label("cond"), fn.label("body"), fn.label("latch"),
                                     fn.label("exit"))
         fn.start_block(cond)
-        i = fn.ins(f"load i32, ptr {idx}")
-        c = fn.ins(f"icmp slt i32 {i}, {end}")
+        i = fn.ins(f"load {ty}, ptr {counter}")
+        c = fn.ins(f"icmp slt {ty} {i}, {end}")
         fn.term(f"br i1 {c}, label %{body}, label %{exit_}")
         fn.start_block(body)
+        if wide:
+            fn.void(f"store i32 {fn.ins(f'trunc i64 {i} to i32')}, ptr {idx}")
         self.loops.append(_Loop(latch, exit_))
         self.block(body_block)
         self.loops.pop()
         fn.start_block(latch)
-        i2 = fn.ins(f"load i32, ptr {idx}")
-        n = fn.ins(f"add nsw i32 {i2}, 1")
-        fn.void(f"store i32 {n}, ptr {idx}")
-        hint = "" if vectorize else f", !llvm.loop !{self._no_vectorize()}"
-        fn.term(f"br label %{cond}{hint}")
+        i2 = fn.ins(f"load {ty}, ptr {counter}")
+        n = fn.ins(f"add nsw {ty} {i2}, {step or 1}")
+        fn.void(f"store {ty} {n}, ptr {counter}")
+        fn.term(f"br label %{cond}{self.target.loop_hint(self, body_block)}")
         fn.start_block(exit_)
 
     def op_while(self, s: Stmt) -> None:
@@ -971,9 +937,7 @@ class Lowering:
         text = "".join(chr(b) if 32 <= b < 127 and b not in (34, 92) else f"\\{b:02X}"
                        for b in data)
         self.declare(f'{name} = private unnamed_addr constant [{len(data)} x i8] c"{text}"')
-        self.declare(f"declare i32 @{self.target.printf_symbol}(ptr, ...)")
-        fn.ins(f"call i32 (ptr, ...) @{self.target.printf_symbol}(ptr {name}"
-               + "".join(", " + a for a in args) + ")")
+        self.target.print_call(self, name, args)
 
     def op_assert(self, s: Stmt) -> None:
         fn = self.fn

@@ -460,11 +460,7 @@ def compile_ir(ir: KernelIR, prog, stats: CompileStats | None = None,
     directory = cache.cache_dir(prog.config.offline_cache_file_path) \
         if prog.config.offline_cache else None
     low = Lowering(ir, layout, target)
-    names = []
-    for k, t in enumerate(ir.tasks):
-        names.append(low.task_name(k))
-        if t.kind == "range":
-            names.append(low.bounds_name(k))
+    names = target.entry_names(low)
     t0 = time.perf_counter()
     obj = cache.load(key, directory)
     if obj is None:

@@ -1,0 +1,167 @@
+"""Check that every kernel compiled in this process also compiles to PTX that ``ptxas``
+accepts, without a GPU (the test suite turns it on: ``DIFFTAPE_CHECK_PTX``, see
+tests/conftest.py).
+
+:func:`install` registers an observer of the shared lowering: each kernel lowered for the CPU
+(primal, adjoint and forward variants alike; not one whose object code comes from the offline
+cache, which CI starts without) is lowered again for the CUDA target in the calling process
+(cheap: Python string building), and the module text, if not seen before, goes to worker
+processes that compile it to PTX (LLVM's NVPTX backend, libdevice linked; batches of modules
+linked into one PTX file, so libdevice, the pass pipeline and ptxas's start-up are paid once
+per batch) and run ``ptxas`` on it. :meth:`PTXCheck.finish` waits for them and lists every
+kernel that could not be lowered, compiled or assembled, with the reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import DifftapeError
+from . import llvm_lowering
+from .cuda import DEFAULT_ARCH, find_libdevice, get_target
+
+__all__ = ["DEFAULT_ARCH", "Failure", "PTXCheck", "available", "install"]
+
+
+@dataclass
+class Failure:
+    kernel: str
+    stage: str  # "lowering", "llvm" or "ptxas"
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.kernel}: {self.stage}: {self.reason}"
+
+
+def _check_batch(batch: list[tuple[str, str]], arch: str, ptxas: str,
+                 directory: str) -> tuple[list[Failure], float]:
+    """In a worker process: modules ``(kernel name, text)`` compiled to one PTX file (written
+    to ``directory``) and assembled by ptxas; where that fails, each module alone, to name
+    the kernels at fault. The failures and the seconds it took."""
+    start = time.perf_counter()
+    if _assemble(batch, arch, ptxas, directory) is None:
+        failures = []
+    elif len(batch) == 1:
+        failures = [_assemble(batch, arch, ptxas, directory)]
+    else:
+        failures = [f for m in batch if (f := _assemble([m], arch, ptxas, directory))]
+    return failures, time.perf_counter() - start
+
+
+def _assemble(batch: list[tuple[str, str]], arch: str, ptxas: str,
+              directory: str) -> Failure | None:
+    name = batch[0][0] if len(batch) == 1 else f"batch{len(batch)}"
+    digest = hashlib.sha1("".join(t for _, t in batch).encode()).hexdigest()[:12]
+    base = Path(directory) / f"{name}_{digest}"
+    try:
+        ptx = get_target(arch).compile_many([t for _, t in batch])
+    except Exception as e:  # noqa: BLE001 - any failure is the finding; report it
+        base.with_suffix(".ll").write_text("\n".join(t for _, t in batch))
+        return Failure(name, "llvm", f"{type(e).__name__}: {e}".strip())
+    base.with_suffix(".ptx").write_bytes(ptx)
+    r = subprocess.run([ptxas, f"-arch={arch}", str(base.with_suffix(".ptx")), "-o",
+                        os.devnull], capture_output=True, text=True)
+    if r.returncode != 0:
+        base.with_suffix(".ll").write_text("\n".join(t for _, t in batch))
+        return Failure(name, "ptxas", (r.stderr or r.stdout).strip()[:2000])
+    return None
+
+
+@dataclass
+class PTXCheck:
+    """The state of one checking session (see :func:`install`)."""
+
+    arch: str
+    ptxas: str
+    directory: str
+    jobs: int
+    kernels: int = 0  # kernels observed (lowered for the CPU)
+    modules: int = 0  # distinct CUDA modules sent to be compiled and assembled
+    failures: list[Failure] = field(default_factory=list)
+    worker_s: float = 0.0  # time the workers spent compiling and assembling
+    _seen: set[str] = field(default_factory=set)
+    batch: int = 32  # modules per PTX file
+    _futures: list[Future] = field(default_factory=list)
+    _pending: list[tuple[str, str]] = field(default_factory=list)
+    _pool: ProcessPoolExecutor | None = None
+
+    def __call__(self, ir, layout) -> None:
+        self.kernels += 1
+        try:
+            text = llvm_lowering.Lowering(ir, layout, get_target(self.arch)).module()
+        except DifftapeError as e:
+            self.failures.append(Failure(ir.name, "lowering", str(e).splitlines()[0]))
+            return
+        except Exception as e:  # noqa: BLE001 - a lowering bug: report, do not stop the run
+            self.failures.append(Failure(ir.name, "lowering", f"{type(e).__name__}: {e}"))
+            return
+        digest = hashlib.sha1(text.encode()).digest()
+        if digest in self._seen:
+            return
+        self._seen.add(digest)
+        self.modules += 1
+        # Linked with others into one PTX file: the kernel's symbols made unique.
+        unique = text.replace(f"@{ir.name}_", f"@{ir.name}__{self.modules}_")
+        self._pending.append((ir.name, unique))
+        if len(self._pending) >= self.batch:
+            self._submit()
+
+    def _submit(self) -> None:
+        if not self._pending:
+            return
+        if self._pool is None:
+            # Spawned, not forked: the parent has threads (its own thread pool).
+            self._pool = ProcessPoolExecutor(self.jobs,
+                                             mp_context=multiprocessing.get_context("spawn"))
+        self._futures.append(self._pool.submit(_check_batch, self._pending, self.arch,
+                                               self.ptxas, self.directory))
+        self._pending = []
+
+    def finish(self) -> list[Failure]:
+        """Wait for every module; the failures (also kept in ``self.failures``)."""
+        self._submit()
+        for f in self._futures:
+            try:
+                failures, seconds = f.result()
+                self.worker_s += seconds
+            except Exception as e:  # noqa: BLE001 - a worker died: that is a failure too
+                failures = [Failure("?", "worker", f"{type(e).__name__}: {e}")]
+            self.failures += failures
+        self._futures.clear()
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+        if self in llvm_lowering.observers:
+            llvm_lowering.observers.remove(self)
+        return self.failures
+
+
+def available() -> str | None:
+    """Why the check cannot run here (no ptxas, no libdevice), or None when it can."""
+    if shutil.which("ptxas") is None:
+        return "ptxas not found on the PATH"
+    if find_libdevice() is None:
+        return "libdevice.10.bc not found"
+    return None
+
+
+def install(arch: str = DEFAULT_ARCH, directory: str | None = None,
+            jobs: int | None = None) -> PTXCheck:
+    """Start checking every kernel lowered from now on; ``finish()`` on the result."""
+    why = available()
+    if why is not None:
+        raise RuntimeError(f"cannot check PTX: {why}")
+    check = PTXCheck(arch=arch, ptxas=shutil.which("ptxas"),
+                     directory=directory or tempfile.mkdtemp(prefix="difftape-ptx-"),
+                     jobs=jobs or max(1, (os.cpu_count() or 2) // 2))
+    llvm_lowering.observers.append(check)
+    return check

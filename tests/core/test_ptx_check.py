@@ -1,0 +1,78 @@
+"""The PTX check (difftape/codegen/ptx_check.py): a kernel that cannot be compiled for the CUDA
+target fails the check by name and reason; one that can is compiled and assembled."""
+
+import shutil
+
+import pytest
+
+import difftape as ti
+from difftape.codegen import cuda, llvm_lowering, ptx_check
+from difftape.errors import CompileError
+
+pytestmark = pytest.mark.difftape_only
+
+
+@pytest.fixture
+def check(tmp_path, monkeypatch):
+    """A check of its own (instead of the session's, if any), with a placeholder ptxas."""
+    ti.init(arch=ti.cpu, offline_cache=False)
+    c = ptx_check.PTXCheck(arch=cuda.DEFAULT_ARCH, ptxas=shutil.which("true"),
+                           directory=str(tmp_path), jobs=1)
+    monkeypatch.setattr(llvm_lowering, "observers", [c])
+    yield c
+    c.finish()
+    ti.reset()
+
+
+def _kernels():
+    x = ti.field(ti.f32, shape=16)
+
+    @ti.kernel
+    def fill_ones():
+        for i in x:
+            x[i] = 1.0
+
+    @ti.kernel
+    def double_up():
+        for i in x:
+            x[i] *= 2.0
+
+    return fill_ones, double_up
+
+
+def test_ptxas_rejection_names_the_kernel(check):
+    check.ptxas = shutil.which("false")
+    fill_ones, double_up = _kernels()
+    fill_ones()
+    double_up()
+    failures = check.finish()
+    assert check.kernels == 2 and check.modules == 2
+    # Both were in one batch; the batch failed, so each was tried alone.
+    assert sorted((f.kernel, f.stage) for f in failures) == [("double_up", "ptxas"),
+                                                              ("fill_ones", "ptxas")]
+
+
+def test_cuda_lowering_refusal_is_a_listed_failure(check, monkeypatch):
+    def refuse(self, low, *args, **kwargs):
+        raise CompileError("no such thing on the GPU", kernel=low.ir.name)
+
+    monkeypatch.setattr(cuda.CUDATarget, "private_copy", refuse)
+    monkeypatch.setattr(cuda.CUDATarget, "loop_hint", refuse)
+    fill_ones, _ = _kernels()
+    fill_ones()  # the CPU kernel still runs
+    failures = check.finish()
+    assert [(f.kernel, f.stage) for f in failures] == [("fill_ones", "lowering")]
+    assert "no such thing on the GPU" in failures[0].reason
+
+
+@pytest.mark.skipif(ptx_check.available() is not None,
+                    reason=f"PTX check unavailable: {ptx_check.available()}")
+def test_kernels_assemble_and_repeats_are_checked_once(check, tmp_path):
+    check.ptxas = shutil.which("ptxas")
+    fill_ones, double_up = _kernels()
+    fill_ones()
+    double_up()
+    double_up()
+    assert check.finish() == []
+    assert check.modules == 2
+    assert len(list(tmp_path.glob("*.ptx"))) == 1  # one batch
