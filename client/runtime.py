@@ -61,6 +61,12 @@ INLINE_BYTES = 64 << 10
 #: Ops that create or register (run once, whenever the queue goes); everything else a
 #: recorded program repeats.
 SETUP_OPS = ("create_field", "companion", "register", "seed")
+#: Ops that change nothing on the server.
+READ_OPS = ("get_item", "get_bytes")
+#: Read-ahead (``RemoteRuntime.call``): at most this many fields, each this small (base64).
+READ_AHEAD_FIELDS = 8
+READ_AHEAD_B64 = 8 << 10
+READ_AHEAD_UNUSED = 8
 #: Ops a recorded program may hold (the engine's PROGRAM_OPS).
 PROGRAM_OPS = ("launch", "fill", "set_item", "set_bytes", "clear_grads", "clear_duals")
 
@@ -147,6 +153,10 @@ class RemoteRuntime:
         self.closed = False
         self.ops_sent = 0
         self._recording: _Recording | None = None
+        # Read-ahead (see ``call``): bumped by every op that may change server state.
+        self._gen = 0
+        self._hot: dict[tuple, None] = {}  # (field id, role), in order of use
+        self._ahead: dict[tuple, list] = {}  # key -> [generation, result, unused reads]
 
     def stats(self) -> dict[str, int]:
         """``ti.remote_stats()``: round trips, ops and bytes since this program started."""
@@ -160,6 +170,7 @@ class RemoteRuntime:
         if rec is not None and op.get("op") not in SETUP_OPS:
             rec.record(op)
             return
+        self._gen += 1
         self._queue.append(op)
         if len(self._queue) >= MAX_QUEUE:
             self.flush()
@@ -208,11 +219,46 @@ class RemoteRuntime:
         self._queue[:0] = keep
 
     def call(self, op: dict) -> dict:
-        """Run ``op`` after everything queued and return its result."""
+        """Run ``op`` after everything queued and return its result.
+
+        Reads ahead: the small fields the program reads as arrays (``to_numpy``) are read
+        again at the end of every request that waits for an answer, and kept until the
+        program queues anything that could change them (any op but a read), so that the
+        next ``to_numpy`` of one costs no round trip (a loss and a gradient read in turn,
+        every iteration). A field read ahead that many times in a row for nothing is no
+        longer read ahead."""
         if self._recording is not None:
             raise Unrecordable("it reads a value back while it runs")
+        key = (op["id"], op["role"]) if op.get("op") == "get_bytes" else None
+        if key is not None:
+            hit = self._ahead.get(key)
+            if hit is not None and hit[0] == self._gen:
+                hit[2] = 0
+                return hit[1]
+        elif op.get("op") not in READ_OPS:
+            self._gen += 1
         self._queue.append(op)
-        return self.flush()[-1]
+        extra = [k for k in self._hot if k != key]
+        for fid, role in extra:
+            self._queue.append({"op": "get_bytes", "id": fid, "role": role})
+        results = self.flush()
+        gen = self._gen
+        for k, res in zip(extra, results[len(results) - len(extra):], strict=True):
+            unused = self._ahead[k][2] + 1 if k in self._ahead else 0
+            if unused > READ_AHEAD_UNUSED:  # read ahead for nothing, again and again: stop
+                self._hot.pop(k, None)
+                self._ahead.pop(k, None)
+            else:
+                self._ahead[k] = [gen, res, unused]
+        res = results[len(results) - len(extra) - 1]
+        if key is not None:
+            self._ahead[key] = [gen, res, 0]
+            if len(res.get("b64", "")) <= READ_AHEAD_B64:
+                self._hot[key] = None
+                while len(self._hot) > READ_AHEAD_FIELDS:
+                    self._ahead.pop(next(iter(self._hot)), None)
+                    self._hot.pop(next(iter(self._hot)))
+        return res
 
     @contextlib.contextmanager
     def recording(self, *, discard_results: bool = False) -> Iterator[list[dict]]:
@@ -284,6 +330,7 @@ class RemoteRuntime:
                 raise Unrecordable(f"kernel '{kernel.name}' returns a value")
             rec.record(op)
             return None
+        self._gen += 1
         self._queue.append(op)
         if rk.returns:
             return rk.convert(self.flush()[-1]["result"])
@@ -361,6 +408,7 @@ class RemoteRuntime:
     def write(self, fid: int, role: str, arr: np.ndarray) -> None:
         if self._recording is not None:
             raise Unrecordable("it uploads an array while it runs")
+        self._gen += 1
         self.flush()  # earlier launches first: the write must not overtake them
         self.transport.write(self.session_id, fid, role, arr)
 

@@ -9,7 +9,16 @@ import pytest
 
 import difftape as ti
 
-from .test_client_programs import run_local, same
+from .test_client_programs import same
+
+
+def run_local(program):
+    """The same program locally (bounds checks on, as the server compiles)."""
+    ti.init(arch=ti.cpu, debug=True, default_fp=ti.f64)
+    try:
+        return program()
+    finally:
+        ti.reset()
 
 
 @pytest.fixture
@@ -174,3 +183,57 @@ def test_a_function_that_reads_falls_back_to_the_loop(remote):
     (h, n), (h_local, _) = remote(program), run_local(program)
     same(h_local, h)
     assert n > 1
+
+
+def test_read_ahead_saves_round_trips_and_never_goes_stale(remote):
+    """Small fields the program reads as arrays are read again at the end of each request
+    that waits for an answer: an optimisation step (Tape, read the loss, read the gradient,
+    update) then costs one round trip, not three. Anything queued that could change a field
+    (a launch, an element write, a fill, a clear) makes the next read go to the server."""
+
+    def program():
+        x = ti.field(ti.f64, shape=6, needs_grad=True)
+        loss = ti.field(ti.f64, shape=(), needs_grad=True)
+
+        @ti.kernel
+        def f():
+            for i in x:
+                loss[None] += (x[i] - 0.1 * i) ** 2
+
+        @ti.kernel
+        def bump():
+            for i in x:
+                x[i] += 1.0
+
+        x.from_numpy(np.linspace(1, 2, 6))
+        seen, cost = [], []
+        for _ in range(4):
+            def step():
+                with ti.ad.Tape(loss):
+                    f()
+                value, g = loss[None], x.grad.to_numpy()
+                x.from_numpy(x.to_numpy() - 0.25 * g)
+                return value, g
+
+            (value, g), n = trips(step)
+            seen.append((value, g))
+            cost.append(n)
+        # Stale reads would show here: each change is seen by the next read.
+        a = x.to_numpy()
+        bump()
+        b = x.to_numpy()
+        x[2] = -7.0
+        c = x.to_numpy()
+        x.fill(3.0)
+        d = x.to_numpy()
+        ti.ad.clear_all_gradients()
+        e = x.grad.to_numpy()
+        return {"seen": seen, "a": a, "b": b, "c": c, "d": d, "e": e, "cost": cost}
+
+    here, there = run_local(program), remote(program)
+    cost = there.pop("cost")
+    here.pop("cost")
+    same(here, there)
+    assert cost[-1] == 1, cost  # warmed up: the loss read carries the gradient and x
+    np.testing.assert_array_equal(there["b"], there["a"] + 1)
+    assert there["c"][2] == -7.0 and (there["d"] == 3.0).all() and (there["e"] == 0).all()
