@@ -89,13 +89,18 @@ def start_minimal() -> tuple[subprocess.Popen, str]:
     return proc, url
 
 
-def start_difftape(data_dir: Path) -> tuple[subprocess.Popen, str, str]:
-    """A server as deployed (access log on, its default), with a token."""
+def start_difftape(data_dir: Path, server_path: str | None = None
+                   ) -> tuple[subprocess.Popen, str, str]:
+    """A server as deployed (access log on, its default), with a token. ``server_path``: a
+    folder holding another ``difftape`` package to serve (an older version, to compare)."""
     token = subprocess.run([sys.executable, "-m", "difftape.cli", "token", "create", "bench",
                             "--data-dir", str(data_dir)], check=True, capture_output=True,
                            text=True).stdout.strip()
     port = free_port()
     env = dict(os.environ, DIFFTAPE_WORKER_THREADS="1")
+    if server_path:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [server_path,
+                                                          env.get("PYTHONPATH")]))
     log = open(data_dir / "server.log", "wb")  # noqa: SIM115 - lives as long as the server
     proc = subprocess.Popen([sys.executable, "-m", "difftape.server", "--port", str(port),
                              "--data-dir", str(data_dir)], env=env, stdout=log, stderr=log)
@@ -145,6 +150,9 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=400, help="requests per round and server")
     ap.add_argument("--newton", type=int, default=5,
                     help="timed Newton solves each way (0: skip)")
+    ap.add_argument("--server-path", help="serve the difftape package found in this folder "
+                    "(e.g. an older version assembled as <dir>/difftape with its server/ and "
+                    "client/ inside) instead of this checkout's")
     ap.add_argument("--json", action="store_true", help="print one JSON line at the end")
     args = ap.parse_args()
 
@@ -157,7 +165,7 @@ def main() -> int:
     try:
         mproc, murl = start_minimal()
         procs.append(mproc)
-        dproc, durl, token = start_difftape(tmp)
+        dproc, durl, token = start_difftape(tmp, args.server_path)
         procs.append(dproc)
 
         ti.init(arch=ti.remote, server=durl, token=token)
