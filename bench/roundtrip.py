@@ -138,6 +138,31 @@ def newton_solve(repeats: int, **init) -> dict:
         ti.reset()
 
 
+def cpu_seconds(root: int) -> dict[int, float]:
+    """CPU seconds (user + system) of ``root`` and its descendants, by pid (/proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    stats = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+            except OSError:
+                continue
+            stats[int(d)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
+    out, todo = {}, [root]
+    while todo:
+        pid = todo.pop()
+        if pid in stats:
+            out[pid] = stats[pid][1]
+            todo += [c for c, (ppid, _) in stats.items() if ppid == pid]
+    return out
+
+
+def cpu_delta(before: dict[int, float], after: dict[int, float]) -> float:
+    return sum(v - before.get(pid, 0.0) for pid, v in after.items())
+
+
 def percentiles(samples: list[float]) -> dict:
     a = np.array(samples) * 1e3
     return {"p50_ms": round(float(np.percentile(a, 50)), 3),
@@ -192,6 +217,8 @@ def main() -> int:
 
         f_all: list[float] = []
         d_all: list[float] = []
+        f_cpu = d_cpu = 0.0  # this process's CPU time in each kind of request
+        cpu0 = (cpu_seconds(mproc.pid), cpu_seconds(dproc.pid))
         rounds = []
         expected = float(x[None])
         before = ti.remote_stats()
@@ -199,14 +226,19 @@ def main() -> int:
             load = os.getloadavg()[0]
             fs, ds = [], []
             for _ in range(args.n):  # interleaved, so that both see the same load
+                c0 = time.process_time()
                 t0 = time.perf_counter()
                 floor.post("/", content=body, headers={"Content-Type": "application/json"})
                 t1 = time.perf_counter()
+                c1 = time.process_time()
                 step()
                 v = x[None]
                 t2 = time.perf_counter()
+                c2 = time.process_time()
                 fs.append(t1 - t0)
                 ds.append(t2 - t1)
+                f_cpu += c1 - c0
+                d_cpu += c2 - c1
                 expected += 1.0
                 assert v == expected, (v, expected)
             f_all += fs
@@ -220,9 +252,18 @@ def main() -> int:
                       f"p90 {dp['p90_ms']:.3f} ms | ratio p50 {rounds[-1]['ratio_p50']:.2f}",
                       flush=True)
         after = ti.remote_stats()
+        total = args.rounds * args.n
+        srv_f = cpu_delta(cpu0[0], cpu_seconds(mproc.pid)) / total
+        srv_d = cpu_delta(cpu0[1], cpu_seconds(dproc.pid)) / total
+        # CPU per request hardly depends on the load: the figure to compare across runs.
+        cpu = {"floor_us": round((f_cpu / total + srv_f) * 1e6, 1),
+               "difftape_us": round((d_cpu / total + srv_d) * 1e6, 1),
+               "floor_server_us": round(srv_f * 1e6, 1),
+               "difftape_server_us": round(srv_d * 1e6, 1)}
+        cpu["ratio"] = round(cpu["difftape_us"] / cpu["floor_us"], 2)
         trips = after["round_trips"] - before["round_trips"]
         fp, dp = percentiles(f_all), percentiles(d_all)
-        res = {"rounds": rounds, "floor": fp, "difftape": dp,
+        res = {"rounds": rounds, "floor": fp, "difftape": dp, "cpu_per_request": cpu,
                "ratio_p50": round(dp["p50_ms"] / fp["p50_ms"], 2),
                "ratio_p90": round(dp["p90_ms"] / fp["p90_ms"], 2),
                "round_trips_per_launch_read": trips / (args.rounds * args.n),
@@ -256,6 +297,10 @@ def main() -> int:
               f"{res['ratio_p50']:.2f} p90 {res['ratio_p90']:.2f} | "
               f"{res['round_trips_per_launch_read']:.2f} round trips each | load "
               f"{res['load1_end']} on {res['cpus']} cpus")
+        c = res["cpu_per_request"]
+        print(f"CPU per request (client + server processes): floor {c['floor_us']:.0f} us "
+              f"(server {c['floor_server_us']:.0f}), launch+read {c['difftape_us']:.0f} us "
+              f"(server: gateway + worker {c['difftape_server_us']:.0f}), ratio {c['ratio']:.2f}")
         if "newton" in res:
             nw = res["newton"]
             print(f"newton ({nw['iterations']} iterations): local {nw['local_s'] * 1e3:.1f} ms, "
