@@ -109,7 +109,7 @@ def start_difftape(data_dir: Path, server_path: str | None = None
     return proc, url, token
 
 
-def newton_solve(repeats: int, **init) -> dict:
+def newton_solve(repeats: int, server_pid: int | None = None, **init) -> dict:
     """examples/newton.py's Newton solve (not its gradient-descent comparison), timed after
     one warm-up solve (compilation), ``repeats`` times; median seconds and round trips."""
     import difftape as ti
@@ -122,6 +122,8 @@ def newton_solve(repeats: int, **init) -> dict:
         x, energy, run, start = newton.build()
         start()
         newton.newton(x, energy, run)
+        if server_pid is not None:
+            settle(server_pid)
         times, trips = [], []
         for _ in range(repeats):
             start()
@@ -157,6 +159,19 @@ def cpu_seconds(root: int) -> dict[int, float]:
             out[pid] = stats[pid][1]
             todo += [c for c, (ppid, _) in stats.items() if ppid == pid]
     return out
+
+
+def settle(root: int, timeout: float = 60.0) -> None:
+    """Wait until the server's processes are idle (the spare worker the gateway starts
+    after a session takes one loads LLVM for a second or so: not part of any request)."""
+    deadline = time.monotonic() + timeout
+    last = cpu_seconds(root)
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = cpu_seconds(root)
+        if cpu_delta(last, now) < 0.02 and now.keys() == last.keys():
+            return
+        last = now
 
 
 def cpu_delta(before: dict[int, float], after: dict[int, float]) -> float:
@@ -209,6 +224,7 @@ def main() -> int:
              "variant": "primal", "args": []},
             {"op": "get_item", "id": x.id, "role": "primal", "index": []}]},
             separators=(",", ":")).encode()
+        settle(dproc.pid)
         floor = httpx.Client(base_url=murl, headers={"Authorization": "Bearer x" * 8})
         for _ in range(50):  # warm both connections
             floor.post("/", content=body, headers={"Content-Type": "application/json"})
@@ -273,7 +289,8 @@ def main() -> int:
         if args.newton:
             load = os.getloadavg()[0]
             local = newton_solve(args.newton, arch=ti.cpu)
-            there = newton_solve(args.newton, arch=ti.remote, server=durl, token=token)
+            there = newton_solve(args.newton, dproc.pid, arch=ti.remote, server=durl,
+                                 token=token)
             local2 = newton_solve(args.newton, arch=ti.cpu)
             base = min(local["median_s"], local2["median_s"])
             res["newton"] = {
