@@ -5,21 +5,29 @@ point at the user's source as usual) and its IR is sent once per specialization.
 on the server is only that IR, validated and bounds-checked there.
 
 Launches are asynchronous. Kernel launches and every other op that returns nothing (field
-creation, ``fill``, ``x[i] = v``, clearing gradients) are queued and sent as one ``batch``
-request when the program next needs an answer: an element or array read, a kernel with a
-return value, ``ti.sync()``, the end of a ``ti.ad.Tape`` (its whole recording, forward and
-backward, goes in one request), or when the queue is long. One round trip then carries
-hundreds of small launches, which is what makes an iterative optimisation through the
-service cost about what it costs locally. As with a GPU, an error in a queued launch is
-raised at that next synchronisation point; the exception says which op it came from.
+creation, ``fill``, ``x[i] = v``, ``from_numpy`` of a field up to 64 KiB, clearing
+gradients, a whole ``ti.ad.Tape``: its recording and back-propagation) are queued and sent as
+one ``batch`` request when the program next needs an answer: an element or array read (a
+field up to 64 KiB rides in the same request), a kernel with a return value, ``ti.sync()``,
+or when the queue is long. One round trip then carries hundreds of small launches, which is
+what makes an iterative optimisation through the service cost about what it costs locally.
+As with a GPU, an error in a queued launch is raised at that next synchronisation point; the
+exception says which op it came from. Library loops over launches and reads
+(``ti.ad.jacobian``, ``hessian``, ``hvp``, ``Tape(grad_check=...)``) run on the server as
+one op each (:mod:`difftape.client.derivatives`); ``ti.remote_stats()`` counts the round
+trips.
 """
 
 from __future__ import annotations
 
 import atexit
+import base64
+import contextlib
+import itertools
 import numbers
 import operator
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -45,8 +53,41 @@ from difftape.ir.serialize import from_jsonable
 
 #: Queued ops beyond this many are sent without waiting for a synchronisation point.
 MAX_QUEUE = 4096
-#: Fields with at most this many elements move as item ops inside batches, not as bodies.
-SMALL_FIELD = 16
+#: Fields of at most this many bytes move inside batches (base64), not as bodies of their
+#: own: a read costs one round trip with whatever is queued, a write none.
+INLINE_BYTES = 64 << 10
+
+
+#: Ops that create or register (run once, whenever the queue goes); everything else a
+#: recorded program repeats.
+SETUP_OPS = ("create_field", "companion", "register", "seed")
+#: Ops that change nothing on the server.
+READ_OPS = ("get_item", "get_bytes")
+#: Read-ahead (``RemoteRuntime.call``): at most this many fields, each this small (base64).
+READ_AHEAD_FIELDS = 8
+READ_AHEAD_B64 = 8 << 10
+READ_AHEAD_UNUSED = 8
+#: Ops a recorded program may hold (the engine's PROGRAM_OPS).
+PROGRAM_OPS = ("launch", "fill", "set_item", "set_bytes", "clear_grads", "clear_duals")
+
+
+class Unrecordable(Exception):
+    """A block being recorded as a server-side program needs an answer from the server
+    while it runs (internal: the caller runs the block the ordinary way instead)."""
+
+
+class _Recording:
+    __slots__ = ("ops", "discard_results", "start")
+
+    def __init__(self, discard_results: bool, start: int) -> None:
+        self.ops: list[dict] = []
+        self.discard_results = discard_results
+        self.start = start  # ops queued before the recording began go first, as they are
+
+    def record(self, op: dict) -> None:
+        if op.get("op") not in PROGRAM_OPS:
+            raise Unrecordable(f"it runs '{op.get('op')}'")
+        self.ops.append(op)
 
 
 class _RemoteKernel:
@@ -110,9 +151,26 @@ class RemoteRuntime:
         self._grad_checked: set = set()
         self._flows: dict[tuple, Flow] = {}
         self.closed = False
+        self.ops_sent = 0
+        self._recording: _Recording | None = None
+        # Read-ahead (see ``call``): bumped by every op that may change server state.
+        self._gen = 0
+        self._hot: dict[tuple, None] = {}  # (field id, role), in order of use
+        self._ahead: dict[tuple, list] = {}  # key -> [generation, result, unused reads]
+
+    def stats(self) -> dict[str, int]:
+        """``ti.remote_stats()``: round trips, ops and bytes since this program started."""
+        wire = self.transport.stats.as_dict()
+        return {"round_trips": wire["round_trips"], "ops": self.ops_sent,
+                "bytes_sent": wire["bytes_sent"], "bytes_received": wire["bytes_received"]}
 
     # ------------------------------------------------------------------ the queue
     def queue(self, op: dict) -> None:
+        rec = self._recording
+        if rec is not None and op.get("op") not in SETUP_OPS:
+            rec.record(op)
+            return
+        self._gen += 1
         self._queue.append(op)
         if len(self._queue) >= MAX_QUEUE:
             self.flush()
@@ -121,7 +179,15 @@ class RemoteRuntime:
         """Send every queued op as one batch; raise the first error it hit."""
         if not self._queue:
             return []
+        if self._recording is not None:
+            # Recording a program (see ``recording``): creation and registration may wait
+            # for the request that runs it; anything else here wants an answer now.
+            if any(op.get("op") not in SETUP_OPS
+                   for op in self._queue[self._recording.start:]):
+                raise Unrecordable("it reads a value back while it runs")
+            return []
         ops, self._queue = self._queue, []
+        self.ops_sent += len(ops)
         try:
             return self.transport.batch(self.session_id, ops)
         except DifftapeError as e:
@@ -153,9 +219,63 @@ class RemoteRuntime:
         self._queue[:0] = keep
 
     def call(self, op: dict) -> dict:
-        """Run ``op`` after everything queued and return its result."""
+        """Run ``op`` after everything queued and return its result.
+
+        Reads ahead: the small fields the program reads as arrays (``to_numpy``) are read
+        again at the end of every request that waits for an answer, and kept until the
+        program queues anything that could change them (any op but a read), so that the
+        next ``to_numpy`` of one costs no round trip (a loss and a gradient read in turn,
+        every iteration). A field read ahead that many times in a row for nothing is no
+        longer read ahead."""
+        if self._recording is not None:
+            raise Unrecordable("it reads a value back while it runs")
+        key = (op["id"], op["role"]) if op.get("op") == "get_bytes" else None
+        if key is not None:
+            hit = self._ahead.get(key)
+            if hit is not None and hit[0] == self._gen:
+                hit[2] = 0
+                return hit[1]
+        elif op.get("op") not in READ_OPS:
+            self._gen += 1
         self._queue.append(op)
-        return self.flush()[-1]
+        extra = [k for k in self._hot if k != key]
+        for fid, role in extra:
+            self._queue.append({"op": "get_bytes", "id": fid, "role": role})
+        results = self.flush()
+        gen = self._gen
+        for k, res in zip(extra, results[len(results) - len(extra):], strict=True):
+            unused = self._ahead[k][2] + 1 if k in self._ahead else 0
+            if unused > READ_AHEAD_UNUSED:  # read ahead for nothing, again and again: stop
+                self._hot.pop(k, None)
+                self._ahead.pop(k, None)
+            else:
+                self._ahead[k] = [gen, res, unused]
+        res = results[len(results) - len(extra) - 1]
+        if key is not None:
+            self._ahead[key] = [gen, res, 0]
+            if len(res.get("b64", "")) <= READ_AHEAD_B64:
+                self._hot[key] = None
+                while len(self._hot) > READ_AHEAD_FIELDS:
+                    self._ahead.pop(next(iter(self._hot)), None)
+                    self._hot.pop(next(iter(self._hot)))
+        return res
+
+    @contextlib.contextmanager
+    def recording(self, *, discard_results: bool = False) -> Iterator[list[dict]]:
+        """Capture the ops a block of Python makes (launches, fills, item writes, clears)
+        instead of sending them: the list it yields is a *program* the server can repeat
+        (the ``sweep`` and ``grad_check`` ops). Fields and kernels the block creates are
+        queued as usual. A block that needs an answer from the server while it runs (a
+        read, an upload) raises :class:`Unrecordable` and nothing it recorded runs;
+        ``discard_results``: kernels that return a value are recorded too (a replay, whose
+        results nobody reads), and return None."""
+        if self._recording is not None:
+            raise Unrecordable("recordings cannot be nested")
+        rec = self._recording = _Recording(discard_results, len(self._queue))
+        try:
+            yield rec.ops
+        finally:
+            self._recording = None
 
     def close(self) -> None:
         """End the session (its fields are dropped, as a local ``ti.reset()`` drops them)."""
@@ -202,8 +322,16 @@ class RemoteRuntime:
     def launch(self, kernel, args: tuple, variant: str = "primal", validate: bool = False):
         """Queue one launch; wait only when the kernel returns a value."""
         rk = self._kernel(kernel, args, validate)
-        self._queue.append({"op": "launch", "kernel_id": rk.kid, "variant": variant,
-                            "args": rk.flatten(args)})
+        op = {"op": "launch", "kernel_id": rk.kid, "variant": variant,
+              "args": rk.flatten(args)}
+        rec = self._recording
+        if rec is not None:
+            if rk.returns and not rec.discard_results:
+                raise Unrecordable(f"kernel '{kernel.name}' returns a value")
+            rec.record(op)
+            return None
+        self._gen += 1
+        self._queue.append(op)
         if rk.returns:
             return rk.convert(self.flush()[-1]["result"])
         if len(self._queue) >= MAX_QUEUE:
@@ -257,6 +385,19 @@ class RemoteRuntime:
             self._grad_checked.add(key)
         return self._lost_flow(rk, variant)
 
+    # ------------------------------------------------------------------ derivative loops
+    def jacobian(self, fn, ins: list, outs: list, mode: str) -> np.ndarray | None:
+        """``ti.ad.jacobian`` in one request; None if ``fn`` cannot be recorded."""
+        from .derivatives import jacobian
+
+        return jacobian(self, fn, ins, outs, mode)
+
+    def second_order(self, fn, loss, ps: list, vectors: list | None) -> np.ndarray | None:
+        """``ti.ad.hvp`` (one vector) or ``hessian`` (``vectors`` None) in one request."""
+        from .derivatives import second_order
+
+        return second_order(self, fn, loss, ps, vectors)
+
     def clear_grads(self) -> None:
         self.queue({"op": "clear_grads"})
 
@@ -265,10 +406,15 @@ class RemoteRuntime:
 
     # ------------------------------------------------------------------ arrays
     def write(self, fid: int, role: str, arr: np.ndarray) -> None:
+        if self._recording is not None:
+            raise Unrecordable("it uploads an array while it runs")
+        self._gen += 1
         self.flush()  # earlier launches first: the write must not overtake them
         self.transport.write(self.session_id, fid, role, arr)
 
     def read(self, fid: int, role: str, dtype: np.dtype, shape: tuple) -> np.ndarray:
+        if self._recording is not None:
+            raise Unrecordable("it reads an array back while it runs")
         self.flush()
         return self.transport.read(self.session_id, fid, role, dtype, shape)
 
@@ -368,22 +514,20 @@ class RemoteField(Field):
         self._remote.queue({"op": "set_item", "id": self.id, "role": self.role,
                             "index": index, "value": _jsonable(conv)})
 
-    def _small(self) -> bool:
-        return int(np.prod(self.shape, dtype=np.int64)) <= SMALL_FIELD
+    def _inline(self) -> bool:
+        nbytes = int(np.prod(self.shape + self.element_shape, dtype=np.int64))
+        return nbytes * self.dtype.np.itemsize <= INLINE_BYTES
 
     @_b.python_scope
     def to_numpy(self, dtype=None, keep_dims: bool = False) -> np.ndarray:
         full = self.shape + self.element_shape
-        if self._small():
-            # A few elements ride along with the queued ops as item reads: one round trip
-            # instead of a flush and then a download (a parameter and its gradient, read
-            # every iteration of an optimisation loop).
-            rt = self._remote
-            ops = [{"op": "get_item", "id": self.id, "role": self.role, "index": list(i)}
-                   for i in np.ndindex(self.shape)]
-            rt._queue.extend(ops)
-            values = [from_jsonable(r["value"]) for r in rt.flush()[-len(ops):]]
-            out = np.array(values, dtype=self.dtype.np).reshape(full)
+        if self._inline():
+            # The bytes ride along with the queued ops (base64 in the batch's answer): one
+            # round trip, not a flush and then a download (a parameter and its gradient,
+            # read every iteration of an optimisation loop).
+            res = self._remote.call({"op": "get_bytes", "id": self.id, "role": self.role})
+            out = np.frombuffer(base64.b64decode(res["b64"]),
+                                dtype=self.dtype.np).reshape(full).copy()
         else:
             out = self._remote.read(self.id, self.role, self.dtype.np, full)
         out = self._numpy_dims(out, keep_dims)
@@ -398,12 +542,10 @@ class RemoteField(Field):
         else:
             data = np.empty(expected, dtype=self.dtype.np)
             np.copyto(data, arr, casting="unsafe")  # converted here exactly as locally
-        if self._small() and not (data.dtype.kind == "f" and np.isnan(data).any()):
-            # Queued item writes: no round trip at all. (NaNs take the binary path, which
-            # keeps their sign and payload bits.)
-            for i in np.ndindex(self.shape):
-                self._remote.queue({"op": "set_item", "id": self.id, "role": self.role,
-                                    "index": list(i), "value": _jsonable(data[i])})
+        if self._inline():
+            # Queued with the launches: no round trip at all, every bit kept.
+            self._remote.queue({"op": "set_bytes", "id": self.id, "role": self.role,
+                                "b64": base64.b64encode(data.tobytes()).decode("ascii")})
         else:
             self._remote.write(self.id, self.role, data)
 
@@ -440,9 +582,12 @@ def _element_class(ndim: int) -> type:
 
 # ---------------------------------------------------------------------------- the Tape
 
+_SNAPSHOT_KEYS = itertools.count(1)
+
+
 class RemoteTape(Tape):
-    """``ti.ad.Tape`` under ``arch=ti.remote``: records as locally, back-propagates by
-    queueing the adjoint launches, and sends the whole recording in one request on exit."""
+    """``ti.ad.Tape`` under ``arch=ti.remote``: records as locally and back-propagates by
+    queueing the adjoint launches; the whole recording goes with the program's next read."""
 
     def record(self, kernel, args: tuple) -> None:
         if self._suspended:
@@ -453,11 +598,50 @@ class RemoteTape(Tape):
         self.lost.launch(kernel.name, flow, args)
         self.entries.append(_Entry(kernel, kernel.grad, args, {}, kernel.name))
 
+    def _take_snapshot(self) -> None:
+        """``grad_check``: the server keeps the values the recording starts from."""
+        from difftape.runtime import program
+
+        self._snapshot_key = next(_SNAPSHOT_KEYS)
+        program.get().remote.queue({"op": "snapshot", "key": self._snapshot_key})
+
+    def _check_gradients(self) -> None:
+        """The finite-difference check as one server op: the recorded launches replayed
+        there from the snapshot (``grad_check``), judged as the local Tape judges."""
+        from difftape.ad import GradientCheckError, prog_tape_off
+        from difftape.runtime import program
+
+        rt = program.get().remote
+        for field in self.grad_check:
+            if field.grad is None:
+                raise DifftapeError(f"grad_check: '{field._label()}' has no gradient storage")
+        try:
+            with prog_tape_off(), rt.recording(discard_results=True) as ops:
+                for entry in self.entries:
+                    entry.forward(*entry.args, **entry.kwargs)
+        except Unrecordable as e:
+            names = ", ".join(sorted({en.name for en in self.entries}))
+            raise DifftapeError(f"Tape(grad_check=...) under arch=ti.remote replays the "
+                                f"recorded program ({names}) on the server, but it cannot "
+                                f"be replayed there: {e}. Check the gradient locally "
+                                "(arch=ti.cpu) instead") from None
+        bad = rt.call({"op": "grad_check", "snapshot": self._snapshot_key,
+                       "loss": self.loss.id, "fields": [f.id for f in self.grad_check],
+                       "labels": [f._label()[:200] for f in self.grad_check],
+                       "program": ops})["bad"]
+        if bad:
+            raise GradientCheckError("gradients disagree with central finite differences:\n  "
+                                     + "\n  ".join(bad[:20]))
+
     def __exit__(self, exc_type, exc, tb) -> bool:
         from difftape.runtime import program
 
         super().__exit__(exc_type, exc, tb)
-        if exc_type is None:
+        if exc_type is None and self.validation:
+            # Its errors (a rule broken by the recorded kernels) belong to the Tape, as
+            # locally. Otherwise no flush: the recording and its back-propagation go with
+            # the next request that needs an answer (usually the read of the loss or of a
+            # gradient).
             program.get().remote.flush()
         return False
 

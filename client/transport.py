@@ -47,6 +47,21 @@ class _Progress:
         sys.stderr.flush()
 
 
+class TransportStats:
+    """What a program cost on the wire: HTTP requests (round trips, retries included) and
+    body bytes each way (``ti.remote_stats()``)."""
+
+    __slots__ = ("round_trips", "bytes_sent", "bytes_received")
+
+    def __init__(self) -> None:
+        self.round_trips = 0
+        self.bytes_sent = 0
+        self.bytes_received = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+
 def _role_path(role: str) -> str:
     return "data" if role == "primal" else role
 
@@ -75,6 +90,7 @@ class HttpTransport:
             timeout=httpx.Timeout(timeout, connect=10.0),
             transport=httpx.HTTPTransport(retries=retries))
         self.retries = retries
+        self.stats = TransportStats()
 
     # ------------------------------------------------------------------ plumbing
     def request(self, method: str, path: str, *, idempotent: bool | None = None,
@@ -90,6 +106,7 @@ class HttpTransport:
             try:
                 # A callable body makes a fresh (e.g. streamed) body for every attempt.
                 body = content() if callable(content) else content
+                self.stats.round_trips += 1
                 resp = self.client.request(method, path, content=body, **kwargs)
                 break
             except (httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError) as e:
@@ -102,6 +119,9 @@ class HttpTransport:
                 raise RemoteError(f"{method} {path}: timed out talking to {self.url}") from e
             except httpx.TransportError as e:
                 raise RemoteError(f"{method} {path}: cannot reach {self.url}: {e}") from e
+        if isinstance(content, bytes):
+            self.stats.bytes_sent += len(content)  # (array uploads count their own)
+        self.stats.bytes_received += len(resp.content)
         if resp.status_code >= 400:
             raise self._error(resp)
         return resp
@@ -155,11 +175,13 @@ class HttpTransport:
                     yield part
 
             headers["Content-Length"] = str(arr.nbytes)
+            self.stats.bytes_sent += arr.nbytes
             self.request("PUT", path, content=chunks, headers=headers)
         else:
             # The array's own memory as the body (no copy); a fresh iterator per attempt.
             view = memoryview(arr).cast("B") if arr.nbytes else memoryview(b"")
             headers["Content-Length"] = str(arr.nbytes)
+            self.stats.bytes_sent += arr.nbytes
             self.request("PUT", path, content=lambda: iter([view]), headers=headers)
 
     def read(self, sid: str, fid: int, role: str, dtype: np.dtype,
@@ -172,6 +194,7 @@ class HttpTransport:
         progress = _Progress(f"download field {fid}", out.nbytes)
         for attempt in range(self.retries + 1):
             try:
+                self.stats.round_trips += 1
                 with self.client.stream("GET", path, headers={
                         "Accept": "application/octet-stream"}) as resp:
                     if resp.status_code >= 400:
@@ -184,6 +207,7 @@ class HttpTransport:
                             raise RemoteError(f"GET {path}: more bytes than {shape} {dtype}")
                         view[pos:end] = chunk
                         pos = end
+                        self.stats.bytes_received += len(chunk)
                         progress.update(len(chunk))
                 if pos != out.nbytes:
                     raise RemoteError(f"GET {path}: got {pos} bytes, expected {out.nbytes}")
@@ -213,6 +237,7 @@ class LocalTransport:
             engine = Engine(**engine_kwargs)
         self.engine = engine
         self._sessions = 0
+        self.stats = TransportStats()
 
     def create_session(self) -> str:
         self._sessions += 1
@@ -224,7 +249,10 @@ class LocalTransport:
     def _run(self, op: dict, payload: bytes | None = None) -> tuple[Any, bytes | None]:
         from difftape.errors import DifftapeError
 
-        op = json.loads(json.dumps(op))
+        wire = json.dumps(op)
+        self.stats.round_trips += 1
+        self.stats.bytes_sent += len(wire) + (len(payload) if payload is not None else 0)
+        op = json.loads(wire)
         try:
             result, out = self.engine.execute(op, payload)
         except DifftapeError as e:
@@ -232,7 +260,10 @@ class LocalTransport:
                     "difftape_error": type(e).__name__, "kernel": getattr(e, "kernel", None),
                     "index": getattr(e, "op_index", None)}
             raise error_from_problem(422, body) from None
-        return json.loads(json.dumps(result)), out
+        wire = json.dumps(result)
+        self.stats.bytes_received += len(wire) + (memoryview(out).nbytes if out is not None
+                                                  else 0)
+        return json.loads(wire), out
 
     def batch(self, sid: str, ops: list[dict]) -> list[dict]:
         return self._run({"op": "batch", "ops": ops})[0]["results"]

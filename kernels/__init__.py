@@ -203,6 +203,17 @@ def _linalg():
     return linalg
 
 
+def remote_stats() -> dict[str, int]:
+    """What the current program has cost on the wire since ``ti.init``: under
+    ``arch=ti.remote`` the server round trips (HTTP requests), the engine ops they carried
+    and the body bytes sent and received; all zero for a local program. Take the difference
+    of two calls to see what a part of a program costs."""
+    prog = _program_mod._current
+    if prog is not None and prog.remote is not None:
+        return prog.remote.stats()
+    return {"round_trips": 0, "ops": 0, "bytes_sent": 0, "bytes_received": 0}
+
+
 def svd(A, dt=None):
     """``ti.svd(A)`` -> (U, S, V) with A = U @ S @ V.T (2x2 or 3x3), inside kernels."""
     return _linalg().svd(A, _ops_mod.resolve_dtype(dt if dt is not None else float))

@@ -16,6 +16,7 @@ from fastapi import FastAPI
 
 from . import problems
 from .db import Database
+from .fastpath import BatchFastPath
 from .jobs import JobScheduler
 from .metrics import Metrics
 from .middleware import AuthMiddleware, GuardMiddleware, RequestMiddleware
@@ -155,7 +156,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     problems.install(app)
     for r in (sessions, fields, kernels, batch, jobs, health):
         app.include_router(r.router)
-    # Outermost last: request id and access log, then Host/Origin/size, then the token.
+    # Outermost last: request id and access log, then Host/Origin/size, then the token, then
+    # the batch request's fast path (server/fastpath.py).
+    app.add_middleware(BatchFastPath, service=service)
     app.add_middleware(AuthMiddleware, users=service.db.user_by_token)
     app.add_middleware(GuardMiddleware, allowed_hosts=settings.host_names,
                        allowed_origins=settings.allowed_origins,

@@ -14,6 +14,7 @@ access is range-checked here as well. Arrays come in and go out as raw C-order b
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import numbers
@@ -48,6 +49,10 @@ VARIANTS = ("primal", "grad", "fwd", "grad_fwd", "fwd_const")
 #: Ops that carry a binary payload: they cannot be part of a ``batch``.
 PAYLOAD_OPS = ("write", "read")
 _SAVE_META = "__difftape_meta__"
+#: Ops a ``sweep`` or ``grad_check`` program may repeat (nothing that creates or reads).
+PROGRAM_OPS = ("launch", "fill", "set_item", "set_bytes", "clear_grads", "clear_duals")
+#: ``get_bytes``/``set_bytes`` carry at most this much (base64 inside a batch's JSON).
+INLINE_BYTES = 1 << 20
 
 
 class EngineError(DifftapeError):
@@ -185,6 +190,7 @@ class Engine:
         self.kernels: dict[str, _Kernel] = {}
         self.compiled: dict[tuple[str, str, int], CompiledKernel] = {}
         self.epoch = 0  # bumped when a field gains .grad/.dual storage
+        self.snapshots: dict[int, dict[int, np.ndarray]] = {}  # Tape(grad_check=...)
         self.launches = 0
         self.cache_hits = 0
         self.cache_misses = 0
@@ -322,6 +328,31 @@ class Engine:
         # A view, not a copy: the worker sends it before it runs the next op.
         return ({"dtype": s.dtype.name, "shape": list(s.arr.shape)},
                 memoryview(s.arr.reshape(-1).view(np.uint8)))
+
+    def op_get_bytes(self, op: dict) -> dict:
+        """A small field's raw bytes inside a batch's answer (base64): read with the launches
+        before it, in one round trip."""
+        s = self._storage(op)
+        if s.arr.nbytes > INLINE_BYTES:
+            raise EngineError(f"get_bytes: {s._label()} has {s.arr.nbytes} bytes, more than "
+                              f"{INLINE_BYTES}; read it with 'read'")
+        return {"b64": base64.b64encode(s.arr.tobytes()).decode("ascii")}
+
+    def op_set_bytes(self, op: dict) -> dict:
+        """A small field's raw bytes (its own dtype, C order, base64) inside a batch."""
+        s = self._storage(op)
+        text = op.get("b64")
+        if not isinstance(text, str):
+            raise EngineError("set_bytes: 'b64' must be a base64 string")
+        try:
+            data = base64.b64decode(text, validate=True)
+        except ValueError:
+            raise EngineError("set_bytes: 'b64' is not valid base64") from None
+        if len(data) != s.arr.nbytes:
+            raise ShapeError(f"set_bytes: {s._label()} has {s.arr.nbytes} bytes, got "
+                             f"{len(data)}")
+        s.arr.reshape(-1)[:] = np.frombuffer(data, dtype=s.arr.dtype)
+        return {}
 
     def op_fill(self, op: dict) -> dict:
         s = self._storage(op)
@@ -491,6 +522,134 @@ class Engine:
                 raise
         return {"results": results}
 
+    # ------------------------------------------------------------------ derivative loops
+    # Library operations that loop over launches and reads (ti.ad.jacobian, hessian, hvp,
+    # Tape(grad_check=...)) run here, where the data is, as one op each: the client records
+    # the launches its Python program makes (the frontend runs there), and sends them as a
+    # ``program`` of plain ops that this engine repeats. No client code runs here.
+
+    def _run_program(self, ops: Any, what: str) -> None:
+        if not isinstance(ops, list):
+            raise EngineError(f"{what}: 'program' must be a list of ops")
+        for i, sub in enumerate(ops):
+            name = sub.get("op") if isinstance(sub, dict) else None
+            if name not in PROGRAM_OPS:
+                raise EngineError(f"{what}: op {name!r} cannot be part of a program (only "
+                                  f"{', '.join(PROGRAM_OPS)})")
+            try:
+                self.execute(sub)
+            except DifftapeError as e:
+                e.add_note(f"in op {i + 1} of the {what} program ({name})")
+                raise
+
+    def _storages(self, spec: Any, what: str) -> list[Field]:
+        if not isinstance(spec, dict) or not isinstance(spec.get("fields"), list):
+            raise EngineError(f"{what}: expected {{'role': ..., 'fields': [ids]}}")
+        role = spec.get("role")
+        return [self._storage({"id": fid, "role": role}) for fid in spec["fields"]]
+
+    def op_sweep(self, op: dict) -> dict:
+        """Columns of a derivative matrix: for each seed vector (or each one-hot vector
+        over the seed storages), clear (``clear_duals``/``clear_grads``), write the seed,
+        run the program and read the ``read`` storages, flattened. ``before`` runs once
+        first and ``after`` once at the end. Local: ``autodiff/functional.py``."""
+        self._run_program(op.get("before", []), "sweep")
+        clear = op.get("clear")
+        if clear not in ("clear_duals", "clear_grads"):
+            raise EngineError("sweep: 'clear' must be 'clear_duals' or 'clear_grads'")
+        seeds = self._storages(op.get("seed"), "sweep seed")
+        reads = self._storages(op.get("read"), "sweep read")
+        sizes = [s.arr.size for s in seeds]
+        total = sum(sizes)
+        vectors = op.get("vectors")
+        if vectors is None:
+            count = total
+        elif isinstance(vectors, list) and all(isinstance(v, list) and len(v) == total
+                                               for v in vectors):
+            count = len(vectors)
+        else:
+            raise EngineError(f"sweep: 'vectors' must be null or lists of {total} numbers")
+        columns = []
+        for c in range(count):
+            self.execute({"op": clear})
+            if vectors is None:
+                k = c
+                for s, n in zip(seeds, sizes, strict=True):
+                    if 0 <= k < n:
+                        s.arr.reshape(-1)[k] = 1  # (cleared: the rest of every seed is 0)
+                    k -= n
+            else:
+                flat = np.asarray(from_jsonable(vectors[c]), dtype=np.float64)
+                k = 0
+                for s, n in zip(seeds, sizes, strict=True):
+                    s.arr.reshape(-1)[:] = flat[k:k + n].astype(s.dtype.np)
+                    k += n
+            self._run_program(op.get("program", []), "sweep")
+            col = np.concatenate([r.arr.reshape(-1).astype(np.float64) for r in reads]) \
+                if reads else np.zeros(0)
+            columns.append(jsonable(col.tolist()))
+        self._run_program(op.get("after", []), "sweep")
+        return {"columns": columns}
+
+    def op_snapshot(self, op: dict) -> dict:
+        """Keep a copy of every field's values (``Tape(grad_check=...)`` on entry)."""
+        key = op.get("key")
+        if not isinstance(key, int):
+            raise EngineError("snapshot: 'key' must be an integer")
+        if len(self.snapshots) >= 4:  # a client that never checks must not pile them up
+            self.snapshots.pop(next(iter(self.snapshots)))
+        self.snapshots[key] = {fid: f.arr.copy() for fid, f in self.prog.fields.items()}
+        return {}
+
+    def op_grad_check(self, op: dict) -> dict:
+        """``Tape(grad_check=[...])`` after back-propagation: each field's gradient against
+        central finite differences of the recorded ``program`` replayed from the snapshot,
+        exactly as the local Tape does it (``difftape.ad.finite_difference_check``); every
+        field and gradient is restored afterwards. Returns the disagreements."""
+        from difftape.ad import finite_difference_check
+
+        snap = self.snapshots.pop(op.get("snapshot"), None)
+        if snap is None:
+            raise EngineError("grad_check: no such snapshot (take one with 'snapshot' when "
+                              "the Tape begins)")
+        loss = self._storage({"id": op.get("loss"), "role": "primal"})
+        checked = [self._field({"id": fid}) for fid in op.get("fields", [])]
+        labels = op.get("labels") or [f._label() for f in checked]
+        if len(labels) != len(checked) or not all(isinstance(x, str) for x in labels):
+            raise EngineError("grad_check: 'labels' must name each checked field")
+        fields = self.prog.fields
+        after = {i: f.arr.copy() for i, f in fields.items()}
+        grads = {i: f.grad.arr.copy() for i, f in fields.items() if f.grad is not None}
+        program = op.get("program", [])
+
+        def replay(field: Field, idx: tuple, delta: float) -> float:
+            for i, arr in snap.items():
+                if i in fields:
+                    np.copyto(fields[i].arr, arr)
+            moved = snap[field.id].copy()
+            moved[idx] += delta
+            np.copyto(field.arr, moved)
+            self._run_program(program, "grad_check")
+            return float(loss.arr.reshape(-1)[0])
+
+        bad: list[str] = []
+        try:
+            for f, label in zip(checked, labels, strict=True):
+                if f.grad is None:
+                    raise DifftapeError(f"grad_check: '{f._label()}' has no gradient storage")
+                if f.id not in snap:
+                    raise EngineError(f"grad_check: {f._label()} was created after the "
+                                      "snapshot")
+                bad += finite_difference_check(
+                    label, f.grad.arr.copy(), snap[f.id], f.dtype.bits,
+                    lambda idx, delta, f=f: replay(f, idx, delta))
+        finally:
+            for i, arr in after.items():
+                np.copyto(fields[i].arr, arr)
+            for i, arr in grads.items():
+                np.copyto(fields[i].grad.arr, arr)
+        return {"bad": bad}
+
     # ------------------------------------------------------------------ persistence
     def op_save(self, op: dict) -> dict:
         """Fields (with companions) and registered kernels to one ``.npz``, so a culled
@@ -563,6 +722,8 @@ _HANDLERS = {
     "write": Engine.op_write,
     "read": Engine.op_read,
     "fill": Engine.op_fill,
+    "get_bytes": Engine.op_get_bytes,
+    "set_bytes": Engine.op_set_bytes,
     "set_item": Engine.op_set_item,
     "get_item": Engine.op_get_item,
     "register": Engine.op_register,
@@ -571,6 +732,9 @@ _HANDLERS = {
     "clear_duals": Engine.op_clear_duals,
     "seed": Engine.op_seed,
     "batch": Engine.op_batch,
+    "sweep": Engine.op_sweep,
+    "snapshot": Engine.op_snapshot,
+    "grad_check": Engine.op_grad_check,
     "save": Engine.op_save,
     "load": Engine.op_load,
     "stats": Engine.op_stats,

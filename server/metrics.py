@@ -26,6 +26,9 @@ class Metrics:
                      10, 30, 60))
         self.launches = Counter("difftape_kernel_launches", "kernel launches run",
                                 ["variant"], registry=self.registry)
+        # Label lookups cost more than the increment: the batch path counts through these.
+        self.launch_counters = {v: self.launches.labels(v) for v in
+                                ("primal", "grad", "fwd", "grad_fwd", "fwd_const")}
         self.bytes_moved = Counter("difftape_bytes_moved", "field bytes moved over HTTP",
                                    ["direction"], registry=self.registry)
         self.jobs = Counter("difftape_jobs_finished", "jobs finished", ["state"],

@@ -88,6 +88,19 @@ class GetItemOp(Strict):
     index: list[int] = Field(max_length=8)
 
 
+class GetBytesOp(Strict):
+    op: Literal["get_bytes"] = "get_bytes"
+    id: FieldId
+    role: Role = "data"
+
+
+class SetBytesOp(Strict):
+    op: Literal["set_bytes"] = "set_bytes"
+    id: FieldId
+    role: Role = "data"
+    b64: str = Field(max_length=(1 << 20) * 4 // 3 + 4)
+
+
 class RegisterOp(Strict):
     op: Literal["register"] = "register"
     ir: dict[str, Any]
@@ -113,11 +126,66 @@ class SeedOp(Strict):
     value: Annotated[int, Field(ge=0, lt=2**63)]
 
 
-BatchOp = Annotated[
-    CreateFieldOp | CompanionOp | FillOp | SetItemOp | GetItemOp | RegisterOp | LaunchOp
-    | ClearGradsOp | ClearDualsOp | SeedOp,
+# What a sweep or grad_check repeats: ops that neither create nor read anything.
+ProgramOp = Annotated[
+    LaunchOp | FillOp | SetItemOp | SetBytesOp | ClearGradsOp | ClearDualsOp,
     Field(discriminator="op"),
 ]
+Program = Annotated[list[ProgramOp], Field(max_length=100_000)]
+
+
+class Storages(Strict):
+    role: Role
+    fields: list[FieldId] = Field(max_length=10_000)
+
+
+class SweepOp(Strict):
+    """Columns of a derivative matrix (``ti.ad.jacobian``/``hessian``/``hvp``, see
+    PROTOCOL.md); ``vectors``: explicit seeds, or null for one-hot ones."""
+
+    op: Literal["sweep"] = "sweep"
+    before: Program = []
+    clear: Literal["clear_duals", "clear_grads"]
+    seed: Storages
+    vectors: list[list[Number | NonFinite]] | None = Field(default=None, max_length=100_000)
+    program: Program
+    read: Storages
+    after: Program = []
+
+
+class SnapshotOp(Strict):
+    op: Literal["snapshot"] = "snapshot"
+    key: Annotated[int, Field(ge=0, lt=2**63)]
+
+
+class GradCheckOp(Strict):
+    op: Literal["grad_check"] = "grad_check"
+    snapshot: Annotated[int, Field(ge=0, lt=2**63)]
+    loss: FieldId
+    fields: list[FieldId] = Field(max_length=10_000)
+    labels: list[Annotated[str, Field(max_length=200)]] | None = Field(default=None,
+                                                                       max_length=10_000)
+    program: Program
+
+
+BatchOp = Annotated[
+    CreateFieldOp | CompanionOp | FillOp | SetItemOp | GetItemOp | GetBytesOp | SetBytesOp
+    | RegisterOp | LaunchOp | ClearGradsOp | ClearDualsOp | SeedOp | SweepOp | SnapshotOp
+    | GradCheckOp,
+    Field(discriminator="op"),
+]
+
+
+def op_count(ops: list[dict]) -> int:
+    """Ops a batch or job carries, those inside sweep/grad_check programs included (the
+    ``batch_ops`` quota)."""
+    n = len(ops)
+    for op in ops:
+        for key in ("before", "program", "after"):
+            inner = op.get(key)
+            if isinstance(inner, list):
+                n += len(inner)
+    return n
 
 
 class FieldCreate(Strict):

@@ -454,6 +454,16 @@ class WorkerRegistry:
         return killed
 
 
+def _wake(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def _expire(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_exception(TimeoutError())
+
+
 class Worker:
     """One engine process; calls are serialized (a session's ops run in order).
 
@@ -553,13 +563,16 @@ class Worker:
         return self.gone
 
     async def _reply(self, timeout: float) -> tuple[dict, bytes | None]:
-        """Wait (in the loop) until the pipe is readable, then read one reply."""
+        """Wait (in the loop) until the pipe is readable, then read one reply. A bare future
+        woken by the reader callback, with a timer for the limit: no task, event or
+        ``wait_for`` per op (this runs once per request)."""
         loop = asyncio.get_running_loop()
-        ready = asyncio.Event()
+        ready = loop.create_future()
         fd = self._conn.fileno()
-        loop.add_reader(fd, ready.set)
+        loop.add_reader(fd, _wake, ready)
+        timer = loop.call_later(timeout, _expire, ready)
         try:
-            await asyncio.wait_for(ready.wait(), timeout)
+            await ready
         except TimeoutError:
             self.gone = WorkerGone(
                 f"the operation ran longer than the kernel time limit "
@@ -567,6 +580,7 @@ class Worker:
             self.kill()
             raise self.gone from None
         finally:
+            timer.cancel()
             loop.remove_reader(fd)
             # uvloop (libuv) makes a watched descriptor non-blocking; the reads below, and
             # the next request's writes, expect a blocking one.

@@ -109,6 +109,23 @@ def _ensure_second_order() -> None:
             f.grad._make_companion("dual")
 
 
+def _need_grads(ps: list[Field]) -> None:
+    for p in ps:
+        if p.grad is None:
+            raise DifftapeError(f"hvp: param '{p._label()}' has no gradient storage; create it "
+                                "with needs_grad=True (as for a Tape)")
+
+
+def _split(flat: np.ndarray, fields: list[Field]) -> list[np.ndarray]:
+    """A flat float64 vector back into per-field arrays of their dtypes and shapes."""
+    out, k = [], 0
+    for f in fields:
+        n = _size(f)
+        out.append(flat[k:k + n].astype(f.dtype.np).reshape(_full_shape(f)))
+        k += n
+    return out
+
+
 def jvp(fn: Callable[[], object], inputs: Sequence[Field] | Field, tangents,
         outputs: Sequence[Field] | Field) -> list[np.ndarray]:
     """Run ``fn`` in forward mode with ``inputs``' tangents set to ``tangents`` and return the
@@ -169,6 +186,11 @@ def jacobian(fn: Callable[[], object], inputs: Sequence[Field] | Field,
     n_out = sum(_size(f) for f in outs)
     if mode == "auto":
         mode = "forward" if n_in <= n_out else "reverse"
+    remote = program.get().remote
+    if remote is not None and mode in ("forward", "reverse"):
+        jac = remote.jacobian(fn, ins, outs, mode)  # one request (difftape.client)
+        if jac is not None:
+            return jac
     jac = np.zeros((n_out, n_in), dtype=np.float64)
     if mode == "forward":
         _ensure_duals()
@@ -208,10 +230,15 @@ def hvp(fn: Callable[[], object], loss: Field, params: Sequence[Field] | Field, 
     vs = vectors if isinstance(params, list | tuple) else [vectors]
     if len(vs) != len(ps):
         raise DifftapeError(f"hvp: {len(ps)} params but {len(vs)} vectors")
-    for p in ps:
-        if p.grad is None:
-            raise DifftapeError(f"hvp: param '{p._label()}' has no gradient storage; create it "
-                                "with needs_grad=True (as for a Tape)")
+    _need_grads(ps)
+    remote = program.get().remote
+    if remote is not None:  # one request (difftape.client)
+        seed = np.concatenate([_as_seed(p, v, "the vector").reshape(-1)
+                               for p, v in zip(ps, vs, strict=True)])
+        cols = remote.second_order(fn, loss, ps, [seed])
+        if cols is not None:
+            out = _split(cols[0], ps)
+            return out if isinstance(params, list | tuple) else out[0]
     _ensure_second_order()
     clear_all_duals()
     for p, v in zip(ps, vs, strict=True):
@@ -234,6 +261,12 @@ def hessian(fn: Callable[[], object], loss: Field, params: Sequence[Field] | Fie
         raise DifftapeError(f"hessian: {n} parameters means {n} Hessian-vector products; "
                             f"raise max_params (now {max_params}) if that is intended, or "
                             "use ti.ad.hvp")
+    remote = program.get().remote
+    if remote is not None:  # one request (difftape.client)
+        _need_grads(ps)
+        cols = remote.second_order(fn, loss, ps, None)
+        if cols is not None:
+            return np.ascontiguousarray(cols.T)
     h = np.zeros((n, n), dtype=np.float64)
     for col in range(n):
         e = np.zeros(n)

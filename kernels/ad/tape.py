@@ -156,7 +156,7 @@ class Tape:
                 clear_all_gradients()  # Taichi clears nothing for an ndarray loss
             loss.fill(0)
         if self.grad_check:
-            self._snapshot = {i: f.to_numpy() for i, f in prog.fields.items()}
+            self._take_snapshot()
         if self.validation:
             validation.begin(prog)
         prog.tape = self
@@ -208,8 +208,9 @@ class Tape:
             self._check_gradients()
 
     # ------------------------------------------------------------------ grad_check
-    # Written against the Field interface (to_numpy/from_numpy), so it runs unchanged on a
-    # server under arch=ti.remote.
+    # (Under arch=ti.remote the client's Tape keeps the snapshot and replays on the server.)
+    def _take_snapshot(self) -> None:
+        self._snapshot = {i: f.to_numpy() for i, f in program.get().fields.items()}
     def _replay_loss(self, snapshot: dict[int, np.ndarray], field: Field, index: tuple,
                      delta: float) -> float:
         prog = program.get()
@@ -243,28 +244,38 @@ class Tape:
     def _check_field(self, field: Field) -> list[str]:
         if field.grad is None:
             raise DifftapeError(f"grad_check: '{field._label()}' has no gradient storage")
-        analytic = field.grad.to_numpy()
-        x0 = self._snapshot[field.id]
-        f32 = field.dtype.bits < 64
-        rel_step, tol = (1e-3, 2e-2) if f32 else (1e-6, 1e-5)
-        flat = list(np.ndindex(x0.shape))
-        if len(flat) > 32:  # a fixed, spread-out sample keeps the check affordable
-            picks = np.random.default_rng(0).choice(len(flat), 32, replace=False)
-            flat = [flat[k] for k in sorted(picks)]
-        scale = float(np.max(np.abs(analytic))) if analytic.size else 0.0
-        out = []
         with prog_tape_off():
-            for idx in flat:
-                h = rel_step * max(1.0, abs(float(x0[idx])))
-                lp = self._replay_loss(self._snapshot, field, idx, h)
-                lm = self._replay_loss(self._snapshot, field, idx, -h)
-                fd = (lp - lm) / (2 * h)
-                an = float(analytic[idx])
-                denom = max(abs(fd), abs(an), 1e-3 * scale, 1e-12)
-                if abs(fd - an) / denom > tol:
-                    out.append(f"{field._label()}{list(idx)}: gradient {an:.6g}, finite "
-                               f"difference {fd:.6g}")
-        return out
+            return finite_difference_check(
+                field._label(), field.grad.to_numpy(), self._snapshot[field.id],
+                field.dtype.bits,
+                lambda idx, delta: self._replay_loss(self._snapshot, field, idx, delta))
+
+
+def finite_difference_check(label: str, analytic: np.ndarray, x0: np.ndarray, bits: int,
+                            replay: Callable[[tuple, float], float]) -> list[str]:
+    """Compare the gradient ``analytic`` of a field (``x0``: its values when the recording
+    began) with central finite differences ``(replay(i, h) - replay(i, -h)) / 2h``, where
+    ``replay`` re-runs the recorded program from the snapshot with element ``i`` moved by
+    the given amount and returns the loss. At most 32 elements, a fixed spread-out sample.
+    Shared by the local Tape and the service's ``grad_check`` op (one request remotely),
+    so both sample and judge alike. Returns the disagreements, one line each."""
+    rel_step, tol = (1e-3, 2e-2) if bits < 64 else (1e-6, 1e-5)
+    flat = list(np.ndindex(x0.shape))
+    if len(flat) > 32:  # a fixed, spread-out sample keeps the check affordable
+        picks = np.random.default_rng(0).choice(len(flat), 32, replace=False)
+        flat = [flat[k] for k in sorted(picks)]
+    scale = float(np.max(np.abs(analytic))) if analytic.size else 0.0
+    out = []
+    for idx in flat:
+        h = rel_step * max(1.0, abs(float(x0[idx])))
+        lp = replay(idx, h)
+        lm = replay(idx, -h)
+        fd = (lp - lm) / (2 * h)
+        an = float(analytic[idx])
+        denom = max(abs(fd), abs(an), 1e-3 * scale, 1e-12)
+        if abs(fd - an) / denom > tol:
+            out.append(f"{label}{list(idx)}: gradient {an:.6g}, finite difference {fd:.6g}")
+    return out
 
 
 class prog_tape_off:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from ..models import BatchBody, BatchResult
+from ..db import User
+from ..models import BatchBody, BatchResult, op_count
 from ..problems import ProblemError
 from .deps import PROBLEM_RESPONSES, SidP, UserDep, service
 
@@ -18,10 +19,15 @@ async def run_batch(request: Request, user: UserDep, body: BatchBody,
     """Run the ops in order in one worker round trip; the first error stops the batch and
     its problem carries the failing op's ``index``. The kernel time limit applies to the
     whole batch."""
-    svc = service(request)
+    results = await run_ops(service(request), user, sid, [op.model_dump() for op in body.ops])
+    return BatchResult(results=results)
+
+
+async def run_ops(svc, user: User, sid: str, ops: list[dict]) -> list:
+    """The batch itself, validated ops in: quotas and field accounting around one worker
+    call. Shared by this route and the gateway's fast path (``server/fastpath.py``)."""
     svc.sessions.check(user, sid)
-    svc.sessions.check_batch_size(len(body.ops))
-    ops = [op.model_dump() for op in body.ops]
+    svc.sessions.check_batch_size(op_count(ops))
     created, companions, extra = svc.sessions.plan_fields(sid, ops)
     with svc.sessions.reserve_fields(user, extra):
         try:
@@ -37,8 +43,9 @@ async def run_batch(request: Request, user: UserDep, body: BatchBody,
         if created or companions:
             svc.sessions.account_fields(sid, created, companions)
     svc.sessions.record_kernels(sid, ops, results)
+    launches = svc.metrics.launch_counters
     for op in ops:
         if op["op"] == "launch":
-            svc.metrics.launches.labels(op["variant"]).inc()
-    return BatchResult(results=results)
+            launches[op["variant"]].inc()
+    return results
 

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from ..jobs import TERMINAL
-from ..models import JobInfo, JobResult, JobSubmit
+from ..models import JobInfo, JobResult, JobSubmit, op_count
 from ..problems import ProblemError
 from .deps import PROBLEM_RESPONSES, JobIdP, SidP, UserDep, service
 
@@ -34,8 +34,8 @@ async def submit_job(request: Request, user: UserDep, body: JobSubmit,
     """Queue the ops as a job. With a ``job_id`` you chose, resubmitting is safe: the job
     runs once and every submission answers with it."""
     svc = service(request)
-    svc.sessions.check_batch_size(len(body.ops))
     ops = [op.model_dump() for op in body.ops]
+    svc.sessions.check_batch_size(op_count(ops))
     created, _companions, extra = svc.sessions.plan_fields(sid, ops)
     if extra:
         svc.sessions.check_field_quota(user, extra)

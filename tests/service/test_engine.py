@@ -299,3 +299,37 @@ def test_save_load_and_warm_cache(tmp_path, local):
     with pytest.raises(EngineError):
         e2.execute({"op": "save", "path": str(tmp_path / "x.pkl")})
     e2.close()
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"program": [{"op": "register", "ir": {}}]}, "cannot be part of a program"),
+    ({"program": [{"op": "get_item", "id": 1, "index": [0]}]}, "cannot be part of a program"),
+    ({"clear": "clear_all"}, "'clear' must be"),
+    ({"vectors": [[1.0, 2.0]]}, "'vectors' must be"),
+])
+def test_sweep_refusals(engine, local, bad, match):
+    """A sweep repeats only ops that neither create nor read; its seeds match the seed
+    storages' sizes."""
+    create(engine, local)
+    op = {"op": "sweep", "clear": "clear_duals", "program": [],
+          "seed": {"role": "grad", "fields": [local.x.id]},
+          "read": {"role": "grad", "fields": [local.loss.id]}, **bad}
+    with pytest.raises(EngineError, match=match):
+        engine.execute(op)
+
+
+def test_sweep_one_hot_columns(engine, local):
+    """With no vectors, one column per seed scalar: here the program is empty, so each
+    column reads back its own one-hot seed (the identity), cleared in between."""
+    create(engine, local)
+    res, _ = engine.execute({"op": "sweep", "clear": "clear_grads", "program": [],
+                             "seed": {"role": "grad", "fields": [local.x.id]},
+                             "read": {"role": "grad", "fields": [local.x.id]}})
+    np.testing.assert_array_equal(np.array(res["columns"]), np.eye(N))
+
+
+def test_grad_check_needs_its_snapshot(engine, local):
+    create(engine, local)
+    with pytest.raises(EngineError, match="no such snapshot"):
+        engine.execute({"op": "grad_check", "snapshot": 5, "loss": local.loss.id,
+                        "fields": [local.x.id], "program": []})
