@@ -19,15 +19,23 @@ caller runs the local loop, whose round trips ``ti.remote_stats()`` shows.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from difftape.autodiff import functional as _fn
-from difftape.autodiff.functional import forward_mode
+from difftape.ad import Tape
+from difftape.ad import functional as _fn
+from difftape.ad.functional import forward_mode
+from difftape.frontend.field import Field, root
 from difftape.ir.serialize import from_jsonable, jsonable
-from difftape.runtime.field import Field, root
 
-from .runtime import RemoteRuntime, Unrecordable
+if TYPE_CHECKING:
+    from .runtime import RemoteRuntime
+
+
+class Unrecordable(Exception):
+    """A block being recorded as a server-side program needs an answer from the server
+    while it runs (internal: the caller runs the block the ordinary way instead)."""
 
 
 def _ids(fields: list[Field]) -> list[int]:
@@ -65,8 +73,6 @@ def jacobian(rt: RemoteRuntime, fn: Callable[[], object], ins: list[Field],
                              "read": {"role": "dual", "fields": _ids(outs)},
                              "after": [{"op": "clear_duals"}]}, n_in, n_out)
         return np.ascontiguousarray(cols.T)
-    from difftape.ad import Tape
-
     root.lazy_grad()
     tape = Tape(loss=None)
 
@@ -99,8 +105,6 @@ def second_order(rt: RemoteRuntime, fn: Callable[[], object], loss: Field,
     """Hessian-vector products of ``loss`` w.r.t. ``ps`` for the given seed vectors (one
     per column, in the params' dtypes), or for every one-hot vector (the dense Hessian) when
     ``vectors`` is None. Returns (columns, param scalars); None: run it locally."""
-    from difftape.ad import Tape
-
     _fn._ensure_second_order()
 
     def block() -> None:

@@ -51,6 +51,8 @@ from difftape.frontend.struct import StructType
 from difftape.ir import serialize
 from difftape.ir.serialize import from_jsonable
 
+from .derivatives import Unrecordable, jacobian, second_order
+
 #: Queued ops beyond this many are sent without waiting for a synchronisation point.
 MAX_QUEUE = 4096
 #: Fields of at most this many bytes move inside batches (base64), not as bodies of their
@@ -69,11 +71,6 @@ READ_AHEAD_B64 = 8 << 10
 READ_AHEAD_UNUSED = 8
 #: Ops a recorded program may hold (the engine's PROGRAM_OPS).
 PROGRAM_OPS = ("launch", "fill", "set_item", "set_bytes", "clear_grads", "clear_duals")
-
-
-class Unrecordable(Exception):
-    """A block being recorded as a server-side program needs an answer from the server
-    while it runs (internal: the caller runs the block the ordinary way instead)."""
 
 
 class _Recording:
@@ -388,14 +385,10 @@ class RemoteRuntime:
     # ------------------------------------------------------------------ derivative loops
     def jacobian(self, fn, ins: list, outs: list, mode: str) -> np.ndarray | None:
         """``ti.ad.jacobian`` in one request; None if ``fn`` cannot be recorded."""
-        from .derivatives import jacobian
-
         return jacobian(self, fn, ins, outs, mode)
 
     def second_order(self, fn, loss, ps: list, vectors: list | None) -> np.ndarray | None:
         """``ti.ad.hvp`` (one vector) or ``hessian`` (``vectors`` None) in one request."""
-        from .derivatives import second_order
-
         return second_order(self, fn, loss, ps, vectors)
 
     def clear_grads(self) -> None:
