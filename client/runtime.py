@@ -34,7 +34,7 @@ import numpy as np
 
 from difftape.ad import Tape, _Entry
 from difftape.autodiff.lost import Flow, lost_flow
-from difftape.errors import ArgumentError, DifftapeError, ShapeError
+from difftape.errors import ArgumentError, DifftapeError, IndexOutOfRangeError, ShapeError
 from difftape.frontend import builder as _b
 from difftape.frontend.annotations import NdarrayType
 from difftape.frontend.field import Field, _to_python
@@ -49,6 +49,7 @@ from difftape.frontend.kernel import (
 from difftape.frontend.matrix import Matrix, MatrixType, Vector
 from difftape.frontend.struct import StructType
 from difftape.ir import serialize
+from difftape.ir.passes.bounds import OUT_OF_RANGE
 from difftape.ir.serialize import from_jsonable
 
 from .derivatives import Unrecordable, jacobian, second_order
@@ -470,8 +471,10 @@ class RemoteField(Field):
             except TypeError:
                 raise IndexError(f"{self._label()}: only integer indices are supported with "
                                  f"arch=ti.remote, got {k!r:.40}") from None
-            if not -n <= i < n:
-                raise IndexError(f"index {i} is out of bounds for axis {axis} with size {n}")
+            if not 0 <= i < n:  # as locally: no wrap-around of negative indices
+                raise IndexOutOfRangeError(
+                    f"{OUT_OF_RANGE.format(i)} out of range for axis {axis} of "
+                    f"'{self._label()}' with shape {self.shape}")
             out.append(i)
         return out
 

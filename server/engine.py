@@ -606,7 +606,7 @@ class Engine:
         central finite differences of the recorded ``program`` replayed from the snapshot,
         exactly as the local Tape does it (``difftape.ad.finite_difference_check``); every
         field and gradient is restored afterwards. Returns the disagreements."""
-        from difftape.ad import finite_difference_check
+        from difftape.ad.tape import finite_difference_check
 
         snap = self.snapshots.pop(op.get("snapshot"), None)
         if snap is None:

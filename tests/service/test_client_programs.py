@@ -214,7 +214,7 @@ def returns_and_items():
     w.copy_from(v)
     return {"total": total(1.5), "count": count(0.4), "vec": vec(3), "inf": inf_ratio(1.0),
             "nan": inf_ratio(0.0), "k": k.to_numpy(), "k5": k[5], "x": x.to_numpy(),
-            "m": m.to_numpy(), "m1": m[1], "x_neg": x[-1, -1],
+            "m": m.to_numpy(), "m1": m[1], "x_last": x[7, 1],
             "x_f64": x.to_numpy(dtype=np.float64), "v": v.to_numpy(), "w": w.to_numpy()}
 
 
