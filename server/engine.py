@@ -271,7 +271,8 @@ class Engine:
 
     @staticmethod
     def _field_nbytes(f: Field) -> int:
-        return sum(s.arr.nbytes for s in (f, f.grad, f.dual, f.mark) if s is not None)
+        return sum(s.arr.nbytes for s in (f, f.companion("grad"), f.companion("dual"), f.mark)
+                   if s is not None)
 
     def _make_companion(self, f: Field, role: str) -> None:
         if f.companion(role) is not None:
@@ -366,7 +367,7 @@ class Engine:
 
     def op_clear_grads(self, op: dict) -> dict:
         for f in list(self.prog.fields.values()):
-            if f.grad is not None:
+            if f.has_grad:
                 self.prog.zero(f.grad.arr)
         return {}
 
@@ -378,7 +379,7 @@ class Engine:
     def op_clear_duals(self, op: dict) -> dict:
         """Zero every ``.dual`` and ``.grad.dual`` (as ``FwdMode`` does on entry)."""
         for f in list(self.prog.fields.values()):
-            for d in (f.dual, f.companion("grad_dual")):
+            for d in (f.companion("dual"), f.companion("grad_dual")):
                 if d is not None:
                     self.prog.zero(d.arr)
         return {}

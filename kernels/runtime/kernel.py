@@ -513,8 +513,8 @@ class CompiledKernel:
                 storage = f.companion(buf.key[2])
                 if storage is None:
                     raise CompileError(f"'{buf.name}' is used but was never allocated: create "
-                                       f"the field with needs_{buf.key[2]}=True",
-                                       kernel=ir.name)
+                                       f"the field with needs_{buf.key[2]}=True or place "
+                                       f"'{buf.name}'", kernel=ir.name)
                 self.ctx_i64[layout.buffer_ptr[slot]] = storage.arr.ctypes.data
             else:
                 extents = [layout.buffer_extent.get((slot, a)) for a in range(buf.ndim)]
