@@ -301,6 +301,7 @@ class Kernel:
         t0 = time.perf_counter()
         ir = self.build_ir(prog, spec, variant)
         ir.deterministic = prog.config.deterministic
+        ir.fast_math = prog.config.fast_math
         lost = ir.lost
         t1 = time.perf_counter()
         ir = run_pipeline(ir)
@@ -312,6 +313,7 @@ class Kernel:
         inst = compile_ir(ir, prog, stats, [p.name for p in self.params])
         stats.frontend_s, stats.passes_s = t1 - t0, t2 - t1
         self.last_compile = stats
+        prog.compile_seconds += time.perf_counter() - t0
         if lost is not None:
             inst.lost = lost
         if isinstance(self.return_annotation, MatrixType | StructType):
