@@ -127,7 +127,8 @@ NOT_RUN = {
 }
 
 #: Output lines that are timings or progress, not results.
-TIMING = re.compile(r"time|\bms\b|per iter|\[Taichi\]|^\s*\[[IWE] ", re.IGNORECASE)
+TIMING = re.compile(r"time|\bms\b|per iter|\[Taichi\]|^\s*\[[IWE] |Kernel Profiler",
+                    re.IGNORECASE)
 NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf)\b")
 
 RUNNER = """\

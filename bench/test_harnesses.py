@@ -121,6 +121,17 @@ def test_difftaichi_compare_reports_first_difference():
     assert not agree and "1.25" in first and "1.3" in first
 
 
+def test_difftaichi_drops_the_kernel_profilers_table():
+    # ti.profiler.print_kernel_profiler_info() (diffmpm_benchmark.py): timings, in each
+    # backend's own words (Taichi's header names its arch: "@ X64")
+    table = ("=====\nKernel Profiler(count, default) @ X64 \n=====\n"
+             "[      %     total   count |      min       avg       max   ] Kernel name\n"
+             "[100.00%   0.007 s      3x |    0.052     2.470     7.114 ms] k_c80_0\n"
+             "[100.00%] Total execution time:   0.007 s   number of results: 1\n")
+    lines = difftaichi.result_lines(table + "loss= 0.5\n", difftaichi.Example())
+    assert lines == [("loss= 0.5", [0.5])]
+
+
 def test_difftaichi_within_chaos_judges_up_to_taichis_own_horizon():
     spec = difftaichi.Example()
 
