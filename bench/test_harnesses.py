@@ -42,7 +42,7 @@ def test_alias_is_difftape_and_marks_internals(tmp_path):
         print(ti.TaichiCompilationError is difftape.CompileError)
         try:
             from taichi.lang import impl
-            impl.get_runtime()
+            impl.get_runtime().materialize()
         except Exception as e:
             print(type(e).__name__)
         try:
@@ -51,6 +51,29 @@ def test_alias_is_difftape_and_marks_internals(tmp_path):
             print("difftape has no ti.definitely_not_an_api" in str(e))
     """)
     assert out.split() == ["True", "True", "True", "True", "TaichiInternalsUsed", "True"]
+
+
+def test_alias_reports_the_compilation_time(tmp_path):
+    # DiffTaichi's smoke_taichi_gpu.py prints get_runtime().prog.get_total_compilation_time()
+    # (kernels need a source file: the script is written to one, which -c imports)
+    (tmp_path / "compile_time.py").write_text(textwrap.dedent("""
+        import taichi as ti
+        from taichi.lang import impl
+        ti.init(arch=ti.cpu)
+        x = ti.field(ti.f32, 4)
+        total = impl.get_runtime().prog.get_total_compilation_time
+        before = total()
+
+        @ti.kernel
+        def k():
+            for i in x:
+                x[i] = i
+
+        k()
+        print(before, total() > before, total() < 60)
+    """))
+    out = _alias_python(tmp_path, "import compile_time")
+    assert out.split() == ["0.0", "True", "True"]
 
 
 def test_alias_shadows_no_difftape_name(tmp_path):
@@ -98,6 +121,17 @@ def test_difftaichi_compare_reports_first_difference():
     assert not agree and "1.25" in first and "1.3" in first
 
 
+def test_difftaichi_drops_the_kernel_profilers_table():
+    # ti.profiler.print_kernel_profiler_info() (diffmpm_benchmark.py): timings, in each
+    # backend's own words (Taichi's header names its arch: "@ X64")
+    table = ("=====\nKernel Profiler(count, default) @ X64 \n=====\n"
+             "[      %     total   count |      min       avg       max   ] Kernel name\n"
+             "[100.00%   0.007 s      3x |    0.052     2.470     7.114 ms] k_c80_0\n"
+             "[100.00%] Total execution time:   0.007 s   number of results: 1\n")
+    lines = difftaichi.result_lines(table + "loss= 0.5\n", difftaichi.Example())
+    assert lines == [("loss= 0.5", [0.5])]
+
+
 def test_difftaichi_within_chaos_judges_up_to_taichis_own_horizon():
     spec = difftaichi.Example()
 
@@ -127,7 +161,7 @@ def test_difftaichi_nudge_moves_random_draws_one_ulp(tmp_path):
                       "repr(float(np.random.rand(3)[2])))\n")
     (tmp_path / "taichi.py").write_text("def init(**kwargs):\n    pass\n")  # a stand-in
     (tmp_path / "_run_example.py").write_text(difftaichi.RUNNER.format(
-        headless=str(difftaichi.COMPAT / "headless"), script=str(script), argv=[]))
+        headless=str(difftaichi.COMPAT / "headless"), script=str(script), argv=[], init={}))
     outs = []
     for nudge in ({}, {"DIFFTAICHI_NUDGE": "1"}):
         env = {k: v for k, v in os.environ.items() if k != "DIFFTAICHI_NUDGE"} | nudge
@@ -137,6 +171,25 @@ def test_difftaichi_nudge_moves_random_draws_one_ulp(tmp_path):
     plain, nudged = outs
     assert plain[0] != nudged[0]
     assert nudged == [float(np.nextafter(v, np.inf)) for v in plain]
+
+
+@pytest.mark.parametrize("chaotic, strict, want", [
+    (True, True, "[('arch', 'cpu'), ('default_fp', 'f64'), ('fast_math', False)]"),
+    (True, False, "[('arch', 'cpu'), ('default_fp', 'f64')]"),
+    (False, True, "[('arch', 'cpu'), ('default_fp', 'f64')]")])
+def test_difftaichi_chaotic_scenes_init_without_fast_math(tmp_path, chaotic, strict, want):
+    examples = tmp_path / "checkout" / "examples"
+    examples.mkdir(parents=True)
+    (examples / "ex.py").write_text("import taichi as ti\nreal = ti.f32\n"
+                                    "ti.init(arch=ti.gpu, default_fp='f64')\n")
+    (examples / "taichi.py").write_text(  # a stand-in that shows what ti.init gets
+        "cpu, gpu, f32, f64 = 'cpu', 'gpu', 'f32', 'f64'\n"
+        "def init(**kwargs):\n    print(sorted(kwargs.items()))\n")
+    work, _ = difftaichi.prepare(tmp_path / "checkout", tmp_path / "work", "taichi", "ex.py",
+                                 difftaichi.Example(chaotic=chaotic), 1, strict)
+    p = subprocess.run([sys.executable, "_run_example.py"], cwd=work, capture_output=True,
+                       text=True, check=True)
+    assert p.stdout.strip() == want
 
 
 @pytest.mark.bench

@@ -609,7 +609,7 @@ class RemoteTape(Tape):
 
         rt = program.get().remote
         for field in self.grad_check:
-            if field.grad is None:
+            if not field.has_grad:
                 raise DifftapeError(f"grad_check: '{field._label()}' has no gradient storage")
         try:
             with prog_tape_off(), rt.recording(discard_results=True) as ops:

@@ -277,7 +277,8 @@ class Engine:
 
     @staticmethod
     def _field_nbytes(f: Field) -> int:
-        return sum(s.arr.nbytes for s in (f, f.grad, f.dual, f.mark) if s is not None)
+        return sum(s.arr.nbytes for s in (f, f.companion("grad"), f.companion("dual"), f.mark)
+                   if s is not None)
 
     def _make_companion(self, f: Field, role: str) -> None:
         if f.companion(role) is not None:
@@ -397,7 +398,7 @@ class Engine:
 
     def op_clear_grads(self, op: dict) -> dict:
         for f in list(self.prog.fields.values()):
-            if f.grad is not None:
+            if f.has_grad:
                 self.prog.zero(f.grad.arr)
         return {}
 
@@ -409,7 +410,7 @@ class Engine:
     def op_clear_duals(self, op: dict) -> dict:
         """Zero every ``.dual`` and ``.grad.dual`` (as ``FwdMode`` does on entry)."""
         for f in list(self.prog.fields.values()):
-            for d in (f.dual, f.companion("grad_dual")):
+            for d in (f.companion("dual"), f.companion("grad_dual")):
                 if d is not None:
                     self.prog.zero(d.arr)
         return {}
@@ -619,7 +620,7 @@ class Engine:
             raise EngineError("grad_check: 'labels' must name each checked field")
         fields = self.prog.fields
         after = {i: f.arr.copy() for i, f in fields.items()}
-        grads = {i: f.grad.arr.copy() for i, f in fields.items() if f.grad is not None}
+        grads = {i: f.grad.arr.copy() for i, f in fields.items() if f.has_grad}
         program = op.get("program", [])
 
         def replay(field: Field, idx: tuple, delta: float) -> float:
@@ -635,7 +636,7 @@ class Engine:
         bad: list[str] = []
         try:
             for f, label in zip(checked, labels, strict=True):
-                if f.grad is None:
+                if not f.has_grad:
                     raise DifftapeError(f"grad_check: '{f._label()}' has no gradient storage")
                 if f.id not in snap:
                     raise EngineError(f"grad_check: {f._label()} was created after the "

@@ -25,7 +25,8 @@ nothing to the language. What it does:
   apart from difftape failures. Exceptions: ``taichi.lang.misc.get_host_arch_list`` (the
   CPU), ``taichi.lang.util.has_pytorch/has_paddle/has_clangpp`` (False), ``to_numpy_type``,
   ``taichi.lang.exception`` (the mapping above) and ``taichi.lang.impl.current_cfg()`` (a view
-  of difftape's ``ti.init`` configuration: arch, default_fp, default_ip, debug); names in
+  of difftape's ``ti.init`` configuration: arch, default_fp, default_ip, debug),
+  ``taichi.lang.impl.get_runtime().prog.get_total_compilation_time()``; names in
   ``taichi.lang.*`` that difftape has at top level (``static``...) are forwarded, and public
   Taichi names imported from there that difftape lacks (``_PUBLIC_IN_LANG``) are gaps.
 """
@@ -104,6 +105,21 @@ def _internals_module(name: str, provided: dict | None = None) -> _types.ModuleT
     return mod
 
 
+class _RuntimeView:
+    """``taichi.lang.impl.get_runtime()``, as far as DiffTaichi's smoke_taichi_gpu.py reads it:
+    ``.prog.get_total_compilation_time()`` (difftape's seconds spent compiling kernels)."""
+
+    @property
+    def prog(self) -> _types.SimpleNamespace:
+        from difftape.runtime import program
+
+        return _types.SimpleNamespace(
+            get_total_compilation_time=lambda: program.get().compile_seconds)
+
+    def __getattr__(self, attr: str):
+        raise _internal(f"taichi.lang.impl.get_runtime().{attr}")
+
+
 class _ConfigView:
     """``taichi.lang.impl.current_cfg()``: difftape's ``ti.init`` settings under Taichi's names."""
 
@@ -134,7 +150,8 @@ def _make_shims() -> dict[str, _types.ModuleType]:
                                  "has_clangpp": false, "to_numpy_type": _to_numpy_type}),
         "taichi.lang.exception": _internals_module("taichi.lang.exception", dict(_EXCEPTIONS)),
         "taichi.lang.impl": _internals_module(
-            "taichi.lang.impl", {"current_cfg": lambda: _ConfigView()}),
+            "taichi.lang.impl", {"current_cfg": lambda: _ConfigView(),
+                                 "get_runtime": lambda: _RuntimeView()}),
     }
     lang = _internals_module("taichi.lang", {k.rsplit(".", 1)[1]: m for k, m in shims.items()})
     shims["taichi.lang"] = lang

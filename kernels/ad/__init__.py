@@ -63,7 +63,7 @@ class FwdMode:
         for f in [p, *self.losses]:
             if not isinstance(f, Field):
                 raise DifftapeError(f"ti.ad.FwdMode: expected fields, got {type(f).__name__}")
-            if f.dual is None:
+            if not f.has_dual:
                 raise DifftapeError(f"ti.ad.FwdMode: '{f._label()}' has no dual storage; create "
                                     "it with needs_dual=True or call ti.root.lazy_dual()")
         if program.get().tape is not None:

@@ -52,7 +52,7 @@ def clear_all_duals() -> None:
         prog.remote.clear_duals()
         return
     for f in list(prog.fields.values()):
-        for d in (f.dual, f.grad.dual if f.grad is not None else None):
+        for d in (f.companion("dual"), f.companion("grad_dual")):
             if d is not None:
                 prog.zero(d.arr)
 
@@ -101,17 +101,15 @@ def _ensure_second_order() -> None:
     """Fields with gradient storage (those a Tape differentiates) get ``.dual`` and
     ``.grad.dual``; fields without stay out of it, exactly as under a Tape."""
     for f in list(program.get().fields.values()):
-        if f.grad is None:
+        if not f.has_grad:
             continue
-        if f.dual is None:
-            f._make_companion("dual")
-        if f.grad.dual is None:
-            f.grad._make_companion("dual")
+        f._make_companion("dual")
+        f.grad._make_companion("dual")
 
 
 def _need_grads(ps: list[Field]) -> None:
     for p in ps:
-        if p.grad is None:
+        if not p.has_grad:
             raise DifftapeError(f"hvp: param '{p._label()}' has no gradient storage; create it "
                                 "with needs_grad=True (as for a Tape)")
 

@@ -37,7 +37,7 @@ def clear_all_gradients() -> None:
         prog.remote.clear_grads()
         return
     for f in list(prog.fields.values()):
-        if f.grad is not None:
+        if f.has_grad:
             prog.zero(f.grad.arr)
 
 
@@ -137,9 +137,11 @@ class Tape:
                 raise DifftapeError("ti.ad.Tape(loss): loss must be a 0-D field (shape=()) or a "
                                     "one-element ndarray; for several outputs, seed their .grad "
                                     "and call kernel.grad() yourself")
-            if loss.grad is None:
+            if not loss.has_grad:
                 raise DifftapeError(f"ti.ad.Tape(loss): {label} has no gradient storage; "
-                                    "create it with needs_grad=True")
+                                    "create it with needs_grad=True"
+                                    + (f" or place {label}.grad" if isinstance(loss, Field)
+                                       else ""))
         if self.grad_check and not isinstance(loss, Field):
             raise DifftapeError("ti.ad.Tape(grad_check=...) needs a 0-D field as the loss")
         if self.grad_check and prog.remote is None and any(
@@ -227,7 +229,7 @@ class Tape:
     def _check_gradients(self) -> None:
         prog = program.get()
         after = {i: f.to_numpy() for i, f in prog.fields.items()}
-        grads = {i: f.grad.to_numpy() for i, f in prog.fields.items() if f.grad is not None}
+        grads = {i: f.grad.to_numpy() for i, f in prog.fields.items() if f.has_grad}
         bad: list[str] = []
         try:
             for field in self.grad_check:
@@ -242,7 +244,7 @@ class Tape:
                                      + "\n  ".join(bad[:20]))
 
     def _check_field(self, field: Field) -> list[str]:
-        if field.grad is None:
+        if not field.has_grad:
             raise DifftapeError(f"grad_check: '{field._label()}' has no gradient storage")
         with prog_tape_off():
             return finite_difference_check(

@@ -260,6 +260,9 @@ class CPUTarget:
         params = ", ".join([ty] * len(args))
         pure = low.attribute_group("nounwind willreturn memory(none)")
         low.declare(f"declare {ty} @{scalar}({params}) {pure}")
+        call_args = ", ".join(f"{ty} {a}" for a in args)
+        if not low.ir.fast_math:  # ti.init(fast_math=False): the scalar libm, as Taichi
+            return low.fn.ins(f"call {ty} @{scalar}({call_args})")
         if paired and self.sincos and t.bits in self.lanes:
             return self._sincos(low, name, t, args[0], pure)
         call_attrs = ""
@@ -272,7 +275,6 @@ class CPUTarget:
             arity = "v" * len(args)
             call_attrs = " " + low.attribute_group(
                 f'"vector-function-abi-variant"="_ZGV_LLVM_N{lanes}{arity}_{scalar}({vec})"')
-        call_args = ", ".join(f"{ty} {a}" for a in args)
         return low.fn.ins(f"call {ty} @{scalar}({call_args}){call_attrs}")
 
     def _sincos(self, low, name: str, t: DType, x: str, pure: str) -> str:

@@ -122,7 +122,10 @@ TRANSCENDENTAL = tuple(name for name, info in OPS.items()
 #: ops compared by structure when pairing sin/cos operands (see Lowering.sin_and_cos)
 _PURE_KEYED = frozenset({"load", "const", "arg", "buf_shape", "loop_index", "cast", "add", "sub",
                          "mul", "div", "neg", "min", "max"})
-FAST = "contract"  # allow FMA formation, as Taichi does; results stay within rounding
+# Allow FMA formation: one rounding instead of two, so never less accurate; Taichi 1.7.4's CPU
+# backend does not fuse (its fast_math flags are reassoc/nsz/ninf, without contract), so a
+# kernel's last bits may differ from Taichi's. ti.init(fast_math=False) drops it.
+FAST = "contract"
 
 
 #: Called as ``observer(ir, layout)`` for every kernel whose module is written (not for one
@@ -140,6 +143,7 @@ class Lowering:
         self.ir = ir
         self.layout = layout
         self.target = target
+        self.contract = FAST if ir.fast_math else ""  # see FAST
         self.declarations: set[str] = set()
         self.strings = 0  # constant format strings of print statements so far
         self.functions: list[str] = []
@@ -542,7 +546,8 @@ class Lowering:
         if form == "inst":
             fast = ""
             if t.is_float:
-                fast = ("reassoc nsz contract" if s.attr == "reassoc" else FAST) + " "
+                fast = ("reassoc nsz " + self.contract if s.attr == "reassoc"
+                        else self.contract) + " "
             return self.fn.ins(f"{name} {fast}{ty} {args[0]}, {args[1]}")
         if form in ("fcmp", "icmp"):
             c = self.fn.ins(f"{form} {name} {ty} {args[0]}, {args[1]}")
@@ -582,11 +587,11 @@ class Lowering:
 
     def lower_rsqrt(self, s: Stmt, t: DType, args: list[str]) -> str:
         r = self.intrinsic("sqrt", t, args)
-        return self.fn.ins(f"fdiv {FAST} {ll_type(t)} {ll_const(1.0, t)}, {r}")
+        return self.fn.ins(f"fdiv {self.contract} {ll_type(t)} {ll_const(1.0, t)}, {r}")
 
     def lower_fdiv(self, s: Stmt, t: DType, args: list[str]) -> str:
         ty = ll_type(t)
-        fast = "reassoc nsz contract" if s.attr == "reassoc" else FAST
+        fast = "reassoc nsz " + self.contract if s.attr == "reassoc" else self.contract
         x = s.args[0]
         if x.op == "const" and x.attr == -1.0:
             # -1/b is exactly -(1/b): spelled so, the reciprocal is shared with other uses

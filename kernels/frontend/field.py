@@ -75,6 +75,7 @@ class Field(ArrayExchange):
         self._program = program.get()
         self._container: SNode | None = None  # the SNode it is placed in (primal)
         self._offset: tuple[int, ...] = ()  # offset= (primal; companions share it)
+        self._placed_entries: set[tuple[int, ...]] = set()  # entries placed apart (SoA)
         if shape is not None:
             self._allocate(shape)
         elif role == "primal":
@@ -94,29 +95,45 @@ class Field(ArrayExchange):
             if self in self._program.unplaced:
                 self._program.unplaced.remove(self)
 
-    def _make_companion(self, role: str) -> Field:
-        """Allocate ``self.<role>``. On a ``.grad`` field, ``dual`` makes ``x.grad.dual`` (the
+    def _make_companion(self, role: str, allocate: bool = True) -> Field:
+        """``self.<role>``, made if missing. ``allocate``: give it storage now if this field
+        has its shape (``needs_grad``, ``lazy_grad``); otherwise it gets storage when placed
+        (or when its primal is). On a ``.grad`` field, ``dual`` makes ``x.grad.dual`` (the
         tangent of the gradient: Hessian-vector products land there)."""
         if not self.dtype.is_float:
             raise DifftapeError(f"field '{self._label()}' holds {self.dtype}; only float fields "
                                 f"can have a .{role}")
-        key_role = role if self.role == "primal" else f"{self.role}_{role}"
-        f = Field(self.dtype, None, self.element_shape, self.primal.name, role=key_role,
-                  primal=self.primal)
-        if self._shape is not None:
-            f._allocate(self._shape)
-        setattr(self, role, f)
-        self._program.storage_epoch += 1
+        f = self._grad if role == "grad" else self._dual
+        if f is None:
+            key_role = role if self.role == "primal" else f"{self.role}_{role}"
+            f = Field(self.dtype, None, self.element_shape, self.primal.name, role=key_role,
+                      primal=self.primal)
+            if role == "grad":
+                self._grad = f
+            else:
+                self._dual = f
+        if allocate and self._shape is not None and f._shape is None:
+            f._allocate_companion(self._shape)
         return f
 
-    # A float field has a .grad and a .dual before it is placed (as in Taichi), so that
-    # ``ti.root.dense(ti.i, n).place(x, x.grad)`` works for a field made without needs_grad:
-    # asking for one of an unplaced field creates it, and placing it allocates it. A placed
-    # field has only the companions it was made or given with (None otherwise).
+    def _allocate_companion(self, shape: tuple[int, ...]) -> None:
+        """Give a ``.grad``/``.dual`` its storage. Derivative variants of kernels compiled
+        before depend on which storage exists (autodiff/lost.py): the epoch makes them
+        rebuild."""
+        self._allocate(shape)
+        self._program.storage_epoch += 1
+
+    # As in Taichi, a float field always has a .grad and a .dual (a field object to place:
+    # ``ti.root.dense(ti.i, n).place(x, x.grad)``, or ``place(x)`` and later, in another
+    # SNode of the same shape, ``place(x.grad)``). Storage exists only once it is placed, or
+    # the field was made with needs_grad/needs_dual, or lazy_grad()/lazy_dual() ran: ask
+    # ``has_grad``/``has_dual`` (or ``companion(role)``), never ``x.grad is None``.
     @property
     def grad(self) -> Field | None:
-        if self._grad is None and self._lazy_companion():
-            self._make_companion("grad")
+        """``x.grad`` (None only for integer fields and for companions' own companions that
+        were never made)."""
+        if self._grad is None and self.role == "primal" and self.dtype.is_float:
+            self._make_companion("grad", allocate=False)
         return self._grad
 
     @grad.setter
@@ -125,16 +142,24 @@ class Field(ArrayExchange):
 
     @property
     def dual(self) -> Field | None:
-        if self._dual is None and self._lazy_companion():
-            self._make_companion("dual")
+        """``x.dual``, the forward-mode tangent; as :attr:`grad`."""
+        if self._dual is None and self.role == "primal" and self.dtype.is_float:
+            self._make_companion("dual", allocate=False)
         return self._dual
 
     @dual.setter
     def dual(self, f: Field | None) -> None:
         self._dual = f
 
-    def _lazy_companion(self) -> bool:
-        return self.role == "primal" and self._shape is None and self.dtype.is_float
+    @property
+    def has_grad(self) -> bool:
+        """Whether gradient storage exists (``x.grad`` was allocated)."""
+        return self.companion("grad") is not None
+
+    @property
+    def has_dual(self) -> bool:
+        """Whether tangent storage exists (``x.dual`` was allocated)."""
+        return self.companion("dual") is not None
 
     def companion(self, role: str) -> Field | None:
         """The storage behind a buffer role: ``primal``, ``grad``, ``dual``, ``grad_dual``
@@ -142,8 +167,21 @@ class Field(ArrayExchange):
         if role == "primal":
             return self
         if role == "grad_dual":
-            return self._grad.dual if self._grad is not None else None
-        return getattr(self, "_" + role if role in ("grad", "dual") else role, None)
+            g = self.companion("grad")
+            return g.companion("dual") if g is not None else None
+        c = self._grad if role == "grad" else self._dual if role == "dual" else \
+            getattr(self, role, None)
+        return c if c is not None and c._shape is not None else None
+
+    def _no_storage(self) -> DifftapeError:
+        """The refusal for using a ``.grad``/``.dual`` that was never given storage."""
+        what = self.role.replace("_", ".")
+        flag = "needs_dual" if self.role.endswith("dual") else "needs_grad"
+        msg = (f"{self._label()} has no storage: create '{self.primal._label()}' with "
+               f"{flag}=True, or place it (ti.root.dense(...).place({self.primal._label()}."
+               f"{what}))")
+        bld = _b.current()
+        return bld.error(msg) if bld is not None else DifftapeError(msg)
 
     def make_mark(self) -> Field:
         """One byte per scalar: set when a validated recording reads the element."""
@@ -153,6 +191,8 @@ class Field(ArrayExchange):
         return f
 
     def _label(self) -> str:
+        if self.role != "primal" and self.role != "mark":
+            return f"{self.primal._label()}.{self.role.replace('_', '.')}"
         return self.name or f"field#{self.id}"
 
     # ------------------------------------------------------------------ sparse SNodes
@@ -208,6 +248,8 @@ class Field(ArrayExchange):
     @property
     def arr(self) -> np.ndarray:
         if self._arr is None:
+            if self.role != "primal" and self.primal._shape is not None:
+                raise self._no_storage()
             raise DifftapeError(f"{self._label()} has no shape yet: give shape= or place it "
                                 "with ti.root.dense(...).place(...)")
         return self._arr
@@ -216,6 +258,8 @@ class Field(ArrayExchange):
     @property
     def shape(self) -> tuple[int, ...]:
         if self._shape is None:
+            if self.role != "primal" and self.primal._shape is not None:
+                raise self._no_storage()
             raise DifftapeError(f"{self._label()} is not placed yet")
         return self._shape
 
@@ -928,29 +972,76 @@ class SNode:
                   for g in (f.leaf_fields() if isinstance(f, StructField) else [f])]
         for f in fields:
             if isinstance(f, ScalarFieldView):
-                raise DifftapeError(
-                    f"place({f._label()}): an entry of a matrix field (get_scalar_field) "
-                    "cannot be placed on its own; difftape keeps a matrix field's entries "
-                    f"together: place the matrix field {f._matrix._label()} itself")
-            if isinstance(f, Field):
+                self._place_entry(f, shape, offset)
+            elif isinstance(f, Field):
                 if f._shape is not None:
                     if f.role != "primal" and f._shape == shape and \
                             f.primal._container is self:
                         continue  # place(x, x.grad): the companion follows its primal
                     raise DifftapeError(f"{f._label()} is already placed")
                 if f.role != "primal":
-                    raise DifftapeError(f"{f._label()}: place its primal field first")
-                f._offset = offset
-                f._allocate(shape)
-                f._container = self
-                self.fields.append(f)
-                for role in ("grad", "dual"):
-                    comp = getattr(f, "_" + role)
-                    if comp is not None and comp._shape is None:
-                        comp._allocate(shape)
+                    self._place_companion(f, shape, offset)
+                else:
+                    self._place_primal(f, shape, offset)
             else:
                 raise TypeError(f"place() takes fields, got {type(f).__name__}")
         return self
+
+    def _place_primal(self, f: Field, shape: tuple[int, ...],
+                      offset: tuple[int, ...] = ()) -> None:
+        f._offset = offset
+        f._allocate(shape)
+        f._container = self
+        self.fields.append(f)
+        for comp in (f._grad, f._dual):  # those asked for before: place(x, x.grad)
+            if comp is not None and comp._shape is None:
+                comp._allocate_companion(shape)
+
+    def _place_entry(self, view: ScalarFieldView, shape: tuple[int, ...],
+                     offset: tuple[int, ...] = ()) -> None:
+        """``place(m.get_scalar_field(i, j))``: Taichi's structure-of-arrays layout, each entry
+        of a matrix field in an SNode of its own. The layout never changes a value, and here a
+        field's storage is one array: the first entry placed allocates the matrix field (its
+        ``.grad`` likewise), the others must come with the same shape."""
+        m = view._matrix
+        if self.activity_terms():
+            raise DifftapeError(f"{view._label()}: the entries of a matrix field can be placed "
+                                f"apart in dense SNodes only; place {m._label()} whole")
+        placed = m._placed_entries
+        if view._component in placed or (m._shape is not None and not placed
+                                          and m.role == "primal"):
+            raise DifftapeError(f"{view._label()} is already placed")
+        if m._shape is None:
+            if m.role == "primal":
+                self._place_primal(m, shape, offset)
+            else:
+                self._place_companion(m, shape, offset)
+        elif m._shape != shape or m.primal._offset != offset:
+            raise ShapeError(f"{view._label()} placed with shape {shape}, but {m._label()} "
+                             f"has shape {m._shape} (offset {m.primal._offset or None}): the "
+                             "entries of a matrix field share one shape and offset")
+        placed.add(view._component)
+
+    def _place_companion(self, f: Field, shape: tuple[int, ...],
+                         offset: tuple[int, ...] = ()) -> None:
+        """``place(x.grad)`` apart from ``x`` (Taichi's ``place(x)`` then, in another SNode,
+        ``place(x.grad)``). Kernels index ``x.grad`` as ``x``, so the shapes must be equal;
+        sparse activity is the primal's, so both must be dense."""
+        p = f.primal
+        if p._shape is None:
+            raise DifftapeError(f"{f._label()}: place its primal field first")
+        if shape != p._shape:
+            raise ShapeError(f"{f._label()} placed with shape {shape}, but "
+                             f"{p._label()} has shape {p._shape}: a .grad/.dual is indexed as "
+                             "its field, so it must have the same shape")
+        if offset and offset != p._offset:
+            raise ShapeError(f"{f._label()} placed with offset {offset}, but {p._label()} has "
+                             f"offset {p._offset or None}: a .grad/.dual shares its field's")
+        if self.activity_terms() or p.sparse_terms:
+            raise DifftapeError(f"{f._label()}: placing it apart from {p._label()} is "
+                                "supported for dense SNodes only; under sparse SNodes place "
+                                f"it beside its field (place({p._label()}, {f._label()}))")
+        f._allocate_companion(shape)
 
     def deactivate_all(self) -> None:
         """Deactivate every cell of this SNode and of the sparse SNodes below it (their data
@@ -967,12 +1058,12 @@ class SNode:
     def lazy_grad(self) -> None:
         """Give every float field a ``.grad`` with the primal's layout."""
         for f in list(program.get().fields.values()) + list(program.get().unplaced):
-            if f._grad is None and f.dtype.is_float and f.role == "primal":
+            if not f.has_grad and f.dtype.is_float and f.role == "primal":
                 f._make_companion("grad")
 
     def lazy_dual(self) -> None:
         for f in list(program.get().fields.values()) + list(program.get().unplaced):
-            if f._dual is None and f.dtype.is_float and f.role == "primal":
+            if not f.has_dual and f.dtype.is_float and f.role == "primal":
                 f._make_companion("dual")
 
     def __repr__(self) -> str:

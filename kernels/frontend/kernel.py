@@ -328,6 +328,7 @@ class Kernel:
         t0 = time.perf_counter()
         ir = self.build_ir(prog, spec, variant)
         ir.deterministic = prog.config.deterministic
+        ir.fast_math = prog.config.fast_math
         lost = ir.lost
         t1 = time.perf_counter()
         ir = run_pipeline(ir)
@@ -337,6 +338,7 @@ class Kernel:
         inst = compile_ir(ir, prog, stats, [p.name for p in self.params])
         stats.frontend_s, stats.passes_s = t1 - t0, t2 - t1
         self.last_compile = stats
+        prog.compile_seconds += time.perf_counter() - t0
         if lost is not None:
             inst.lost = lost
         if isinstance(self.return_annotation, MatrixType | StructType):
@@ -534,8 +536,8 @@ class CompiledKernel:
                 storage = f.companion(buf.key[2])
                 if storage is None:
                     raise CompileError(f"'{buf.name}' is used but was never allocated: create "
-                                       f"the field with needs_{buf.key[2]}=True",
-                                       kernel=ir.name)
+                                       f"the field with needs_{buf.key[2]}=True or place "
+                                       f"'{buf.name}'", kernel=ir.name)
                 self.ctx_i64[layout.buffer_ptr[slot]] = storage.arr.ctypes.data
             else:
                 extents = [layout.buffer_extent.get((slot, a)) for a in range(buf.ndim)]

@@ -49,6 +49,11 @@ class Ndarray(ArrayExchange):
                                     "only float ndarrays have gradients")
             self.grad = type(self)._like(self)
 
+    @property
+    def has_grad(self) -> bool:
+        """Whether it has gradient storage (made with ``needs_grad=True``), as ``Field``."""
+        return self.grad is not None
+
     @classmethod
     def _like(cls, other: Ndarray) -> Ndarray:
         """A zero-filled ndarray of the same class, dtype and shapes (no gradient)."""

@@ -57,7 +57,7 @@ class DiffProgram:
                 if not isinstance(s, Field | Ndarray):
                     raise DifftapeError(f"{self.name}: {what} {k} must be a field or a "
                                         f"ti.ndarray, got {type(s).__name__}")
-                if not s.dtype.is_float or s.grad is None:
+                if not s.dtype.is_float or not s.has_grad:
                     raise DifftapeError(f"{self.name}: {what} {k} must be a float field or "
                                         "ndarray with gradient storage (needs_grad=True)")
         self.shapes_in = [_full_shape(s) for s in self.inputs]

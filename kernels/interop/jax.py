@@ -182,13 +182,13 @@ def call(fn: Callable, inputs: Sequence, outputs: Sequence, params: Params | Non
             raise DifftapeError("difftape.interop.jax.call: second order (a Tape under "
                                 "forward mode) is not supported through JAX calls")
         tangents = [jnp.asarray(np.array(s.dual.arr)) if isinstance(s, Field) and
-                    s.dual is not None else jnp.zeros_like(x) for s, x in zip(inputs, ins,
+                    s.has_dual else jnp.zeros_like(x) for s, x in zip(inputs, ins,
                                                                                strict=True)]
         lead_t = tuple(jax.tree_util.tree_map(jnp.zeros_like, v) for v in lead)
         outs, touts = jax.jvp(fn, (*lead, *ins), (*lead_t, *tangents))
         _write(_as_tuple(outs), outputs)
         for s, t in zip(outputs, _as_tuple(touts), strict=True):
-            if isinstance(s, Field) and s.dual is not None:
+            if isinstance(s, Field) and s.has_dual:
                 s.dual.arr[...] = np.asarray(t)
         return
     if not recording:

@@ -275,7 +275,7 @@ def call(fn: Callable, inputs: Sequence, outputs: Sequence) -> None:
             for s in outputs:
                 s.grad.arr[...] = 0
             for s, t in zip(inputs, ins, strict=True):
-                if t.grad is not None and getattr(s, "grad", None) is not None:
+                if t.grad is not None and s.has_grad:
                     s.grad.arr[...] += t.grad.numpy()
 
         def forward() -> None:  # a replay (Tape grad_check): the values only
@@ -293,7 +293,7 @@ def _call_forward_mode(fn: Callable, ins: list, inputs: Sequence, outputs: Seque
     with fwAD.dual_level():
         duals = []
         for s, t in zip(inputs, ins, strict=True):
-            dual = s.dual if isinstance(s, Field) else None  # ndarrays have no tangents
+            dual = s.dual if isinstance(s, Field) and s.has_dual else None  # ndarrays have no tangents
             if dual is not None and t.is_floating_point():
                 t = fwAD.make_dual(t, torch.from_numpy(np.array(dual.arr)))
             duals.append(t)
@@ -301,7 +301,7 @@ def _call_forward_mode(fn: Callable, ins: list, inputs: Sequence, outputs: Seque
         unpacked = [fwAD.unpack_dual(o) for o in outs]
     _write([u.primal for u in unpacked], outputs, "arr")
     for s, u in zip(outputs, unpacked, strict=True):
-        dual = s.dual if isinstance(s, Field) else None
+        dual = s.dual if isinstance(s, Field) and s.has_dual else None
         if dual is not None:
             if u.tangent is None:
                 dual.arr[...] = 0

@@ -127,6 +127,10 @@ class KernelIR:
     # ti.init(deterministic=True): passes/determinism.py gives every range task a schedule
     # whose results do not depend on timing or the thread count.
     deterministic: bool = False
+    # ti.init(fast_math=False): IEEE evaluation as written, no fused multiply-adds, and
+    # transcendentals from the scalar libm (not libmvec's vector versions, nor our sin/cos
+    # pair), as Taichi's fast_math=False compiles (codegen/llvm_lowering.py).
+    fast_math: bool = True
     # Of a derivative variant: the derivatives its launches may lose through storage without
     # .dual/.grad (autodiff/lost.py's Flow), checked by the runtime at launch; not compiled.
     lost: Any = None

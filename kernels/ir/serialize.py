@@ -56,6 +56,8 @@ def encode(ir: KernelIR) -> dict:
     }
     if ir.deterministic:  # only then: the service's wire format has no such key
         data["deterministic"] = True
+    if not ir.fast_math:  # likewise
+        data["fast_math"] = False
     if ir.tasks is None:
         data["body"] = enc.block(ir.body)
     else:
@@ -96,7 +98,7 @@ def decode(data: dict) -> KernelIR:
         buffers=[Buffer(_dec_attr(k), T.by_name(t), tuple(shape), name, endim)
                  for k, t, shape, name, endim in data["buffers"]],
         body=[], returns=[T.by_name(t) for t in data["returns"]], debug=data["debug"],
-        deterministic=data.get("deterministic", False))
+        deterministic=data.get("deterministic", False), fast_math=data.get("fast_math", True))
     if "body" in data:
         ir.body = dec.block(data["body"])
     else:

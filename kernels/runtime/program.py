@@ -83,6 +83,7 @@ class Config:
     print_ir: bool = False
     kernel_profiler: bool = False
     deterministic: bool = False  # fixed schedules, see ir/passes/determinism.py
+    fast_math: bool = True  # False: no FMA contraction, scalar libm (ir/nodes.py KernelIR)
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,7 @@ OPTIONS: dict[str, Option] = {
     "print_ir": Option(bool),
     "kernel_profiler": Option(bool),
     "deterministic": Option(bool),
+    "fast_math": Option(bool),
     # arch=ti.remote: where the program runs (difftape.client)
     **{k: Option() for k in ("server", "token", "session", "transport", "timeout")},
     # what difftape always does; the other value is refused
@@ -134,8 +136,6 @@ OPTIONS: dict[str, Option] = {
         "difftape has no GPU backend yet; it can only run arch=ti.gpu/ti.cuda/... programs by "
         "falling back to the CPU")),
     # accepted, no effect (warned once)
-    "fast_math": Option(no_effect="difftape never trades accuracy for speed beyond fused "
-                                  "multiply-adds (Taichi's fast_math=False behaviour)"),
     "advanced_optimization": Option(no_effect=_PASSES),
     "opt_level": Option(no_effect=_PASSES),
     "cfg_optimization": Option(no_effect=_PASSES),
@@ -230,6 +230,8 @@ class Program:
         self.storage_epoch = 0
         # ti.init(kernel_profiler=True): (kernel name, start in s, duration in ms) per launch
         self.profile: list[tuple[str, float, float]] = []
+        # Seconds spent compiling kernels (frontend to loaded code), as Taichi reports it.
+        self.compile_seconds = 0.0
 
     @property
     def pool(self):
@@ -323,6 +325,10 @@ def init(arch: Arch | None = None, default_fp=None, default_ip=None, **options) 
         raise OptionError(f"ti.init(deterministic=True) is not supported under {where}: the "
                           "server schedules kernels its own way; run locally (arch=ti.cpu) for "
                           "bitwise-reproducible results")
+    if arch == remote and settings.get("fast_math") is False:
+        raise OptionError("ti.init(arch=ti.remote, fast_math=False) is not supported: the "
+                          "server compiles with its default floating-point settings; run "
+                          "locally (arch=ti.cpu) for strict IEEE evaluation")
     if remote_opts and arch != remote:
         if forced is None:
             raise OptionError(f"ti.init({', '.join(remote_opts)}=...) applies to arch=ti.remote "

@@ -847,3 +847,116 @@ def test_placing_the_grad_of_a_field_made_without_needs_grad(ti):
     with ti.ad.Tape(loss=loss):
         compute()
     np.testing.assert_allclose(x.grad.to_numpy(), 2 * xs)
+
+
+def _placed_apart(ti, n=3, steps=4):
+    """DiffTaichi's wave.py/smoke_taichi_cpu.py pattern: fields made without needs_grad,
+    ``place(p)`` and then, in another SNode of the same shape, ``place(p.grad)``; ``h`` is
+    placed without its .grad."""
+    p = ti.field(ti.f64, name="p")
+    v = ti.Vector.field(2, ti.f64, name="v")
+    h = ti.field(ti.f64, name="h")
+    loss = ti.field(ti.f64, name="loss")
+    ti.root.dense(ti.i, steps).dense(ti.jk, n).place(p)
+    ti.root.dense(ti.i, steps).dense(ti.jk, n).place(p.grad)
+    ti.root.dense(ti.ij, n).place(v)
+    ti.root.dense(ti.ij, n).place(v.grad)
+    ti.root.dense(ti.ij, n).place(h)
+    ti.root.place(loss)
+    ti.root.place(loss.grad)
+    return p, v, h, loss
+
+
+def test_placing_the_grad_apart_from_its_field(ti):
+    steps, n = 4, 3
+    p, v, h, loss = _placed_apart(ti, n, steps)
+
+    @ti.kernel
+    def step(t: ti.i32):
+        for j, k in ti.ndrange(n, n):
+            p[t, j, k] = ti.sin(p[t - 1, j, k]) * v[j, k][0] + v[j, k][1]
+
+    @ti.kernel
+    def total():
+        for j, k in ti.ndrange(n, n):
+            loss[None] += p[steps - 1, j, k] ** 2
+
+    rng = np.random.default_rng(3)
+    p0 = rng.uniform(-1, 1, (n, n))
+    vs = rng.uniform(0.5, 1.5, (n, n, 2))
+    start = np.zeros((steps, n, n))
+    start[0] = p0
+    p.from_numpy(start)
+    v.from_numpy(vs)
+    with ti.ad.Tape(loss=loss):
+        for t in range(1, steps):
+            step(t)
+        total()
+    # Analytic: p_t = sin(p_{t-1}) a + b, loss = sum p_last^2, by the chain rule backwards.
+    a, b = vs[..., 0], vs[..., 1]
+    ps = [p0]
+    for _ in range(1, steps):
+        ps.append(np.sin(ps[-1]) * a + b)
+    g = 2 * ps[-1]
+    ga, gb = np.zeros_like(a), np.zeros_like(b)
+    for t in range(steps - 1, 0, -1):
+        ga += g * np.sin(ps[t - 1])
+        gb += g
+        g = g * np.cos(ps[t - 1]) * a
+    assert loss[None] == pytest.approx(float(np.sum(ps[-1] ** 2)), rel=1e-12)
+    np.testing.assert_allclose(p.grad.to_numpy()[0], g, rtol=1e-12)
+    np.testing.assert_allclose(v.grad.to_numpy(), np.stack([ga, gb], -1), rtol=1e-12)
+    assert p.grad.shape == (steps, n, n)
+    assert h.grad is not None  # a field object, as in Taichi, without storage
+
+
+@pytest.mark.difftape_only  # has_grad and the refusals are difftape's
+def test_a_grad_never_placed_has_no_storage_and_is_refused_by_name(ti):
+    p, v, h, loss = _placed_apart(ti)
+    assert p.has_grad and v.has_grad and loss.has_grad and not h.has_grad
+    assert ti.field(ti.i32, 3).grad is None  # integers have none, as in Taichi
+    with pytest.raises(ti.DifftapeError, match=r"h\.grad has no storage.*place\(h\.grad\)"):
+        h.grad.to_numpy()
+
+    @ti.kernel
+    def through_h():
+        for j, k in h:
+            h[j, k] = v[j, k][0] * 2
+        for j, k in h:
+            loss[None] += h[j, k]
+
+    with pytest.raises(ti.GradientRuleError, match=r"'h'.*needs_grad=True"):
+        with ti.ad.Tape(loss=loss):
+            through_h()
+
+    @ti.kernel
+    def reads_h_grad():
+        for j, k in h:
+            v.grad[j, k][0] += h.grad[j, k]
+
+    with pytest.raises(ti.CompileError, match=r"h\.grad has no storage(.|\n)*h\.grad\[j, k\]"):
+        reads_h_grad()
+    lone = ti.field(ti.f64)
+    ti.root.place(lone)
+    with pytest.raises(ti.DifftapeError, match=r"Tape\(loss\).*no gradient storage"):
+        with ti.ad.Tape(loss=lone):
+            pass
+    ti.root.lazy_grad()  # gives h its .grad: the same object, now with storage
+    g = h.grad
+    assert h.has_grad and g is h.grad and g.to_numpy().shape == (3, 3)
+
+
+@pytest.mark.difftape_only  # Taichi accepts these and indexes out of the gradient's bounds
+def test_placing_a_grad_apart_needs_the_fields_shape_and_dense_snodes(ti):
+    x = ti.field(ti.f32, name="x")
+    ti.root.dense(ti.i, 4).place(x)
+    with pytest.raises(ti.ShapeError, match=r"x\.grad placed with shape \(5,\).*\(4,\)"):
+        ti.root.dense(ti.i, 5).place(x.grad)
+    with pytest.raises(ti.DifftapeError, match="dense SNodes only"):
+        ti.root.pointer(ti.i, 2).dense(ti.i, 2).place(x.grad)
+    y = ti.field(ti.f32, name="y")
+    with pytest.raises(ti.DifftapeError, match="place its primal field first"):
+        ti.root.dense(ti.i, 4).place(y.grad)
+    ti.root.dense(ti.i, 4).place(x.grad)
+    with pytest.raises(ti.DifftapeError, match=r"x\.grad is already placed"):
+        ti.root.dense(ti.i, 4).place(x.grad)

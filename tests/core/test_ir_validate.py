@@ -1058,7 +1058,7 @@ def gen_fields(corpus):
     for f in out:
         buffers.append([{"t": ["field", f.id, "primal"]}, f.dtype.name,
                         list(f.shape + f.element_shape), f"g{f.id}", len(f.element_shape)])
-        if f.grad is not None:
+        if f.has_grad:
             buffers.append([{"t": ["field", f.id, "grad"]}, f.dtype.name,
                             list(f.shape + f.element_shape), f"g{f.id}.grad",
                             len(f.element_shape)])

@@ -376,13 +376,70 @@ def test_get_scalar_field_in_forward_mode(ti, fp, npfp, rtol):
     np.testing.assert_array_equal(m.dual.to_numpy(), 0)  # the seed is cleared on exit
 
 
+def test_placing_the_entries_of_a_matrix_field_apart(ti):
+    # Structure-of-arrays layout as DiffTaichi's diffmpm_benchmark.py and smoke_taichi_cpu.py
+    # write it: each entry of a vector/matrix field placed in an SNode of its own.
+    v = ti.Vector.field(2, ti.f64)
+    m = ti.Matrix.field(2, 2, ti.f64)
+    s = ti.field(ti.f64)
+    loss = ti.field(ti.f64)
+    block = ti.root.dense(ti.i, 3)
+    for i in range(2):
+        assert isinstance(v.get_scalar_field(i), ti.ScalarField)
+        block.dense(ti.j, 4).place(v.get_scalar_field(i))
+    for i in range(2):
+        for j in range(2):
+            ti.root.dense(ti.ij, (3, 4)).place(m.get_scalar_field(i, j))
+    ti.root.dense(ti.ij, (3, 4)).place(s)
+    ti.root.place(loss)
+    ti.root.lazy_grad()
+    assert v.shape == m.shape == (3, 4)
+
+    @ti.kernel
+    def energy():
+        for i, j in v:
+            loss[None] += (m[i, j] @ v[i, j]).dot(v[i, j]) * s[i, j]
+
+    rng = np.random.default_rng(0)
+    vs, ms, ss = rng.normal(size=(3, 4, 2)), rng.normal(size=(3, 4, 2, 2)), rng.normal(size=(3, 4))
+    v.from_numpy(vs)
+    m.from_numpy(ms)
+    s.from_numpy(ss)
+    with ti.ad.Tape(loss=loss):
+        energy()
+    assert loss[None] == pytest.approx(float(np.einsum("ijab,ijb,ija,ij", ms, vs, vs, ss)),
+                                       rel=1e-12)
+    sym = ms + np.swapaxes(ms, 2, 3)
+    np.testing.assert_allclose(v.grad.to_numpy(),
+                               np.einsum("ijab,ijb->ija", sym, vs) * ss[..., None], rtol=1e-12)
+    np.testing.assert_allclose(m.grad.to_numpy(), np.einsum("ija,ijb,ij->ijab", vs, vs, ss),
+                               rtol=1e-12)
+    assert v.get_scalar_field(1)[2, 3] == vs[2, 3, 1]
+
+
+@pytest.mark.difftape_only  # Taichi accepts mismatched entries (and then misindexes them)
+def test_entries_placed_apart_need_one_shape_dense_snodes_and_one_place_each(ti):
+    v = ti.Vector.field(2, ti.f32, name="v")
+    ti.root.dense(ti.i, 4).place(v.get_scalar_field(0))
+    with pytest.raises(ti.ShapeError, match="share one shape"):
+        ti.root.dense(ti.i, 5).place(v.get_scalar_field(1))
+    with pytest.raises(ti.DifftapeError, match=r"v\[0\] is already placed"):
+        ti.root.dense(ti.i, 4).place(v.get_scalar_field(0))
+    w = ti.Vector.field(2, ti.f32, name="w")
+    with pytest.raises(ti.DifftapeError, match="dense SNodes only"):
+        ti.root.pointer(ti.i, 2).dense(ti.i, 2).place(w.get_scalar_field(0))
+    u = ti.Vector.field(2, ti.f32, shape=4, name="u")
+    with pytest.raises(ti.DifftapeError, match="already placed"):
+        ti.root.dense(ti.i, 4).place(u.get_scalar_field(0))
+
+
 @pytest.mark.difftape_only
 def test_get_scalar_field_grad_is_the_same_entry_of_the_grad(ti):
     # (Taichi gives None for the view's .grad; difftape a view of m.grad.)
     m = ti.Matrix.field(2, 2, ti.f32, shape=3, needs_grad=True)
     g = m.get_scalar_field(1, 1).grad
     g[2] = 4.0
-    assert m.grad[2][1, 1] == 4.0 and m.get_scalar_field(0, 0).dual is None
+    assert m.grad[2][1, 1] == 4.0 and not m.get_scalar_field(0, 0).has_dual
     with pytest.raises(ti.DifftapeError, match="2x2 entries"):
         m.get_scalar_field(2, 0)
     with pytest.raises(ti.DifftapeError, match="scalar field"):

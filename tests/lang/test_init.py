@@ -126,7 +126,7 @@ def test_unknown_init_option_keeps_the_current_program(ti):
 def test_taichi_options_without_effect_leave_results_unchanged(ti):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        ti.init(arch=ti.cpu, fast_math=False, advanced_optimization=True, ad_stack_size=64,
+        ti.init(arch=ti.cpu, advanced_optimization=True, ad_stack_size=64,
                 default_cpu_block_dim=32, log_level="warn", short_circuit_operators=False)
     x = ti.field(ti.f32, shape=8)
 
