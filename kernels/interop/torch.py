@@ -293,7 +293,8 @@ def _call_forward_mode(fn: Callable, ins: list, inputs: Sequence, outputs: Seque
     with fwAD.dual_level():
         duals = []
         for s, t in zip(inputs, ins, strict=True):
-            dual = s.dual if isinstance(s, Field) and s.has_dual else None  # ndarrays have no tangents
+            # ndarrays have no tangents
+            dual = s.dual if isinstance(s, Field) and s.has_dual else None
             if dual is not None and t.is_floating_point():
                 t = fwAD.make_dual(t, torch.from_numpy(np.array(dual.arr)))
             duals.append(t)

@@ -464,14 +464,25 @@ def test_field_keywords_are_honoured_or_refused(ti):
 
 
 @pytest.mark.difftape_only
-def test_placing_one_entry_of_a_matrix_field_is_refused(ti):
-    """(Taichi places each entry's scalar field on its own; difftape stores a matrix field's
-    entries together, so it refuses rather than fail with an AttributeError.)"""
+def test_entries_of_a_matrix_field_placed_apart(ti):
+    """Taichi's structure-of-arrays layout: each entry's scalar field placed in an SNode of
+    its own; entries share one shape, so a second shape is refused."""
     v = ti.Vector.field(2, ti.i32)
-    with pytest.raises(ti.DifftapeError, match="place the matrix field"):
-        ti.root.dense(ti.i, 8).place(v.get_scalar_field(0))
-    ti.root.dense(ti.i, 8).place(v)
+    ti.root.dense(ti.i, 8).place(v.get_scalar_field(0))
+    ti.root.dense(ti.i, 8).place(v.get_scalar_field(1))
+    w = ti.Vector.field(2, ti.i32)
+    ti.root.dense(ti.i, 8).place(w.get_scalar_field(0))
+    with pytest.raises(ti.DifftapeError, match="same shape|share one shape"):
+        ti.root.dense(ti.i, 4).place(w.get_scalar_field(1))
+
+    @ti.kernel
+    def fill():
+        for i in v:
+            v[i] = [i, 2 * i]
+
+    fill()
     assert v.shape == (8,)
+    np.testing.assert_array_equal(v.to_numpy(), np.stack([np.arange(8), 2 * np.arange(8)], 1))
 
 
 def test_python_scope_misuses_of_a_field_are_errors(ti):
