@@ -120,7 +120,7 @@ class CPUTarget:
             fn = getattr(gcc, name, None) if gcc is not None else None
             if fn is not None:
                 llvm.add_symbol(name, ctypes.cast(fn, ctypes.c_void_p).value)
-        for name in ("realloc", "calloc", "free", "sched_yield", "printf"):
+        for name in ("malloc", "realloc", "calloc", "free", "sched_yield", "printf"):
             llvm.add_symbol(f"dt_{name}", ctypes.cast(getattr(libc, name), ctypes.c_void_p).value)
         for name in _LIBM_NAMES.values():
             for suffix in ("f", ""):

@@ -82,6 +82,9 @@ class CUDATarget:
 
     name = "cuda"
     triple = "nvptx64-nvidia-cuda"
+    #: the device heap (private copies of privatized scatter targets)
+    malloc_symbol = "malloc"
+    free_symbol = "free"
 
     def __init__(self, arch: str = DEFAULT_ARCH) -> None:
         if not re.fullmatch(r"sm_\d+[af]?", arch):
@@ -99,9 +102,8 @@ class CUDATarget:
     # ------------------------------------------------------------------ task entry points
     def task_functions(self, low: Lowering, k: int, task: Task) -> list[str]:
         """One kernel per task: a grid-stride loop, or thread 0 alone (see the module)."""
-        fn = low.begin_task(f"define ptx_kernel void @{low.task_name(k)}(ptr noalias %ctx) #0",
-                            task)
-        g, threads = self._global_thread(low)
+        fn = low.begin_task(self.entry_header(low, k), task)
+        g, threads = self.global_thread(low)
         low.cuda_thread = g
         one_thread = task.kind == "serial" or task.schedule != "any"
         if one_thread:
@@ -128,9 +130,13 @@ class CUDATarget:
             low.range_body(task, indices, ordered=False)
         return [low.finish_task()]
 
-    @staticmethod
-    def _global_thread(low: Lowering) -> tuple[str, str]:
-        """(this thread's index in the grid, the number of threads in the grid) as i64."""
+    def entry_header(self, low: Lowering, k: int) -> str:
+        """Task ``k``'s ``define`` line: a ``ptx_kernel`` taking the launch context."""
+        return f"define ptx_kernel void @{low.task_name(k)}(ptr noalias %ctx) #0"
+
+    def global_thread(self, low: Lowering) -> tuple[str, str]:
+        """(this thread's index in the grid, the number of threads in the grid) as i64,
+        from PTX's special registers (the simulated grid passes them as parameters)."""
         fn = low.fn
         regs = {}
         for reg in ("tid.x", "ntid.x", "ctaid.x", "nctaid.x"):
@@ -165,10 +171,10 @@ class CUDATarget:
     def private_copy(self, low: Lowering, elements: int, elem_bytes: int) -> str:
         fn = low.fn
         nbytes = elements * elem_bytes
-        low.declare("declare ptr @malloc(i64)")
-        low.declare("declare void @free(ptr)")
+        low.declare(f"declare ptr @{self.malloc_symbol}(i64)")
+        low.declare(f"declare void @{self.free_symbol}(ptr)")
         low.declare("declare void @llvm.memset.p0.i64(ptr, i8, i64, i1)")
-        p = fn.ins(f"call ptr @malloc(i64 {nbytes})")
+        p = fn.ins(f"call ptr @{self.malloc_symbol}(i64 {nbytes})")
         null = fn.ins(f"icmp eq ptr {p}, null")
         fail, ok = fn.label("heap_full"), fn.label("heap_ok")
         fn.term(f"br i1 {null}, label %{fail}, label %{ok}")
@@ -180,7 +186,7 @@ class CUDATarget:
         return p
 
     def release_private(self, low: Lowering, ptr: str) -> None:
-        low.fn.void(f"call void @free(ptr {ptr})")
+        low.fn.void(f"call void @{self.free_symbol}(ptr {ptr})")
 
     @staticmethod
     def _set_overflow(low: Lowering) -> None:

@@ -23,7 +23,7 @@ from .. import types as T
 from .._version import __version__
 from ..autodiff import validation
 from ..autodiff.lost import NO_FLOW, lost_flow
-from ..autodiff.validation import NOT_WITH_FORWARD_MODE, RULE_MARKER
+from ..autodiff.validation import NOT_WITH_FORWARD_MODE
 from ..codegen import get_target
 from ..codegen.layout import CtxLayout, ctx_layout
 from ..codegen.llvm_lowering import Lowering, assert_messages
@@ -31,18 +31,16 @@ from ..errors import (
     ArgumentError,
     CompileError,
     DifftapeError,
-    GradientRuleError,
-    IndexOutOfRangeError,
-    KernelAssertionError,
     KernelSyntaxError,
 )
 from ..ir import serialize
 from ..ir.nodes import Buffer, KernelIR, task_blocks, walk
 from ..ir.passes import run_pipeline
-from ..ir.passes.bounds import OUT_OF_RANGE
 from ..ir.printer import format_kernel
 from ..runtime import cache, program
 from ..runtime.foreign import call_with_arrays
+from ..runtime.launch import raise_error_word
+from ..runtime.simgrid import GridKernel
 from . import builder as _b
 from .annotations import NdarrayType, Template, _resolve_annotation
 from .matrix import Matrix, MatrixType
@@ -456,7 +454,13 @@ def compile_ir(ir: KernelIR, prog, stats: CompileStats | None = None,
                arg_names: list[str] | None = None) -> CompiledKernel:
     """Object code for offloaded IR (from the cache when possible), loaded and ready."""
     stats = stats or CompileStats()
-    target = get_target()
+    if prog.config.simulate_grid:  # the CUDA target's code, run on the CPU (codegen/simgrid.py)
+        # Function-level: codegen.simgrid loads LLVM (llvmlite), as codegen.get_target does.
+        from ..codegen.simgrid import get_target as simgrid_target
+
+        target = simgrid_target()
+    else:
+        target = get_target()
     layout = ctx_layout(ir)
     key = serialize.fingerprint(ir, target.fingerprint, __version__, _codegen_source_hash())
     directory = cache.cache_dir(prog.config.offline_cache_file_path) \
@@ -511,7 +515,15 @@ class CompiledKernel:
         self.ctx_i64 = np.frombuffer(self.ctx, dtype=np.int64)
         self.ctx_f64 = self.ctx_i64.view(np.float64)
         self.tasks = []
-        for k, t in enumerate(ir.tasks):
+        self.grid = None
+        if prog.config.simulate_grid:
+            # Each task is launched over the simulated grid, as a GPU launcher would
+            # (runtime/simgrid.py): called like a serial task, after the same argument packing.
+            self.grid = GridKernel(ir, layout, self.ctx_i64,
+                                   [addresses[n] for n in low.target.entry_names(low)],
+                                   prog.config.simulate_grid, prog.rng_state)
+            self.tasks = [(False, run, None, 1, _ANY) for run in self.grid.tasks]
+        for k, t in enumerate(ir.tasks if self.grid is None else ()):
             fn = TASK_FN(addresses[low.task_name(k)])
             bounds = BOUNDS_FN(addresses[low.bounds_name(k)]) if t.kind == "range" else None
             self.tasks.append((t.kind == "range", fn, bounds, max(1, t.weight),
@@ -723,11 +735,7 @@ class CompiledKernel:
         code = int(self.ctx_i64[self.layout.err_code])
         value = int(self.ctx_i64[self.layout.err_value])
         self.ctx_i64[self.layout.err_code] = 0
-        msg = self.messages[code - 1] if 0 < code <= len(self.messages) else "assertion failed"
-        if msg.startswith(RULE_MARKER):
-            raise GradientRuleError(msg[len(RULE_MARKER):], kernel=self.ir.name)
-        cls = IndexOutOfRangeError if msg.startswith(OUT_OF_RANGE) else KernelAssertionError
-        raise cls(msg.replace("{}", str(value), 1))
+        raise_error_word(self.messages, code, value, self.ir.name)
 
 
 _FLOAT, _INT, _U64 = "f", "i", "u64"

@@ -20,6 +20,7 @@ from .. import types as T
 from ..codegen import get_target
 from ..errors import OptionError, UnknownOptionError
 from ..types import DType
+from .simgrid import parse_grid
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,27 @@ def arch_from_environment() -> tuple[Arch, str] | None:
     return None
 
 
+#: ``DIFFTAPE_SIMULATE_GPU``: ``1`` runs every program's kernels on the simulated GPU grid
+#: (:data:`DEFAULT_SIMULATED_GRID`), ``blocks,threads`` on that grid; ``0``/empty: off.
+SIMULATE_GPU_VAR = "DIFFTAPE_SIMULATE_GPU"
+DEFAULT_SIMULATED_GRID = (4, 32)
+
+
+def grid_from_environment() -> tuple[int, int] | None:
+    """The simulated grid ``DIFFTAPE_SIMULATE_GPU`` asks for (None: off). Anything else than
+    ``0``/``1``/``blocks,threads`` is refused rather than ignored."""
+    value = os.environ.get(SIMULATE_GPU_VAR, "").strip()
+    if value in ("", "0"):
+        return None
+    if value == "1":
+        return DEFAULT_SIMULATED_GRID
+    try:
+        return parse_grid(value)
+    except OptionError:
+        raise OptionError(f"{SIMULATE_GPU_VAR}={value!r}: expected 1, 0 or 'blocks,threads' "
+                          "(e.g. 4,32)") from None
+
+
 @dataclass
 class Config:
     arch: Arch = cpu
@@ -84,6 +106,8 @@ class Config:
     kernel_profiler: bool = False
     deterministic: bool = False  # fixed schedules, see ir/passes/determinism.py
     fast_math: bool = True  # False: no FMA contraction, scalar libm (ir/nodes.py KernelIR)
+    # (blocks, threads): kernels compile for the simulated GPU grid (runtime/simgrid.py)
+    simulate_grid: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -125,6 +149,7 @@ OPTIONS: dict[str, Option] = {
     "kernel_profiler": Option(bool),
     "deterministic": Option(bool),
     "fast_math": Option(bool),
+    "simulate_grid": Option(parse_grid),
     # arch=ti.remote: where the program runs (difftape.client)
     **{k: Option() for k in ("server", "token", "session", "transport", "timeout")},
     # what difftape always does; the other value is refused
@@ -199,9 +224,13 @@ _generations = itertools.count(1)
 
 class Program:
     def seed_random(self, seed: int) -> None:
-        """One 64-bit random state per worker thread (and the caller), from ``seed``
+        """One 64-bit random state per worker thread (and the caller), or per thread of the
+        simulated grid (``simulate_grid``), from ``seed``
         (``ti.init(random_seed=)``; the service's ``seed`` op for remote programs)."""
-        seeds = np.random.SeedSequence(int(seed)).generate_state(self.num_threads * 2)
+        states = self.num_threads
+        if self.config.simulate_grid:  # one state per thread of the simulated grid
+            states = max(states, self.config.simulate_grid[0] * self.config.simulate_grid[1])
+        seeds = np.random.SeedSequence(int(seed)).generate_state(states * 2)
         state = seeds.view(np.uint64).copy()
         state[state == 0] = 0x9E3779B97F4A7C15
         if getattr(self, "rng_state", None) is not None and len(self.rng_state) == len(state):
@@ -281,7 +310,7 @@ def get() -> Program:
     """The current program, created with default settings on first use (as Taichi does)."""
     global _current
     if _current is None:
-        _current = Program(Config())
+        _current = Program(Config(simulate_grid=grid_from_environment()))
     return _current
 
 
@@ -318,6 +347,12 @@ def init(arch: Arch | None = None, default_fp=None, default_ip=None, **options) 
         else:
             settings[name] = opt.convert(value)
     where = f"arch={arch}" if forced is None else source
+    if "simulate_grid" not in settings:
+        settings["simulate_grid"] = grid_from_environment()
+    if arch == remote and settings["simulate_grid"]:
+        raise OptionError(f"ti.init(simulate_grid=...) is not available under {where}: "
+                          "kernels run on the server; run locally (arch=ti.cpu) to simulate "
+                          f"a GPU grid (unset {SIMULATE_GPU_VAR})")
     if arch == remote and settings.get("kernel_profiler"):
         raise OptionError(f"ti.init(kernel_profiler=True) is not available under {where}: "
                           "kernels run on the server")

@@ -1,17 +1,16 @@
 """The CUDA target (difftape/codegen/cuda.py) without a GPU.
 
 Two kinds of checks. The PTX itself: ptxas accepts it, math is libdevice's and linked in,
-float atomics are native, print is vprintf. And what the CUDA lowering computes: its LLVM IR,
-before the NVPTX backend, is run on the CPU under a simulated grid. The special registers
-(thread and block index and counts) become globals that the test sets before calling each
-thread's kernel entry, one thread after another (a valid interleaving: our kernels have no
-barriers), and libdevice's ``__nv_*`` calls become the CPU's libm. The results are compared
-with NumPy: the grid-stride loop covers every index once for any grid, per-thread partial
-sums, serial tasks on thread 0, per-thread reverse-mode stacks from a pool (and its overflow
-flag), and bounds checks that set the error word instead of faulting.
+float atomics are native, print is vprintf. And what the CUDA lowering computes: its code,
+compiled for the host (codegen/simgrid.py), is launched by the simulated-grid runtime
+(runtime/simgrid.py, ``ti.init(simulate_grid=(blocks, threads))``), which runs every thread of
+the grid one after another and does what a GPU launcher must: the per-thread stack pool and its
+overflow rerun, the error word, per-thread random states. The results are compared with NumPy:
+the grid-stride loop covers every index once for any grid, per-thread partial sums, serial
+tasks on thread 0, reverse-mode stacks from the pool, a rerun that duplicates no side effect,
+and bounds checks that raise as on the CPU.
 """
 
-import ctypes
 import re
 import shutil
 import subprocess
@@ -20,24 +19,36 @@ import numpy as np
 import pytest
 
 import difftape as ti
-from difftape.codegen import cpu, cuda, llvm_lowering
+from difftape.codegen import cpu, cuda, llvm_lowering, simgrid
 from difftape.codegen.layout import ctx_layout
-from difftape.errors import CompileError
+from difftape.errors import CompileError, IndexOutOfRangeError, OptionError
 from difftape.ir.nodes import task_blocks, walk
 from difftape.ir.passes import run_pipeline
 from difftape.runtime import program
+from difftape.runtime import simgrid as grid_runtime
 
 pytestmark = pytest.mark.difftape_only
 
 _NEEDS_PTXAS = pytest.mark.skipif(shutil.which("ptxas") is None or cuda.find_libdevice() is None,
                                   reason="ptxas or libdevice (CUDA toolkit) not installed")
-_SREGS = ("tid.x", "ntid.x", "ctaid.x", "nctaid.x")
 
 
 @pytest.fixture
 def prog():
     ti.init(arch=ti.cpu)
     yield program.get()
+    ti.reset()
+
+
+def _simulate(blocks, threads, **options):
+    ti.init(arch=ti.cpu, simulate_grid=(blocks, threads), **options)
+    return program.get()
+
+
+@pytest.fixture
+def grid():
+    """``grid(blocks, threads, **options)``: a program whose kernels run on that grid."""
+    yield _simulate
     ti.reset()
 
 
@@ -55,64 +66,16 @@ def _ptx(ir):
     return cuda.get_target().compile(_cuda_text(ir)).decode()
 
 
-class SimulatedGrid:
-    """A kernel's CUDA entry points compiled for the CPU and run thread by thread."""
-
-    def __init__(self, ir, prog, pool_slots=4096):
-        self.ir, self.prog = ir, prog
-        self.layout = ctx_layout(ir)
-        host = cpu.get_target()
-        text = _cuda_text(ir)
-        text = re.sub(r'target (triple|datalayout) = ".*"\n', "", text)
-        text = f'target triple = "{host.triple}"\n' + text.replace("ptx_kernel ", "")
-        for reg in _SREGS:
-            text = text.replace(f"declare i32 @llvm.nvvm.read.ptx.sreg.{reg}()",
-                                f"@sim.{reg} = global i32 0")
-            text = text.replace(f"call i32 @llvm.nvvm.read.ptx.sreg.{reg}()",
-                                f"load i32, ptr @sim.{reg}")
-        text = re.sub(r"@__nv_(\w+)", r"@dt_\1", text)  # libdevice -> the CPU's libm
-        text = text.replace("@malloc(", "@dt_malloc(").replace("@free(", "@dt_free(")
-        names = [f"{ir.name}_task{k}" for k in range(len(ir.tasks))]
-        self.engine, addrs = host.load(host.compile(text), names)
-        self.fns = [ctypes.CFUNCTYPE(None, ctypes.c_void_p)(addrs[n]) for n in names]
-        self.sreg = {r: ctypes.c_int32.from_address(
-            self.engine.get_global_value_address(f"sim.{r}")) for r in _SREGS}
-        self.ctx = np.zeros(self.layout.size, np.int64)
-        for slot, buf in enumerate(ir.buffers):
-            storage = prog.fields[buf.key[1]].companion(buf.key[2])
-            self.ctx[self.layout.buffer_ptr[slot]] = storage.arr.ctypes.data
-        self.pool_slots = pool_slots
-
-    def launch(self, blocks, threads):
-        """Every task over a ``blocks`` x ``threads`` grid; the error code and overflow flag."""
-        n = blocks * threads
-        pool = np.zeros(self.pool_slots * n, np.int64)
-        rng = np.arange(1, n + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
-        lay = self.layout
-        self.ctx[lay.stack_pool] = pool.ctypes.data
-        self.ctx[lay.stack_cap] = self.pool_slots
-        self.ctx[lay.rng] = rng.ctypes.data
-        self.ctx[lay.err_code] = self.ctx[lay.overflow] = 0
-        self.sreg["ntid.x"].value, self.sreg["nctaid.x"].value = threads, blocks
-        for fn in self.fns:
-            for b in range(blocks):
-                for t in range(threads):
-                    self.sreg["ctaid.x"].value, self.sreg["tid.x"].value = b, t
-                    fn(self.ctx.ctypes.data)
-        return int(self.ctx[lay.err_code]), int(self.ctx[lay.overflow])
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _libc_malloc():
-    import llvmlite.binding as llvm
-
-    libc = ctypes.CDLL(None)
-    for name in ("malloc", "free"):
-        llvm.add_symbol(f"dt_{name}", ctypes.cast(getattr(libc, name), ctypes.c_void_p).value)
+def _launched(kernel, variant="primal"):
+    """The compiled instance (and so its GridKernel) a kernel's last launch used."""
+    if variant == "grad":
+        return next(iter(kernel.grad.instances.values()))
+    return kernel._fast
 
 
 @pytest.mark.parametrize("blocks,threads", [(1, 1), (3, 8), (64, 32)])
-def test_grid_stride_loop_covers_every_index_once_for_any_grid(prog, blocks, threads):
+def test_grid_stride_loop_covers_every_index_once_for_any_grid(grid, blocks, threads):
+    grid(blocks, threads)
     n = 1000
     x = ti.field(ti.f32, shape=n)
     y = ti.field(ti.f32, shape=n)
@@ -126,14 +89,34 @@ def test_grid_stride_loop_covers_every_index_once_for_any_grid(prog, blocks, thr
 
     xs = np.linspace(-3, 3, n).astype(np.float32)
     x.from_numpy(xs)
-    grid = SimulatedGrid(_ir(k, prog), prog)
-    assert grid.launch(blocks, threads) == (0, 0)
+    k()
+    assert _launched(k).grid is not None  # launched over the simulated grid
     np.testing.assert_array_equal(hits.to_numpy(), 1)
     np.testing.assert_allclose(y.to_numpy(), np.sin(xs.astype(np.float64)) * xs, rtol=1e-6,
                                atol=1e-6)
 
 
-def test_reduction_partials_per_thread_and_serial_task_on_thread_zero(prog):
+def test_the_simulated_grid_runs_the_cuda_lowering(grid):
+    """The same entry points as the PTX (one kernel per task, the grid-stride loop), with the
+    special registers as parameters and a driver per task."""
+    prog = grid(2, 4)
+    x = ti.field(ti.f32, shape=8)
+
+    @ti.kernel
+    def k():
+        for i in x:
+            x[i] = 1.0
+
+    ir = _ir(k, prog)
+    text = llvm_lowering.Lowering(ir, ctx_layout(ir), simgrid.get_target()).module()
+    assert "define internal void @k_task0(ptr noalias %ctx, i64 %gid, i64 %nthreads)" in text
+    assert "define void @k_task0_grid(" in text and "read.ptx.sreg" not in text
+    for shared in ("stack_init", "stack_push", "stack_pop", "private_copy", "rng_index"):
+        assert getattr(simgrid.SimGridTarget, shared) is getattr(cuda.CUDATarget, shared)
+
+
+def test_reduction_partials_per_thread_and_serial_task_on_thread_zero(grid):
+    prog = grid(4, 16)
     n = 777
     x = ti.field(ti.f64, shape=n)
     s = ti.field(ti.f64, shape=())
@@ -147,11 +130,35 @@ def test_reduction_partials_per_thread_and_serial_task_on_thread_zero(prog):
 
     xs = np.random.default_rng(0).random(n)
     x.from_numpy(xs)
-    ir = _ir(k, prog)
-    assert [t.kind for t in ir.tasks] == ["serial", "range"]
-    assert SimulatedGrid(ir, prog).launch(4, 16) == (0, 0)
+    assert [t.kind for t in _ir(k, prog).tasks] == ["serial", "range"]
+    k()
     assert count[None] == 1
     assert s[None] == pytest.approx(float(np.sum(xs * xs)), rel=1e-12)
+
+
+def test_threads_in_reverse_order_give_the_same_results(grid):
+    """Threads run one after another; last-first is another valid schedule (no barriers)."""
+    prog = grid(3, 5)
+    n = 100
+    x = ti.field(ti.i32, shape=n)
+    hist = ti.field(ti.i32, shape=7)
+
+    @ti.kernel
+    def k():
+        for i in x:
+            x[i] = i * i
+            hist[i % 7] += i
+
+    k()
+    inst = _launched(k)
+    first = hist.to_numpy().copy()
+    hist.fill(0)
+    inst.grid.reverse = 1
+    inst.launch(())
+    np.testing.assert_array_equal(hist.to_numpy(), first)
+    np.testing.assert_array_equal(first, [sum(i for i in range(n) if i % 7 == r)
+                                          for r in range(7)])
+    assert len(prog.rng_state) >= 15
 
 
 def _loop_kernel(n):
@@ -172,7 +179,19 @@ def _loop_kernel(n):
     return x, y, reps, k
 
 
-def test_reverse_mode_stack_per_thread_from_the_pool(prog):
+def _want(xs, rs):
+    """d/dx of sin applied rs[i] times."""
+    want = np.ones(len(xs))
+    for i in range(len(xs)):
+        v = xs[i]
+        for _ in range(rs[i]):
+            want[i] *= np.cos(v)
+            v = np.sin(v)
+    return want
+
+
+def test_reverse_mode_stack_per_thread_from_the_pool(grid):
+    prog = grid(2, 4)
     n = 50
     x, y, reps, k = _loop_kernel(n)
     xs = np.linspace(0.1, 1.5, n)
@@ -182,27 +201,91 @@ def test_reverse_mode_stack_per_thread_from_the_pool(prog):
     ir = _ir(k, prog, "grad")
     assert any(s.op == "stack_push" for t in ir.tasks for b in task_blocks(t) for s in walk(b))
     y.grad.from_numpy(np.ones(n))
-    assert SimulatedGrid(ir, prog, pool_slots=64).launch(2, 4) == (0, 0)
-    want = np.ones(n)
-    for i in range(n):  # d/dx of sin applied rs[i] times
-        v = xs[i]
-        for _ in range(rs[i]):
-            want[i] *= np.cos(v)
-            v = np.sin(v)
-    np.testing.assert_allclose(x.grad.to_numpy(), want, rtol=1e-12)
+    k()
+    k.grad()
+    np.testing.assert_allclose(x.grad.to_numpy(), _want(xs, rs), rtol=1e-12)
 
 
-def test_reverse_mode_stack_overflow_sets_the_flag_and_stays_in_the_pool(prog):
+def test_stack_overflow_reruns_with_a_larger_pool_and_accumulates_once(grid):
+    """A thread that pushes past its slice sets the overflow flag; the task is rerun with the
+    pool doubled, from a snapshot of what it writes: the gradient (which the adjoint adds
+    into, on top of what was there) comes out as if the first attempt never happened."""
+    grid(2, 4)
     n = 16
     x, y, reps, k = _loop_kernel(n)
-    x.from_numpy(np.full(n, 0.5))
-    reps.from_numpy(np.full(n, 40, np.int32))  # 40 pushes per index, 4 slots per thread
+    xs = np.linspace(0.2, 0.9, n)
+    rs = np.full(n, 300, np.int32)  # ~300 pushes per index, 2 indices per thread
+    x.from_numpy(xs)
+    reps.from_numpy(rs)
+    before = np.arange(n, dtype=np.float64)
+    x.grad.from_numpy(before)
     y.grad.from_numpy(np.ones(n))
-    grid = SimulatedGrid(_ir(k, prog, "grad"), prog, pool_slots=4)
-    assert grid.launch(2, 4) == (0, 1)  # (the pool is exactly 4 x 8 slots: no write past it)
+    k()
+    k.grad()
+    run = _launched(k, "grad").grid
+    assert run.reruns >= 3 and run.cap >= 2 * 300  # started at 64 slots per thread
+    np.testing.assert_allclose(x.grad.to_numpy(), before + _want(xs, rs), rtol=1e-12)
+    # A second launch starts from the grown pool: no rerun, the same gradient again.
+    reruns = run.reruns
+    y.grad.from_numpy(np.ones(n))  # (the adjoint of the store y[i] = v consumed it)
+    k.grad()
+    assert run.reruns == reruns
+    np.testing.assert_allclose(x.grad.to_numpy(), before + 2 * _want(xs, rs), rtol=1e-12)
 
 
-def test_bounds_check_sets_the_error_word(prog):
+def test_a_rerun_launch_equals_one_with_a_large_enough_pool(grid):
+    """Under a Tape (the adjoint adds into .grad fields, a kernel-level scalar's gradient
+    flows back through the launch context) an overflowed, rerun launch gives bit for bit the
+    gradient of a launch whose pool was large enough from the start."""
+    def run(first_slots):
+        grid(2, 3)
+        n = 12
+        x, y, reps, k = _loop_kernel(n)
+        total = ti.field(ti.f64, shape=(), needs_grad=True)
+
+        @ti.kernel
+        def loss():
+            for i in y:
+                total[None] += y[i] * y[i]
+
+        x.from_numpy(np.linspace(0.3, 0.8, n))
+        reps.from_numpy(np.full(n, 100, np.int32))
+        saved, grid_runtime.FIRST_STACK_SLOTS = grid_runtime.FIRST_STACK_SLOTS, first_slots
+        try:
+            with ti.ad.Tape(loss=total):
+                k()
+                loss()
+            reruns = _launched(k, "grad").grid.reruns
+        finally:
+            grid_runtime.FIRST_STACK_SLOTS = saved
+        return x.grad.to_numpy(), reruns
+
+    g1, reruns1 = run(4)
+    g2, reruns2 = run(1 << 12)
+    assert reruns1 > 0 and reruns2 == 0
+    np.testing.assert_array_equal(g1, g2)
+    assert np.all(g1 != 0)
+
+
+def test_random_states_one_per_grid_thread(grid):
+    prog = grid(16, 32, random_seed=3)
+    assert len(prog.rng_state) >= 512 and len(set(prog.rng_state[:512].tolist())) == 512
+    n = 1 << 14
+    r = ti.field(ti.f64, shape=n)
+
+    @ti.kernel
+    def k():
+        for i in r:
+            r[i] = ti.random(ti.f64)
+
+    k()
+    v = r.to_numpy()
+    assert len(np.unique(v)) == n  # no two threads share a state
+    assert abs(v.mean() - 0.5) < 0.02 and 0 <= v.min() and v.max() < 1
+
+
+def test_bounds_check_raises_as_on_the_cpu(grid):
+    grid(2, 2, debug=True)
     x = ti.field(ti.f32, shape=8)
 
     @ti.kernel
@@ -210,14 +293,32 @@ def test_bounds_check_sets_the_error_word(prog):
         for i in x:
             x[i + 1] = 1.0  # index 8 is out of range
 
-    ir = _ir(k, prog, debug=True)
-    grid = SimulatedGrid(ir, prog)
-    code, overflow = grid.launch(2, 2)
-    messages = llvm_lowering.assert_messages(ir)
-    assert overflow == 0 and code >= 1
-    assert "out of range for axis 0 of 'x'" in messages[code - 1]
-    assert int(grid.ctx[grid.layout.err_value]) == 8
+    with pytest.raises(IndexOutOfRangeError, match=r"index 8 out of range for axis 0 of 'x'"
+                                                   r"(.|\n)*x\[i \+ 1\] = 1.0"):
+        k()
     np.testing.assert_array_equal(x.to_numpy()[1:], 1.0)  # every in-range store happened
+
+
+def test_simulate_grid_option_and_environment(monkeypatch):
+    ti.init(arch=ti.cpu, simulate_grid="2,8")
+    assert program.get().config.simulate_grid == (2, 8)
+    with pytest.raises(OptionError, match="simulate_grid"):
+        ti.init(arch=ti.cpu, simulate_grid=(0, 4))
+    monkeypatch.setenv("DIFFTAPE_SIMULATE_GPU", "1")
+    ti.init(arch=ti.cpu)
+    assert program.get().config.simulate_grid == program.DEFAULT_SIMULATED_GRID
+    monkeypatch.setenv("DIFFTAPE_SIMULATE_GPU", "3,16")
+    ti.init(arch=ti.cpu)
+    assert program.get().config.simulate_grid == (3, 16)
+    ti.init(arch=ti.cpu, simulate_grid=None)  # the option wins over the environment
+    assert program.get().config.simulate_grid is None
+    monkeypatch.setenv("DIFFTAPE_SIMULATE_GPU", "yes")
+    with pytest.raises(OptionError, match="DIFFTAPE_SIMULATE_GPU"):
+        ti.init(arch=ti.cpu)
+    monkeypatch.setenv("DIFFTAPE_SIMULATE_GPU", "0")
+    ti.init(arch=ti.cpu)
+    assert program.get().config.simulate_grid is None
+    ti.reset()
 
 
 def test_f16_math_is_refused(prog):
