@@ -71,8 +71,10 @@ def arch_from_environment() -> tuple[Arch, str] | None:
     return None
 
 
-#: ``DIFFTAPE_SIMULATE_GPU``: ``1`` runs every program's kernels on the simulated GPU grid
-#: (:data:`DEFAULT_SIMULATED_GRID`), ``blocks,threads`` on that grid; ``0``/empty: off.
+#: ``DIFFTAPE_SIMULATE_GPU``: ``1`` runs the kernels of every local program (not given
+#: ``simulate_grid``) on the simulated GPU grid (:data:`DEFAULT_SIMULATED_GRID`),
+#: ``blocks,threads`` on that grid; ``0``/empty: off. Remote programs are compiled by the
+#: server and are not affected.
 SIMULATE_GPU_VAR = "DIFFTAPE_SIMULATE_GPU"
 DEFAULT_SIMULATED_GRID = (4, 32)
 
@@ -347,9 +349,11 @@ def init(arch: Arch | None = None, default_fp=None, default_ip=None, **options) 
         else:
             settings[name] = opt.convert(value)
     where = f"arch={arch}" if forced is None else source
-    if "simulate_grid" not in settings:
+    if "simulate_grid" not in settings and arch != remote:
+        # (a remote program's kernels are compiled by the server: the variable is about
+        # this process's own launches)
         settings["simulate_grid"] = grid_from_environment()
-    if arch == remote and settings["simulate_grid"]:
+    if arch == remote and settings.get("simulate_grid"):
         raise OptionError(f"ti.init(simulate_grid=...) is not available under {where}: "
                           "kernels run on the server; run locally (arch=ti.cpu) to simulate "
                           f"a GPU grid (unset {SIMULATE_GPU_VAR})")

@@ -312,6 +312,8 @@ def test_simulate_grid_option_and_environment(monkeypatch):
     assert program.get().config.simulate_grid == (3, 16)
     ti.init(arch=ti.cpu, simulate_grid=None)  # the option wins over the environment
     assert program.get().config.simulate_grid is None
+    with pytest.raises(OptionError, match="simulate_grid.*arch=remote"):
+        ti.init(arch=ti.remote, simulate_grid=(2, 2))
     monkeypatch.setenv("DIFFTAPE_SIMULATE_GPU", "yes")
     with pytest.raises(OptionError, match="DIFFTAPE_SIMULATE_GPU"):
         ti.init(arch=ti.cpu)
