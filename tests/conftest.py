@@ -17,6 +17,11 @@ Fixtures:
 Tests that check difftape-only behaviour carry the ``difftape_only`` marker; they are skipped
 when the peer is Taichi.
 
+Simulated GPU grid (``DIFFTAPE_SIMULATE_GPU=1`` or ``=blocks,threads``): every kernel of the
+local programs the tests make is compiled as the CUDA target's code for the host and launched
+over that grid (difftape/runtime/simgrid.py); tests/core/test_simulated_grid_suite.py runs a
+subset of tests/lang and tests/ad this way.
+
 PTX check (``DIFFTAPE_CHECK_PTX``): every kernel the tests compile is also compiled for the CUDA
 target and assembled by ``ptxas`` (difftape/codegen/ptx_check.py); a kernel that cannot be
 fails the run, listed with the reason at the end. On by default where ``ptxas`` and libdevice
@@ -79,6 +84,10 @@ def pytest_report_header(config):
     if check is not None:
         lines.append(f"PTX check: every kernel also through ptxas -arch={check.arch} "
                      f"(DIFFTAPE_CHECK_PTX=0 to skip), PTX in {check.directory}")
+    grid = os.environ.get("DIFFTAPE_SIMULATE_GPU", "").strip()
+    if PEER == "difftape" and grid not in ("", "0"):
+        lines.append(f"simulated GPU grid (DIFFTAPE_SIMULATE_GPU={grid}): kernels run as the "
+                     "CUDA target's code, thread by thread (difftape/runtime/simgrid.py)")
     return lines
 
 
