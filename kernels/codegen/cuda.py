@@ -3,7 +3,8 @@
 What is CUDA-only lives here, as a thin layer over the shared lowering
 (:class:`.target.Target`); there is no CUDA runtime yet (no loading or launching: ``load``
 refuses), so this target is used to check that every kernel also compiles to PTX that
-``ptxas`` accepts (``ptx_check.py``).
+``ptxas`` accepts (``ptx_check.py``), and its lowering, compiled for the host with the grid
+position as parameters (``simgrid.py``), is what the simulated grid runs on the CPU.
 
 - **Entry points.** Task ``k`` is one kernel ``void @<kernel>_task<k>(ptr %ctx)`` (the
   ``ptx_kernel`` calling convention). A range task computes its own [begin, end) from the
