@@ -1,0 +1,102 @@
+"""The simulated grid's launch protocol (runtime/simgrid.py), driven directly.
+
+A task that takes private copies from the device heap can overflow too (the heap runs out on
+a GPU; libc's never does here), and such a task may draw random numbers and scatter-add. The
+launcher's rerun must then restore what the failed attempt wrote and the random states it
+advanced. Here the task's grid driver is wrapped so that its first attempt reports an overflow
+after running to the end, as a thread whose heap ran out would leave it.
+"""
+
+import ctypes
+
+import numpy as np
+import pytest
+
+import difftape as ti
+from difftape.runtime import program, simgrid
+
+pytestmark = pytest.mark.difftape_only
+
+
+@pytest.fixture
+def prog():
+    ti.init(arch=ti.cpu, simulate_grid=(3, 4), random_seed=11)
+    yield program.get()
+    ti.reset()
+
+
+def _scatter_kernel(n, bins):
+    idx = ti.field(ti.i32, shape=n)
+    count = ti.field(ti.i32, shape=bins)
+    noise = ti.field(ti.f64, shape=n)
+
+    @ti.kernel
+    def k():
+        for i in idx:
+            count[idx[i]] += 1
+            noise[i] = ti.random(ti.f64)
+
+    idx.from_numpy((np.arange(n) * 7 % bins).astype(np.int32))
+    return count, noise, k
+
+
+def _overflowing_once(inst):
+    """Replace the kernel's grid by one whose driver flags an overflow on its first call."""
+    ir, run = inst.ir, inst.grid
+    real = simgrid.GRID_FN(ctypes.cast(run.entries[0], ctypes.c_void_p).value)
+    calls = []
+
+    def driver(ctx, blocks, threads, reverse):
+        real(ctx, blocks, threads, reverse)
+        calls.append(1)
+        if len(calls) == 1:
+            inst.ctx_i64[inst.layout.overflow] = 1
+
+    inst._keep = simgrid.GRID_FN(driver)
+    grid = simgrid.GridKernel(ir, inst.layout, inst.ctx_i64,
+                              [ctypes.cast(inst._keep, ctypes.c_void_p).value],
+                              (run.blocks, run.threads), program.get().rng_state)
+    inst.grid = grid
+    inst.tasks = [(False, t, None, 1, 0) for t in grid.tasks]
+    return calls
+
+
+def test_rerun_restores_scatter_targets_and_random_states(prog):
+    n, bins = 200, 5
+    count, noise, k = _scatter_kernel(n, bins)
+    k()  # compiles; a normal launch
+    inst = k._fast
+    assert simgrid.may_overflow(inst.ir, 0)  # the scatter is privatized: heap copies
+    rng_before = prog.rng_state.copy()
+    count.fill(0)
+    k()
+    want_count, want_noise, want_rng = count.to_numpy(), noise.to_numpy(), prog.rng_state.copy()
+
+    prog.rng_state[:] = rng_before
+    count.fill(0)
+    calls = _overflowing_once(inst)
+    k()
+    assert len(calls) == 2 and inst.grid.reruns == 1
+    np.testing.assert_array_equal(count.to_numpy(), want_count)  # added once, not twice
+    np.testing.assert_array_equal(noise.to_numpy(), want_noise)  # the same draws
+    np.testing.assert_array_equal(prog.rng_state, want_rng)
+    np.testing.assert_array_equal(want_count, np.bincount(np.arange(n) * 7 % bins))
+
+
+def test_a_pool_beyond_the_limit_is_refused(prog, monkeypatch):
+    """A launch that keeps overflowing stops at MAX_POOL_BYTES with an error saying so."""
+    count, noise, k = _scatter_kernel(16, 4)
+    k()
+    inst = k._fast
+    monkeypatch.setattr(simgrid, "MAX_POOL_BYTES", 3 * 4 * 8 * simgrid.FIRST_STACK_SLOTS * 4)
+
+    def always(ctx, blocks, threads, reverse):
+        inst.ctx_i64[inst.layout.overflow] = 1
+
+    inst._keep2 = simgrid.GRID_FN(always)
+    grid = simgrid.GridKernel(inst.ir, inst.layout, inst.ctx_i64,
+                              [ctypes.cast(inst._keep2, ctypes.c_void_p).value], (3, 4),
+                              prog.rng_state)
+    inst.tasks = [(False, t, None, 1, 0) for t in grid.tasks]
+    with pytest.raises(ti.DifftapeError, match="reverse-mode stacks need more than 256 slots"):
+        k()  # 64 -> 128 -> 256 slots per thread, then over the limit
