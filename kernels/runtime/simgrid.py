@@ -144,8 +144,8 @@ class GridKernel:
             raise DifftapeError(
                 f"kernel '{self.ir.name}': the reverse-mode stacks need more than "
                 f"{self.cap} slots per thread ({self.blocks * self.threads} threads), over "
-                f"{MAX_POOL_BYTES >> 30} GiB in all: launch a smaller grid or loop fewer "
-                "times per index")
+                f"{MAX_POOL_BYTES >> 30} GiB in all (or the device heap for private copies "
+                "ran out): launch a smaller grid or loop fewer times per index")
         self.cap = cap
 
     # ------------------------------------------------------------------ snapshots
