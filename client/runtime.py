@@ -412,6 +412,30 @@ class RemoteRuntime:
         self.flush()
         return self.transport.read(self.session_id, fid, role, dtype, shape)
 
+    def read_fields(self, fields: list[RemoteField]) -> list[np.ndarray]:
+        """The values of several fields (any role: ``x``, ``x.grad``, ``x.dual``), each of
+        shape ``shape + element_shape``, after everything queued: the small ones (up to
+        ``INLINE_BYTES``) in one request with the queued ops, a larger one as a download of
+        its own. The operators of ``difftape.interop`` read all their outputs (or all their
+        inputs' gradients) this way, so a call costs one round trip, not one per field."""
+        if self._recording is not None:
+            raise Unrecordable("it reads arrays back while it runs")
+        small = [f for f in fields if f._inline()]
+        self._queue.extend({"op": "get_bytes", "id": f.id, "role": f.role} for f in small)
+        results = self.flush()
+        got = dict(zip((id(f) for f in small), results[len(results) - len(small):],
+                       strict=True)) if small else {}
+        out = []
+        for f in fields:
+            full = f.shape + f.element_shape
+            res = got.get(id(f))
+            if res is None:
+                out.append(self.read(f.id, f.role, f.dtype.np, full))
+            else:
+                out.append(np.frombuffer(base64.b64decode(res["b64"]),
+                                         dtype=f.dtype.np).reshape(full).copy())
+        return out
+
 
 # ---------------------------------------------------------------------------- fields
 

@@ -8,7 +8,13 @@ physics step is a difftape kernel made a PyTorch operator (``difftape.interop.to
 network, difftape's adjoint kernels for the physics, chained step by step.
 
 Writes the loss curve (iteration, loss) as CSV and prints the first and last loss.
-Run: ``python examples/torch_controller.py [--iters 150] [--out torch_controller_loss.csv]``.
+The physics state lives in fields (copied in and out once per step), so the same script runs
+against a difftape server with one flag: the PyTorch network stays here, each step's forward
+and backward pass is one request to the server.
+
+Run: ``python examples/torch_controller.py [--iters 150] [--out torch_controller_loss.csv]``;
+``--remote`` (or ``DIFFTAPE_ARCH=remote``) with ``DIFFTAPE_SERVER`` and ``DIFFTAPE_TOKEN`` set
+runs the simulation on that server.
 """
 
 from __future__ import annotations
@@ -29,20 +35,19 @@ VEC = ti.types.vector(2, ti.f32)
 
 def make_step():
     """The physics step as a PyTorch operator: (pos, vel, force) -> (pos', vel')."""
-    pos, vel, force, pos2, vel2 = (ti.ndarray(VEC, B, needs_grad=True) for _ in range(5))
+    pos, vel, force, pos2, vel2 = (ti.Vector.field(2, ti.f32, shape=B, needs_grad=True)
+                                   for _ in range(5))
 
     @ti.kernel
-    def step(x: ti.types.ndarray(dtype=VEC), v: ti.types.ndarray(dtype=VEC),
-             f: ti.types.ndarray(dtype=VEC), x2: ti.types.ndarray(dtype=VEC),
-             v2: ti.types.ndarray(dtype=VEC)):
-        for i in x:
-            bump = ti.Vector([ti.cos(2.0 * x[i][0]), ti.cos(2.0 * x[i][1])])
-            a = f[i] - DRAG * v[i].norm() * v[i] - BUMPS * bump
-            v2[i] = v[i] + DT * a
-            x2[i] = x[i] + DT * v2[i]
+    def step():
+        for i in pos:
+            x, v = pos[i], vel[i]
+            bump = ti.Vector([ti.cos(2.0 * x[0]), ti.cos(2.0 * x[1])])
+            a = force[i] - DRAG * v.norm() * v - BUMPS * bump
+            vel2[i] = v + DT * a
+            pos2[i] = x + DT * vel2[i]
 
-    return operator(lambda: step(pos, vel, force, pos2, vel2),
-                    inputs=[pos, vel, force], outputs=[pos2, vel2], name="physics_step")
+    return operator(step, inputs=[pos, vel, force], outputs=[pos2, vel2], name="physics_step")
 
 
 def rollout(step, net: torch.nn.Module, x0: torch.Tensor) -> torch.Tensor:
@@ -57,8 +62,10 @@ def rollout(step, net: torch.nn.Module, x0: torch.Tensor) -> torch.Tensor:
         + 1e-4 * effort / STEPS
 
 
-def train(iters: int, seed: int = 0) -> list[float]:
-    ti.init(arch=ti.cpu, default_fp=ti.f32, random_seed=seed)
+def train(iters: int, seed: int = 0, **init) -> list[float]:
+    """The loss of each iteration. ``init``: ``ti.init``'s arguments (default
+    ``arch=ti.cpu``; ``arch=ti.remote`` runs the physics on a difftape server)."""
+    ti.init(**{"arch": ti.cpu, **init}, default_fp=ti.f32, random_seed=seed)
     torch.manual_seed(seed)
     step = make_step()
     net = torch.nn.Sequential(torch.nn.Linear(4, 64), torch.nn.Tanh(), torch.nn.Linear(64, 2))
@@ -78,14 +85,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=150)
     ap.add_argument("--out", default="torch_controller_loss.csv")
+    ap.add_argument("--remote", action="store_true",
+                    help="run the physics on a difftape server (DIFFTAPE_SERVER, "
+                         "DIFFTAPE_TOKEN)")
     args = ap.parse_args()
-    losses = train(args.iters)
+    losses = train(args.iters, **({"arch": ti.remote} if args.remote else {}))
     with open(args.out, "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["iteration", "loss"])
         w.writerows(enumerate(losses))
     print(f"loss {losses[0]:.4g} -> {losses[-1]:.4g} ({losses[0] / losses[-1]:.1f}x lower); "
           f"curve in {args.out}")
+    trips = ti.remote_stats()["round_trips"]  # zero locally
+    if trips:
+        print(f"{trips} round trips to the server ({trips / args.iters:.0f} per iteration)")
 
 
 if __name__ == "__main__":

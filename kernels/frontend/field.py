@@ -25,7 +25,7 @@ from ..errors import (
 from ..ir.nodes import Buffer
 from ..ir.passes.bounds import OUT_OF_RANGE
 from ..runtime import program
-from ..runtime.foreign import ArrayExchange
+from ..runtime.foreign import ArrayExchange, array_in
 from . import builder as _b
 from . import matrix as _matrix
 from . import ops
@@ -429,8 +429,9 @@ class Field(ArrayExchange):
     def _numpy_in(self, arr) -> np.ndarray:
         """``arr`` checked (and reshaped) for ``from_numpy``: vector and n x 1 matrix fields
         take both ``shape + (n,)`` and ``shape + (n, 1)``, what ``to_numpy`` gives with and
-        without ``keep_dims``."""
-        arr = np.asarray(arr)
+        without ``keep_dims``. A PyTorch tensor, JAX array or other DLPack/array-interface
+        object is read in place (``runtime.foreign.array_in``)."""
+        arr = array_in(arr)
         expected = self.shape + self.element_shape
         column = self.shape + self.element_shape[:1]
         if arr.shape != expected and self.element_shape and \

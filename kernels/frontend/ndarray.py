@@ -16,7 +16,7 @@ import numbers
 import numpy as np
 
 from ..errors import DifftapeError, ShapeError
-from ..runtime.foreign import ArrayExchange, as_numpy
+from ..runtime.foreign import ArrayExchange, array_in, as_numpy
 from ..types import from_numpy as dtype_of
 from . import matrix as _matrix
 from .builder import python_scope
@@ -119,7 +119,7 @@ class Ndarray(ArrayExchange):
 
     @python_scope
     def from_numpy(self, arr) -> None:
-        arr = np.asarray(arr)
+        arr = array_in(arr)
         if arr.shape != self.arr.shape:
             raise ShapeError(f"from_numpy: the ndarray has shape {self.arr.shape} (shape "
                              f"{self.shape}, element {self.element_shape}), the array has "

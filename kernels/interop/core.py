@@ -18,6 +18,12 @@ from the saved inputs first, so interleaved calls of one operator are differenti
 The declared storage and whatever the function writes belong to the operator: other code must
 not change them between a call and its backward (as for a ``ti.ad.Tape``).
 
+Remotely (``arch=ti.remote``; fields only, a ``ti.ndarray`` does not run on the server) the
+same calls queue the inputs, the launches and the clears, and read what they return (all the
+outputs, all the inputs' gradients, the tangents) together at the end (``_values``, through
+``prog.remote.read_fields``): one request per forward, backward, forward-mode or second-order
+call, plus an upload or download for each field too large to ride inside a batch.
+
 Second order (fields only: ``ti.ndarray`` has no tangent storage) is one forward-mode pass of
 the recorded program and of its adjoint, as ``ti.ad.hvp`` does: given the backward pass
 ``g(x, u) = J(x)^T u`` and a cotangent ``w`` for its result, it gives ``J w`` (for ``u``) and
@@ -60,6 +66,11 @@ class DiffProgram:
                 if not s.dtype.is_float or not s.has_grad:
                     raise DifftapeError(f"{self.name}: {what} {k} must be a float field or "
                                         "ndarray with gradient storage (needs_grad=True)")
+        if program.get().remote is not None and any(isinstance(s, Ndarray)
+                                                    for s in self.inputs + self.outputs):
+            raise DifftapeError(f"{self.name}: with arch=ti.remote the declared storage must "
+                                "be fields (ti.field(..., needs_grad=True)): ti.ndarray "
+                                "arguments do not run on the server yet")
         self.shapes_in = [_full_shape(s) for s in self.inputs]
         self.shapes_out = [_full_shape(s) for s in self.outputs]
         self.dtypes_in = [np.dtype(s.dtype.np) for s in self.inputs]
@@ -77,6 +88,15 @@ class DiffProgram:
         ``out`` when given: ndarray outputs are written there in place, field outputs copied
         there). ``record``: keep a recording for :meth:`vjp`."""
         self._check_outside_derivatives()
+        outs = self._launch(xs, record, out)
+        self._copy_field_outputs(outs)
+        return self._token, outs
+
+    def _launch(self, xs: Sequence[np.ndarray], record: bool,
+                out: Sequence[np.ndarray] | None) -> list[np.ndarray]:
+        """Bind the storage and run ``fn`` (recorded or not), without reading the field
+        outputs back: under ``arch=ti.remote`` everything here is queued, and the read that
+        follows (the outputs, or the gradients after a backward pass) is the one request."""
         self._bind_inputs(xs)
         outs = self._bind_outputs(out)
         if record:
@@ -86,9 +106,8 @@ class DiffProgram:
         else:
             tape = None
             self.fn()
-        self._copy_field_outputs(outs)
         self._token, self._tape = next(self._runs) % (1 << 31), tape
-        return self._token, outs
+        return outs
 
     # ------------------------------------------------------------------ reverse
     def vjp(self, token: int | None, xs: Sequence[np.ndarray], us: Sequence[np.ndarray]
@@ -97,7 +116,7 @@ class DiffProgram:
         differentiated (None: unknown, run again)."""
         self._check_outside_derivatives()
         if token is None or token != self._token or self._tape is None:
-            self.run(xs, record=True)  # re-run from the saved inputs (see the module doc)
+            self._launch(xs, True, None)  # re-run from the saved inputs (see the module doc)
         else:
             self._bind_inputs(xs)  # the recording reads the ndarrays' current memory
         tape, self._tape = self._tape, None  # one backward pass per recording
@@ -124,8 +143,8 @@ class DiffProgram:
             else:
                 s.grad.from_numpy(u)
         _backward(tape)
-        return [s.grad.arr if isinstance(s, Ndarray) else s.grad.to_numpy()
-                for s in self.inputs]
+        grads = _values([s.grad for s in self.inputs if isinstance(s, Field)], copy=True)
+        return [s.grad.arr if isinstance(s, Ndarray) else grads.pop(0) for s in self.inputs]
 
     # ------------------------------------------------------------------ forward mode
     def jvp(self, xs: Sequence[np.ndarray], ts: Sequence[np.ndarray | None]
@@ -143,8 +162,7 @@ class DiffProgram:
         try:
             with forward_mode():
                 self.fn()
-            self._copy_field_outputs(outs)
-            touts = [s.dual.to_numpy() for s in self.outputs]
+            touts = self._copy_field_outputs(outs, [s.dual for s in self.outputs])
         finally:
             clear_all_duals()
         self._token = self._tape = None
@@ -174,8 +192,9 @@ class DiffProgram:
                 for s, u in zip(self.outputs, us, strict=True):
                     s.grad.from_numpy(self._checked(u, s, "cotangent"))
                 _backward(tape)
-            d_us = [s.dual.to_numpy() for s in self.outputs]
-            d_xs = [s.grad.dual.to_numpy() for s in self.inputs]
+            both = _values([s.dual for s in self.outputs] + [s.grad.dual for s in self.inputs],
+                           copy=True)
+            d_us, d_xs = both[:len(self.outputs)], both[len(self.outputs):]
         finally:
             clear_all_duals()
         self._token = self._tape = None
@@ -204,10 +223,15 @@ class DiffProgram:
             outs.append(a)
         return outs
 
-    def _copy_field_outputs(self, outs: list[np.ndarray]) -> None:
-        for s, a in zip(self.outputs, outs, strict=True):
-            if isinstance(s, Field):
-                np.copyto(a, s.arr)
+    def _copy_field_outputs(self, outs: list[np.ndarray], extra: Sequence[Field] = ()
+                            ) -> list[np.ndarray]:
+        """Copy the field outputs into ``outs``; returns copies of the ``extra`` fields'
+        values, read in the same request (tangents, under forward mode)."""
+        at = [k for k, s in enumerate(self.outputs) if isinstance(s, Field)]
+        values = _values([self.outputs[k] for k in at] + list(extra), copy=False)
+        for k, v in zip(at, values, strict=False):
+            np.copyto(outs[k], v)
+        return [np.array(v) for v in values[len(at):]]
 
     def _checked(self, x: np.ndarray, s, what: str) -> np.ndarray:
         """``x`` if it fits ``s`` (shape and dtype); a clear error otherwise (no conversion:
@@ -230,6 +254,18 @@ class DiffProgram:
         if prog.tape is not None or prog.fwd is not None:
             raise DifftapeError(f"{self.name}: a difftape operator cannot run inside a "
                                 "ti.ad.Tape or forward mode of difftape's own")
+
+
+def _values(fields: Sequence[Field], copy: bool) -> list[np.ndarray]:
+    """The fields' values (any role), each of shape ``shape + element_shape``: views of
+    their storage (copies with ``copy``), or under ``arch=ti.remote`` arrays read from the
+    server together in one request (``prog.remote.read_fields``)."""
+    if not fields:
+        return []
+    remote = program.get().remote
+    if remote is not None:
+        return remote.read_fields(list(fields))
+    return [np.array(f.arr) if copy else f.arr for f in fields]
 
 
 def _full_shape(s) -> tuple[int, ...]:

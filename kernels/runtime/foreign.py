@@ -58,6 +58,18 @@ def as_numpy(a, what: str = "the array") -> np.ndarray:
                         f"{type(a).__name__}")
 
 
+def array_in(a) -> np.ndarray:
+    """``a`` as a NumPy array for copying in (``from_numpy``): a foreign array (PyTorch,
+    JAX, DLPack or array-interface objects, also a tensor that autograd tracks) through
+    :func:`as_numpy`, without an intermediate copy; anything else through ``np.asarray``
+    (lists, scalars, NumPy arrays)."""
+    if isinstance(a, np.ndarray):
+        return a
+    if hasattr(a, "__dlpack__") or hasattr(a, "__array_interface__"):
+        return as_numpy(a, "the array")
+    return np.asarray(a)
+
+
 def call_with_arrays(call: Callable, kernel: str, names: list[str], args: tuple,
                      indices: tuple[int, ...]):
     """``call(*args)`` with the foreign arrays among ``args[indices]`` replaced by NumPy views

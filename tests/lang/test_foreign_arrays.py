@@ -160,3 +160,34 @@ def test_adjoint_kernel_takes_tensors(ti):
     yt = torch.zeros(3)
     sq(torch.tensor([1.0, 2.0, 3.0]), yt)
     assert yt.tolist() == [1, 4, 9]
+
+
+class _DLPackOnly:
+    """An array known only through DLPack (no ``__array__``, no array interface)."""
+
+    def __init__(self, a):
+        self._a = a
+
+    def __dlpack__(self, *args, **kwargs):
+        return self._a.__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self):
+        return self._a.__dlpack_device__()
+
+
+def test_from_numpy_takes_foreign_arrays(ti):
+    """``from_numpy`` of fields and ndarrays takes what kernels take: a tensor that autograd
+    tracks, a JAX array, a DLPack-only object (values checked against NumPy)."""
+    want = np.array([[1.5, -2.0], [0.25, 3.0], [7.0, -0.5]], np.float32)
+    sources = [torch.tensor(want, requires_grad=True), _DLPackOnly(torch.tensor(want))]
+    jnp = pytest.importorskip("jax.numpy", reason="the [jax] extra (JAX) is not installed")
+    sources.append(jnp.asarray(want))
+    for src in sources:
+        f = ti.Vector.field(2, ti.f32, shape=3)
+        f.from_numpy(src)
+        assert f.to_numpy().tobytes() == want.tobytes()
+        nd = ti.ndarray(ti.f32, (3, 2))
+        nd.from_numpy(src)
+        assert nd.to_numpy().tobytes() == want.tobytes()
+    with pytest.raises(ti.DifftapeError, match="meta"):
+        ti.field(ti.f32, shape=2).from_numpy(torch.zeros(2, device="meta"))
