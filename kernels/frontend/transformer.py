@@ -1158,6 +1158,8 @@ class FunctionTransformer:
             index = index.expr()
         try:
             return container[index]
+        except CompileError:
+            raise  # already names the kernel line
         except (TypeError, KeyError) as e:
             raise self.bld.error(f"cannot index a {type(container).__name__}: {e}") from None
 
