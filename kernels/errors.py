@@ -99,6 +99,14 @@ def compile_error_class(exc: BaseException) -> type[CompileError]:
     return CompileError
 
 
+class CallSignatureError(ArgumentError, KernelSyntaxError):
+    """A kernel or func called with arguments its parameters cannot take: too many, one
+    missing, an unknown keyword, or a value given twice. Also a syntax error, as Taichi
+    reports these (``TaichiSyntaxError``)."""
+
+    __str__ = Exception.__str__  # not SyntaxError's, which prints its (unset) ``msg``
+
+
 class OptionError(DifftapeError, ValueError):
     """``ti.init`` was given an option value difftape cannot honour."""
 

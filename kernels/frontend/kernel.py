@@ -29,6 +29,7 @@ from ..codegen.layout import CtxLayout, ctx_layout
 from ..codegen.llvm_lowering import Lowering, assert_messages
 from ..errors import (
     ArgumentError,
+    CallSignatureError,
     CompileError,
     DifftapeError,
     GradientRuleError,
@@ -50,7 +51,7 @@ from .ndarray import Ndarray
 from .ops import resolve_dtype
 from .sparse import finish_struct_fors
 from .struct import Struct, StructType
-from .transformer import build_kernel_body, defined_in_class, parse_function
+from .transformer import build_kernel_body, call_mismatch, defined_in_class, parse_function
 
 TASK_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int32)
 BOUNDS_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
@@ -227,13 +228,21 @@ class Kernel:
 
     def _bind_kwargs(self, args: tuple, kwargs: dict) -> tuple:
         names = [p.name for p in self.params]
+        self._check_call(len(args), kwargs)
         out = list(args) + [None] * (len(names) - len(args))
         for k, v in kwargs.items():
-            if k not in names:
-                raise ArgumentError(f"kernel '{self.name}' has no parameter '{k}'",
-                                    kernel=self.name)
             out[names.index(k)] = v
         return tuple(out)
+
+    def _check_call(self, nargs: int, keywords) -> None:
+        """Refuse a call whose arguments do not fit the parameters (none has a default)."""
+        names = [p.name for p in self.params]
+        labels = [f"{p.name} : {p.annotation}" if p.annotation is not None else p.name
+                  for p in self.params]
+        why = call_mismatch(names, labels, set(names), nargs, keywords)
+        if why is not None:
+            raise CallSignatureError(f"kernel '{self.name}': {why} (parameters: "
+                                     f"{', '.join(names) or 'none'})", kernel=self.name)
 
     def _specialize(self, args: tuple) -> tuple[tuple, tuple]:
         if len(args) != len(self.params):
@@ -268,9 +277,12 @@ class Kernel:
         return tuple(key), tuple(spec)
 
     def _arg_count_error(self, args: tuple) -> ArgumentError:
-        names = ", ".join(p.name for p in self.params)
+        try:
+            self._check_call(len(args), {})
+        except CallSignatureError as e:
+            return e
         return ArgumentError(f"kernel '{self.name}' takes {len(self.params)} argument(s) "
-                             f"({names}) but {len(args)} were given", kernel=self.name)
+                             f"but {len(args)} were given", kernel=self.name)
 
     # ------------------------------------------------------------------ compilation
     def build_ir(self, prog, spec: tuple, variant: str = "primal") -> KernelIR:
