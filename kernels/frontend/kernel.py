@@ -357,6 +357,8 @@ class Kernel:
             inst.return_type = self.return_annotation
         inst.arg_shapes = {k: p.annotation.element_shape for k, p in enumerate(self.params)
                            if isinstance(p.annotation, MatrixType)}
+        inst.arg_structs = {k: p.annotation for k, p in enumerate(self.params)
+                            if isinstance(p.annotation, StructType)}
         return inst
 
     @property
@@ -566,6 +568,8 @@ class CompiledKernel:
         self._arg_map = _param_arg_map(ir, arg_names or [p.name for p in ir.params])
         # Vector/matrix parameter shapes by argument index (set by Kernel._compile).
         self.arg_shapes: dict[int, tuple[int, ...]] = {}
+        # Struct parameter types by argument index (set by Kernel._compile).
+        self.arg_structs: dict[int, StructType] = {}
         # Wrappers are instance attributes: no cost for kernels that need none.
         self._inner_launch = self.launch
         if any(s.op == "print" for t in ir.tasks for b in task_blocks(t) for s in walk(b)):
@@ -606,6 +610,10 @@ class CompiledKernel:
                         flat = entries[arg_index] = self._matrix_entries(v, arg_index)
                     v = flat[comp[0]]
                 else:
+                    if entries is None:
+                        entries = {}
+                    if arg_index not in entries and arg_index in self.arg_structs:
+                        entries[arg_index] = self._check_struct(v, arg_index)
                     v = arg_component(v, comp)
             t = type(v)
             try:
@@ -695,6 +703,15 @@ class CompiledKernel:
                                 f"{what}, got {type(v).__name__} of shape {shape}",
                                 kernel=self.ir.name)
         return flat
+
+    def _check_struct(self, v, arg_index: int) -> None:
+        """A struct argument must have its parameter's members, each vector/matrix member of
+        its shape: a 2-vector for a 3-vector member failed reading the third entry, and a
+        longer one had its extra entries dropped."""
+        why = _struct_mismatch(self.arg_structs[arg_index], v)
+        if why is not None:
+            raise ArgumentError(f"kernel '{self.ir.name}': argument {arg_index + 1} must be a "
+                                f"{self.arg_structs[arg_index]!r}: {why}", kernel=self.ir.name)
 
     def _unsigned_bits(self, v, bits: int, arg_index: int) -> int:
         """An unsigned argument as the int64 bit pattern of its value. Values wrap modulo
@@ -813,6 +830,28 @@ def _is_integer(v) -> bool:
     if isinstance(v, np.ndarray):
         return v.ndim == 0 and v.dtype.kind in "biu"
     return isinstance(v, numbers.Integral | np.bool_)
+
+
+def _struct_mismatch(stype: StructType, v) -> str | None:
+    """How ``v`` (a Struct or dict) differs from ``stype`` in members or member shapes."""
+    if not isinstance(v, Struct | dict):
+        return f"got {type(v).__name__}"
+    names = list(v._entries) if isinstance(v, Struct) else list(v)
+    if names != list(stype.members):
+        return f"members {list(stype.members)} needed, got {names}"
+    for k, dt in stype.members.items():
+        m = v[k]
+        if isinstance(dt, StructType):
+            why = _struct_mismatch(dt, m)
+            if why is not None:
+                return f"member '{k}': {why}"
+        elif isinstance(dt, MatrixType):
+            shape = m.shape if isinstance(m, Matrix) else np.shape(m)
+            if tuple(shape) != tuple(dt.element_shape):
+                return f"member '{k}' must have shape {tuple(dt.element_shape)}, got {shape}"
+        elif isinstance(m, Matrix | Struct | dict) or np.ndim(m) != 0:
+            return f"member '{k}' is a scalar, got {type(m).__name__}"
+    return None
 
 
 def arg_component(v, path: tuple):
