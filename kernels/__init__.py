@@ -12,6 +12,7 @@ from . import (
 from ._version import __version__  # noqa: E402
 from .errors import (  # noqa: E402
     ArgumentError,
+    CallSignatureError,
     CompileError,
     DifftapeError,
     GradientRuleError,

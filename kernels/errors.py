@@ -63,12 +63,16 @@ class KernelIndexError(CompileError, IndexError):
     constant index outside a vector."""
 
 
-class GradientRuleError(CompileError):
-    """A kernel breaks a rule under which its gradient could be computed correctly."""
+class GradientRuleError(CompileError, RuntimeError):
+    """A kernel breaks a rule under which its gradient could be computed correctly. Also a
+    ``RuntimeError``: Taichi reports what its autodiff cannot differentiate as one."""
 
 
 class KernelRuntimeError(DifftapeError, RuntimeError):
-    """A kernel failed while running."""
+    """A failure at run time rather than compile time: a kernel failed while running, or a
+    Python-scope request cannot be carried out (a gradient for an integer field or ndarray,
+    a custom gradient for a function that is not ``@ti.ad.grad_replaced``). Taichi raises its
+    ``TaichiRuntimeError`` (a ``RuntimeError``) for these, which is this class."""
 
 
 class KernelAssertionError(KernelRuntimeError, AssertionError):
@@ -93,6 +97,14 @@ def compile_error_class(exc: BaseException) -> type[CompileError]:
         if isinstance(exc, builtin):
             return cls
     return CompileError
+
+
+class CallSignatureError(ArgumentError, KernelSyntaxError):
+    """A kernel or func called with arguments its parameters cannot take: too many, one
+    missing, an unknown keyword, or a value given twice. Also a syntax error, as Taichi
+    reports these (``TaichiSyntaxError``)."""
+
+    __str__ = Exception.__str__  # not SyntaxError's, which prints its (unset) ``msg``
 
 
 class OptionError(DifftapeError, ValueError):

@@ -55,11 +55,11 @@ class DType:
     def __repr__(self) -> str:
         return self.name
 
-    def __call__(self, value):
+    def __call__(self, *args, **kwargs):
         """``ti.f32(x)`` casts, as in Taichi (works in kernels and in Python scope). The cast
         is the frontend's, registered with :func:`set_caster`: this module is the ground floor
-        and imports nothing of ours."""
-        return _caster(value, self)
+        and imports nothing of ours. The caster also checks that exactly one value came."""
+        return _caster(self, *args, **kwargs)
 
 
 f16 = DType("f16", "f", 16)
@@ -119,18 +119,18 @@ def promote(a: DType, b: DType) -> DType:
     return b if a.is_signed else a
 
 
-def set_caster(cast: Callable[[object, DType], object]) -> None:
+def set_caster(cast: Callable[..., object]) -> None:
     """Registration point for ``ti.f32(x)``: the frontend passes its ``construct`` (the cast
     that also works inside kernels) when it loads."""
     global _caster
     _caster = cast
 
 
-def _no_caster(value, dtype: DType):
+def _no_caster(dtype: DType, *args, **kwargs):
     raise RuntimeError(f"{dtype}(...) needs the frontend: import difftape")
 
 
-_caster: Callable[[object, DType], object] = _no_caster
+_caster: Callable[..., object] = _no_caster
 
 
 def provide(**names: object) -> None:

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..autodiff import validation
 from ..autodiff.lost import LostTracker
-from ..errors import DifftapeError, GradientRuleError
+from ..errors import DifftapeError, GradientRuleError, KernelRuntimeError
 from ..frontend.field import Field
 from ..frontend.kernel import Kernel
 from ..frontend.ndarray import Ndarray
@@ -340,7 +340,9 @@ class _Backward:
 def grad_for(primal: Callable) -> Callable:
     """Register the decorated function as the gradient of a ``@ti.ad.grad_replaced`` one."""
     if not hasattr(primal, "_difftape_backward"):
-        raise DifftapeError("@ti.ad.grad_for(f): f must be decorated with @ti.ad.grad_replaced")
+        raise KernelRuntimeError("@ti.ad.grad_for(f): f must be decorated with "
+                                 "@ti.ad.grad_replaced (a Python function calling kernels), "
+                                 "not a kernel nor an undecorated function")
 
     def decorator(func: Callable) -> Callable:
         primal._difftape_backward = func

@@ -103,6 +103,7 @@ class ReverseAD:
         for slot, b in enumerate(ir.buffers):
             if b.key[2] == "primal" and has_grad(b):
                 self.grad_slot[slot] = self._add_buffer(b.with_role("grad"))
+        self._refuse_gradient_access()
         # Loads numbered in program order (stable across rebuilds of the same kernel), so the
         # run-time validation can find the primal loads the adjoint depends on.
         self.load_order = {s: k for k, s in enumerate(x for x in walk(ir.body)
@@ -123,6 +124,29 @@ class ReverseAD:
         self._in_parallel = False
         self._prefix = False
         self._current: Stmt | None = None  # the statement being swept, for error messages
+
+    def _refuse_gradient_access(self) -> None:
+        """The kernel must not itself read or write a ``.grad`` that its reverse pass
+        accumulates into: the recomputed reads would see the gradients being added, and no
+        derivative flows through a gradient's own values (it has no ``.grad``). Taichi refuses
+        the same for ndarrays (and ignores it for fields, computing gradients from whatever
+        the ``.grad`` holds then)."""
+        accumulated = {self.buffers[g].key for g in self.grad_slot.values()}
+        for s in walk(self.ir.body):
+            if s.op in ("load", "store"):
+                slot = s.attr
+            elif s.op == "atomic":
+                slot = s.attr[0]
+            else:
+                continue
+            b = self.ir.buffers[slot]
+            if b.key in accumulated:
+                verb = "reads" if s.op == "load" else "writes"
+                raise self.error(s, f"Cannot automatically differentiate through a grad tensor: "
+                                 f"this kernel {verb} {b.name}, the gradient its own reverse "
+                                 "pass accumulates into. Use the gradient in a kernel that is "
+                                 "not differentiated (outside the Tape / kernel.grad), or copy "
+                                 "it into a separate field or ndarray and pass that")
 
     def _add_buffer(self, b: Buffer) -> int:
         for slot, x in enumerate(self.buffers):
@@ -241,7 +265,8 @@ class ReverseAD:
                 continue
             if op == "random":
                 if s in self.used:
-                    raise self.error(s, "ti.random() in a kernel being differentiated: the "
+                    raise self.error(s, "ti.random() in a kernel being differentiated "
+                                     "(RandStmt not supported in autodiff): the "
                                      "reverse pass recomputes the kernel's values and would "
                                      "draw different numbers. Draw them in a separate kernel "
                                      "into a field and read that field here")

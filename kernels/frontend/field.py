@@ -18,6 +18,7 @@ from ..errors import (
     DifftapeError,
     IndexOutOfRangeError,
     KernelIndexError,
+    KernelRuntimeError,
     KernelSyntaxError,
     KernelTypeError,
     ShapeError,
@@ -101,8 +102,10 @@ class Field(ArrayExchange):
         (or when its primal is). On a ``.grad`` field, ``dual`` makes ``x.grad.dual`` (the
         tangent of the gradient: Hessian-vector products land there)."""
         if not self.dtype.is_float:
-            raise DifftapeError(f"field '{self._label()}' holds {self.dtype}; only float fields "
-                                f"can have a .{role}")
+            raise KernelRuntimeError(
+                f"{self.dtype} is not supported for field with `needs_grad=True` or "
+                f"`needs_dual=True`: field '{self._label()}' holds {self.dtype} and only float "
+                f"fields can have a .{role}")
         f = self._grad if role == "grad" else self._dual
         if f is None:
             key_role = role if self.role == "primal" else f"{self.role}_{role}"
@@ -177,7 +180,9 @@ class Field(ArrayExchange):
         """The refusal for using a ``.grad``/``.dual`` that was never given storage."""
         what = self.role.replace("_", ".")
         flag = "needs_dual" if self.role.endswith("dual") else "needs_grad"
-        msg = (f"{self._label()} has no storage: create '{self.primal._label()}' with "
+        kind = "Dual" if flag == "needs_dual" else "Gradient"
+        msg = (f"{kind} {self._label()} has not been placed, check whether `{flag}=True`: "
+               f"{self._label()} has no storage; create '{self.primal._label()}' with "
                f"{flag}=True, or place it (ti.root.dense(...).place({self.primal._label()}."
                f"{what}))")
         bld = _b.current()

@@ -29,6 +29,7 @@ from ..codegen.layout import CtxLayout, ctx_layout
 from ..codegen.llvm_lowering import Lowering, assert_messages
 from ..errors import (
     ArgumentError,
+    CallSignatureError,
     CompileError,
     DifftapeError,
     KernelSyntaxError,
@@ -48,7 +49,7 @@ from .ndarray import Ndarray
 from .ops import resolve_dtype
 from .sparse import finish_struct_fors
 from .struct import Struct, StructType
-from .transformer import build_kernel_body, defined_in_class, parse_function
+from .transformer import build_kernel_body, call_mismatch, defined_in_class, parse_function
 
 TASK_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int32)
 BOUNDS_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
@@ -225,13 +226,21 @@ class Kernel:
 
     def _bind_kwargs(self, args: tuple, kwargs: dict) -> tuple:
         names = [p.name for p in self.params]
+        self._check_call(len(args), kwargs)
         out = list(args) + [None] * (len(names) - len(args))
         for k, v in kwargs.items():
-            if k not in names:
-                raise ArgumentError(f"kernel '{self.name}' has no parameter '{k}'",
-                                    kernel=self.name)
             out[names.index(k)] = v
         return tuple(out)
+
+    def _check_call(self, nargs: int, keywords) -> None:
+        """Refuse a call whose arguments do not fit the parameters (none has a default)."""
+        names = [p.name for p in self.params]
+        labels = [f"{p.name} : {p.annotation}" if p.annotation is not None else p.name
+                  for p in self.params]
+        why = call_mismatch(names, labels, set(names), nargs, keywords)
+        if why is not None:
+            raise CallSignatureError(f"kernel '{self.name}': {why} (parameters: "
+                                     f"{', '.join(names) or 'none'})", kernel=self.name)
 
     def _specialize(self, args: tuple) -> tuple[tuple, tuple]:
         if len(args) != len(self.params):
@@ -266,9 +275,12 @@ class Kernel:
         return tuple(key), tuple(spec)
 
     def _arg_count_error(self, args: tuple) -> ArgumentError:
-        names = ", ".join(p.name for p in self.params)
+        try:
+            self._check_call(len(args), {})
+        except CallSignatureError as e:
+            return e
         return ArgumentError(f"kernel '{self.name}' takes {len(self.params)} argument(s) "
-                             f"({names}) but {len(args)} were given", kernel=self.name)
+                             f"but {len(args)} were given", kernel=self.name)
 
     # ------------------------------------------------------------------ compilation
     def build_ir(self, prog, spec: tuple, variant: str = "primal") -> KernelIR:
@@ -343,6 +355,8 @@ class Kernel:
             inst.return_type = self.return_annotation
         inst.arg_shapes = {k: p.annotation.element_shape for k, p in enumerate(self.params)
                            if isinstance(p.annotation, MatrixType)}
+        inst.arg_structs = {k: p.annotation for k, p in enumerate(self.params)
+                            if isinstance(p.annotation, StructType)}
         return inst
 
     @property
@@ -566,6 +580,8 @@ class CompiledKernel:
         self._arg_map = _param_arg_map(ir, arg_names or [p.name for p in ir.params])
         # Vector/matrix parameter shapes by argument index (set by Kernel._compile).
         self.arg_shapes: dict[int, tuple[int, ...]] = {}
+        # Struct parameter types by argument index (set by Kernel._compile).
+        self.arg_structs: dict[int, StructType] = {}
         # Wrappers are instance attributes: no cost for kernels that need none.
         self._inner_launch = self.launch
         if any(s.op == "print" for t in ir.tasks for b in task_blocks(t) for s in walk(b)):
@@ -606,6 +622,10 @@ class CompiledKernel:
                         flat = entries[arg_index] = self._matrix_entries(v, arg_index)
                     v = flat[comp[0]]
                 else:
+                    if entries is None:
+                        entries = {}
+                    if arg_index not in entries and arg_index in self.arg_structs:
+                        entries[arg_index] = self._check_struct(v, arg_index)
                     v = arg_component(v, comp)
             t = type(v)
             try:
@@ -695,6 +715,15 @@ class CompiledKernel:
                                 f"{what}, got {type(v).__name__} of shape {shape}",
                                 kernel=self.ir.name)
         return flat
+
+    def _check_struct(self, v, arg_index: int) -> None:
+        """A struct argument must have its parameter's members, each vector/matrix member of
+        its shape: a 2-vector for a 3-vector member failed reading the third entry, and a
+        longer one had its extra entries dropped."""
+        why = _struct_mismatch(self.arg_structs[arg_index], v)
+        if why is not None:
+            raise ArgumentError(f"kernel '{self.ir.name}': argument {arg_index + 1} must be a "
+                                f"{self.arg_structs[arg_index]!r}: {why}", kernel=self.ir.name)
 
     def _unsigned_bits(self, v, bits: int, arg_index: int) -> int:
         """An unsigned argument as the int64 bit pattern of its value. Values wrap modulo
@@ -809,6 +838,28 @@ def _is_integer(v) -> bool:
     if isinstance(v, np.ndarray):
         return v.ndim == 0 and v.dtype.kind in "biu"
     return isinstance(v, numbers.Integral | np.bool_)
+
+
+def _struct_mismatch(stype: StructType, v) -> str | None:
+    """How ``v`` (a Struct or dict) differs from ``stype`` in members or member shapes."""
+    if not isinstance(v, Struct | dict):
+        return f"got {type(v).__name__}"
+    names = list(v._entries) if isinstance(v, Struct) else list(v)
+    if names != list(stype.members):
+        return f"members {list(stype.members)} needed, got {names}"
+    for k, dt in stype.members.items():
+        m = v[k]
+        if isinstance(dt, StructType):
+            why = _struct_mismatch(dt, m)
+            if why is not None:
+                return f"member '{k}': {why}"
+        elif isinstance(dt, MatrixType):
+            shape = m.shape if isinstance(m, Matrix) else np.shape(m)
+            if tuple(shape) != tuple(dt.element_shape):
+                return f"member '{k}' must have shape {tuple(dt.element_shape)}, got {shape}"
+        elif isinstance(m, Matrix | Struct | dict) or np.ndim(m) != 0:
+            return f"member '{k}' is a scalar, got {type(m).__name__}"
+    return None
 
 
 def arg_component(v, path: tuple):

@@ -121,12 +121,14 @@ class Matrix:
             index = (index,)
         if self.ndim == 1:
             if len(index) != 1:
-                raise ops._err(f"a vector takes one index, got {len(index)}")
+                raise ops._err(f"Expected 1 indices, got {len(index)}: a vector takes one "
+                               "index", KernelIndexError)
             return self._checked(index[0], self.n, "")
         if len(index) == 1:
             return index[0]  # row access handled by caller
         if len(index) != 2:
-            raise ops._err(f"a matrix takes two indices, got {len(index)}")
+            raise ops._err(f"Expected 2 indices, got {len(index)}: a matrix takes two "
+                           "indices (or one, for a row)", KernelIndexError)
         i = self._checked(index[0], self.n, " (row)")
         j = self._checked(index[1], self.m, " (column)")
         if _static(i) and _static(j):
@@ -166,7 +168,7 @@ class Matrix:
             picks, shape = sliced
             return self._slice_result([self[p if self.ndim == 2 else p[0]] for p in picks],
                                       shape)
-        if self.ndim == 2 and not (isinstance(index, tuple) and len(index) == 2):
+        if self.ndim == 2 and not (isinstance(index, tuple) and len(index) != 1):
             i = self._checked(index[0] if isinstance(index, tuple) else index, self.n, " (row)")
             if _static(i):
                 return self._row(i)
@@ -191,7 +193,7 @@ class Matrix:
             for p, v in zip(picks, values, strict=True):
                 self[p if self.ndim == 2 else p[0]] = v
             return
-        if self.ndim == 2 and not (isinstance(index, tuple) and len(index) == 2):
+        if self.ndim == 2 and not (isinstance(index, tuple) and len(index) != 1):
             i = self._checked(index[0] if isinstance(index, tuple) else index, self.n, " (row)")
             row = value.entries if isinstance(value, Matrix) else list(value)
             for j in range(self.m):
@@ -494,6 +496,9 @@ class Matrix:
         return x if _static(eps) and eps == 0 else ops.binary("add", x, eps)
 
     def trace(self):
+        if self.ndim != 2 or self.n != self.m:
+            shape = (self.n,) if self.ndim == 1 else (self.n, self.m)
+            raise ops._err(f"trace() expected a square matrix, got shape {shape}")
         return Matrix._from_entries([self.entries[i * self.m + i] for i in range(self.n)],
                                     self.n, 1, 1).sum()
 

@@ -15,7 +15,7 @@ import numbers
 
 import numpy as np
 
-from ..errors import DifftapeError, ShapeError
+from ..errors import DifftapeError, KernelRuntimeError, ShapeError
 from ..runtime.foreign import ArrayExchange, array_in, as_numpy
 from ..types import from_numpy as dtype_of
 from . import matrix as _matrix
@@ -45,8 +45,9 @@ class Ndarray(ArrayExchange):
         self.grad: Ndarray | None = None
         if needs_grad:
             if not self.dtype.is_float:
-                raise DifftapeError(f"an ndarray of {self.dtype} cannot have needs_grad=True: "
-                                    "only float ndarrays have gradients")
+                raise KernelRuntimeError(f"{self.dtype} is not supported for ndarray with "
+                                         "`needs_grad=True`: only float ndarrays have "
+                                         "gradients")
             self.grad = type(self)._like(self)
 
     @property

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import numpy as np
 
 from .. import types as T
-from ..errors import CompileError, DifftapeError, KernelTypeError
+from ..errors import CompileError, DifftapeError, KernelSyntaxError, KernelTypeError
 from ..ir.ops import OPS
 from ..runtime import program
 from ..types import DType
@@ -88,11 +88,11 @@ def literal(value, dtype: DType | None = None) -> Expr:
         v = int(value)
         if not _int_fits(v, target) and not _int_fits(v, inferred):
             raise _b.require().error(
-                f"integer literal {v} is out of the range of default_ip ({inferred})"
+                f"integer literal {v} exceeded the range of default_ip ({inferred})"
                 + (f" and of {target}, the type it is given here" if target != inferred
                    else "")
                 + f"; give it a wide enough type, e.g. ti.i64({v}) or ti.u64({v}), or set "
-                "default_ip in ti.init()")
+                "default_ip in ti.init()", KernelTypeError)
     return const(value, target)
 
 
@@ -160,13 +160,20 @@ def cast(x, dtype):
     return to_expr(x, dtype)
 
 
-def construct(x, dtype: DType):
-    """``ti.u8(x)`` etc.: a cast, except that an integer literal must fit the type it names
-    (``ti.u8(300)`` is an error, as in Taichi, rather than 44)."""
+def construct(dtype: DType, *args, **kwargs):
+    """``ti.u8(x)`` etc.: a cast of exactly one value, except that an integer literal must
+    fit the type it names (``ti.u8(300)`` is an error, as in Taichi, rather than 44)."""
+    if len(args) != 1 or kwargs:
+        given = ", ".join([*map(repr, args), *(f"{k}=..." for k in kwargs)])
+        msg = (f"A primitive type can only decorate a single expression: {dtype}(x) takes one "
+               f"value, got {dtype}({given})")
+        b = _b.current()
+        raise b.error(msg, KernelSyntaxError) if b is not None else TypeError(msg)
+    x = args[0]
     if (isinstance(x, numbers.Integral) and not isinstance(x, bool | np.generic)
             and _b.current() is not None and not _int_fits(int(x), dtype)):
-        raise _b.require().error(f"integer literal {int(x)} is out of the range of {dtype}, "
-                                 f"the type it is given here")
+        raise _b.require().error(f"integer literal {int(x)} exceeded the range of specified "
+                                 f"dtype {dtype}, the type it is given here", KernelTypeError)
     return cast(x, dtype)
 
 

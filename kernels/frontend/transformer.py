@@ -24,6 +24,7 @@ import numpy as np
 
 from .. import types as T
 from ..errors import (
+    CallSignatureError,
     CompileError,
     KernelIndexError,
     KernelNameError,
@@ -1158,6 +1159,8 @@ class FunctionTransformer:
             index = index.expr()
         try:
             return container[index]
+        except CompileError:
+            raise  # already names the kernel line
         except (TypeError, KeyError) as e:
             raise self.bld.error(f"cannot index a {type(container).__name__}: {e}") from None
 
@@ -1577,6 +1580,24 @@ def _bind_param(bld: _b.Builder, tr: FunctionTransformer, name: str, value, ann)
     return tr.new_variable(_as_value(value))
 
 
+def call_mismatch(names: list[str], labels: list[str], required: set[str], nargs: int,
+                  keywords) -> str | None:
+    """What is wrong with a call of a kernel or func with parameters ``names`` (``labels``
+    name them in messages, ``required`` have no default) given ``nargs`` positional values and
+    the ``keywords``, in Taichi's words; None if they fit."""
+    if nargs > len(names):
+        return f"Too many arguments: it takes {len(names)}, got {nargs}"
+    for k in keywords:
+        if k not in names:
+            return f"Unexpected argument '{k}': there is no parameter of that name"
+        if names.index(k) < nargs:
+            return f"Multiple values for argument '{k}': given by position and by name"
+    for i, (n, label) in enumerate(zip(names, labels, strict=True)):
+        if i >= nargs and n not in keywords and n in required:
+            return f"Parameter `{label}` missing"
+    return None
+
+
 def inline_func(bld: _b.Builder, fn, args: list, kwargs: dict):
     """Inline a ``@ti.func`` call: a fresh scope whose parameters are copies of the arguments
     (template parameters bind the object itself)."""
@@ -1588,7 +1609,14 @@ def inline_func(bld: _b.Builder, fn, args: list, kwargs: dict):
     try:
         bound = fn.signature.bind(*args, **kwargs)
     except TypeError as e:
-        raise bld.error(f"bad arguments to func '{fn.pyfunc.__name__}': {e}") from None
+        params = [p for p in fn.signature.parameters.values()
+                  if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        names = [p.name for p in params]
+        why = call_mismatch(names, names, {p.name for p in params if p.default is p.empty},
+                            len(args), kwargs) if len(params) == len(
+            fn.signature.parameters) else None
+        raise bld.error(f"bad arguments to func '{fn.pyfunc.__name__}': {why or e}",
+                        CallSignatureError) from None
     bound.apply_defaults()
     saved_loc = bld.loc
     tr = FunctionTransformer(bld, parsed, fn.pyfunc.__name__, is_kernel=False)

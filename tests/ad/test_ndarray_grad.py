@@ -9,6 +9,7 @@ the ndarray gradients themselves where it matters.
 """
 
 import numpy as np
+import pytest
 
 from .helpers import FD_RTOL, close, fd_grad, weights
 
@@ -165,3 +166,11 @@ def test_same_kernel_with_different_ndarrays(ti, fp, npfp, rtol):
         grads.append((a, a.grad.to_numpy()))
     for a, g in grads:
         close(g, 3 * a.to_numpy().astype(np.float64) ** 2, rtol=8 * rtol)
+
+
+def test_integer_ndarray_with_needs_grad_is_refused_as_a_runtime_error(ti):
+    # Taichi raises TaichiRuntimeError naming the dtype; a RuntimeError either way
+    with pytest.raises(ti.TaichiRuntimeError, match=r"i32 is not supported for ndarray"):
+        ti.ndarray(ti.i32, shape=3, needs_grad=True)
+    with pytest.raises(RuntimeError, match=r"i32 is not supported for ndarray"):
+        ti.ndarray(ti.i32, shape=3, needs_grad=True)

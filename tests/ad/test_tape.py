@@ -960,3 +960,93 @@ def test_placing_a_grad_apart_needs_the_fields_shape_and_dense_snodes(ti):
     ti.root.dense(ti.i, 4).place(x.grad)
     with pytest.raises(ti.DifftapeError, match=r"x\.grad is already placed"):
         ti.root.dense(ti.i, 4).place(x.grad)
+
+
+@pytest.mark.parametrize("primal_kind", ["kernel", "plain function"])
+def test_grad_for_a_function_not_grad_replaced_is_refused(ti, primal_kind):
+    """@ti.ad.grad_for(f) needs f decorated with @ti.ad.grad_replaced: a kernel or a plain
+    function is refused with a RuntimeError (as Taichi), and the kernel still differentiates."""
+    x = ti.field(float, 4, needs_grad=True)
+    total = ti.field(float, (), needs_grad=True)
+
+    @ti.kernel
+    def func(mul: float):
+        for i in x:
+            total[None] += x[i] * mul
+
+    def forward(mul):
+        func(mul)
+
+    primal = func if primal_kind == "kernel" else forward
+    with pytest.raises(RuntimeError):
+        @ti.ad.grad_for(primal)
+        def backward(mul):
+            func.grad(mul)
+
+    with ti.ad.Tape(loss=total):
+        func(4)
+    np.testing.assert_array_equal(x.grad.to_numpy(), np.full(4, 4.0))
+
+
+def test_reading_the_grad_of_a_field_without_needs_grad_names_the_fix(ti):
+    """A kernel reading x.grad of a field made without needs_grad is refused at compile time,
+    naming the gradient and needs_grad=True (Taichi's wording); nothing is written."""
+    y = ti.field(shape=(), name="y", dtype=ti.f32, needs_grad=True)
+    x = ti.field(shape=(), name="x", dtype=ti.f32)
+
+    @ti.kernel
+    def func(x: ti.template()):
+        y[None] = x.grad[None] * x.grad[None]
+
+    x[None] = 5.0
+    with pytest.raises(ti.TaichiCompilationError,
+                       match=r"Gradient x\.grad has not been placed, check whether "
+                             r"`needs_grad=True`"):
+        func(x)
+    assert y[None] == 0.0
+
+
+def test_random_in_a_differentiated_kernel_is_refused_as_a_runtime_error(ti):
+    """ti.random() feeding the loss cannot be recomputed by the reverse pass: refused (Taichi
+    raises a RuntimeError saying RandStmt is not supported), the loss is left as it was."""
+    loss = ti.field(dtype=ti.f32, shape=(), needs_grad=True)
+    x = ti.field(dtype=ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def work():
+        loss[None] = x[None] * ti.random()
+
+    x[None] = 10
+    with pytest.raises(RuntimeError, match="RandStmt not supported"):
+        with ti.ad.Tape(loss):
+            work()
+    assert x.grad[None] == 0.0
+
+
+@pytest.mark.parametrize("storage", ["ndarray", "field"])
+def test_a_kernel_reading_the_grad_it_accumulates_into_is_refused(ti, storage):
+    """A differentiated kernel reading x.grad of an x whose gradient its reverse pass
+    accumulates: refused (Taichi refuses it for ndarrays), while the primal kernel runs."""
+    n = 10
+    if storage == "ndarray":
+        a = ti.ndarray(ti.f32, shape=n, needs_grad=True)
+        b = ti.ndarray(ti.f32, shape=(), needs_grad=True)
+    else:
+        a = ti.field(ti.f32, shape=n, needs_grad=True)
+        b = ti.field(ti.f32, shape=(), needs_grad=True)
+    anno = ti.types.ndarray() if storage == "ndarray" else ti.template()
+
+    @ti.kernel
+    def test(x: anno, b: anno):
+        for i in x:
+            b[None] += x.grad[i] * x[i]
+
+    a.fill(1.0)
+    a.grad.fill(2.0)
+    test(a, b)
+    assert b[None] == n * 2.0
+    if storage == "field" and ti.__name__ == "taichi":
+        return  # Taichi differentiates it for fields, reading whatever the .grad holds
+    with pytest.raises(RuntimeError, match=r"Cannot automatically differentiate through a grad"):
+        test.grad(a, b)
+    np.testing.assert_array_equal(a.grad.to_numpy(), np.full(n, 2.0))

@@ -504,3 +504,21 @@ def test_python_scope_misuses_of_a_field_are_errors(ti):
     v = ti.Vector.field(2, ti.f32, shape=3)
     v.from_numpy(np.ones((3, 2, 1), dtype=np.float32))  # a column per element is fine
     assert v[2][1] == 1
+
+
+@pytest.mark.parametrize("companion", ["needs_grad", "needs_dual"])
+def test_integer_fields_cannot_have_gradients(ti, companion):
+    """A .grad/.dual of an integer field (scalar, vector, matrix, or an integer member of a
+    struct) is refused with a RuntimeError naming the dtype, as Taichi does."""
+    msg = r"is not supported for field with `needs_grad=True` or `needs_dual=True`"
+    with pytest.raises(RuntimeError, match=msg):
+        ti.field(int, shape=1, **{companion: True})
+    with pytest.raises(RuntimeError, match=msg):
+        ti.field(ti.math.ivec3, shape=1, **{companion: True})
+    with pytest.raises(RuntimeError, match=msg):
+        ti.field(ti.types.matrix(2, 3, int), shape=1, **{companion: True})
+    with pytest.raises(RuntimeError, match=msg):
+        ti.Struct.field({"pos": ti.types.vector(3, int), "mass": ti.f32}, shape=1,
+                        **{companion: True})
+    f = ti.field(float, shape=1, **{companion: True})  # a float field still gets one
+    assert getattr(f, "grad" if companion == "needs_grad" else "dual").shape == (1,)

@@ -492,3 +492,55 @@ def test_shapeless_vector_annotations(ti):
 
     with pytest.raises(ti.CompileError, match="without its size"):
         k(ti.Vector([1.0, 2.0]))
+
+
+def test_kernel_calls_that_do_not_fit_the_parameters_are_refused_by_name(ti):
+    """Too many, missing, unknown and repeated arguments: a syntax error naming the problem in
+    Taichi's words (a missing keyword was passed on as None and reported as a bad value)."""
+    @ti.kernel
+    def foo(a: ti.i32, b: ti.i32) -> ti.i32:
+        return a + b * 10
+
+    cases = [
+        (lambda: foo(b=2), r"Parameter `a : i32` missing"),
+        (lambda: foo(1), r"Parameter `b : i32` missing"),
+        (lambda: foo(1, 2, c=2), r"Unexpected argument 'c'"),
+        (lambda: foo(1, 2, 3), r"Too many arguments"),
+    ]
+    for call, msg in cases:
+        with pytest.raises(ti.TaichiSyntaxError, match=msg):
+            call()
+    assert foo(1, b=5) == 51 and foo(b=2, a=3) == 23
+
+
+def test_func_calls_that_do_not_fit_the_parameters_are_refused_by_name(ti):
+    @ti.func
+    def foo(a, b, c=0):
+        return a + b * 10 + c * 100
+
+    @ti.kernel
+    def missing() -> ti.i32:
+        return foo(1, c=3)
+
+    @ti.kernel
+    def not_found() -> ti.i32:
+        return foo(1, 2, 3, d=3)
+
+    @ti.kernel
+    def many() -> ti.i32:
+        return foo(1, 2, 3, 4)
+
+    @ti.kernel
+    def duplicate() -> ti.i32:
+        return foo(1, a=3, b=3)
+
+    @ti.kernel
+    def fits() -> ti.i32:
+        return foo(1, c=3, b=2)
+
+    for k, msg in ((missing, r"Parameter `b` missing"), (not_found, r"Unexpected argument 'd'"),
+                   (many, r"Too many arguments"),
+                   (duplicate, r"Multiple values for argument 'a'")):
+        with pytest.raises(ti.TaichiSyntaxError, match=msg):
+            k()
+    assert fits() == 321

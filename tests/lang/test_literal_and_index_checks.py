@@ -47,6 +47,45 @@ def test_int_literal_out_of_default_ip_range_is_an_error(ti):
             k()
 
 
+def test_int_literal_out_of_range_is_a_type_error_naming_the_range(ti):
+    """Taichi's class and words: a TypeError-kind error, 'exceeded the range of default_ip'
+    for a bare literal, '... of specified dtype' for one given a type."""
+    @ti.kernel
+    def bare():
+        b = 0x80000000  # noqa: F841
+
+    @ti.kernel
+    def typed():
+        b = ti.u16(-1)  # noqa: F841
+
+    with pytest.raises(ti.TaichiTypeError, match="exceeded the range of default_ip"):
+        bare()
+    with pytest.raises(ti.TaichiTypeError, match="exceeded the range of specified dtype"):
+        typed()
+
+
+def test_a_primitive_type_takes_exactly_one_value(ti):
+    """ti.i64(1, 2) and ti.f64(1, x=2) in a kernel are refused (extra values were a Python
+    TypeError from the constructor's signature); ti.i64(7) still casts."""
+    @ti.kernel
+    def two() -> ti.i64:
+        return ti.i64(1, 2)
+
+    @ti.kernel
+    def keyword() -> ti.f64:
+        return ti.f64(1, x=2)
+
+    @ti.kernel
+    def one() -> ti.i64:
+        return ti.i64(7)
+
+    for k in (two, keyword):
+        with pytest.raises(ti.TaichiSyntaxError,
+                           match="A primitive type can only decorate a single expression"):
+            k()
+    assert one() == 7
+
+
 def test_int_literals_in_range_keep_their_value(ti):
     u8f = ti.field(ti.u8, shape=2)
 

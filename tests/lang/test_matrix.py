@@ -475,3 +475,54 @@ def test_slicing_a_field_in_a_kernel_is_refused(ti):
 
     with pytest.raises(ti.KernelIndexError, match="Slicing is not supported on ti.field"):
         foo()
+
+
+def test_vector_indexed_with_two_indices_is_refused_once_named(ti):
+    """vec[0, 0] in a kernel: refused as an index error saying how many indices a vector
+    takes (Taichi's wording), and the kernel line is named once, not twice."""
+    @ti.kernel
+    def bar() -> ti.i32:
+        vec = ti.Vector([1, 2, 3, 4])
+        return vec[0, 0]
+
+    with pytest.raises(ti.TaichiCompilationError, match=r"Expected 1 indices, got 2") as e:
+        bar()
+    if ti.__name__ != "taichi":  # Taichi quotes the line twice
+        assert str(e.value).count("return vec[0, 0]") == 1
+
+
+def test_matrix_indexed_with_three_indices_is_refused(ti):
+    """m[0, 1, 0] was read as the row m[0] (the extra indices dropped): refused, read or
+    write."""
+    @ti.kernel
+    def baz() -> ti.i32:
+        m = ti.Matrix([[1, 2], [3, 4]])
+        return m[0, 1, 0]
+
+    with pytest.raises(ti.TaichiCompilationError, match=r"Expected 2 indices, got 3"):
+        baz()
+
+    @ti.kernel
+    def qux() -> ti.i32:
+        m = ti.Matrix([[1, 2], [3, 4]])
+        m[1, 0, 0] = 7
+        return m[1, 0]
+
+    with pytest.raises(ti.TaichiCompilationError, match=r"Expected 2 indices, got 3"):
+        qux()
+
+
+def test_trace_of_a_non_square_matrix_is_refused_in_a_kernel(ti):
+    @ti.kernel
+    def square() -> ti.f32:
+        return ti.Matrix([[0.1, 3.0], [5.0, 7.0]]).trace()
+
+    assert square() == pytest.approx(7.1, rel=1e-6)
+
+    @ti.kernel
+    def failed() -> ti.f32:
+        return ti.Matrix([[0.1, 3.0], [5.0, 7.0], [1.0, 2.0]]).trace()
+
+    with pytest.raises(ti.TaichiCompilationError,
+                       match=r"expected a square matrix, got shape \(3, 2\)"):
+        failed()

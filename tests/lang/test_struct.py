@@ -221,3 +221,20 @@ def test_struct_assignment_with_other_members_is_refused(ti):
 
     with pytest.raises(ti.CompileError, match="members"):
         run()
+
+
+@pytest.mark.parametrize("center", [2, 4])
+def test_struct_argument_with_a_member_of_the_wrong_shape_is_refused(ti, center):
+    """A 2-vector (failed inside the launch with an IndexError) or a 4-vector (its last entry
+    silently dropped) where the parameter's struct has a 3-vector: refused as an argument
+    type error; the right struct still works."""
+    sphere = ti.types.struct(center=ti.math.vec3, radius=float)
+    other = ti.types.struct(center=ti.types.vector(center, ti.f32), radius=float)
+
+    @ti.kernel
+    def foo(s: sphere) -> float:
+        return s.center[0] + s.center[1] * 10 + s.center[2] * 100 + s.radius
+
+    assert foo(sphere(center=ti.math.vec3([1, 2, 3]), radius=0.5)) == pytest.approx(321.5)
+    with pytest.raises(ti.TaichiRuntimeTypeError):
+        foo(other(center=ti.Vector(list(range(1, center + 1)), ti.f32), radius=0.5))
