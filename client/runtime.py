@@ -25,7 +25,6 @@ import base64
 import contextlib
 import itertools
 import numbers
-import operator
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -34,7 +33,7 @@ import numpy as np
 
 from difftape.ad import Tape, _Entry
 from difftape.autodiff.lost import Flow, lost_flow
-from difftape.errors import ArgumentError, DifftapeError, IndexOutOfRangeError, ShapeError
+from difftape.errors import ArgumentError, DifftapeError, ShapeError
 from difftape.frontend import builder as _b
 from difftape.frontend.annotations import NdarrayType
 from difftape.frontend.field import Field, _to_python
@@ -49,7 +48,6 @@ from difftape.frontend.kernel import (
 from difftape.frontend.matrix import Matrix, MatrixType, Vector
 from difftape.frontend.struct import StructType
 from difftape.ir import serialize
-from difftape.ir.passes.bounds import OUT_OF_RANGE
 from difftape.ir.serialize import from_jsonable
 
 from .derivatives import Unrecordable, jacobian, second_order
@@ -487,20 +485,8 @@ class RemoteField(Field):
                             "and has no local array; use to_numpy() / from_numpy()")
 
     def _index(self, key) -> list[int]:
-        """A Python-scope index, checked here as NumPy checks it locally."""
-        out = []
-        for axis, (k, n) in enumerate(zip(key, self.shape, strict=True)):
-            try:
-                i = operator.index(k)
-            except TypeError:
-                raise IndexError(f"{self._label()}: only integer indices are supported with "
-                                 f"arch=ti.remote, got {k!r:.40}") from None
-            if not 0 <= i < n:  # as locally: no wrap-around of negative indices
-                raise IndexOutOfRangeError(
-                    f"{OUT_OF_RANGE.format(i)} out of range for axis {axis} of "
-                    f"'{self._label()}' with shape {self.shape}")
-            out.append(i)
-        return out
+        """A Python-scope index, checked here exactly as the local field checks it."""
+        return list(self._host_index(key))
 
     def __getitem__(self, key):
         if _b.current() is not None:
