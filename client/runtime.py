@@ -24,7 +24,6 @@ import atexit
 import base64
 import contextlib
 import itertools
-import numbers
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -33,10 +32,10 @@ import numpy as np
 
 from difftape.ad import Tape, _Entry
 from difftape.autodiff.lost import Flow, lost_flow
-from difftape.errors import ArgumentError, DifftapeError, ShapeError
+from difftape.errors import ArgumentError, DifftapeError
 from difftape.frontend import builder as _b
 from difftape.frontend.annotations import NdarrayType
-from difftape.frontend.field import Field, _to_python
+from difftape.frontend.field import Field, _to_python, checked_shape
 from difftape.frontend.kernel import (
     LOST_ROLE,
     arg_component,
@@ -463,12 +462,7 @@ class RemoteField(Field):
         return self._program.remote
 
     def _allocate(self, shape) -> None:
-        if isinstance(shape, numbers.Integral):
-            shape = (int(shape),)
-        shape = tuple(int(s) for s in shape)
-        if any(s <= 0 for s in shape):
-            raise ShapeError(f"field shape must be positive, got {shape}")
-        self._shape = shape
+        self._shape = shape = checked_shape(shape)
         if self.role == "primal":
             self._remote.queue({"op": "create_field", "id": self.id, "dtype": self.dtype.name,
                                 "shape": list(shape), "element_shape": list(self.element_shape),

@@ -49,6 +49,16 @@ def bind(**names: object) -> None:
     globals().update(names)
 
 
+def checked_shape(shape) -> tuple[int, ...]:
+    """A field's shape as a tuple of positive ints (an int is a 1-D shape)."""
+    if isinstance(shape, numbers.Integral):
+        shape = (int(shape),)
+    shape = tuple(int(s) for s in shape)
+    if any(s <= 0 for s in shape):
+        raise ShapeError(f"field shape must be positive, got {shape}")
+    return shape
+
+
 _field_ids = itertools.count(1)
 
 
@@ -84,12 +94,7 @@ class Field(ArrayExchange):
 
     # ------------------------------------------------------------------ allocation
     def _allocate(self, shape) -> None:
-        if isinstance(shape, numbers.Integral):
-            shape = (int(shape),)
-        shape = tuple(int(s) for s in shape)
-        if any(s <= 0 for s in shape):
-            raise ShapeError(f"field shape must be positive, got {shape}")
-        self._shape = shape
+        self._shape = shape = checked_shape(shape)
         self._arr = np.zeros(shape + self.element_shape, dtype=self.dtype.np)
         if self.role == "primal":
             self._program.fields[self.id] = self

@@ -83,6 +83,17 @@ def operator(fn: Callable[[], object], inputs: Sequence, outputs: Sequence,
     return Operator(fn, inputs, outputs, name)
 
 
+def _vjp(p, n_out: int, saved, ws):
+    """The program's vector-Jacobian products for a saved ``(outputs, inputs)`` call and the
+    cotangents ``ws`` (None: zero): the adjoints of the outputs and of the inputs."""
+    us, xs = saved[:n_out], saved[n_out:]
+    return p.vjp_derivative(
+        [_numpy_in(x, f"{p.name}: input {k}") for k, x in enumerate(xs)],
+        [_numpy_in(u, f"{p.name}: cotangent {k}") for k, u in enumerate(us)],
+        [None if w is None else _numpy_in(w, f"{p.name}: cotangent {k}")
+         for k, w in enumerate(ws)])
+
+
 def _numpy_in(t: torch.Tensor, what: str) -> np.ndarray:
     """The tensor's memory as a NumPy array (no copy)."""
     if t.device.type != "cpu":
@@ -158,12 +169,7 @@ class _VJP(torch.autograd.Function):
     def backward(ctx, *ws):
         p = ctx.op.program
         args = ctx.saved_tensors
-        us, xs = args[:ctx.n_out], args[ctx.n_out:]
-        d_us, d_xs = p.vjp_derivative(
-            [_numpy_in(x, f"{p.name}: input {k}") for k, x in enumerate(xs)],
-            [_numpy_in(u, f"{p.name}: cotangent {k}") for k, u in enumerate(us)],
-            [None if w is None else _numpy_in(w, f"{p.name}: cotangent {k}")
-             for k, w in enumerate(ws)])
+        d_us, d_xs = _vjp(p, ctx.n_out, args, ws)
         return (None, None, None, *(torch.from_numpy(d) for d in d_us),
                 *(torch.from_numpy(d) for d in d_xs))
 
@@ -220,12 +226,7 @@ def _register(op: Operator):
 
     def backward_vjp(ctx, ws):
         args = ctx.saved_tensors
-        us, xs = args[:ctx.n_out], args[ctx.n_out:]
-        d_us, d_xs = p.vjp_derivative(
-            [_numpy_in(x, f"{p.name}: input {k}") for k, x in enumerate(xs)],
-            [_numpy_in(u, f"{p.name}: cotangent {k}") for k, u in enumerate(us)],
-            [None if w is None else _numpy_in(w, f"{p.name}: cotangent {k}")
-             for k, w in enumerate(ws)])
+        d_us, d_xs = _vjp(p, ctx.n_out, args, ws)
         return [torch.from_numpy(d) for d in d_us], [torch.from_numpy(d) for d in d_xs]
 
     forward.register_autograd(backward, setup_context=setup)
