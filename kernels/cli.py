@@ -8,6 +8,7 @@ set (TI_ARCH, Taichi's variable, is followed too; DIFFTAPE_ARCH comes first).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -18,7 +19,11 @@ from .runtime import cache, program
 
 
 def _demo(args: argparse.Namespace) -> int:
-    return demo_main(steps=args.steps, remote=args.remote)
+    if args.server and not args.remote:
+        raise SystemExit("difftape demo: --server is for --remote (compare a run on that server "
+                         "with a local one)")
+    return demo_main(steps=args.steps, remote=args.remote, server=args.server,
+                     token=args.token or os.environ.get("DIFFTAPE_TOKEN"))
 
 
 def _info(args: argparse.Namespace) -> int:
@@ -156,6 +161,10 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--remote", action="store_true",
                    help="start a loopback difftape server and run the demo through the client "
                         "(needs the 'server' extra)")
+    d.add_argument("--server", metavar="URL",
+                   help="with --remote: run against this running server (e.g. a container) "
+                        "instead of starting one on loopback")
+    d.add_argument("--token", help="with --server: the bearer token (default DIFFTAPE_TOKEN)")
     d.set_defaults(fn=_demo)
     i = sub.add_parser("info", help="show the compiler, CPU features and cache location")
     i.set_defaults(fn=_info)

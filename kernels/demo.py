@@ -22,12 +22,17 @@ import numpy as np
 import difftape as ti  # the demo is a user program: it uses the public API
 
 
-def main(steps: int = 200, remote: bool = False) -> int:
+def main(steps: int = 200, remote: bool = False, server: str | None = None,
+         token: str | None = None) -> int:
+    """Run the demo locally, or with ``remote`` through a server and compare with a local run.
+
+    ``server``/``token`` name a running server (a container, a lab machine) to check instead of
+    one started on loopback for the demo: the same remote == local comparison, against it."""
     if not remote:
         _report(_simulate(steps, dict(arch=None)), steps, where="locally")
         return 0
     with _no_arch_from_environment():
-        with _local_server() as (url, token):
+        with _given_or_local_server(server, token) as (url, token):
             there = _simulate(steps, dict(arch="remote", server=url, token=token))
         here = _simulate(steps, dict(arch=None, debug=True))
     _report(there, steps, where=f"on the server at {url}")
@@ -51,6 +56,19 @@ def _no_arch_from_environment():
         yield
     finally:
         os.environ.update(saved)
+
+
+@contextlib.contextmanager
+def _given_or_local_server(server: str | None, token: str | None):
+    if server is None:
+        with _local_server() as found:
+            yield found
+        return
+    if not token:
+        raise SystemExit("difftape demo --remote --server URL needs a token: --token TOKEN or "
+                         "DIFFTAPE_TOKEN (make one with `difftape token create NAME` on the "
+                         "server's machine)")
+    yield server.rstrip("/"), token
 
 
 @contextlib.contextmanager

@@ -1,5 +1,6 @@
 """``difftape demo --remote``: the Quick start's demo through a real loopback server."""
 
+import os
 import subprocess
 import sys
 
@@ -10,3 +11,15 @@ def test_demo_remote_matches_local_run():
     assert out.returncode == 0, out.stdout + out.stderr
     assert "on the server at http://127.0.0.1:" in out.stdout
     assert "positions identical bit for bit" in out.stdout
+
+
+def test_demo_server_flag_needs_remote_and_a_token():
+    """``--server URL`` points the remote == local check at a running server (a container, a
+    lab machine); it means nothing without --remote, and says where a token comes from."""
+    base = [sys.executable, "-m", "difftape.cli", "demo", "--server", "http://127.0.0.1:9"]
+    out = subprocess.run(base, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "--server is for --remote" in out.stderr
+    env = {k: v for k, v in os.environ.items() if k != "DIFFTAPE_TOKEN"}
+    out = subprocess.run(base + ["--remote"], capture_output=True, text=True, timeout=120,
+                         env=env)
+    assert out.returncode != 0 and "difftape token create" in out.stderr

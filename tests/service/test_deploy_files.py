@@ -1,8 +1,9 @@
 """The deployment files (Dockerfile, deploy/) agree with the code they deploy.
 
 What is checked, without Docker, a cluster or systemd:
-- the Dockerfile: CPU by default, a CUDA stage with the `cuda` extra, no build tools in the
-  runtime stages, a numeric non-root USER, a HEALTHCHECK on /livez, the entrypoint;
+- the Dockerfile: CPU by default, a CUDA target with the `cuda` extra, stages Podman can
+  resolve, no build tools in the runtime stages, a numeric non-root USER, a HEALTHCHECK on
+  /livez, the entrypoint;
 - the probes and healthchecks name routes that `create_app` really serves, and send a Host
   header the server allows;
 - every DIFFTAPE_* variable set anywhere is a field of `difftape.server.settings.Settings`
@@ -221,38 +222,77 @@ def probe_specs_text() -> list[tuple[str, str, str | None]]:
 
 
 # ------------------------------------------------------------------------------ Dockerfile
-def test_dockerfile_cpu_by_default_cuda_by_argument():
-    args, stages, _ = dockerfile_stages()
-    assert args["TARGET"] == "cpu"
-    for name in ("build-cpu", "build-cuda", "base-cpu", "base-cuda", "build"):
+def test_dockerfile_cpu_by_default_cuda_by_target():
+    args, stages, final = dockerfile_stages()
+    for name in ("build-cpu", "build-cuda", "base-cpu", "base-cuda", "cuda", "cpu"):
         assert name in stages, f"stage {name} missing"
-    assert stages["build"][0][1].split()[0] == "build-${TARGET}"
+    # The last stage is what a plain `docker build .` / `podman build .` makes.
+    assert final is stages["cpu"]
     base_cuda = expand(stages["base-cuda"][0][1], args)
     base_cuda = expand(base_cuda, args)
     assert base_cuda.startswith("nvidia/cuda:12.") and "-runtime-" in base_cuda, base_cuda
     assert "-devel-" in expand(expand(stages["build-cuda"][0][1], args), args)
-    installs = [r for w, r in stages["build-cuda"] if w == "RUN" and "pip install" in r]
-    assert any("cuda" in r.split("pip install", 1)[1] for r in installs), installs
-    cpu_installs = [r for w, r in stages["build-cpu"] if w == "RUN" and "pip install" in r]
-    assert cpu_installs and not any("cuda" in r.split("pip install", 1)[1]
+    installs = [r for w, r in stages["build-cuda"] if w == "RUN" and "pip-install" in r]
+    assert any("cuda" in r.split("pip-install", 1)[1] for r in installs), installs
+    cpu_installs = [r for w, r in stages["build-cpu"] if w == "RUN" and "pip-install" in r]
+    assert cpu_installs and not any("cuda" in r.split("pip-install", 1)[1]
                                     for r in cpu_installs)
 
 
+def test_dockerfile_builds_with_podman_and_behind_a_proxy():
+    """Podman 4.3 (Buildah 1.28) looks a stage name computed from a build argument up as an
+    image (`FROM build-${TARGET}`: "short-name did not resolve"): a FROM names either an image
+    (possibly through an ARG) or, literally, an earlier stage. pip honours a CA bundle secret
+    and index build arguments through the one install script."""
+    args, stages, _ = dockerfile_stages()
+    seen: set[str] = set()
+    for name, instructions in stages.items():
+        source = instructions[0][1].split()[0]
+        if "$" in source:
+            assert source.strip("${}") in args, f"stage {name}: FROM {source}"
+        else:
+            assert source in seen or ":" in source or "/" in source, f"stage {name}: {source}"
+        seen.add(name)
+    script = DEPLOY / "image" / "pip-install.sh"
+    text = script.read_text()
+    assert "/run/secrets/pip_ca" in text and "PIP_CERT" in text
+    for build in ("build-cpu", "build-cuda"):
+        runs = [r for w, r in stages[build] if w == "RUN" and "pip-install" in r]
+        assert runs and all("--mount=type=secret,id=pip_ca" in r for r in runs), runs
+        assert ("ARG", "PIP_INDEX_URL PIP_EXTRA_INDEX_URL") in stages[build]
+    ignored = (ROOT / ".dockerignore").read_text().splitlines()
+    assert "!deploy/image/pip-install.sh" in ignored
+
+
+def test_dockerfile_cpu_and_cuda_images_are_the_same_steps():
+    """The two final stages differ only in their base and the build stage they copy from."""
+    _, stages, _ = dockerfile_stages()
+
+    def steps(target: str) -> list[tuple[str, str]]:
+        out = []
+        for word, rest in stages[target][1:]:
+            out.append((word, rest.replace(f"build-{target}", "build-T")
+                        .replace(f"({target})", "(T)")))
+        return out
+
+    assert stages["cpu"][0][1] == "base-cpu AS cpu"
+    assert stages["cuda"][0][1] == "base-cuda AS cuda"
+    assert steps("cpu") == steps("cuda")
+
+
 def test_dockerfile_runtime_has_no_build_tools():
-    _, stages, final = dockerfile_stages()
-    assert final[0][1].split()[0] == "base-${TARGET}"
+    _, stages, _ = dockerfile_stages()
     tools = {"build-essential", "gcc", "g++", "make", "cmake", "python3-dev", "python3-pip"}
 
     def builds(text: str) -> bool:
         return bool(tools & set(text.split())) or "-devel-" in text or "pip install" in text
 
-    for name in ("base-cpu", "base-cuda"):
+    for name in ("base-cpu", "base-cuda", "cpu", "cuda"):
         for word, rest in stages[name]:
             assert not builds(rest), f"{name}: {word} {rest}"
-    for word, rest in final:
-        assert not builds(rest), f"final stage: {word} {rest}"
-    copies = [r for w, r in final if w == "COPY"]
-    assert copies == ["--from=build /opt/venv /opt/venv"], copies
+    for target in ("cpu", "cuda"):
+        copies = [r for w, r in stages[target] if w == "COPY"]
+        assert copies == [f"--from=build-{target} /opt/venv /opt/venv"], copies
 
 
 def test_dockerfile_runs_as_numeric_non_root_user():
@@ -483,7 +523,7 @@ def test_yaml_files_parse_without_tabs():
 @needs_yaml
 def test_compose():
     svc = yaml_docs(COMPOSE)[0]["services"]["difftape"]
-    assert svc["build"]["context"] == ".." and svc["build"]["args"]["TARGET"] == "cpu"
+    assert svc["build"]["context"] == ".." and svc["build"]["target"] == "cpu"
     assert (DEPLOY / svc["build"]["context"] / svc["build"]["dockerfile"]).resolve() == DOCKERFILE
     assert svc["ports"] == ["127.0.0.1:8000:8000"], "publish on the host's loopback only"
     assert svc["volumes"] == ["difftape-data:/data"]
@@ -498,7 +538,7 @@ def test_compose():
         assert isinstance(value, str), "quote environment values"
 
     gpu = yaml_docs(COMPOSE_GPU)[0]["services"]["difftape"]
-    assert gpu["build"]["args"]["TARGET"] == "cuda"
+    assert gpu["build"]["target"] == "cuda"
     assert gpu["environment"]["DIFFTAPE_ARCH"] == "cuda"
     (dev,) = gpu["deploy"]["resources"]["reservations"]["devices"]
     assert dev["driver"] == "nvidia" and dev["capabilities"] == ["gpu"] and dev["count"] == 1
