@@ -49,7 +49,7 @@ from difftape.frontend.struct import StructType
 from difftape.ir import serialize
 from difftape.ir.serialize import from_jsonable
 
-from .derivatives import Unrecordable, jacobian, second_order
+from .derivatives import Unrecordable, jacobian, newton, second_order
 
 #: Queued ops beyond this many are sent without waiting for a synchronisation point.
 MAX_QUEUE = 4096
@@ -388,6 +388,10 @@ class RemoteRuntime:
     def second_order(self, fn, loss, ps: list, vectors: list | None) -> np.ndarray | None:
         """``ti.ad.hvp`` (one vector) or ``hessian`` (``vectors`` None) in one request."""
         return second_order(self, fn, loss, ps, vectors)
+
+    def newton(self, fn, loss, ps: list, tol: float, max_iter: int):
+        """``ti.ad.newton`` in one request; None if ``fn`` cannot be recorded."""
+        return newton(self, fn, loss, ps, tol, max_iter)
 
     def clear_grads(self) -> None:
         self.queue({"op": "clear_grads"})

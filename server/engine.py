@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 
 from difftape import types as T
+from difftape.ad.newton import check_options as newton_options
+from difftape.ad.newton import iterate as newton_iterate
 from difftape.errors import ArgumentError, CompileError, DifftapeError, ShapeError
 from difftape.frontend.field import Field
 from difftape.frontend.kernel import (
@@ -66,6 +68,19 @@ class QuotaExceededError(DifftapeError):
     def __init__(self, message: str, *, limit: str) -> None:
         super().__init__(message)
         self.limit = limit
+
+
+def _f64_from_b64(text: Any, what: str) -> np.ndarray:
+    """Raw float64 values (C order, little-endian) sent as base64 inside a batch."""
+    if not isinstance(text, str):
+        raise EngineError(f"{what} must be base64 text of float64 values")
+    try:
+        data = base64.b64decode(text, validate=True)
+    except ValueError:
+        raise EngineError(f"{what} is not valid base64") from None
+    if len(data) % 8:
+        raise EngineError(f"{what}: {len(data)} bytes is not a whole number of float64 values")
+    return np.frombuffer(data, dtype="<f8")
 
 
 def _decode_ir(data: Any) -> KernelIR:
@@ -549,28 +564,19 @@ class Engine:
         role = spec.get("role")
         return [self._storage({"id": fid, "role": role}) for fid in spec["fields"]]
 
-    def op_sweep(self, op: dict) -> dict:
-        """Columns of a derivative matrix: for each seed vector (or each one-hot vector
-        over the seed storages), clear (``clear_duals``/``clear_grads``), write the seed,
-        run the program and read the ``read`` storages, flattened. ``before`` runs once
-        first and ``after`` once at the end. Local: ``autodiff/functional.py``."""
-        self._run_program(op.get("before", []), "sweep")
-        clear = op.get("clear")
+    def _sweep(self, clear: Any, seeds: list[Field], reads: list[Field], program: Any,
+               vectors: np.ndarray | None) -> np.ndarray:
+        """For each seed vector (rows of ``vectors``; None: each one-hot vector over the seed
+        storages): clear (``clear_duals``/``clear_grads``), write the seed, run the program
+        and read the ``read`` storages, flattened. Returns (columns, read scalars) float64."""
         if clear not in ("clear_duals", "clear_grads"):
             raise EngineError("sweep: 'clear' must be 'clear_duals' or 'clear_grads'")
-        seeds = self._storages(op.get("seed"), "sweep seed")
-        reads = self._storages(op.get("read"), "sweep read")
         sizes = [s.arr.size for s in seeds]
         total = sum(sizes)
-        vectors = op.get("vectors")
-        if vectors is None:
-            count = total
-        elif isinstance(vectors, list) and all(isinstance(v, list) and len(v) == total
-                                               for v in vectors):
-            count = len(vectors)
-        else:
-            raise EngineError(f"sweep: 'vectors' must be null or lists of {total} numbers")
-        columns = []
+        count = total if vectors is None else len(vectors)
+        if vectors is not None and vectors.shape[1:] != (total,):
+            raise EngineError(f"sweep: each seed vector must have {total} values")
+        columns = np.zeros((count, sum(r.arr.size for r in reads)), dtype=np.float64)
         for c in range(count):
             self.execute({"op": clear})
             if vectors is None:
@@ -580,17 +586,84 @@ class Engine:
                         s.arr.reshape(-1)[k] = 1  # (cleared: the rest of every seed is 0)
                     k -= n
             else:
-                flat = np.asarray(from_jsonable(vectors[c]), dtype=np.float64)
                 k = 0
                 for s, n in zip(seeds, sizes, strict=True):
-                    s.arr.reshape(-1)[:] = flat[k:k + n].astype(s.dtype.np)
+                    s.arr.reshape(-1)[:] = vectors[c, k:k + n].astype(s.dtype.np)
                     k += n
-            self._run_program(op.get("program", []), "sweep")
-            col = np.concatenate([r.arr.reshape(-1).astype(np.float64) for r in reads]) \
-                if reads else np.zeros(0)
-            columns.append(jsonable(col.tolist()))
+            self._run_program(program, "sweep")
+            if reads:
+                columns[c] = np.concatenate([r.arr.reshape(-1) for r in reads])
+        return columns
+
+    def op_sweep(self, op: dict) -> dict:
+        """Columns of a derivative matrix (see :meth:`_sweep`); ``before`` runs once first and
+        ``after`` once at the end. Seeds and columns travel as raw float64 bytes (base64),
+        never as lists of numbers. Local: ``ad/functional.py``."""
+        self._run_program(op.get("before", []), "sweep")
+        seeds = self._storages(op.get("seed"), "sweep seed")
+        reads = self._storages(op.get("read"), "sweep read")
+        vectors = op.get("vectors")
+        if vectors is not None:
+            total = sum(s.arr.size for s in seeds)
+            flat = _f64_from_b64(vectors, "sweep: 'vectors'")
+            if total == 0 or flat.size % total:
+                raise EngineError(f"sweep: 'vectors' must hold whole seed vectors of {total} "
+                                  "float64 values")
+            vectors = flat.reshape(-1, total)
+        columns = self._sweep(op.get("clear"), seeds, reads, op.get("program", []), vectors)
         self._run_program(op.get("after", []), "sweep")
-        return {"columns": columns}
+        return {"columns": base64.b64encode(columns.tobytes()).decode("ascii"),
+                "shape": list(columns.shape)}
+
+    def op_newton(self, op: dict) -> dict:
+        """``ti.ad.newton`` as one op: the iteration of ``difftape.ad.newton.iterate`` (the
+        very function a local solve runs) over three recorded programs: ``value_grad`` (the
+        Tape over the loss), ``hessian`` (its forward-over-reverse pass, swept over one-hot
+        seeds as ``sweep`` does) and ``primal`` (the loss alone, for the line search)."""
+        loss = self._storage({"id": op.get("loss"), "role": "primal"})
+        ids = op.get("params")
+        if not isinstance(ids, list) or not ids:
+            raise EngineError("newton: 'params' must be a non-empty list of field ids")
+        params = [self._storage({"id": i, "role": "primal"}) for i in ids]
+        grads = [self._storage({"id": i, "role": "grad"}) for i in ids]
+        duals = [self._storage({"id": i, "role": "dual"}) for i in ids]
+        grad_duals = [self._storage({"id": i, "role": "grad_dual"}) for i in ids]
+        tol, max_iter = op.get("tol"), op.get("max_iter")
+        if not isinstance(tol, int | float) or isinstance(tol, bool):
+            raise EngineError("newton: 'tol' must be a number")
+        newton_options(float(tol), max_iter)
+        programs = {k: op.get(k) for k in ("value_grad", "hessian", "primal")}
+        engine = self
+
+        class Steps:
+            def value_and_grad(self) -> tuple[float, np.ndarray]:
+                engine._run_program(programs["value_grad"], "newton")
+                return float(loss.arr.reshape(-1)[0]), np.concatenate(
+                    [g.arr.reshape(-1).astype(np.float64) for g in grads])
+
+            def hessian(self) -> np.ndarray:
+                cols = engine._sweep("clear_duals", duals, grad_duals, programs["hessian"],
+                                     None)
+                engine.execute({"op": "clear_duals"})
+                return np.ascontiguousarray(cols.T)
+
+            def get(self) -> np.ndarray:
+                return np.concatenate([p.arr.reshape(-1).astype(np.float64) for p in params])
+
+            def set(self, flat: np.ndarray) -> None:
+                k = 0
+                for p in params:
+                    n = p.arr.size
+                    p.arr[...] = flat[k:k + n].astype(p.dtype.np).reshape(p.arr.shape)
+                    k += n
+
+            def value(self) -> float:
+                engine._run_program(programs["primal"], "newton")
+                return float(loss.arr.reshape(-1)[0])
+
+        r = newton_iterate(Steps(), float(tol), max_iter)
+        return {"iterations": r.iterations, "loss": jsonable(r.loss),
+                "grad_norm": jsonable(r.grad_norm), "converged": r.converged}
 
     def op_snapshot(self, op: dict) -> dict:
         """Keep a copy of every field's values (``Tape(grad_check=...)`` on entry)."""
@@ -734,6 +807,7 @@ _HANDLERS = {
     "seed": Engine.op_seed,
     "batch": Engine.op_batch,
     "sweep": Engine.op_sweep,
+    "newton": Engine.op_newton,
     "snapshot": Engine.op_snapshot,
     "grad_check": Engine.op_grad_check,
     "save": Engine.op_save,

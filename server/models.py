@@ -147,10 +147,25 @@ class SweepOp(Strict):
     before: Program = []
     clear: Literal["clear_duals", "clear_grads"]
     seed: Storages
-    vectors: list[list[Number | NonFinite]] | None = Field(default=None, max_length=100_000)
+    # float64 seed vectors, C order, base64 (arrays travel as bytes, not lists of numbers)
+    vectors: Annotated[str, Field(max_length=64 << 20)] | None = None
     program: Program
     read: Storages
     after: Program = []
+
+
+class NewtonOp(Strict):
+    """``ti.ad.newton`` in one op: the recorded ``value_grad`` (Tape over the loss),
+    ``hessian`` (forward-over-reverse) and ``primal`` programs, see PROTOCOL.md."""
+
+    op: Literal["newton"] = "newton"
+    loss: FieldId
+    params: list[FieldId] = Field(min_length=1, max_length=10_000)
+    tol: Annotated[float, Field(ge=0)]
+    max_iter: Annotated[int, Field(ge=0, le=10_000)]
+    value_grad: Program
+    hessian: Program
+    primal: Program
 
 
 class SnapshotOp(Strict):
@@ -170,18 +185,18 @@ class GradCheckOp(Strict):
 
 BatchOp = Annotated[
     CreateFieldOp | CompanionOp | FillOp | SetItemOp | GetItemOp | GetBytesOp | SetBytesOp
-    | RegisterOp | LaunchOp | ClearGradsOp | ClearDualsOp | SeedOp | SweepOp | SnapshotOp
-    | GradCheckOp,
+    | RegisterOp | LaunchOp | ClearGradsOp | ClearDualsOp | SeedOp | SweepOp | NewtonOp
+    | SnapshotOp | GradCheckOp,
     Field(discriminator="op"),
 ]
 
 
 def op_count(ops: list[dict]) -> int:
-    """Ops a batch or job carries, those inside sweep/grad_check programs included (the
-    ``batch_ops`` quota)."""
+    """Ops a batch or job carries, those inside sweep/newton/grad_check programs included
+    (the ``batch_ops`` quota)."""
     n = len(ops)
     for op in ops:
-        for key in ("before", "program", "after"):
+        for key in ("before", "program", "after", "value_grad", "hessian", "primal"):
             inner = op.get(key)
             if isinstance(inner, list):
                 n += len(inner)

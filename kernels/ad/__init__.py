@@ -6,7 +6,8 @@ order. Each recorded kernel's adjoint is compiled when it is first recorded, so 
 gradient cannot be computed correctly is refused (``GradientRuleError``) before it runs.
 
 Program-level AD API: the tape (``tape``), jvp/vjp/jacobian/hessian of programs of kernel
-launches (``functional``) and the tape's graph (``graph``) sit on the frontend; the IR
+launches (``functional``), Newton's method on them (``newton``) and the tape's graph
+(``graph``) sit on the frontend; the IR
 transforms they drive are in ``difftape.autodiff``.
 """
 
@@ -18,6 +19,7 @@ from ..frontend.field import Field
 from ..runtime import program
 from . import functional as _fn
 from .functional import clear_all_duals, hessian, hvp, jacobian
+from .newton import NewtonResult, newton
 from .tape import (
     GradientCheckError,
     GradientRuleError,
@@ -32,7 +34,7 @@ from .tape import (
 
 __all__ = ["Tape", "FwdMode", "clear_all_gradients", "clear_all_duals", "grad_for",
            "grad_replaced", "no_grad", "GradientCheckError", "grad", "jvp", "vjp", "jacobian",
-           "hvp", "hessian", "GradientRuleError"]
+           "hvp", "hessian", "newton", "NewtonResult", "GradientRuleError"]
 
 _ = (_Entry, prog_tape_off)  # names ti.ad had before the split (difftape.client uses _Entry)
 

@@ -1,6 +1,7 @@
 """What a remote program costs in round trips (issue 18), counted by the client
 (``ti.remote_stats()``), against a real server: derivative helpers that loop over launches
-and reads locally (``ti.ad.jacobian``, ``hessian``, ``hvp``, ``Tape(grad_check=...)``) are
+and reads locally (``ti.ad.jacobian``, ``hessian``, ``hvp``, ``newton``,
+``Tape(grad_check=...)``) are
 one request each, with results equal bit for bit to the local ones.
 """
 
@@ -95,6 +96,59 @@ def test_derivative_helpers_are_one_round_trip_each(remote):
     np.testing.assert_allclose(h, h.T, rtol=1e-12, atol=1e-12)  # sanity: a Hessian
     np.testing.assert_allclose(here["hvp"].reshape(-1), h @ np.linspace(-1, 1, 6),
                                rtol=1e-12, atol=1e-12)
+
+
+def hanging_chain(n_free: int = 4):
+    """examples/newton.py's problem, small: a chain pinned at both ends, sagging under
+    gravity; a strict minimum, so Newton converges quadratically."""
+    n = n_free + 2
+    x = ti.Vector.field(2, ti.f64, shape=n_free, needs_grad=True)
+    energy = ti.field(ti.f64, shape=(), needs_grad=True)
+    rest = 0.8 / (n - 1)
+
+    @ti.func
+    def pos(k):
+        p = ti.Vector([0.0, 0.0])
+        if k == n - 1:
+            p = ti.Vector([1.0, 0.0])
+        elif k > 0:
+            p = x[k - 1]
+        return p
+
+    @ti.kernel
+    def compute_energy():
+        for s in range(n - 1):
+            d = (pos(s + 1) - pos(s)).norm()
+            energy[None] += 0.5 * 200.0 * (d - rest) ** 2
+        for i in x:
+            energy[None] += 9.81 * 0.01 * x[i].y
+
+    def run():
+        energy.fill(0)
+        compute_energy()
+
+    t = np.linspace(0, 1, n)[1:-1]
+    x.from_numpy(np.stack([t, np.zeros_like(t)], axis=1))
+    return x, energy, run
+
+
+def newton_program():
+    x, energy, run = hanging_chain()
+    ti.sync()
+    result, cost = trips(lambda: ti.ad.newton(run, energy, x, tol=1e-11))
+    return {"x": x.to_numpy(), "iterations": result.iterations, "loss": result.loss,
+            "grad_norm": result.grad_norm, "converged": result.converged}, cost
+
+
+def test_newton_solve_is_one_round_trip(remote):
+    """``ti.ad.newton`` (gradient, dense Hessian, solve and line search, every iteration) is
+    one request, and takes exactly the local solve's steps: same iterations, same result bit
+    for bit (the server runs the same iteration function over the recorded programs)."""
+    here, free = run_local(newton_program)
+    there, cost = remote(newton_program)
+    assert free == 0 and cost == 1
+    same(here, there)
+    assert here["converged"] and 2 <= here["iterations"] < 50
 
 
 def test_grad_check_is_one_round_trip(remote):

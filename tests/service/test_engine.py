@@ -8,6 +8,8 @@ math), so unchecked local code may differ in the last bit. Sizes are small enoug
 every loop runs on one thread, so float reductions happen in the same order in both.
 """
 
+import base64
+
 import numpy as np
 import pytest
 
@@ -305,7 +307,9 @@ def test_save_load_and_warm_cache(tmp_path, local):
     ({"program": [{"op": "register", "ir": {}}]}, "cannot be part of a program"),
     ({"program": [{"op": "get_item", "id": 1, "index": [0]}]}, "cannot be part of a program"),
     ({"clear": "clear_all"}, "'clear' must be"),
-    ({"vectors": [[1.0, 2.0]]}, "'vectors' must be"),
+    ({"vectors": [[1.0, 2.0]]}, "'vectors' must be base64"),
+    ({"vectors": base64.b64encode(np.ones(N + 1).tobytes()).decode()}, "whole seed vectors"),
+    ({"vectors": "not base64!"}, "not valid base64"),
 ])
 def test_sweep_refusals(engine, local, bad, match):
     """A sweep repeats only ops that neither create nor read; its seeds match the seed
@@ -325,7 +329,9 @@ def test_sweep_one_hot_columns(engine, local):
     res, _ = engine.execute({"op": "sweep", "clear": "clear_grads", "program": [],
                              "seed": {"role": "grad", "fields": [local.x.id]},
                              "read": {"role": "grad", "fields": [local.x.id]}})
-    np.testing.assert_array_equal(np.array(res["columns"]), np.eye(N))
+    assert res["shape"] == [N, N]
+    cols = np.frombuffer(base64.b64decode(res["columns"]), dtype="<f8").reshape(N, N)
+    np.testing.assert_array_equal(cols, np.eye(N))
 
 
 def test_grad_check_needs_its_snapshot(engine, local):
