@@ -225,6 +225,24 @@ def polar_decompose(A, dt=None):
     return _linalg().polar_decompose(A, _ops_mod.resolve_dtype(dt if dt is not None else float))
 
 
+def solve(A, b, dt=None):
+    """``ti.solve(A, b)`` -> x with A @ x == b (2x2 or 3x3, partial pivoting), inside kernels;
+    a singular A is a run-time error."""
+    return _linalg().solve(A, b, dt)
+
+
+def sym_eig(A, dt=None):
+    """``ti.sym_eig(A)`` -> (eigenvalues, eigenvectors as columns) of a symmetric 2x2 or 3x3
+    matrix, inside kernels."""
+    return _linalg().sym_eig(A, dt)
+
+
+def eig(A, dt=None):
+    """``ti.eig(A)`` -> (eigenvalues as (re, im) rows, eigenvectors as columns of
+    (re0, im0, re1, im1)) of a real 2x2 matrix, inside kernels."""
+    return _linalg().eig(A, dt)
+
+
 # ``ti.types`` offers the frontend's type constructors beside the scalar types; ``types`` is
 # the ground floor, so the API puts them there (types.provide) rather than types importing up.
 types.provide(
