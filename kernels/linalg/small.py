@@ -1,9 +1,9 @@
-from . import types as T
-from .frontend import builder as _b
-from .frontend import ops
-from .frontend.decorators import func
-from .frontend.matrix import Matrix, Vector
-from .frontend.transformer import static
+from .. import types as T
+from ..frontend import builder as _b
+from ..frontend import ops
+from ..frontend.decorators import func
+from ..frontend.matrix import Matrix, Vector
+from ..frontend.transformer import static
 
 # Small dense decompositions written in the kernel language itself.
 #
