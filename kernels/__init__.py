@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import importlib as _importlib
+
 from . import (
     math,  # noqa: E402
     types,  # noqa: E402
@@ -26,6 +28,7 @@ from .errors import (  # noqa: E402
     KernelTypeError,
     OptionError,
     ShapeError,
+    SolverError,
     TaichiAssertionError,
     TaichiCompilationError,
     TaichiIndexError,
@@ -41,6 +44,7 @@ from .frontend import ops as _ops_mod  # noqa: E402
 from .frontend import struct as _struct_mod  # noqa: E402
 from .frontend.annotations import NdarrayType as _NdarrayType  # noqa: E402
 from .frontend.annotations import ref, template  # noqa: E402
+from .frontend.annotations import sparse_matrix_builder as _sparse_matrix_builder  # noqa: E402
 from .frontend.decorators import data_oriented, func, kernel, pyfunc, real_func  # noqa: E402
 from .frontend.field import (  # noqa: E402
     Field,
@@ -197,11 +201,17 @@ def sync() -> None:
 
 
 def _linalg():
-    # Function-level: linalg's funcs are built on the first ti.svd/ti.polar_decompose, not at
-    # `import difftape` (import time).
-    from . import linalg
+    """``difftape.linalg``, imported on first use (ti.svd, ti.linalg.X), not at ``import
+    difftape`` (import time). Through importlib: ``from . import linalg`` would consult this
+    module's ``__getattr__`` and recurse."""
+    return _importlib.import_module(f"{__name__}.linalg")
 
-    return linalg
+
+def __getattr__(name: str):
+    """``ti.linalg``, loaded on first use (see :func:`_linalg`)."""
+    if name == "linalg":
+        return _linalg()
+    raise AttributeError(f"module 'difftape' has no attribute {name!r}")
 
 
 def remote_stats() -> dict[str, int]:
@@ -225,6 +235,24 @@ def polar_decompose(A, dt=None):
     return _linalg().polar_decompose(A, _ops_mod.resolve_dtype(dt if dt is not None else float))
 
 
+def solve(A, b, dt=None):
+    """``ti.solve(A, b)`` -> x with A @ x == b (2x2 or 3x3, partial pivoting), inside kernels;
+    a singular A is a run-time error."""
+    return _linalg().solve(A, b, dt)
+
+
+def sym_eig(A, dt=None):
+    """``ti.sym_eig(A)`` -> (eigenvalues, eigenvectors as columns) of a symmetric 2x2 or 3x3
+    matrix, inside kernels."""
+    return _linalg().sym_eig(A, dt)
+
+
+def eig(A, dt=None):
+    """``ti.eig(A)`` -> (eigenvalues as (re, im) rows, eigenvectors as columns of
+    (re0, im0, re1, im1)) of a real 2x2 matrix, inside kernels."""
+    return _linalg().eig(A, dt)
+
+
 # ``ti.types`` offers the frontend's type constructors beside the scalar types; ``types`` is
 # the ground floor, so the API puts them there (types.provide) rather than types importing up.
 types.provide(
@@ -233,6 +261,7 @@ types.provide(
     struct=_struct_mod.struct,
     ndarray=_NdarrayType,
     template=template,
+    sparse_matrix_builder=_sparse_matrix_builder,
     is_signed=_ops_mod.is_signed,
     is_integral=_ops_mod.is_integral,
     is_real=_ops_mod.is_real,

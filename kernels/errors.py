@@ -132,6 +132,12 @@ class ShapeError(DifftapeError, ValueError):
     """Array shapes do not match (e.g. ``from_numpy`` with the wrong shape)."""
 
 
+class SolverError(DifftapeError, RuntimeError):
+    """A ``ti.linalg`` factorisation or solve that cannot give the right answer: the matrix is
+    singular, or not symmetric / positive definite as the chosen solver requires (Taichi
+    reports these through ``solver.info()`` and returns what the factorisation left)."""
+
+
 # Taichi's exception names (taichi/lang/exception.py), for programs that catch them.
 TaichiCompilationError = CompileError
 TaichiSyntaxError = KernelSyntaxError

@@ -72,6 +72,35 @@ class NdarrayType:
                 f"boundary={self.boundary!r})")
 
 
+
+class SparseMatrixBuilderType(NdarrayType):
+    """``ti.types.sparse_matrix_builder()``: a ``ti.linalg.SparseMatrixBuilder`` argument.
+
+    It is passed like an ndarray (one compiled kernel serves every builder of the same
+    dtype): the builder's triplet storage, an integer array laid out as in
+    :data:`TRIPLET_HEADER`. Inside the kernel ``A[i, j] += v`` (or ``-=``) appends a triplet
+    (``transformer.TripletArg``).
+    """
+
+    def __init__(self) -> None:
+        super().__init__(dtype=None, ndim=1)
+
+    def __repr__(self) -> str:
+        return "sparse_matrix_builder()"
+
+
+def sparse_matrix_builder() -> SparseMatrixBuilderType:
+    return SparseMatrixBuilderType()
+
+
+#: A builder's triplet storage: ``[count, rows, cols]`` then ``(row, col, value bits)`` per
+#: triplet, in the integer type as wide as the value type (i32 for f32, i64 for f64) so that
+#: one array argument carries everything; ``count`` may exceed the capacity after an overflow
+#: (which the launch reports), so ``build()`` can refuse too.
+TRIPLET_HEADER = 3
+#: The value type of a builder whose storage has this integer type.
+TRIPLET_VALUE = {"i32": "f32", "i64": "f64"}
+
 def _element_dtype(element_dim: int | None, element_shape: tuple | None, dtype):
     """The vector/matrix dtype that ``element_dim``/``element_shape`` describe."""
     if isinstance(dtype, MatrixType):

@@ -43,7 +43,7 @@ from ..runtime.foreign import call_with_arrays
 from ..runtime.launch import raise_error_word
 from ..runtime.simgrid import GridKernel
 from . import builder as _b
-from .annotations import NdarrayType, Template, _resolve_annotation
+from .annotations import NdarrayType, SparseMatrixBuilderType, Template, _resolve_annotation
 from .matrix import Matrix, MatrixType
 from .ndarray import Ndarray
 from .ops import resolve_dtype
@@ -120,7 +120,8 @@ class Kernel:
         # ti.types.ndarray() parameters: tensors of other libraries passed there are viewed
         # as NumPy arrays first (runtime/foreign.py).
         self._array_args = tuple(k for k, p in enumerate(self.params)
-                                 if isinstance(p.annotation, NdarrayType))
+                                 if isinstance(p.annotation, NdarrayType)
+                                 and not isinstance(p.annotation, SparseMatrixBuilderType))
         self.last_compile: CompileStats | None = None
         self.no_grad = False  # set by @ti.ad.no_grad: a Tape runs it but never differentiates
         self._adjoint: AdjointKernel | None = None
@@ -878,7 +879,9 @@ def _ndarray_storage(a, role: str) -> np.ndarray:
     if isinstance(a, Ndarray):
         a = a if role == "primal" else getattr(a, role)
         return a.arr
-    return a
+    if isinstance(a, np.ndarray):
+        return a
+    return a._triplets.arr  # a SparseMatrixBuilder (checked by _ndarray_desc)
 
 
 def _ndarray_desc(kernel: str, name: str, ann: NdarrayType, a) -> tuple:
@@ -890,6 +893,12 @@ def _ndarray_desc(kernel: str, name: str, ann: NdarrayType, a) -> tuple:
     def refuse(msg: str) -> ArgumentError:
         return ArgumentError(f"kernel '{kernel}': argument '{name}' {msg}", kernel=kernel)
 
+    if isinstance(ann, SparseMatrixBuilderType):
+        store = getattr(a, "_triplets", None)
+        if not isinstance(store, Ndarray):
+            raise refuse(f"must be a ti.linalg.SparseMatrixBuilder (it is annotated "
+                         f"ti.types.sparse_matrix_builder()), got {type(a).__name__}")
+        return (store.dtype, 1, (), False, "unsafe")
     want = ann.dtype
     if isinstance(a, Ndarray):
         arr, dtype, esh = a.arr, a.dtype, a.element_shape
@@ -958,6 +967,9 @@ def _ndarray_desc(kernel: str, name: str, ann: NdarrayType, a) -> tuple:
 
 def _ndarray_kind(ann: NdarrayType, a) -> tuple | None:
     """Everything :func:`_ndarray_desc` looks at, as a cheap key (None: not an array)."""
+    if isinstance(ann, SparseMatrixBuilderType):
+        store = getattr(a, "_triplets", None)
+        return ("triplets", store.dtype) if isinstance(store, Ndarray) else None
     if isinstance(a, Ndarray):
         return (a.dtype, a.element_shape, a.arr.ndim, a.grad is not None)
     if isinstance(a, np.ndarray):
@@ -991,6 +1003,8 @@ def _element_text(want: MatrixType) -> str:
 
 
 def _scalar_dtype(ann, cfg):
+    if ann is bool:  # Taichi: u1, returned as 0 or 1
+        return T.u1
     if ann is float:
         return cfg.default_fp
     if ann is int:

@@ -8,6 +8,7 @@ kernel values emit typed IR with Taichi's promotion rules; matrices apply elemen
 from __future__ import annotations
 
 import builtins
+import linecache
 import numbers
 import sys
 from collections.abc import Callable
@@ -208,6 +209,28 @@ def to_condition(x) -> Expr:
     if e.dtype.is_float:
         e = Expr(_b.require().emit("ne", T.i32, (e.stmt, const(0.0, e.dtype).stmt)))
     return e
+
+
+def runtime_check(cond, message: str, loc: tuple[str, int] | None = None) -> None:
+    """Check ``cond`` at run time whatever ``ti.init(debug=...)`` says: where it is false the
+    launch ends with a ``KernelAssertionError`` carrying ``message``, the kernel and the line
+    ``loc`` (default: the line being compiled; a library func passes its caller's line).
+
+    For library routines whose result would otherwise be silently wrong (``ti.solve`` of a
+    singular matrix, ``ti.sym_eig`` of a non-symmetric one); a user's ``assert`` is only
+    compiled with ``debug=True``, as in Taichi. A compile-time ``False`` is a compile error.
+    """
+    bld = _b.require()
+    if _is_number(cond):
+        if not cond:
+            raise bld.error(message)
+        return
+    loc = loc or bld.loc
+    where = f"\n  in kernel '{bld.kernel_name}'"
+    if loc:
+        text = linecache.getline(loc[0], loc[1]).strip()
+        where += f", {loc[0]}:{loc[1]}\n    {text}"
+    bld.emit("assert", None, (to_condition(cond).stmt,), message + where)
 
 
 #: How the user writes a binary op, for messages.

@@ -16,6 +16,7 @@ import functools
 import inspect
 import linecache
 import numbers
+import operator
 import textwrap
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,7 @@ from .. import types as T
 from ..errors import (
     CallSignatureError,
     CompileError,
+    GradientRuleError,
     KernelIndexError,
     KernelNameError,
     KernelSyntaxError,
@@ -35,7 +37,16 @@ from ..errors import (
 from ..ir.nodes import OPS, Block, Buffer, Stmt
 from . import builder as _b
 from . import ops
-from .annotations import NdarrayType, RefType, Template, _resolve_annotation, template
+from .annotations import (
+    TRIPLET_HEADER,
+    TRIPLET_VALUE,
+    NdarrayType,
+    RefType,
+    SparseMatrixBuilderType,
+    Template,
+    _resolve_annotation,
+    template,
+)
 from .field import Field, SNode, assign, kernel_element
 from .matrix import Matrix, MatrixType, Vector, _coerce
 from .sparse import struct_for_guard
@@ -203,6 +214,14 @@ _BINOPS = {
     ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div", ast.FloorDiv: "floordiv",
     ast.Mod: "mod", ast.Pow: "pow", ast.BitAnd: "bit_and", ast.BitOr: "bit_or",
     ast.BitXor: "bit_xor", ast.LShift: "shl", ast.RShift: "shr", ast.MatMult: "matmul",
+}
+#: Python's operators, for arithmetic on compile-time NumPy arrays in kernels.
+_NUMPY_BINOPS = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+    ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
+    ast.Pow: operator.pow, ast.BitAnd: operator.and_, ast.BitOr: operator.or_,
+    ast.BitXor: operator.xor, ast.LShift: operator.lshift, ast.RShift: operator.rshift,
+    ast.MatMult: operator.matmul,
 }
 #: Augmented assignments that are atomic on field elements and kernel-level variables
 #: updated in parallel loops, as in Taichi (``*=``, ``/=``, ... are plain read-modify-writes).
@@ -610,6 +629,9 @@ class FunctionTransformer:
                     container[index] = _as_value(apply_binop(op, current, value))
                     return
         target = self.eval_place(node.target)
+        if isinstance(target, TripletEntry):
+            target.augassign(op, value)
+            return
         if isinstance(target, Matrix) and isinstance(value, list | tuple):
             value = _coerce(value)
         if not is_place(target):
@@ -983,6 +1005,11 @@ class FunctionTransformer:
                 (isinstance(node.op, ast.Add) and type(b) is type(a)) or
                 (isinstance(node.op, ast.Mult) and isinstance(b, int))):
             return a + b if isinstance(node.op, ast.Add) else a * b  # Python lists (Taichi too)
+        if (isinstance(a, np.ndarray) or isinstance(b, np.ndarray)) and not any(
+                isinstance(x, Value | Matrix | Ref) for x in (a, b)):
+            # NumPy arithmetic on compile-time values (a global array, `n_cube - 1`), as in
+            # Taichi: evaluated here; the result is a compile-time array again.
+            return _NUMPY_BINOPS[type(node.op)](a, b)
         return apply_binop(_BINOPS[type(node.op)], _as_value(a), _as_value(b))
 
     def expr_UnaryOp(self, node: ast.UnaryOp):
@@ -1431,6 +1458,84 @@ class NdarrayArg:
         assign(self[key], _coerce(value))
 
 
+
+class TripletArg:
+    """A ``ti.types.sparse_matrix_builder()`` parameter inside a kernel (``A``): ``A[i, j] +=
+    v`` and ``A[i, j] -= v`` append the triplet ``(i, j, +-v)`` to the builder's storage
+    (``annotations.TRIPLET_HEADER``); ``build()`` sums duplicates, as Taichi's does.
+
+    The position comes from an atomic add on the count, so parallel loops append without
+    losing entries. A position past the storage (more than ``max_num_triplets`` appends) is
+    never written: the launch fails with ``KernelAssertionError`` (the count keeps growing, so
+    ``build()`` refuses as well), and so does an index outside the matrix, at the line that
+    appended it. Taichi writes past the end of its buffer in the first case.
+    """
+
+    def __init__(self, arr: NdarrayArg) -> None:
+        self.arr = arr
+        self.value_dtype = T.ALL[TRIPLET_VALUE[arr.buf.dtype.name]]
+
+    def __getitem__(self, key) -> TripletEntry:
+        if not isinstance(key, tuple) or len(key) != 2:
+            raise _b.require().error(f"sparse matrix builder '{self.arr.buf.name}' takes two "
+                                     "indices: A[i, j] += value", KernelIndexError)
+        return TripletEntry(self, key[0], key[1])
+
+    def __setitem__(self, key, value) -> None:
+        raise _b.require().error(f"only '+=' and '-=' are supported on a sparse matrix builder "
+                                 f"('{self.arr.buf.name}[i, j] += value'): entries are "
+                                 "summed when the matrix is built", KernelSyntaxError)
+
+
+class TripletEntry:
+    """``A[i, j]`` of a :class:`TripletArg`: only the target of ``+=``/``-=``."""
+
+    def __init__(self, owner: TripletArg, i, j) -> None:
+        self.owner, self.i, self.j = owner, i, j
+
+    def augassign(self, op: str, value) -> None:
+        bld = _b.require()
+        name = self.owner.arr.buf.name
+        if op not in ("add", "sub"):
+            raise bld.error(f"only '+=' and '-=' are supported on a sparse matrix builder "
+                            f"('{name}[i, j] += value')", KernelSyntaxError)
+        if bld.adjoint:
+            raise bld.error(f"cannot differentiate filling the sparse matrix builder '{name}' "
+                            "(the position comes from an atomic counter): fill it in a kernel "
+                            "outside the Tape, or mark that kernel @ti.ad.no_grad",
+                            GradientRuleError)
+        data = self.owner.arr
+        idt = data.buf.dtype
+        v = ops.cast(_as_value(value), self.owner.value_dtype)
+        if op == "sub":
+            v = ops.unary("neg", v)
+        idx = []
+        for k in (self.i, self.j):
+            k = _as_value(k)
+            if isinstance(k, Value) and k.dtype.is_float or isinstance(k, float):
+                raise bld.error(f"sparse matrix builder '{name}': indices must be integers",
+                                KernelTypeError)
+            idx.append(ops.cast(k, idt))
+        i, j = idx
+        n, m = data[1].expr(), data[2].expr()
+        inside = ops.logical_and(
+            ops.logical_and(ops.binary("ge", i, 0), ops.binary("lt", i, n)),
+            ops.logical_and(ops.binary("ge", j, 0), ops.binary("lt", j, m)))
+        ops.runtime_check(inside, f"sparse matrix builder '{name}': index (i, j) outside the "
+                                  "matrix (0 <= i < num_rows, 0 <= j < num_cols)")
+        k = ops.atomic("add", data[0], ops.const(1, idt))
+        cap = ops.raw_div(ops.binary("sub", ops.cast(data.shape[0], idt), TRIPLET_HEADER), 3)
+        fits = ops.binary("lt", k, cap)
+        ops.runtime_check(fits, f"sparse matrix builder '{name}' is full: more triplets "
+                                "were added than its max_num_triplets; create it with a larger "
+                                "max_num_triplets")
+        with bld.block() as then:
+            at = ops.binary("add", ops.binary("mul", k, 3), TRIPLET_HEADER)
+            assign(data[at], i)
+            assign(data[ops.binary("add", at, 1)], j)
+            assign(data[ops.binary("add", at, 2)], ops.bit_cast(v, idt))
+        bld.emit("if", None, (fits.stmt,), None, (then, []))
+
 def _clamp_index(k, lo, hi):
     """``min(max(k, lo), hi)`` for a kernel index (a number or an integer value)."""
     e = ops.to_expr(k)
@@ -1642,6 +1747,9 @@ def build_kernel_body(bld: _b.Builder, kernel, args: tuple) -> None:
         ann = p.annotation
         if isinstance(ann, Template):
             tr.scopes[0][p.name] = value
+            tr.kernel_args.add(p.name)
+        elif isinstance(ann, SparseMatrixBuilderType):
+            tr.scopes[0][p.name] = TripletArg(_ndarray_binding(bld, index, p.name, value))
             tr.kernel_args.add(p.name)
         elif isinstance(ann, NdarrayType):
             tr.scopes[0][p.name] = _ndarray_binding(bld, index, p.name, value)

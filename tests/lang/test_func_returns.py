@@ -383,3 +383,21 @@ def test_kernel_annotated_without_return_is_an_error(ti):
     for k in (no_return, lambda: static_path(1)):
         with pytest.raises(ti.CompileError, match="return"):
             k()
+
+
+def test_kernel_returning_bool(ti):
+    # `-> bool` is Taichi's u1: the kernel returns 1 or 0 (Taichi's matrix-free CG tests
+    # check their solutions this way).
+    x = ti.field(ti.f32, shape=4)
+
+    @ti.kernel
+    def all_small(tol: ti.f32) -> bool:
+        ok = True
+        for i in x:
+            if ti.abs(x[i]) >= tol:
+                ok = False
+        return ok
+
+    x.from_numpy(np.array([0.1, -0.2, 0.05, 0.0], np.float32))
+    assert all_small(0.5) == 1
+    assert all_small(0.15) == 0

@@ -315,3 +315,19 @@ def test_static_assert_refuses_a_runtime_condition(ti):
     error = getattr(ti, "CompileError", None) or ti.TaichiCompilationError
     with pytest.raises(error, match="[Ss]tatic.assert (with|needs)"):
         check(1)
+
+
+def test_numpy_arithmetic_on_compile_time_arrays(ti):
+    # A global NumPy array in arithmetic inside a kernel is evaluated at compile time, as in
+    # Taichi (Taichi's implicit FEM test loops over ti.ndrange(*(n_cube - 1))).
+    n_cube = np.array([3, 4, 2])
+    out = ti.field(ti.i32, shape=())
+
+    @ti.kernel
+    def count():
+        for p in ti.grouped(ti.ndrange(*(n_cube - 1))):
+            out[None] += p.x * (n_cube * 2)[1] + p.y
+
+    count()
+    want = sum(i * 8 + j for i in range(2) for j in range(3))
+    assert out[None] == want

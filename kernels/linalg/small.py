@@ -1,8 +1,9 @@
-from . import types as T
-from .frontend import ops
-from .frontend.decorators import func
-from .frontend.matrix import Matrix, Vector
-from .frontend.transformer import static
+from .. import types as T
+from ..frontend import builder as _b
+from ..frontend import ops
+from ..frontend.decorators import func
+from ..frontend.matrix import Matrix, Vector
+from ..frontend.transformer import static
 
 # Small dense decompositions written in the kernel language itself.
 #
@@ -479,3 +480,354 @@ def polar_decompose(A, dt):
     else:
         U, P = polar_decompose3d(A, dt)
     return U, P
+
+
+# ---------------------------------------------------------------------------------------------
+# ti.solve, ti.sym_eig, ti.eig
+#
+# Same rules as above: unrolled code on scalars, branch-free where a branch would cut a
+# derivative, inputs scaled by a power of two (exact) before anything is squared.  What would
+# otherwise be a silently wrong result (a singular matrix in ``solve``, a non-symmetric one in
+# ``sym_eig``) is refused at run time with ``ops.runtime_check``, whatever ``debug`` says
+# (Taichi checks these only with ``debug=True`` and returns inf/nan or garbage otherwise).
+
+# ``sym_eig`` decomposes the symmetric part of ``A``; an antisymmetric part larger than this
+# many units in the last place of max|A_ij| means the input was not symmetric (rather than
+# symmetric up to the rounding of how it was computed) and is refused.
+_SYM_ULPS = 64.0
+_EPS_F32 = 2.0 ** -23
+_EPS_F64 = 2.0 ** -52
+
+# Cyclic two-sided Jacobi sweeps for the symmetric 3x3 eigenproblem (quadratic convergence,
+# like the one-sided sweeps of ``svd3d``; the off-diagonal reaches rounding level after 4).
+_EIG_SWEEPS = 6
+
+
+def _float_dtype(dt, name: str):
+    """``dt`` resolved (default: ``default_fp``); an integer type is refused."""
+    dt = ops.resolve_dtype(dt if dt is not None else float)
+    if not dt.is_float:
+        raise ops._err(f"{name} computes in floating point: dt must be ti.f32 or ti.f64, got {dt}")
+    return dt
+
+
+def _square(A, name: str, sizes: tuple[int, ...]) -> int:
+    """The size of the square matrix ``A``; anything else is a compile error naming ``name``."""
+    if not isinstance(A, Matrix) or A.ndim != 2 or A.n != A.m:
+        what = (f"a {A.n}-vector" if isinstance(A, Matrix) and A.ndim == 1 else
+                f"a {A.n}x{A.m} matrix" if isinstance(A, Matrix) else type(A).__name__)
+        raise ops._err(f"{name} takes a square matrix, got {what}")
+    if A.n not in sizes:
+        raise ops._err(f"{name} supports {' and '.join(f'{k}x{k}' for k in sizes)} matrices "
+                       f"(as Taichi), got {A.n}x{A.n}")
+    return A.n
+
+
+def _call_site() -> tuple[str, int] | None:
+    """The line of the kernel (or func) calling the public routine, for run-time messages."""
+    bld = _b.current()
+    return bld.loc if bld is not None else None
+
+
+@func
+def _solve(A, b, dt, site):
+    """Gaussian elimination with partial pivoting on ``[A | b]``, unrolled for ``A.n``.
+
+    The pivot search compares at run time; rows are exchanged with ``ops.select`` (no
+    branch), so reverse- and forward-mode derivatives flow through every entry.  A zero pivot
+    means ``A`` is singular (no unique solution): refused, never inf/nan.
+    """
+    M = Matrix.zero(dt, A.n, A.n)
+    r = Vector.zero(dt, A.n)
+    for i in static(range(A.n)):
+        r[i] = ops.cast(b[i], dt)
+        for j in static(range(A.n)):
+            M[i, j] = ops.cast(A[i, j], dt)
+    for k in static(range(A.n)):
+        # pivot: the largest |M[p, k]| for p >= k (the first of equals, as LAPACK)
+        p = k
+        best = ops.abs(M[k, k])
+        for i in static(range(k + 1, A.n)):
+            if ops.abs(M[i, k]) > best:
+                p = i
+                best = ops.abs(M[i, k])
+        ops.runtime_check(best != 0.0, "ti.solve: the matrix is singular (a zero pivot in "
+                          "Gaussian elimination), Ax = b has no unique solution", site)
+        for i in static(range(k + 1, A.n)):
+            swap = p == i
+            for j in static(range(k, A.n)):
+                mk = M[k, j]
+                M[k, j] = ops.select(swap, M[i, j], mk)
+                M[i, j] = ops.select(swap, mk, M[i, j])
+            rk = r[k]
+            r[k] = ops.select(swap, r[i], rk)
+            r[i] = ops.select(swap, rk, r[i])
+        for i in static(range(k + 1, A.n)):
+            f = M[i, k] / M[k, k]
+            for j in static(range(k + 1, A.n)):
+                M[i, j] = M[i, j] - f * M[k, j]
+            r[i] = r[i] - f * r[k]
+    x = Vector.zero(dt, A.n)
+    for i in static(range(A.n - 1, -1, -1)):
+        s = r[i]
+        for j in static(range(i + 1, A.n)):
+            s = s - M[i, j] * x[j]
+        x[i] = s / M[i, i]
+    return x
+
+
+def solve(A, b, dt=None):
+    """``ti.solve(A, b)``: ``x`` with ``A @ x == b`` for a 2x2 or 3x3 ``A`` (Gaussian
+    elimination with partial pivoting, differentiable); a singular ``A`` is a run-time error."""
+    n = _square(A, "ti.solve", (2, 3))
+    if not isinstance(b, Matrix) or (b.ndim == 2 and b.m != 1) or b.n != n:
+        what = f"{b.n}x{b.m}" if isinstance(b, Matrix) else type(b).__name__
+        raise ops._err(f"ti.solve: b must be a {n}-vector to match the {n}x{n} matrix, got {what}")
+    return _solve(A, b, _float_dtype(dt, "ti.solve"), _call_site())
+
+
+@func
+def _symmetric_scaled(A, dt, site):
+    """``(S, c)``: ``S`` the symmetric part of ``A / c``, ``c`` a power of two near max|A_ij|.
+
+    Refuses (at run time) an ``A`` whose antisymmetric part is more than rounding.
+    """
+    m = ops.cast(0.0, dt)
+    for i in static(range(A.n)):
+        for j in static(range(A.n)):
+            m = ops.max(m, ops.abs(ops.cast(A[i, j], dt)))
+    c = _pow2_scale(m, dt)
+    inv = 1.0 / c
+    S = Matrix.zero(dt, A.n, A.n)
+    asym = ops.cast(0.0, dt)
+    for i in static(range(A.n)):
+        for j in static(range(A.n)):
+            aij = ops.cast(A[i, j], dt) * inv
+            aji = ops.cast(A[j, i], dt) * inv
+            S[i, j] = 0.5 * (aij + aji)
+            asym = ops.max(asym, ops.abs(aij - aji))
+    eps = static(_SYM_ULPS * (_EPS_F32 if dt == T.f32 else _EPS_F64))
+    ops.runtime_check(asym <= eps * 2.0, "ti.sym_eig: the matrix is not symmetric (A[i, j] "
+                      "!= A[j, i] beyond rounding); use ti.eig for a general matrix", site)
+    return S, c
+
+
+@func
+def _sym_eig2x2(A, dt, site):
+    """Closed-form symmetric 2x2 eigenproblem, eigenvalues in Taichi's order (larger first).
+
+    With ``h = sqrt(((p - r) / 2)^2 + q^2)`` the eigenvalues are ``(p + r) / 2 +- h``; the
+    eigenvector of the larger one is taken from whichever of two equivalent formulas avoids
+    cancellation (as in ``svd2d``) and the other is its rotation by 90 degrees, so the
+    eigenvector matrix is a rotation.  A multiple of the identity (``h == 0``) gives ``I``.
+    """
+    S, c = _symmetric_scaled(A, dt, site)
+    zero = ops.cast(0.0, dt)
+    one = ops.cast(1.0, dt)
+    p = S[0, 0]
+    q = S[0, 1]
+    r = S[1, 1]
+    half_diff = 0.5 * (p - r)
+    h2 = half_diff * half_diff + q * q
+    h = zero
+    vx = one
+    vy = zero
+    if h2 > _TINY:  # otherwise S is a multiple of I (also keeps sqrt'(0) out of AD)
+        h = ops.sqrt(h2)
+        ex = half_diff + h
+        ey = q
+        if half_diff < zero:
+            ex = q
+            ey = h - half_diff
+        nrm = ops.sqrt(ex * ex + ey * ey)
+        vx = ex / nrm
+        vy = ey / nrm
+    mean = 0.5 * (p + r)
+    w = Vector([(mean + h) * c, (mean - h) * c])
+    V = Matrix([[vx, -vy], [vy, vx]])
+    return w, V
+
+
+@func
+def _sym_rotate(app, aqq, apq, arp, arq, vp, vq, tol, dt):
+    """One two-sided Jacobi rotation zeroing ``A[p, q]`` of a symmetric 3x3 matrix.
+
+    ``r`` is the third index; ``vp``/``vq`` are columns ``p``/``q`` of the accumulated
+    eigenvector matrix.  With ``d = (a_qq - a_pp) / 2`` and ``g = a_pq`` the tangent of the
+    (at most 45 degree) angle is ``t = sign(d) g / (|d| + sqrt(d^2 + g^2))``, a smooth
+    function of ``g`` at 0 whenever ``d != 0``, so diagonal inputs get the right derivatives.
+    A pair with ``d`` and ``g`` both at rounding level is a repeated eigenvalue: any rotation
+    is valid there and one decided by rounding noise would only cost accuracy, so it is left.
+    """
+    one = ops.cast(1.0, dt)
+    zero = ops.cast(0.0, dt)
+    d = 0.5 * (aqq - app)
+    h2 = d * d + apq * apq
+    rotate = h2 > tol * tol
+    denom = ops.abs(d) + ops.sqrt(ops.select(rotate, h2, one))
+    t = ops.select(d >= zero, apq, -apq) / denom
+    t = ops.select(rotate, t, zero)
+    c = one / ops.sqrt(one + t * t)
+    s = c * t
+    app_new = app - t * apq
+    aqq_new = aqq + t * apq
+    apq_new = ops.select(rotate, zero, apq)
+    arp_new = c * arp - s * arq
+    arq_new = s * arp + c * arq
+    vp_new = c * vp - s * vq
+    vq_new = s * vp + c * vq
+    return app_new, aqq_new, apq_new, arp_new, arq_new, vp_new, vq_new
+
+
+@func
+def _sym_eig3x3(A, dt, site):
+    """Symmetric 3x3 eigenproblem by cyclic Jacobi, eigenvalues ascending (Taichi's order).
+
+    A fixed number of sweeps (no data-dependent loop) keeps it differentiable in both modes;
+    Taichi's own 3x3 routine (Cardano with a QL fallback) is not differentiable.  The
+    eigenvector matrix is a rotation; columns are sorted with their eigenvalues (each swap
+    negates one column to keep the determinant).
+    """
+    S, c = _symmetric_scaled(A, dt, site)
+    zero = ops.cast(0.0, dt)
+    one = ops.cast(1.0, dt)
+    tol = _ortho_tol(dt)
+    a00 = S[0, 0]
+    a11 = S[1, 1]
+    a22 = S[2, 2]
+    a01 = S[0, 1]
+    a02 = S[0, 2]
+    a12 = S[1, 2]
+    v0 = Vector([one, zero, zero])
+    v1 = Vector([zero, one, zero])
+    v2 = Vector([zero, zero, one])
+    for _ in range(_EIG_SWEEPS):
+        a00, a11, a01, a02, a12, v0, v1 = _sym_rotate(a00, a11, a01, a02, a12, v0, v1, tol, dt)
+        a00, a22, a02, a01, a12, v0, v2 = _sym_rotate(a00, a22, a02, a01, a12, v0, v2, tol, dt)
+        a11, a22, a12, a01, a02, v1, v2 = _sym_rotate(a11, a22, a12, a01, a02, v1, v2, tol, dt)
+    w0 = a00
+    w1 = a11
+    w2 = a22
+    if w1 < w0:
+        tw = w0
+        tv = v0
+        w0 = w1
+        v0 = v1
+        w1 = tw
+        v1 = -tv
+    if w2 < w0:
+        tw = w0
+        tv = v0
+        w0 = w2
+        v0 = v2
+        w2 = tw
+        v2 = -tv
+    if w2 < w1:
+        tw = w1
+        tv = v1
+        w1 = w2
+        v1 = v2
+        w2 = tw
+        v2 = -tv
+    w = Vector([w0 * c, w1 * c, w2 * c])
+    V = Matrix([[v0[0], v1[0], v2[0]], [v0[1], v1[1], v2[1]], [v0[2], v1[2], v2[2]]])
+    return w, V
+
+
+def sym_eig(A, dt=None):
+    """``ti.sym_eig(A)`` -> ``(w, V)``: eigenvalues (a vector) and unit eigenvectors (the
+    columns of ``V``, a rotation) of a symmetric 2x2 or 3x3 matrix, ``A @ V == V @ diag(w)``.
+
+    As Taichi: 2x2 gives the larger eigenvalue first, 3x3 sorts ascending.  A non-symmetric
+    ``A`` is a run-time error.  Differentiable (also in 3-D, where Taichi's is not) wherever
+    the eigenvalues are distinct.
+    """
+    n = _square(A, "ti.sym_eig", (2, 3))
+    dt = _float_dtype(dt, "ti.sym_eig")
+    if n == 2:
+        return _sym_eig2x2(A, dt, _call_site())
+    return _sym_eig3x3(A, dt, _call_site())
+
+
+@func
+def _unit_col(x0, x1, y0, y1):
+    """The longer of the columns ``(x0, x1)`` and ``(y0, y1)`` (complex entries as
+    ``(re, im)`` pairs: ``x0 = (re, im)`` ...), normalised; a 4-vector ``(re0, im0, re1,
+    im1)``.  Both are eigenvectors of the same eigenvalue (columns of ``A - mu I``); the
+    longer one is never zero unless ``A - mu I`` is."""
+    nx = x0.dot(x0) + x1.dot(x1)
+    ny = y0.dot(y0) + y1.dot(y1)
+    v = Vector([x0[0], x0[1], x1[0], x1[1]])
+    nv = nx
+    if ny > nx:
+        v = Vector([y0[0], y0[1], y1[0], y1[1]])
+        nv = ny
+    return v / ops.sqrt(nv)
+
+
+@func
+def _eig2x2(A, dt):
+    """Eigenvalues and right eigenvectors of a real 2x2 matrix, in Taichi's complex layout.
+
+    ``gap = (a - d)^2 + 4 b c`` (the discriminant, written without the cancellation of
+    ``tr^2 - 4 det``) decides real or complex-conjugate eigenvalues ``(tr +- sqrt(gap)) / 2``.
+    By Cayley-Hamilton the columns of ``A - mu_2 I`` are eigenvectors of ``mu_1`` and vice
+    versa; the longer column is used (Taichi takes the first, which can be zero).  ``A = mu I``
+    gives the unit vectors; a defective ``A`` (one eigenvector) gives it twice, as NumPy does.
+    """
+    zero = ops.cast(0.0, dt)
+    one = ops.cast(1.0, dt)
+    a = ops.cast(A[0, 0], dt)
+    b = ops.cast(A[0, 1], dt)
+    cc = ops.cast(A[1, 0], dt)
+    d = ops.cast(A[1, 1], dt)
+    m = ops.max(ops.max(ops.abs(a), ops.abs(b)), ops.max(ops.abs(cc), ops.abs(d)))
+    sc = _pow2_scale(m, dt)
+    inv = one / sc
+    a = a * inv
+    b = b * inv
+    cc = cc * inv
+    d = d * inv
+    half_tr = 0.5 * (a + d)
+    half_diff = 0.5 * (a - d)
+    gap4 = half_diff * half_diff + b * cc  # gap / 4
+    re1 = half_tr
+    re2 = half_tr
+    im = zero  # imaginary part of the first eigenvalue (the second is conjugate)
+    if gap4 > zero:
+        h = ops.sqrt(gap4)
+        re1 = half_tr + h
+        re2 = half_tr - h
+    elif gap4 < zero:
+        im = ops.sqrt(-gap4)
+    # columns of A - mu I as (re, im) pairs, for mu = mu_2 (-> eigenvector 1) and mu_1
+    v1 = Vector([zero, zero, one, zero])
+    v2 = Vector([one, zero, zero, zero])
+    c2a = Vector([a - re2, im])  # (A - mu_2 I)[0, 0]; mu_2 = re2 - i im
+    c2b = Vector([cc, zero])
+    c2c = Vector([b, zero])
+    c2d = Vector([d - re2, im])
+    c1a = Vector([a - re1, -im])  # (A - mu_1 I)[0, 0]; mu_1 = re1 + i im
+    c1d = Vector([d - re1, -im])
+    n2 = c2a.dot(c2a) + c2b.dot(c2b) + c2c.dot(c2c) + c2d.dot(c2d)
+    n1 = c1a.dot(c1a) + c2b.dot(c2b) + c2c.dot(c2c) + c1d.dot(c1d)
+    if n2 > _TINY:
+        v1 = _unit_col(c2a, c2b, c2c, c2d)
+    if n1 > _TINY:
+        v2 = _unit_col(c1a, c2b, c2c, c1d)
+    if n2 <= _TINY:  # A - mu_2 I == 0: A = mu I, mu_1 == mu_2, any basis
+        v1 = Vector([one, zero, zero, zero])
+        v2 = Vector([zero, zero, one, zero])
+    elif n1 <= _TINY:
+        v2 = v1
+    w = Matrix([[re1 * sc, im * sc], [re2 * sc, -im * sc]])
+    V = Matrix([[v1[0], v2[0]], [v1[1], v2[1]], [v1[2], v2[2]], [v1[3], v2[3]]])
+    return w, V
+
+
+def eig(A, dt=None):
+    """``ti.eig(A)`` -> ``(w, V)`` for a real 2x2 matrix, in Taichi's layout: ``w`` is 2x2,
+    row ``k`` the eigenvalue ``k`` as ``(re, im)``; ``V`` is 4x2, column ``k`` its unit
+    eigenvector as ``(re0, im0, re1, im1)``."""
+    _square(A, "ti.eig", (2,))
+    return _eig2x2(A, _float_dtype(dt, "ti.eig"))
