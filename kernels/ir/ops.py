@@ -258,6 +258,23 @@ def _cast(xs, src, dst):
     return float(v) if dst.is_float else v
 
 
+def _overflows(exact):
+    """The evaluator of ``<op>_overflows``: 1 where the exact integer result of the op does not
+    fit the operands' type (the op's own result wraps around), else 0."""
+
+    def ev(xs, src, dst):
+        v = exact(*xs)
+        return 1 if v is None else int(src.wrap(v) != v)
+
+    return ev
+
+
+def _shl_exact(a: int, b: int) -> int | None:
+    """``a << b`` as an exact number, None where it fits no type: a shift by the width or
+    more, or by a negative amount (poison in LLVM), keeps nothing of a nonzero ``a``."""
+    return a << b if 0 <= b < 64 else 0 if a == 0 else None
+
+
 def _py(fn):
     """An evaluator that is the Python function itself (exact on ints; IEEE on floats where
     Python does not raise)."""
@@ -288,6 +305,7 @@ TYPE_RULES = {
     "select": "an integer condition and two operands of the result's type",
     "cast": "one operand of any type, converted to the result's",
     "bit_cast": "one operand; the result is another type of the same width (same bits)",
+    "overflow": "two integer operands of one type; the result is i32 (1: the op overflows)",
 }
 
 _ANY = ("f", "i", "u")
@@ -332,6 +350,14 @@ def _arith(fn, derivative, lower, *, ev=None, types="arith", fold=True, risky=Fa
 def _bits(fn, lower, fold=True, ev=None, types="bits") -> OpInfo:
     return OpInfo("binary", 2, True, types=types, evaluate=ev or _py(fn), py=fn,
                   derivative=NO_DERIVATIVE, lower={"i": lower, "u": lower}, fold=fold)
+
+
+def _overflow_check(exact, lower: str) -> OpInfo:
+    """``<op>_overflows``: does integer ``<op>`` of the operands overflow their type? The
+    checks ``passes/overflow.py`` inserts under ``debug=True``; never emitted by the
+    frontend."""
+    return OpInfo("binary", 2, True, types="overflow", evaluate=_overflows(exact),
+                  derivative=NO_DERIVATIVE, lower={"i": lower, "u": lower}, fold=True)
 
 
 def _compare(fn, f, i, u) -> OpInfo:
@@ -465,6 +491,11 @@ OPS: dict[str, OpInfo] = {
                          evaluate=lambda xs, src, dst: int(bool(xs[0]) or bool(xs[1])),
                          py=lambda a, b: int(bool(a) or bool(b)), derivative=NO_DERIVATIVE,
                          lower={"i": "method:logical", "u": "method:logical"}, fold=True),
+    # -- overflow checks of integer arithmetic (debug=True): 1 if the exact result does not fit
+    "add_overflows": _overflow_check(operator.add, "method:overflows"),
+    "sub_overflows": _overflow_check(operator.sub, "method:overflows"),
+    "mul_overflows": _overflow_check(operator.mul, "method:overflows"),
+    "shl_overflows": _overflow_check(_shl_exact, "method:shl_overflows"),
     # -- comparisons (ordered on floats except ``ne``, as IEEE and Python)
     "lt": _compare(operator.lt, "olt", "slt", "ult"),
     "le": _compare(operator.le, "ole", "sle", "ule"),
