@@ -6,11 +6,15 @@ the wire format (by name), so one object describes a type everywhere.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
 
 import numpy as np
+
+#: The smallest normal f32 and f64 numbers (``DType.flush``).
+_TINY = {32: float(np.finfo(np.float32).tiny), 64: float(np.finfo(np.float64).tiny)}
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,14 @@ class DType:
         if self.is_signed and v >= 1 << (self.bits - 1):
             v -= 1 << self.bits
         return v
+
+    def flush(self, value: float) -> float:
+        """A float as kernels compute it: an f32/f64 value below the smallest normal number
+        is a zero of its sign (the flush-to-zero mode kernels run in, as Taichi's CPU backend;
+        f16 is converted without it, so its subnormals stay)."""
+        if self.bits >= 32 and value != 0.0 and abs(value) < _TINY[self.bits]:
+            return math.copysign(0.0, value)
+        return value
 
     def __repr__(self) -> str:
         return self.name

@@ -145,19 +145,64 @@ class CPUTarget:
 
     # ------------------------------------------------------------------ task entry points
     def task_functions(self, low: Lowering, k: int, task: Task) -> list[str]:
-        """The chunk function of task ``k`` (and, for a range task, its bounds function)."""
-        fn = low.begin_task(f"define void @{low.task_name(k)}(ptr noalias %ctx, i64 %begin, "
-                            f"i64 %end, i32 %tid) #0", task)
+        """The chunk function of task ``k`` (and, for a range task, its bounds function): the
+        body in a function of its own, called with subnormal results flushed to zero."""
+        name = low.task_name(k)
+        fn = low.begin_task(f"define internal void @{name}_body(ptr noalias %ctx, i64 %begin, "
+                            f"i64 %end, i32 %tid) {self.body_attributes(low)}", task)
         low.task_setup(task)
         if task.kind == "serial":
             low.block(task.body)
         else:
             low.range_body(task, lambda: (fn.ins("trunc i64 %begin to i32"),
                                           fn.ins("trunc i64 %end to i32"), None, False))
-        out = [low.finish_task()]
+        body = low.finish_task()
+        enter, leave = self.flush_to_zero(low)
+        out = [body, f"""define void @{name}(ptr noalias %ctx, i64 %begin, i64 %end, i32 %tid) #0 {{
+entry:
+{enter}
+  call void @{name}_body(ptr %ctx, i64 %begin, i64 %end, i32 %tid)
+{leave}
+  ret void
+}}
+"""]
         if task.kind == "range":
             out.append(low.bounds_function(k, task))
         return out
+
+    # ------------------------------------------------------------------ subnormals
+    def body_attributes(self, low: Lowering) -> str:
+        """A task body's attributes: kept out of line, so that no floating-point operation
+        moves out from under the mode :meth:`flush_to_zero` sets; LLVM folds constants the
+        way that mode computes (results flushed, operands not)."""
+        return low.attribute_group('nounwind noinline "denormal-fp-math"="preserve-sign,ieee"')
+
+    def flush_to_zero(self, low: Lowering) -> tuple[str, str]:
+        """LLVM text (entry-block lines) that saves the thread's floating-point mode and sets
+        flush-to-zero (subnormal results become zeros of their sign; subnormal operands are
+        kept), and the text that restores the saved mode. Taichi's CPU backend runs with
+        that mode (x86's MXCSR.FTZ, AArch64's FPCR.FZ) for the whole process; here it holds
+        while kernel code runs, so NumPy and Python on the calling thread are unaffected."""
+        if self.triple.startswith(("x86_64", "i686", "i386")):
+            low.declare("declare void @llvm.x86.sse.stmxcsr(ptr)")
+            low.declare("declare void @llvm.x86.sse.ldmxcsr(ptr)")
+            return ("  %mxcsr.saved = alloca i32, align 4\n"
+                    "  %mxcsr.ftz = alloca i32, align 4\n"
+                    "  call void @llvm.x86.sse.stmxcsr(ptr %mxcsr.saved)\n"
+                    "  %mxcsr.old = load i32, ptr %mxcsr.saved, align 4\n"
+                    "  %mxcsr.new = or i32 %mxcsr.old, 32768\n"  # bit 15: FTZ
+                    "  store i32 %mxcsr.new, ptr %mxcsr.ftz, align 4\n"
+                    "  call void @llvm.x86.sse.ldmxcsr(ptr %mxcsr.ftz)",
+                    "  call void @llvm.x86.sse.ldmxcsr(ptr %mxcsr.saved)")
+        if self.triple.startswith(("aarch64", "arm64")):
+            low.declare("declare i64 @llvm.aarch64.get.fpcr()")
+            low.declare("declare void @llvm.aarch64.set.fpcr(i64)")
+            return ("  %fpcr.old = call i64 @llvm.aarch64.get.fpcr()\n"
+                    "  %fpcr.new = or i64 %fpcr.old, 16777216\n"  # bit 24: FZ
+                    "  call void @llvm.aarch64.set.fpcr(i64 %fpcr.new)",
+                    "  call void @llvm.aarch64.set.fpcr(i64 %fpcr.old)")
+        raise NotImplementedError(f"difftape does not know how to flush subnormals to zero on "
+                                  f"{self.triple} (as Taichi's CPU backend computes)")
 
     def entry_names(self, low: Lowering) -> list[str]:
         names = []

@@ -585,6 +585,30 @@ class Lowering:
         r = self.fn.ins(f"{'and' if s.op == 'logical_and' else 'or'} i1 {ca}, {cb}")
         return self.fn.ins(f"zext i1 {r} to i32")
 
+    def lower_overflows(self, s: Stmt, t: DType, args: list[str]) -> str:
+        """``add/sub/mul_overflows``: LLVM's ``[su]{add,sub,mul}.with.overflow`` flag."""
+        ty = ll_type(t)
+        pair = f"{{{ty}, i1}}"
+        name = f"llvm.{'s' if t.is_signed else 'u'}{s.op[:3]}.with.overflow.{ty}"
+        self.declare(f"declare {pair} @{name}({ty}, {ty})")
+        r = self.fn.ins(f"call {pair} @{name}({ty} {args[0]}, {ty} {args[1]})")
+        flag = self.fn.ins(f"extractvalue {pair} {r}, 1")
+        return self.fn.ins(f"zext i1 {flag} to i32")
+
+    def lower_shl_overflows(self, s: Stmt, t: DType, args: list[str]) -> str:
+        """``shl_overflows``: shifting back does not give ``a`` (Taichi's test), or the
+        amount is outside [0, width) and ``a`` is not 0 (that shift is poison in LLVM, so
+        its lane is not selected then)."""
+        fn, ty = self.fn, ll_type(t)
+        a, b = args
+        inside = fn.ins(f"icmp ult {ty} {b}, {t.bits}")
+        shifted = fn.ins(f"shl {ty} {a}, {b}")
+        back = fn.ins(f"{'ashr' if t.is_signed else 'lshr'} {ty} {shifted}, {b}")
+        lost = fn.ins(f"icmp ne {ty} {back}, {a}")
+        nonzero = fn.ins(f"icmp ne {ty} {a}, 0")
+        flag = fn.ins(f"select i1 {inside}, i1 {lost}, i1 {nonzero}")
+        return fn.ins(f"zext i1 {flag} to i32")
+
     def lower_rsqrt(self, s: Stmt, t: DType, args: list[str]) -> str:
         r = self.intrinsic("sqrt", t, args)
         return self.fn.ins(f"fdiv {self.contract} {ll_type(t)} {ll_const(1.0, t)}, {r}")

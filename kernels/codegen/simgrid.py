@@ -53,7 +53,7 @@ class SimGridTarget(CUDATarget):
     # ------------------------------------------------------------------ task entry points
     def entry_header(self, low: Lowering, k: int) -> str:
         return (f"define internal void @{low.task_name(k)}(ptr noalias %ctx, i64 %gid, "
-                "i64 %nthreads) #0")
+                f"i64 %nthreads) {self.host.body_attributes(low)}")
 
     def global_thread(self, low: Lowering) -> tuple[str, str]:
         return "%gid", "%nthreads"
@@ -61,8 +61,10 @@ class SimGridTarget(CUDATarget):
     def task_functions(self, low: Lowering, k: int, task: Task) -> list[str]:
         """CUDA's kernel for task ``k`` (an internal function here) and its grid driver."""
         name = low.task_name(k)
+        enter, leave = self.host.flush_to_zero(low)  # as the CPU's tasks run
         driver = f"""define void @{name}_grid(ptr %ctx, i64 %blocks, i64 %threads, i64 %reverse) {{
 entry:
+{enter}
   %n = mul i64 %blocks, %threads
   %last = sub i64 %n, 1
   %rev = icmp ne i64 %reverse, 0
@@ -78,6 +80,7 @@ body:
   %next = add i64 %i, 1
   br label %loop
 done:
+{leave}
   ret void
 }}
 """

@@ -340,6 +340,7 @@ class Kernel:
         ir = self.build_ir(prog, spec, variant)
         ir.deterministic = prog.config.deterministic
         ir.fast_math = prog.config.fast_math
+        ir.overflow_checks = prog.config.debug
         lost = ir.lost
         t1 = time.perf_counter()
         ir = run_pipeline(ir)

@@ -54,7 +54,7 @@ def const(value, dtype: DType) -> Expr:
     """A constant of the given type."""
     if dtype.bits == 1:  # u1: a number converts by "is nonzero", as in Taichi
         value = 1 if value else 0
-    value = float(value) if dtype.is_float else dtype.wrap(value)
+    value = dtype.flush(float(value)) if dtype.is_float else dtype.wrap(value)
     return Expr(_b.require().emit("const", dtype, (), value))
 
 

@@ -124,6 +124,10 @@ class KernelIR:
     source: dict[int, str] = field(default_factory=dict)  # line -> text, for messages
     file: str = ""
     debug: bool = False
+    # ti.init(debug=True) on a local program: integer add/sub/mul/shl print a report when
+    # they overflow (passes/overflow.py). Apart from ``debug``, which the server sets on
+    # every kernel for its bounds checks.
+    overflow_checks: bool = False
     # ti.init(deterministic=True): passes/determinism.py gives every range task a schedule
     # whose results do not depend on timing or the thread count.
     deterministic: bool = False

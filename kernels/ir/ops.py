@@ -258,6 +258,23 @@ def _cast(xs, src, dst):
     return float(v) if dst.is_float else v
 
 
+def _overflows(exact):
+    """The evaluator of ``<op>_overflows``: 1 where the exact integer result of the op does not
+    fit the operands' type (the op's own result wraps around), else 0."""
+
+    def ev(xs, src, dst):
+        v = exact(*xs)
+        return 1 if v is None else int(src.wrap(v) != v)
+
+    return ev
+
+
+def _shl_exact(a: int, b: int) -> int | None:
+    """``a << b`` as an exact number, None where it fits no type: a shift by the width or
+    more, or by a negative amount (poison in LLVM), keeps nothing of a nonzero ``a``."""
+    return a << b if 0 <= b < 64 else 0 if a == 0 else None
+
+
 def _py(fn):
     """An evaluator that is the Python function itself (exact on ints; IEEE on floats where
     Python does not raise)."""
@@ -288,6 +305,7 @@ TYPE_RULES = {
     "select": "an integer condition and two operands of the result's type",
     "cast": "one operand of any type, converted to the result's",
     "bit_cast": "one operand; the result is another type of the same width (same bits)",
+    "overflow": "two integer operands of one type; the result is i32 (1: the op overflows)",
 }
 
 _ANY = ("f", "i", "u")
@@ -309,6 +327,9 @@ class OpInfo:
     lower: dict[str, str] = field(default_factory=dict)
     risky: bool = False  # value or partial may be infinite/NaN for finite operands
     fold: bool = False  # constant folding applies the evaluator (exact on the target)
+    # The float result is an operand moved bit for bit (or with its sign bit changed), not
+    # computed: a subnormal passes through kernels' flush-to-zero mode (DType.flush).
+    moves: bool = False
 
 
 def _structural(kind: str, nargs: int | None, pure: bool, nblocks: int = 0) -> OpInfo:
@@ -324,14 +345,22 @@ def _unary_float(fn, derivative, lower, risky=False, py=None) -> OpInfo:
 
 
 def _arith(fn, derivative, lower, *, ev=None, types="arith", fold=True, risky=False,
-           py=None) -> OpInfo:
+           py=None, moves=False) -> OpInfo:
     return OpInfo("binary", 2, True, types=types, evaluate=ev or _py(fn), py=py or fn,
-                  derivative=derivative, lower=lower, fold=fold, risky=risky)
+                  derivative=derivative, lower=lower, fold=fold, risky=risky, moves=moves)
 
 
 def _bits(fn, lower, fold=True, ev=None, types="bits") -> OpInfo:
     return OpInfo("binary", 2, True, types=types, evaluate=ev or _py(fn), py=fn,
                   derivative=NO_DERIVATIVE, lower={"i": lower, "u": lower}, fold=fold)
+
+
+def _overflow_check(exact, lower: str) -> OpInfo:
+    """``<op>_overflows``: does integer ``<op>`` of the operands overflow their type? The
+    checks ``passes/overflow.py`` inserts under ``debug=True``; never emitted by the
+    frontend."""
+    return OpInfo("binary", 2, True, types="overflow", evaluate=_overflows(exact),
+                  derivative=NO_DERIVATIVE, lower={"i": lower, "u": lower}, fold=True)
 
 
 def _compare(fn, f, i, u) -> OpInfo:
@@ -359,19 +388,20 @@ OPS: dict[str, OpInfo] = {
     "select": OpInfo("ternary", 3, True, types="select",
                      evaluate=lambda xs, src, dst: xs[1] if xs[0] else xs[2],
                      derivative=lambda e, y, c, a, b: [None, Where(c), Where(c, False)],
-                     lower=_STMT),
+                     lower=_STMT, moves=True),
     # The bits reinterpreted (Taichi's bit_cast): no derivative, as integers carry none.
     "bit_cast": OpInfo("unary", 1, True, types="bit_cast", evaluate=_bit_cast,
-                       derivative=NO_DERIVATIVE, lower=_STMT, fold=True),
+                       derivative=NO_DERIVATIVE, lower=_STMT, fold=True, moves=True),
     "stop_grad": OpInfo("unary", 1, True, types="same", evaluate=lambda xs, src, dst: xs[0],
-                        derivative=NO_DERIVATIVE, lower=_STMT),
+                        derivative=NO_DERIVATIVE, lower=_STMT, moves=True),
     # -- unary arithmetic
     "neg": OpInfo("unary", 1, True, types="same", evaluate=_py(operator.neg), py=operator.neg,
                   derivative=lambda e, y, a: [MINUS_ONE],
                   lower={"f": "method:fneg", "i": "method:ineg", "u": "method:ineg"},
-                  fold=True),
+                  fold=True, moves=True),
     "abs": OpInfo("unary", 1, True, types="same", evaluate=_py(abs), py=abs, derivative=_d_abs,
-                  lower={"f": "intrinsic:fabs", "i": "method:iabs", "u": "method:identity"}),
+                  lower={"f": "intrinsic:fabs", "i": "method:iabs", "u": "method:identity"},
+                  moves=True),
     "sin": _unary_float(np.sin, lambda e, y, a: [e.un("cos", a)], "libm:sin", py=math.sin),
     "cos": _unary_float(np.cos, lambda e, y, a: [e.un("neg", e.un("sin", a))], "libm:cos",
                         py=math.cos),
@@ -442,11 +472,11 @@ OPS: dict[str, OpInfo] = {
     "min": _arith(min, lambda e, y, a, b: [Where(e.cmp("le", a, b)), Where(e.cmp("le", a, b),
                                                                            False)],
                   {"f": "intrinsic:minnum", "i": "intrinsic:smin", "u": "intrinsic:umin"},
-                  ev=_nan_aware(min)),
+                  ev=_nan_aware(min), moves=True),
     "max": _arith(max, lambda e, y, a, b: [Where(e.cmp("ge", a, b)), Where(e.cmp("ge", a, b),
                                                                            False)],
                   {"f": "intrinsic:maxnum", "i": "intrinsic:smax", "u": "intrinsic:umax"},
-                  ev=_nan_aware(max)),
+                  ev=_nan_aware(max), moves=True),
     "atan2": _arith(math.atan2, lambda e, y, a, b: _d_atan2(e, y, a, b), {"f": "libm:atan2"},
                     ev=_np(np.arctan2), types="farith", fold=False, risky=True),
     "bit_and": _bits(operator.and_, "inst:and"),
@@ -465,6 +495,11 @@ OPS: dict[str, OpInfo] = {
                          evaluate=lambda xs, src, dst: int(bool(xs[0]) or bool(xs[1])),
                          py=lambda a, b: int(bool(a) or bool(b)), derivative=NO_DERIVATIVE,
                          lower={"i": "method:logical", "u": "method:logical"}, fold=True),
+    # -- overflow checks of integer arithmetic (debug=True): 1 if the exact result does not fit
+    "add_overflows": _overflow_check(operator.add, "method:overflows"),
+    "sub_overflows": _overflow_check(operator.sub, "method:overflows"),
+    "mul_overflows": _overflow_check(operator.mul, "method:overflows"),
+    "shl_overflows": _overflow_check(_shl_exact, "method:shl_overflows"),
     # -- comparisons (ordered on floats except ``ne``, as IEEE and Python)
     "lt": _compare(operator.lt, "olt", "slt", "ult"),
     "le": _compare(operator.le, "ole", "sle", "ule"),
@@ -518,8 +553,12 @@ def has_derivative(op: str) -> bool:
 
 def evaluate(op: str, values: tuple, src: DType, dst: DType):
     """The value of ``op`` on ``values`` (operands of type ``src``) as type ``dst`` holds it:
-    the one definition constant folding and the reference interpreter share."""
-    return dst.wrap(OPS[op].evaluate(values, src, dst))
+    the one definition constant folding and the reference interpreter share. A float result that
+    is computed (not moved, ``OpInfo.moves``) is flushed to zero where subnormal, as kernels
+    compute it."""
+    info = OPS[op]
+    v = dst.wrap(info.evaluate(values, src, dst))
+    return v if info.moves or not dst.is_float else dst.flush(v)
 
 
 def type_kind(t: DType) -> str:

@@ -48,7 +48,8 @@ from .verify import LOOP_FLAGS, IRVerificationError, verify
 
 # Ops the compiler creates for itself (after the frontend); a client never has a reason to send
 # them, and the passes assume they only appear where the compiler put them.
-INTERNAL_OPS = frozenset({"stack_push", "stack_pop", "temp_load", "temp_store", "temp_atomic"})
+INTERNAL_OPS = frozenset({"stack_push", "stack_pop", "temp_load", "temp_store", "temp_atomic",
+                          "add_overflows", "sub_overflows", "mul_overflows", "shl_overflows"})
 # Ops refused from clients: their effect would happen on the server (print() output).
 LOCAL_ONLY_OPS = frozenset({"print"})
 # Ops that carry an attribute in frontend IR; every other op has none (``null``). (Binary ops

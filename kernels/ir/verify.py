@@ -286,8 +286,10 @@ class _Checker:
                 raise self.fail(s, f"{op} needs float operands, not {t}")
             if s.attr not in (None, "reassoc"):
                 raise self.fail(s, f"op '{op}' takes no attribute, got {s.attr!r}")
-        elif rule in ("cmp", "logical"):
+        elif rule in ("cmp", "logical", "overflow"):
             self.same(s, a[0], a[1])
+            if rule == "overflow" and not a[0].dtype.is_int:
+                raise self.fail(s, f"op '{op}' needs integer operands, not {a[0].dtype}")
             if rule == "logical":
                 self.cond(s, a[0], f"an operand of {op}")
             if t != T.i32:

@@ -368,6 +368,12 @@ def init(arch: Arch | None = None, default_fp=None, default_ip=None, **options) 
         raise OptionError("ti.init(arch=ti.remote, fast_math=False) is not supported: the "
                           "server compiles with its default floating-point settings; run "
                           "locally (arch=ti.cpu) for strict IEEE evaluation")
+    if arch == remote and settings.get("debug") and "debug:remote" not in _warned:
+        _warned.add("debug:remote")
+        warnings.warn("difftape: under arch=ti.remote, debug=True checks asserts (indices are "
+                      "checked on the server anyway) but does not report integer overflow: "
+                      "the report is printed where the kernel runs; run locally to see it",
+                      stacklevel=2)
     if remote_opts and arch != remote:
         if forced is None:
             raise OptionError(f"ti.init({', '.join(remote_opts)}=...) applies to arch=ti.remote "

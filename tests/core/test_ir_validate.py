@@ -39,6 +39,7 @@ from difftape.ir.nodes import ATOMIC_KINDS, OPS
 from difftape.ir.passes import run_pipeline
 from difftape.ir.validate import (
     DEPTH_CEILING,
+    INTERNAL_OPS,
     LOCAL_ONLY_OPS,
     argument_names,
     decode_untrusted,
@@ -262,8 +263,7 @@ def test_every_frontend_op_is_covered(corpus):
             for op, _, _, _, blocks in stack.pop():
                 seen.add(op)
                 stack.extend(blocks)
-    internal = {"stack_push", "stack_pop", "temp_load", "temp_store", "temp_atomic"}
-    internal |= LOCAL_ONLY_OPS  # refused from clients (test below)
+    internal = set(INTERNAL_OPS) | LOCAL_ONLY_OPS  # refused from clients (test below)
     # buf_shape is ndarray-only (tested below).
     assert set(OPS) - internal - {"buf_shape"} <= seen, set(OPS) - internal - seen
 

@@ -36,7 +36,7 @@ from difftape.runtime import program
 pytestmark = pytest.mark.difftape_only
 
 FLOAT_RULES = {"float": "f", "round": "f", "farith": "f"}
-INT_RULES = {"int", "cond", "bits", "shift", "logical"}
+INT_RULES = {"int", "cond", "bits", "shift", "logical", "overflow"}
 
 
 @pytest.fixture
@@ -93,7 +93,7 @@ def _int_samples(t):
 
 
 def _result_type(info, t):
-    return T.i32 if info.types in ("cmp", "logical", "cond") else t
+    return T.i32 if info.types in ("cmp", "logical", "cond", "overflow") else t
 
 
 def _one_op_kernel(name: str, inputs: list, out, out_t, in_types, cond=None) -> KernelIR:
@@ -136,9 +136,14 @@ def _cases(name, info):
     types += [T.i32, T.u32, T.i64, T.i8] if "i" in _kinds(info) else []
     for t in types:
         vals = N_EDGE_FLOATS if t.is_float else _int_samples(t)
-        if name in ("shl", "shr"):  # shifts by the width or more are poison in LLVM
-            yield t, t, [[v for v in vals for _ in range(t.bits)],
-                         [s for _ in vals for s in range(t.bits)]]
+        if name in ("shl", "shr", "shl_overflows"):
+            # Shifts by the width or more are poison in LLVM; the overflow check defines them
+            # (a nonzero value overflows), negative amounts included.
+            amounts = list(range(t.bits))
+            if name == "shl_overflows":
+                amounts += [t.bits, t.bits + 3] + ([-1] if t.is_signed else [])
+            yield t, _result_type(info, t), [[v for v in vals for _ in amounts],
+                                             [s for _ in vals for s in amounts]]
             continue
         if n == 1:
             yield t, _result_type(info, t), [vals]

@@ -94,7 +94,8 @@ def test_hard_arguments(prog, bits):
     _, run = _sincos_kernel(len(special), bits)
     s, c = run(special)
     assert np.signbit(s[1]) and not np.signbit(s[0])  # sin(-0) = -0
-    assert s[2] == special[2] and s[3] == special[3] and s[4] == special[4]
+    assert s[2] == special[2] and s[3] == special[3]
+    assert s[4] == 0.0 and not np.signbit(s[4])  # a subnormal result: flushed (FTZ, as Taichi)
     assert list(c[:5]) == [1.0] * 5
     assert np.isnan(s[5:]).all() and np.isnan(c[5:]).all()
 
@@ -120,7 +121,7 @@ def _optimized(k, prog) -> str:
 def test_pairs_share_one_reduction_and_lone_sines_do_not(prog):
     k, _ = _sincos_kernel(1 << 10)
     opt = _optimized(k, prog)
-    start = opt.index("define void @k_task0")
+    start = opt.index("@k_task0_body(")  # the task body (kept out of line: cpu.py)
     task = opt[start:opt.index("\n}\n", start)]
     assert "_ZGVdN" not in opt and "_ZGVeN" not in opt  # neither half went to libmvec
     assert "@llvm.fma.v" in task and "call { <" not in task  # inlined into the vector loop

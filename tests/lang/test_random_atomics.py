@@ -242,6 +242,39 @@ def test_parallel_float_sum(ti, fp, rtol):
     np.testing.assert_allclose(total[None], data.sum(), rtol=100 * rtol)
 
 
+def _f16_sum(n: int, v: float) -> float:
+    """``n`` adds of ``v`` into an f16, each rounded to f16."""
+    s = np.float16(0)
+    for _ in range(n):
+        s = np.float16(np.float32(s) + np.float32(v))
+    return float(s)
+
+
+def test_parallel_f16_sum_rounds_every_add(ti):
+    """``f[0] += 1.12`` into an f16 field rounds each add to f16, as Taichi's atomics do, so
+    the parallel sum is the serial f16 sum (1029: past 512, 1.12 adds round to 1), not a sum
+    of per-chunk partial sums (it was 1119); the same for scatters (``h[i % 4] += ...``,
+    which gets stuck at 4096 when each add rounds)."""
+    f = ti.field(ti.f16, shape=3)
+    h = ti.field(ti.f16, shape=4)
+
+    @ti.kernel
+    def run(n: ti.i32, m: ti.i32):
+        for _i in range(n):
+            f[0] += 1.12
+        for _ in range(1):
+            for _i in range(n):
+                f[1] = f[1] + 1.12
+        for _i in range(n):
+            ti.atomic_add(f[2], 1.12)
+        for i in range(4 * m):  # each of h's elements gets m adds, from several chunks
+            h[i % 4] += 1.12
+
+    run(1000, 100_000)
+    assert f.to_numpy().tolist() == [_f16_sum(1000, 1.12)] * 3
+    assert h.to_numpy().tolist() == [_f16_sum(100_000, 1.12)] * 4
+
+
 def _draw_serial(ti, dtype, n, fn=None):
     """``n`` draws of ``ti.random(dtype)`` (or ``fn()``) in one thread, from a fixed seed:
     the same numbers on every run, so the statistical checks below cannot be flaky."""

@@ -17,6 +17,7 @@ from .dce import dead_code_elimination, eliminate_blocks
 from .determinism import schedule_deterministically
 from .fold import constant_fold
 from .offload import offload
+from .overflow import insert_overflow_checks
 from .owned import demote_owned_atomics
 from .reduce import privatize_reductions
 from .scatter import privatize_scatters
@@ -32,6 +33,7 @@ def _task_dce(ir: KernelIR) -> KernelIR:
 
 
 PIPELINE = [
+    insert_overflow_checks,
     constant_fold,
     dead_code_elimination,
     insert_bounds_checks,

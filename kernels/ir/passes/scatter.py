@@ -19,7 +19,7 @@ from math import prod
 
 from ...types import i32
 from ..nodes import Block, Buffer, KernelIR, Stmt, Task, walk
-from .reduce import _slot
+from .reduce import _slot, rounds_every_add
 
 #: Largest buffer (in elements) copied per chunk: zeroing and draining it must stay small next
 #: to the chunk's work.
@@ -34,7 +34,8 @@ def _candidates(t: Task, ir: KernelIR) -> set[int]:
         if key is None or key[0] != "buf":
             continue
         slot = key[1]
-        good = s.op == "atomic" and s.attr[1] in ("add", "sub") and s not in used
+        good = (s.op == "atomic" and s.attr[1] in ("add", "sub") and s not in used
+                and not rounds_every_add(s.dtype))
         ok[slot] = ok.get(slot, True) and good
     out = set()
     for slot, good in ok.items():
