@@ -35,7 +35,14 @@ from ..errors import (
 from ..ir.nodes import OPS, Block, Buffer, Stmt
 from . import builder as _b
 from . import ops
-from .annotations import NdarrayType, RefType, Template, _resolve_annotation, template
+from .annotations import (
+    NdarrayType,
+    RefType,
+    Template,
+    _resolve_annotation,
+    signature_text,
+    template,
+)
 from .field import Field, SNode, assign, kernel_element
 from .matrix import Matrix, MatrixType, Vector, _coerce
 from .sparse import struct_for_guard
@@ -1730,4 +1737,4 @@ class Func:
         return self if obj is None else functools.partial(self, obj)
 
     def __repr__(self) -> str:
-        return f"<difftape func {self.__name__}>"
+        return f"<ti.func {self.__name__}{signature_text(self.pyfunc)}>"
