@@ -33,6 +33,9 @@ class Connection:
                                        token if token is not None else default_token(),
                                        timeout=timeout)
 
+    def __repr__(self) -> str:
+        return f"<difftape.client.Connection to {self.transport.url}>"
+
     def create_session(self) -> Session:
         """A new session (a worker process with its own fields and kernels)."""
         return Session(self, self.transport.create_session())
@@ -74,6 +77,9 @@ class Session:
         self.transport = connection.transport
         self.session_id = session_id
 
+    def __repr__(self) -> str:
+        return f"<difftape.client.Session {self.session_id} on {self.transport.url}>"
+
     def info(self) -> dict:
         return self.transport.json("GET", f"/v1/sessions/{self.session_id}")
 
@@ -114,6 +120,13 @@ class Job:
         self.transport = connection.transport
         self.job_id = job_id
         self.last = info or {}
+
+    def __repr__(self) -> str:
+        """The job as last seen (``status()`` asks the server again): state and progress."""
+        state = self.last.get("state", "submitted")
+        done, total = self.last.get("done"), self.last.get("total")
+        seen = f", {done} of {total} ops done" if total else ""
+        return f"<difftape.client.Job {self.job_id}: {state}{seen}>"
 
     def status(self) -> dict:
         self.last = self.transport.json("GET", f"/v1/jobs/{self.job_id}")

@@ -18,6 +18,7 @@ from .errors import (  # noqa: E402
     CompileError,
     DifftapeError,
     GradientRuleError,
+    ImageError,
     IndexOutOfRangeError,
     IRValidationError,
     KernelAssertionError,
@@ -26,6 +27,7 @@ from .errors import (  # noqa: E402
     KernelRuntimeError,
     KernelSyntaxError,
     KernelTypeError,
+    MediaError,
     OptionError,
     ShapeError,
     SolverError,
@@ -279,7 +281,8 @@ def _attach_remote(prog, **options):
 
 _program_mod.register_backend(remote, _attach_remote)
 
-from . import ad, profiler  # noqa: E402
+from . import ad, profiler, tools  # noqa: E402
 from .ad import FwdMode, Tape  # noqa: E402
+from .ui.gui import GUI, hex_to_rgb, rgb_to_hex  # noqa: E402
 
 __all__ = [n for n in dir() if not n.startswith("_")]

@@ -138,6 +138,19 @@ class SolverError(DifftapeError, RuntimeError):
     reports these through ``solver.info()`` and returns what the factorisation left)."""
 
 
+class ImageError(DifftapeError, ValueError, AssertionError):
+    """An image, colour or shape that ``ti.GUI`` or ``ti.tools`` cannot draw or write: a
+    dtype with no pixel meaning, the wrong resolution or channel count, an unknown image file
+    type. Taichi raises a ``ValueError`` for some of these and fails an ``assert`` for the
+    others, so this is both."""
+
+
+class MediaError(DifftapeError, RuntimeError):
+    """Something a picture needs that this process does not have: a window (difftape draws
+    headless: ``ti.GUI(show_gui=False)``), ffmpeg for MP4 video, or an image file that cannot
+    be read or written. Taichi raises a ``RuntimeError`` for these."""
+
+
 # Taichi's exception names (taichi/lang/exception.py), for programs that catch them.
 TaichiCompilationError = CompileError
 TaichiSyntaxError = KernelSyntaxError

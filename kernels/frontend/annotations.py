@@ -140,3 +140,23 @@ def _resolve_annotation(ann, fn):
     if isinstance(ann, type) and issubclass(ann, NdarrayType):
         return NdarrayType()
     return ann
+
+
+def signature_text(pyfunc) -> str:
+    """``(a: f32, x: template()) -> f32``: a kernel's or func's parameters as written, for its
+    ``repr`` (types by name, difftape's annotation objects by their own ``repr``)."""
+
+    def text(annotation) -> str:
+        if isinstance(annotation, str):  # `from __future__ import annotations`
+            return annotation
+        return annotation.__name__ if isinstance(annotation, type) else repr(annotation)
+
+    try:
+        sig = inspect.signature(pyfunc)
+    except (TypeError, ValueError):
+        return "(...)"
+    params = [p.name if p.annotation is inspect.Parameter.empty
+              else f"{p.name}: {text(p.annotation)}" for p in sig.parameters.values()]
+    ret = ("" if sig.return_annotation is inspect.Signature.empty
+           else f" -> {text(sig.return_annotation)}")
+    return f"({', '.join(params)}){ret}"

@@ -498,8 +498,20 @@ class Field(ArrayExchange):
             self._np_activate_all()
 
     def __repr__(self) -> str:
-        kind = "Field" if not self.element_shape else f"Field{list(self.element_shape)}"
-        return f"<difftape {kind} {self._label()} {self.dtype} shape={self._shape}>"
+        """What the field is, without its values (a notebook shows it; reading the values of a
+        remote field would be a round trip): ``<ti.Vector.field(3) x: f32, shape (8,),
+        needs_grad>``."""
+        kind = {0: "ti.field", 1: "ti.Vector.field({})", 2: "ti.Matrix.field({}, {})"}
+        parts = [str(self.dtype), f"shape {self._shape}"]
+        if any(self.offset):
+            parts.append(f"offset {self.offset}")
+        if self.role == "primal":
+            parts += [flag for flag, role in (("needs_grad", "grad"), ("needs_dual", "dual"))
+                      if self.companion(role) is not None]
+        if self.sparse_terms:
+            parts.append("sparse")
+        head = kind.get(len(self.element_shape), "ti.field").format(*self.element_shape)
+        return f"<{head} {self._label()}: {', '.join(parts)}>"
 
     def __iter__(self):
         # Without this, Python would iterate by calling __getitem__(0), (1), ... (as Taichi,

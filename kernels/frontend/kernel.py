@@ -43,7 +43,13 @@ from ..runtime.foreign import call_with_arrays
 from ..runtime.launch import raise_error_word
 from ..runtime.simgrid import GridKernel
 from . import builder as _b
-from .annotations import NdarrayType, SparseMatrixBuilderType, Template, _resolve_annotation
+from .annotations import (
+    NdarrayType,
+    SparseMatrixBuilderType,
+    Template,
+    _resolve_annotation,
+    signature_text,
+)
 from .matrix import Matrix, MatrixType
 from .ndarray import Ndarray
 from .ops import resolve_dtype
@@ -371,7 +377,7 @@ class Kernel:
         return self._adjoint
 
     def __repr__(self) -> str:
-        return f"<difftape kernel {self.name}>"
+        return f"<ti.kernel {self.name}{signature_text(self.pyfunc)}>"
 
 
 class BoundKernel:
@@ -396,7 +402,8 @@ class BoundKernel:
         return self.kernel.name
 
     def __repr__(self) -> str:
-        return f"<difftape kernel {self.kernel.name} bound to {type(self.obj).__name__}>"
+        return (f"<ti.kernel {self.kernel.name}{signature_text(self.kernel.pyfunc)} bound to "
+                f"a {type(self.obj).__name__}>")
 
 
 class AdjointKernel:
@@ -426,7 +433,8 @@ class AdjointKernel:
         return k.instance(args, variant).launch(args)
 
     def __repr__(self) -> str:
-        return f"<difftape adjoint kernel {self.primal.name}.grad>"
+        return (f"<ti.kernel {self.primal.name}.grad: the adjoint of "
+                f"{self.primal.name}{signature_text(self.primal.pyfunc)}>")
 
 
 def derive(ir: KernelIR, variant: str, storage: Callable[[Buffer, str], bool]) -> KernelIR:

@@ -733,9 +733,10 @@ class MatrixType:
                           element_shape=self.element_shape, layout=layout)
 
     def __repr__(self) -> str:
+        dtype = self._dtype.__name__ if isinstance(self._dtype, type) else self._dtype
         if self.ndim == 1:
-            return f"vector({self.n}, {self._dtype})"
-        return f"matrix({self.n}, {self.m}, {self._dtype})"
+            return f"vector({self.n}, {dtype})"
+        return f"matrix({self.n}, {self.m}, {dtype})"
 
 
 def _flatten(xs) -> list:

@@ -502,9 +502,21 @@ class StructField:
             f.fill(value)
 
     def __repr__(self) -> str:
-        return f"<difftape StructField {self.name} members={self.keys}>"
+        members = ", ".join(f"{k}: {_member_text(f)}" for k, f in self.field_dict.items())
+        shape = next(iter(self.field_dict.values())).shape if self.field_dict else ()
+        name = "" if self.name.startswith("<") else f" {self.name}"
+        return f"<ti.Struct.field{name}: {{{members}}}, shape {shape}>"
 
     __hash__ = object.__hash__
+
+
+def _member_text(f) -> str:
+    """A struct field's member in its repr: its dtype, element shape or members."""
+    if isinstance(f, StructField):
+        return "{" + ", ".join(f"{k}: {_member_text(g)}" for k, g in f.field_dict.items()) + "}"
+    if f.element_shape:
+        return f"{f.dtype}{list(f.element_shape)}"
+    return str(f.dtype)
 
 
 _field.bind(Struct=Struct, StructField=StructField)

@@ -45,6 +45,7 @@ from .annotations import (
     SparseMatrixBuilderType,
     Template,
     _resolve_annotation,
+    signature_text,
     template,
 )
 from .field import Field, SNode, assign, kernel_element
@@ -1838,4 +1839,4 @@ class Func:
         return self if obj is None else functools.partial(self, obj)
 
     def __repr__(self) -> str:
-        return f"<difftape func {self.__name__}>"
+        return f"<ti.func {self.__name__}{signature_text(self.pyfunc)}>"

@@ -272,8 +272,35 @@ def array_transfers():
     return out
 
 
+def drawn_frames():
+    """ti.GUI draws where the Python program runs: a remote field's values come back for
+    set_image, particle positions for circles; the frames' bytes are compared."""
+    import tempfile
+
+    img = ti.Vector.field(3, ti.f32, shape=(24, 16))
+    pos = ti.Vector.field(2, ti.f32, shape=10)
+
+    @ti.kernel
+    def paint(t: ti.f32):
+        for i, j in img:
+            img[i, j] = [ti.sin(i * 0.3 + t) * 0.5 + 0.5, j / 16, 0.25]
+        for k in pos:
+            pos[k] = [0.1 * k, 0.5 + 0.3 * ti.sin(k + t)]
+
+    gui = ti.GUI("remote", res=(24, 16), show_gui=False)
+    out = {}
+    with tempfile.TemporaryDirectory() as d:
+        for t in range(2):
+            paint(t * 0.5)
+            gui.set_image(img)
+            gui.circles(pos.to_numpy(), radius=2, color=0xFF0000)
+            gui.show(f"{d}/{t}.png")
+            out[f"frame{t}"] = ti.tools.imread(f"{d}/{t}.png")
+    return out
+
+
 @pytest.mark.parametrize("program", [nbody, tape_gradient, kernel_grad, returns_and_items,
-                                     forward_mode, array_transfers],
+                                     forward_mode, array_transfers, drawn_frames],
                          ids=lambda p: p.__name__)
 def test_same_results_bit_for_bit(remote, program):
     truth = run_local(program)

@@ -161,3 +161,17 @@ def test_killed_worker_is_a_lost_session(service):
         assert y.to_numpy().tolist() == [1.5, 1.5]
     finally:
         ti.reset()
+
+
+def test_connection_session_and_job_reprs_say_what_they_are(conn, service):
+    from difftape.client.session import Job
+
+    assert repr(conn) == f"<difftape.client.Connection to {service.url}>"
+    s = conn.create_session()
+    try:
+        assert repr(s) == f"<difftape.client.Session {s.session_id} on {service.url}>"
+    finally:
+        s.delete()
+    job = Job(conn, "j-1", {"state": "running", "done": 3, "total": 10})
+    assert repr(job) == "<difftape.client.Job j-1: running, 3 of 10 ops done>"
+    assert repr(Job(conn, "j-2")) == "<difftape.client.Job j-2: submitted>"
