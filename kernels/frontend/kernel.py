@@ -609,6 +609,54 @@ class CompiledKernel:
                                       (time.perf_counter() - start) * 1000.0))
 
     def launch(self, args: tuple):
+        capture = self.prog.capture
+        if capture is not None:  # inside ti.graph.capture(): recorded, not run (difftape.graph)
+            return capture.launch(self, args)
+        keep, copies = self.pack(args)
+        ctx_i64 = self.ctx_i64
+        ctx = self.ctx_addr
+        pool = None
+        for is_range, fn, bounds, weight, schedule in self.tasks:
+            if is_range:
+                bounds(ctx, self.bounds_addr)
+                begin, end = self.bounds_out[0], self.bounds_out[1]
+                if end <= begin:
+                    continue
+                if schedule == _ORDERED:
+                    chunk = deterministic_chunk(end - begin, weight)
+                    if chunk >= end - begin:
+                        fn(ctx, begin, end, 0)
+                    else:
+                        pool = pool or self.prog.pool
+                        pool.run_chunks(fn, ctx, begin, end, chunk,
+                                        threaded=(end - begin) * weight >= INLINE_WORK)
+                elif (end - begin) * weight < INLINE_WORK or self.prog.num_threads == 1 \
+                        or schedule == _SERIAL:
+                    fn(ctx, begin, end, 0)
+                else:
+                    pool = pool or self.prog.pool
+                    pool.run(fn, ctx, begin, end)
+            else:
+                fn(ctx, 0, 0, 0)
+            if ctx_i64[self.layout.err_code]:
+                self._copy_back(copies)
+                self._raise_assertion()
+        self._copy_back(copies)
+        if self._returns:
+            ctx_f64 = self.ctx_f64
+            out = [float(ctx_f64[slot]) if kind is _FLOAT else
+                   int(ctx_i64[slot]) if kind is _INT else int(ctx_i64[slot]) & _U64_MASK
+                   for slot, kind in self._returns]
+            rt = self.return_type
+            if rt is not None:
+                return compound_return(rt, out)
+            return out[0] if len(out) == 1 else out
+        return None
+
+    def pack(self, args: tuple) -> tuple[list, dict | None]:
+        """Write ``args`` into the launch context: scalars into their slots, array pointers
+        and extents. Returns the arrays to keep alive during the launch and the staged copies
+        to copy back after it (see :meth:`_staged`)."""
         ctx_f64, ctx_i64 = self.ctx_f64, self.ctx_i64
         entries = None
         for (slot, kind), (arg_index, comp) in zip(self._writers, self._arg_map, strict=True):
@@ -659,43 +707,27 @@ class CompiledKernel:
             for axis, s in enumerate(extents):
                 if s is not None:
                     ctx_i64[s] = arr.shape[axis]
-        ctx = self.ctx_addr
-        pool = None
-        for is_range, fn, bounds, weight, schedule in self.tasks:
-            if is_range:
-                bounds(ctx, self.bounds_addr)
-                begin, end = self.bounds_out[0], self.bounds_out[1]
-                if end <= begin:
-                    continue
-                if schedule == _ORDERED:
-                    chunk = deterministic_chunk(end - begin, weight)
-                    if chunk >= end - begin:
-                        fn(ctx, begin, end, 0)
-                    else:
-                        pool = pool or self.prog.pool
-                        pool.run_chunks(fn, ctx, begin, end, chunk,
-                                        threaded=(end - begin) * weight >= INLINE_WORK)
-                elif (end - begin) * weight < INLINE_WORK or self.prog.num_threads == 1 \
-                        or schedule == _SERIAL:
-                    fn(ctx, begin, end, 0)
-                else:
-                    pool = pool or self.prog.pool
-                    pool.run(fn, ctx, begin, end)
-            else:
-                fn(ctx, 0, 0, 0)
-            if ctx_i64[self.layout.err_code]:
-                self._copy_back(copies)
-                self._raise_assertion()
-        self._copy_back(copies)
-        if self._returns:
-            out = [float(ctx_f64[slot]) if kind is _FLOAT else
-                   int(ctx_i64[slot]) if kind is _INT else int(ctx_i64[slot]) & _U64_MASK
-                   for slot, kind in self._returns]
-            rt = self.return_type
-            if rt is not None:
-                return compound_return(rt, out)
-            return out[0] if len(out) == 1 else out
-        return None
+        return keep, copies
+
+    def argument_slots(self) -> tuple[list, list]:
+        """Where :meth:`pack` puts each argument in the launch context (for ti.graph, which
+        binds named inputs there): scalars as ``(ctx slot, kind, argument index, path)``
+        (kind: "f", "i" or an unsigned width; path as :func:`param_path`'s), arrays as
+        ``(pointer slot, argument index, role, extent slots by axis)``."""
+        scalars = [(slot, kind, arg_index, comp) for (slot, kind), (arg_index, comp)
+                   in zip(self._writers, self._arg_map, strict=True)]
+        arrays = [(self.layout.buffer_ptr[slot], arg_index, role, extents)
+                  for slot, arg_index, role, extents, _ in self._ndarray_slots]
+        return scalars, arrays
+
+    def field_storage(self) -> list[tuple[int, np.ndarray]]:
+        """``(pointer slot, array)`` of each field storage the kernel addresses."""
+        out = []
+        for slot, buf in enumerate(self.ir.buffers):
+            if buf.key[0] == "field":
+                f = self.prog.fields[buf.key[1]]
+                out.append((self.layout.buffer_ptr[slot], f.companion(buf.key[2]).arr))
+        return out
 
     def _matrix_entries(self, v, arg_index: int) -> list:
         """The entries of a vector/matrix argument, row-major, after checking its shape against
