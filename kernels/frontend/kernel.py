@@ -357,6 +357,7 @@ class Kernel:
                            if isinstance(p.annotation, MatrixType)}
         inst.arg_structs = {k: p.annotation for k, p in enumerate(self.params)
                             if isinstance(p.annotation, StructType)}
+        inst.origin = (self, spec, variant)
         return inst
 
     @property
@@ -465,8 +466,11 @@ def has_storage(prog, spec: tuple, buf, role: str) -> bool:
 
 
 def compile_ir(ir: KernelIR, prog, stats: CompileStats | None = None,
-               arg_names: list[str] | None = None) -> CompiledKernel:
-    """Object code for offloaded IR (from the cache when possible), loaded and ready."""
+               arg_names: list[str] | None = None,
+               fields: dict | None = None) -> CompiledKernel:
+    """Object code for offloaded IR (from the cache when possible), loaded and ready.
+    ``fields``: the fields the IR's field ids name, when not the program's own (a saved
+    graph loaded in another process, difftape.graph)."""
     stats = stats or CompileStats()
     if prog.config.simulate_grid:  # the CUDA target's code, run on the CPU (codegen/simgrid.py)
         # Function-level: codegen.simgrid loads LLVM (llvmlite), as codegen.get_target does.
@@ -496,7 +500,7 @@ def compile_ir(ir: KernelIR, prog, stats: CompileStats | None = None,
     t1 = time.perf_counter()
     engine, addresses = target.load(obj, names)
     stats.llvm_s, stats.load_s = t1 - t0, time.perf_counter() - t1
-    return CompiledKernel(ir, layout, engine, addresses, low, prog, arg_names)
+    return CompiledKernel(ir, layout, engine, addresses, low, prog, arg_names, fields)
 
 
 @functools.cache
@@ -519,11 +523,13 @@ class CompiledKernel:
     """One loaded specialization: a launch context and the task entry points."""
 
     def __init__(self, ir: KernelIR, layout: CtxLayout, engine, addresses: dict, low,
-                 prog, arg_names: list[str] | None = None) -> None:
+                 prog, arg_names: list[str] | None = None, fields: dict | None = None) -> None:
         self.ir = ir
         self.layout = layout
         self._engine = engine  # keeps the code alive
         self.prog = prog
+        self.fields = prog.fields if fields is None else fields  # by the IR's field ids
+        self.origin: tuple | None = None  # (Kernel, spec, variant), set by Kernel._compile
         self.ctx = (ctypes.c_int64 * max(1, layout.size))()
         self.ctx_addr = ctypes.addressof(self.ctx)
         self.ctx_i64 = np.frombuffer(self.ctx, dtype=np.int64)
@@ -554,7 +560,7 @@ class CompiledKernel:
             if buf.key[0] == "private":  # per-chunk copies the generated code allocates
                 continue
             if buf.key[0] == "field":
-                f = prog.fields.get(buf.key[1])
+                f = (prog.fields if fields is None else fields).get(buf.key[1])
                 if f is None:
                     raise CompileError(f"field '{buf.name}' does not belong to the current "
                                        "program (was it created before ti.init/ti.reset?)",
@@ -725,7 +731,7 @@ class CompiledKernel:
         out = []
         for slot, buf in enumerate(self.ir.buffers):
             if buf.key[0] == "field":
-                f = self.prog.fields[buf.key[1]]
+                f = self.fields[buf.key[1]]
                 out.append((self.layout.buffer_ptr[slot], f.companion(buf.key[2]).arr))
         return out
 

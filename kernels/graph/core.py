@@ -146,6 +146,7 @@ class Graph:
         self._prints = False
         self._capturing = False
         self.launches = 0  # captured kernel launches
+        self.fields: dict[str, Field] = {}  # a loaded graph's fields, by label (saved.py)
 
     # ------------------------------------------------------------------ inputs
     def input(self, name: str, value):
@@ -451,6 +452,11 @@ class Graph:
 
     __call__ = replay
 
+    def save(self, path: str) -> None:
+        """Write the graph to ``path``, to be loaded with ``ti.graph.load`` in another process
+        (see :mod:`.saved`)."""
+        _saver[0](self, path)
+
     def run(self, args: dict) -> None:
         """Taichi's ``graph.run({name: value, ...})``: :meth:`replay` with these inputs, all
         of which must be given (as Taichi requires)."""
@@ -595,6 +601,14 @@ def _write_scalar(ctx: np.ndarray, slot: int, kind, v, name: str) -> None:
         raise ArgumentError(f"graph input '{name}' is unsigned (u{kind}) but got {v}")
     v &= (1 << kind) - 1
     ctx[slot] = v - (1 << 64) if v >= 1 << 63 else v
+
+
+_saver: list = []
+
+
+def register_saver(save) -> None:
+    """Registration point for :meth:`Graph.save` (``saved.py``, which imports this module)."""
+    _saver[:] = [save]
 
 
 class capture:
