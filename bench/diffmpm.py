@@ -19,7 +19,7 @@ import shutil
 import sys
 import tempfile
 import time
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import common
@@ -73,8 +73,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         shutil.rmtree(cache_dir, ignore_errors=True)
 
 
-def measure(ti: ModuleType, args: argparse.Namespace) -> dict[str, Any]:
-    """Time the cold first iteration, check the gradient by finite differences, then time more."""
+def build(ti: ModuleType) -> SimpleNamespace:
+    """The rollout's fields and kernels, and ``forward()`` (set ``init_v``'s velocity, the
+    63 steps, the loss); ``bench/graph.py`` captures the same iteration."""
 
     def vec(shape):
         return ti.Vector.field(2, dtype=ti.f32, shape=shape, needs_grad=True)
@@ -189,6 +190,19 @@ def measure(ti: ModuleType, args: argparse.Namespace) -> dict[str, Any]:
             grid_op(s)
             g2p(s)
         compute_loss()
+
+    return SimpleNamespace(x=x, v=v, C=C, F=F, grid_v_in=grid_v_in, grid_m_in=grid_m_in,
+                           grid_v_out=grid_v_out, init_v=init_v, loss=loss,
+                           set_initial=set_initial, clear_grid=clear_grid, set_v=set_v,
+                           p2g=p2g, grid_op=grid_op, g2p=g2p, compute_loss=compute_loss,
+                           forward=forward)
+
+
+def measure(ti: ModuleType, args: argparse.Namespace) -> dict[str, Any]:
+    """Time the cold first iteration, check the gradient by finite differences, then time more."""
+    m = build(ti)
+    x, init_v, loss = m.x, m.init_v, m.loss
+    clear_grid, forward, set_initial = m.clear_grid, m.forward, m.set_initial
 
     def iteration() -> None:
         clear_grid()

@@ -36,6 +36,7 @@ BENCHMARKS = (
     "ad_nbody",
     "ad_forward",
     "diffmpm",
+    "graph",
     "service_mpm",
 )
 #: Benchmarks that run as cold/warm process pairs over a fresh on-disk cache directory.

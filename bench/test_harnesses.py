@@ -246,3 +246,18 @@ def test_suite_end_to_end_detects_each_kind(tmp_path):
     assert [h["test"] for h in a["hangs"]] == ["test_fake.py::test_hang[arch=x64]"]
     assert [c["test"] for c in a["crashes"]] == ["test_fake.py::test_crash[arch=x64]"]
     assert a["totals"]["all"]["taichi_passed"] == 5 and a["totals"]["all"]["passed"] == 2
+
+
+def test_graph_benchmark_overhead_graph_runs_every_launch():
+    # bench/graph.py's overhead graph: every captured launch runs at each replay (it checks
+    # the sum itself and raises otherwise)
+    import graph
+
+    import difftape as ti
+
+    ti.init(arch=ti.cpu)
+    try:
+        per_launch, eager = graph.launch_overhead(ti, 50, 2)
+    finally:
+        ti.reset()
+    assert 0 < per_launch < eager

@@ -18,6 +18,8 @@ from .errors import (  # noqa: E402
     CompileError,
     DifftapeError,
     GradientRuleError,
+    GraphCaptureError,
+    GraphError,
     ImageError,
     IndexOutOfRangeError,
     IRValidationError,
@@ -281,7 +283,7 @@ def _attach_remote(prog, **options):
 
 _program_mod.register_backend(remote, _attach_remote)
 
-from . import ad, profiler, tools  # noqa: E402
+from . import ad, graph, profiler, tools  # noqa: E402
 from .ad import FwdMode, Tape  # noqa: E402
 from .ui.gui import GUI, hex_to_rgb, rgb_to_hex  # noqa: E402
 

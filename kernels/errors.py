@@ -151,6 +151,19 @@ class MediaError(DifftapeError, RuntimeError):
     be read or written. Taichi raises a ``RuntimeError`` for these."""
 
 
+class GraphError(DifftapeError, RuntimeError):
+    """A captured graph (``ti.graph``) cannot be built, bound or replayed as asked: an input
+    of another shape or type than the one captured, an input never given a value, a graph of
+    a program that ``ti.init``/``ti.reset`` ended, a saved graph that fails validation. Also a
+    ``RuntimeError``, as Taichi's graph errors are."""
+
+
+class GraphCaptureError(GraphError):
+    """Something inside ``ti.graph.capture()`` that a replay could not repeat: a read of
+    device data on the host (``x[i]``, ``to_numpy``, a kernel's return value, Python
+    branching on a field), Python arithmetic on a graph input. The message names the line."""
+
+
 # Taichi's exception names (taichi/lang/exception.py), for programs that catch them.
 TaichiCompilationError = CompileError
 TaichiSyntaxError = KernelSyntaxError

@@ -327,6 +327,8 @@ class Field(ArrayExchange):
         key = self._norm_key(key)
         if _b.current() is not None:
             return self._kernel_element(key)
+        if self._program.capture is not None:  # inside ti.graph.capture(): refused
+            self._program.capture.read(f"reading {self._label()}[...]")
         key = self._host_index(key)
         value = self.arr[key]
         out = _to_python(value, self.element_shape, writable=True)
@@ -390,6 +392,9 @@ class Field(ArrayExchange):
             assign(self[key], _coerce(value))
             return
         key = self._host_index(key)
+        if self._program.capture is not None:  # inside ti.graph.capture(): recorded
+            self._program.capture.write_element(self, key, value)
+            return
         if not self.element_shape:
             # Integers wrap around as in Taichi (0xFFFF into an i16 is -1).
             self.arr[key] = self.dtype.wrap(value) if self.dtype.is_int and isinstance(
@@ -415,12 +420,18 @@ class Field(ArrayExchange):
         """The field as a NumPy array of shape ``shape + element_shape`` (see
         :meth:`_numpy_dims` for ``keep_dims``). Inactive cells of sparse SNodes read 0: their
         storage is kept zeroed."""
+        if self._program.capture is not None:  # inside ti.graph.capture(): refused
+            self._program.capture.read(f"{self._label()}.to_numpy()")
         out = self._numpy_dims(self.arr.copy(), keep_dims)
         return out.astype(dtype) if dtype is not None else out
 
     @_b.python_scope
     def from_numpy(self, arr) -> None:
+        source = arr
         arr = self._numpy_in(arr)
+        if self._program.capture is not None:  # inside ti.graph.capture(): recorded
+            self._program.capture.copy(self, arr, source)
+            return
         active = self._np_active()
         if active is None:
             np.copyto(self.arr, arr, casting="unsafe")
@@ -461,6 +472,9 @@ class Field(ArrayExchange):
         field that runs at every launch (parallel at the kernel's top level), as in Taichi."""
         bld = _b.current()
         if bld is None:
+            if self._program.capture is not None:  # inside ti.graph.capture(): recorded
+                self._program.capture.fill(self, value)
+                return
             active = self._np_active()
             if active is None:
                 self.arr[...] = value
@@ -493,6 +507,9 @@ class Field(ArrayExchange):
         if not isinstance(other, Field):
             raise TypeError(f"{self._label()}.copy_from() takes a field, got a "
                             f"{type(other).__name__}; use from_numpy() for an array")
+        if self._program.capture is not None:  # inside ti.graph.capture(): recorded
+            self._program.capture.copy(self, other.arr, other)
+            return
         np.copyto(self.arr, other.arr)
         if self.sparse_terms:  # Taichi copies over the whole index range: all activated
             self._np_activate_all()

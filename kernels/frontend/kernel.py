@@ -365,6 +365,7 @@ class Kernel:
                            if isinstance(p.annotation, MatrixType)}
         inst.arg_structs = {k: p.annotation for k, p in enumerate(self.params)
                             if isinstance(p.annotation, StructType)}
+        inst.origin = (self, spec, variant)
         return inst
 
     @property
@@ -475,8 +476,11 @@ def has_storage(prog, spec: tuple, buf, role: str) -> bool:
 
 
 def compile_ir(ir: KernelIR, prog, stats: CompileStats | None = None,
-               arg_names: list[str] | None = None) -> CompiledKernel:
-    """Object code for offloaded IR (from the cache when possible), loaded and ready."""
+               arg_names: list[str] | None = None,
+               fields: dict | None = None) -> CompiledKernel:
+    """Object code for offloaded IR (from the cache when possible), loaded and ready.
+    ``fields``: the fields the IR's field ids name, when not the program's own (a saved
+    graph loaded in another process, difftape.graph)."""
     stats = stats or CompileStats()
     if prog.config.simulate_grid:  # the CUDA target's code, run on the CPU (codegen/simgrid.py)
         # Function-level: codegen.simgrid loads LLVM (llvmlite), as codegen.get_target does.
@@ -506,7 +510,7 @@ def compile_ir(ir: KernelIR, prog, stats: CompileStats | None = None,
     t1 = time.perf_counter()
     engine, addresses = target.load(obj, names)
     stats.llvm_s, stats.load_s = t1 - t0, time.perf_counter() - t1
-    return CompiledKernel(ir, layout, engine, addresses, low, prog, arg_names)
+    return CompiledKernel(ir, layout, engine, addresses, low, prog, arg_names, fields)
 
 
 @functools.cache
@@ -529,11 +533,13 @@ class CompiledKernel:
     """One loaded specialization: a launch context and the task entry points."""
 
     def __init__(self, ir: KernelIR, layout: CtxLayout, engine, addresses: dict, low,
-                 prog, arg_names: list[str] | None = None) -> None:
+                 prog, arg_names: list[str] | None = None, fields: dict | None = None) -> None:
         self.ir = ir
         self.layout = layout
         self._engine = engine  # keeps the code alive
         self.prog = prog
+        self.fields = prog.fields if fields is None else fields  # by the IR's field ids
+        self.origin: tuple | None = None  # (Kernel, spec, variant), set by Kernel._compile
         self.ctx = (ctypes.c_int64 * max(1, layout.size))()
         self.ctx_addr = ctypes.addressof(self.ctx)
         self.ctx_i64 = np.frombuffer(self.ctx, dtype=np.int64)
@@ -564,7 +570,7 @@ class CompiledKernel:
             if buf.key[0] == "private":  # per-chunk copies the generated code allocates
                 continue
             if buf.key[0] == "field":
-                f = prog.fields.get(buf.key[1])
+                f = (prog.fields if fields is None else fields).get(buf.key[1])
                 if f is None:
                     raise CompileError(f"field '{buf.name}' does not belong to the current "
                                        "program (was it created before ti.init/ti.reset?)",
@@ -619,6 +625,54 @@ class CompiledKernel:
                                       (time.perf_counter() - start) * 1000.0))
 
     def launch(self, args: tuple):
+        capture = self.prog.capture
+        if capture is not None:  # inside ti.graph.capture(): recorded, not run (difftape.graph)
+            return capture.launch(self, args)
+        keep, copies = self.pack(args)
+        ctx_i64 = self.ctx_i64
+        ctx = self.ctx_addr
+        pool = None
+        for is_range, fn, bounds, weight, schedule in self.tasks:
+            if is_range:
+                bounds(ctx, self.bounds_addr)
+                begin, end = self.bounds_out[0], self.bounds_out[1]
+                if end <= begin:
+                    continue
+                if schedule == _ORDERED:
+                    chunk = deterministic_chunk(end - begin, weight)
+                    if chunk >= end - begin:
+                        fn(ctx, begin, end, 0)
+                    else:
+                        pool = pool or self.prog.pool
+                        pool.run_chunks(fn, ctx, begin, end, chunk,
+                                        threaded=(end - begin) * weight >= INLINE_WORK)
+                elif (end - begin) * weight < INLINE_WORK or self.prog.num_threads == 1 \
+                        or schedule == _SERIAL:
+                    fn(ctx, begin, end, 0)
+                else:
+                    pool = pool or self.prog.pool
+                    pool.run(fn, ctx, begin, end)
+            else:
+                fn(ctx, 0, 0, 0)
+            if ctx_i64[self.layout.err_code]:
+                self._copy_back(copies)
+                self._raise_assertion()
+        self._copy_back(copies)
+        if self._returns:
+            ctx_f64 = self.ctx_f64
+            out = [float(ctx_f64[slot]) if kind is _FLOAT else
+                   int(ctx_i64[slot]) if kind is _INT else int(ctx_i64[slot]) & _U64_MASK
+                   for slot, kind in self._returns]
+            rt = self.return_type
+            if rt is not None:
+                return compound_return(rt, out)
+            return out[0] if len(out) == 1 else out
+        return None
+
+    def pack(self, args: tuple) -> tuple[list, dict | None]:
+        """Write ``args`` into the launch context: scalars into their slots, array pointers
+        and extents. Returns the arrays to keep alive during the launch and the staged copies
+        to copy back after it (see :meth:`_staged`)."""
         ctx_f64, ctx_i64 = self.ctx_f64, self.ctx_i64
         entries = None
         for (slot, kind), (arg_index, comp) in zip(self._writers, self._arg_map, strict=True):
@@ -669,43 +723,27 @@ class CompiledKernel:
             for axis, s in enumerate(extents):
                 if s is not None:
                     ctx_i64[s] = arr.shape[axis]
-        ctx = self.ctx_addr
-        pool = None
-        for is_range, fn, bounds, weight, schedule in self.tasks:
-            if is_range:
-                bounds(ctx, self.bounds_addr)
-                begin, end = self.bounds_out[0], self.bounds_out[1]
-                if end <= begin:
-                    continue
-                if schedule == _ORDERED:
-                    chunk = deterministic_chunk(end - begin, weight)
-                    if chunk >= end - begin:
-                        fn(ctx, begin, end, 0)
-                    else:
-                        pool = pool or self.prog.pool
-                        pool.run_chunks(fn, ctx, begin, end, chunk,
-                                        threaded=(end - begin) * weight >= INLINE_WORK)
-                elif (end - begin) * weight < INLINE_WORK or self.prog.num_threads == 1 \
-                        or schedule == _SERIAL:
-                    fn(ctx, begin, end, 0)
-                else:
-                    pool = pool or self.prog.pool
-                    pool.run(fn, ctx, begin, end)
-            else:
-                fn(ctx, 0, 0, 0)
-            if ctx_i64[self.layout.err_code]:
-                self._copy_back(copies)
-                self._raise_assertion()
-        self._copy_back(copies)
-        if self._returns:
-            out = [float(ctx_f64[slot]) if kind is _FLOAT else
-                   int(ctx_i64[slot]) if kind is _INT else int(ctx_i64[slot]) & _U64_MASK
-                   for slot, kind in self._returns]
-            rt = self.return_type
-            if rt is not None:
-                return compound_return(rt, out)
-            return out[0] if len(out) == 1 else out
-        return None
+        return keep, copies
+
+    def argument_slots(self) -> tuple[list, list]:
+        """Where :meth:`pack` puts each argument in the launch context (for ti.graph, which
+        binds named inputs there): scalars as ``(ctx slot, kind, argument index, path)``
+        (kind: "f", "i" or an unsigned width; path as :func:`param_path`'s), arrays as
+        ``(pointer slot, argument index, role, extent slots by axis)``."""
+        scalars = [(slot, kind, arg_index, comp) for (slot, kind), (arg_index, comp)
+                   in zip(self._writers, self._arg_map, strict=True)]
+        arrays = [(self.layout.buffer_ptr[slot], arg_index, role, extents)
+                  for slot, arg_index, role, extents, _ in self._ndarray_slots]
+        return scalars, arrays
+
+    def field_storage(self) -> list[tuple[int, np.ndarray]]:
+        """``(pointer slot, array)`` of each field storage the kernel addresses."""
+        out = []
+        for slot, buf in enumerate(self.ir.buffers):
+            if buf.key[0] == "field":
+                f = self.fields[buf.key[1]]
+                out.append((self.layout.buffer_ptr[slot], f.companion(buf.key[2]).arr))
+        return out
 
     def _matrix_entries(self, v, arg_index: int) -> list:
         """The entries of a vector/matrix argument, row-major, after checking its shape against

@@ -16,6 +16,7 @@ import numbers
 import numpy as np
 
 from ..errors import DifftapeError, KernelRuntimeError, ShapeError
+from ..runtime import program
 from ..runtime.foreign import ArrayExchange, array_in, as_numpy
 from ..types import from_numpy as dtype_of
 from . import matrix as _matrix
@@ -106,30 +107,45 @@ class Ndarray(ArrayExchange):
     @python_scope
     def __getitem__(self, key):
         # Vector/matrix elements write through: nd[i][j] = v changes the ndarray.
+        _capture_read("reading an ndarray element")
         return _to_python(self.arr[self._norm_key(key)], self.element_shape, writable=True)
 
     @python_scope
     def __setitem__(self, key, value) -> None:
         key = self._norm_key(key)
+        capture = program.get().capture
+        if capture is not None:  # inside ti.graph.capture(): recorded
+            capture.write_element(self, key, value)
+            return
         self.arr[key] = _element_value(value, self.element_shape)
 
     # ------------------------------------------------------------------ bulk access
     @python_scope
     def to_numpy(self) -> np.ndarray:
+        _capture_read("ndarray.to_numpy()")
         return self.arr.copy()
 
     @python_scope
     def from_numpy(self, arr) -> None:
+        source = arr
         arr = array_in(arr)
         if arr.shape != self.arr.shape:
             raise ShapeError(f"from_numpy: the ndarray has shape {self.arr.shape} (shape "
                              f"{self.shape}, element {self.element_shape}), the array has "
                              f"{arr.shape}")
+        capture = program.get().capture
+        if capture is not None:  # inside ti.graph.capture(): recorded
+            capture.copy(self, arr, source)
+            return
         np.copyto(self.arr, arr, casting="unsafe")
 
     @python_scope
     def fill(self, value) -> None:
         """Set every element to ``value``: a scalar, or one vector/matrix element."""
+        capture = program.get().capture
+        if capture is not None:  # inside ti.graph.capture(): recorded
+            capture.fill(self, value)
+            return
         self.arr[...] = _element_value(value, self.element_shape)
 
     @python_scope
@@ -138,6 +154,10 @@ class Ndarray(ArrayExchange):
             raise TypeError(f"copy_from takes an ndarray, got {type(other).__name__}")
         if other.arr.shape != self.arr.shape:
             raise ShapeError(f"copy_from: shapes differ: {self.arr.shape} vs {other.arr.shape}")
+        capture = program.get().capture
+        if capture is not None:  # inside ti.graph.capture(): recorded
+            capture.copy(self, other.arr, other)
+            return
         np.copyto(self.arr, other.arr, casting="unsafe")
 
     def __deepcopy__(self, memo=None) -> Ndarray:
@@ -188,6 +208,13 @@ def ndarray(dtype, shape, needs_grad: bool = False) -> Ndarray:
             return VectorNdarray(dtype.n, dtype.scalar_dtype, shape, needs_grad)
         return MatrixNdarray(dtype.n, dtype.m, dtype.scalar_dtype, shape, needs_grad)
     return ScalarNdarray(dtype, shape, needs_grad)
+
+
+def _capture_read(what: str) -> None:
+    """Refuse a host read of device data inside ``ti.graph.capture()`` (difftape.graph)."""
+    capture = program.get().capture
+    if capture is not None:
+        capture.read(what)
 
 
 def _check_shape(shape) -> tuple[int, ...]:

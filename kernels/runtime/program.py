@@ -253,6 +253,9 @@ class Program:
         self.tape = None  # the ti.ad.Tape recording kernel launches, if any
         self.remote = None  # arch=ti.remote: the difftape.client runtime running it on a server
         self.fwd = None  # the ti.ad.FwdMode (or forward-mode helper) in effect, if any
+        # Inside ``ti.graph.capture()``: the recorder (difftape.graph) that launches, fills and
+        # copies go to instead of running; host reads refuse while it is set.
+        self.capture = None
         # > 0 inside a @ti.ad.no_grad function under forward mode: kernels there give the
         # fields they write zero tangents (variant "fwd_const")
         self.no_tangents = 0
@@ -276,6 +279,9 @@ class Program:
     def zero(self, arr) -> None:
         """Zero a contiguous array; large ones on all cores (clearing gradients between
         iterations is memory-bound, and one core cannot saturate memory bandwidth)."""
+        if self.capture is not None:  # inside ti.graph.capture(): recorded, not run
+            self.capture.zero(arr)
+            return
         if arr.nbytes < (1 << 20) or self.num_threads == 1:
             arr.fill(0)
             return

@@ -1,0 +1,444 @@
+"""Saved graphs: ``g.save(path)`` and ``ti.graph.load(path)`` in another process.
+
+The file is JSON (no pickle, no machine code, no addresses): the *frontend* IR of each kernel
+variant the graph launches (``ir.serialize``, what the service receives), the fields it
+addresses (label, dtype, shape, element shape, which of .grad/.dual/.grad.dual exist), and the
+ops in order: a launch as its kernel's index and its scalar parameters as packed, a fill /
+copy / zero as its target storage and a byte range (constants inline). Named scalar, vector
+and field inputs are listed with the places they bind. This is also the form a server would
+take a graph in (the hook for remote replay): IR it validates and compiles itself, and
+launch records over storage it owns.
+
+Loading trusts nothing in the file: every kernel's IR goes through
+``ir.validate.decode_untrusted`` (the service's validator), must address only the listed
+fields with their listed dtypes and shapes, and is derived and compiled here (``derive``,
+the pass pipeline, ``compile_ir``: so the code comes from the disk cache when this machine
+compiled the same kernels before, else from LLVM); launch contexts are rebuilt from the
+compiled layout (pointers, the random state and error words are this process's own) with
+only the scalar parameters taken from the file; every fill/copy range is checked against its
+storage. The loaded graph's fields are new fields of the current program (``g.fields``, by
+label), or the caller's own (``load(path, fields={label: field})``, checked alike).
+
+Not saved (refused by ``save``): graphs with ndarray arguments or inputs, fields under sparse
+SNodes, kernels with ``print``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import numbers
+from typing import Any
+
+import numpy as np
+
+from .. import types as T
+from .._version import __version__
+from ..errors import DifftapeError, GraphError, IRValidationError
+from ..frontend.field import Field, make_field
+from ..frontend.kernel import compile_ir, derive
+from ..frontend.matrix import MatrixType
+from ..ir import serialize
+from ..ir.passes import run_pipeline
+from ..ir.validate import argument_names, decode_untrusted
+from ..runtime import program
+from .core import Graph, _Input, register_saver
+
+FORMAT = "difftape-graph"
+VERSION = 1
+ROLES = ("primal", "grad", "dual", "grad_dual")
+VARIANTS = ("primal", "grad", "fwd", "grad_fwd", "fwd_const")
+MAX_OPS = 1 << 20
+
+
+def save(graph: Graph, path: str) -> None:
+    """Write ``graph`` to ``path`` (see the module docstring for what is refused)."""
+    prog = graph.prog
+    if prog is None:
+        raise GraphError("only a captured graph can be saved (after its capture block)")
+    storage: dict[int, tuple[int, str, np.ndarray]] = {}
+    for fid, f in prog.fields.items():
+        for role in ROLES:
+            c = f.companion(role)
+            if c is not None:
+                storage[c.arr.ctypes.data] = (fid, role, c.arr)
+    constants = {a.ctypes.data: a for a in graph._keep if isinstance(a, np.ndarray)}
+    used: set[int] = set()
+
+    def locate(addr: int) -> tuple[int, str, int]:
+        for base, (fid, role, arr) in storage.items():
+            if base <= addr < base + max(1, arr.nbytes):
+                used.add(fid)
+                return fid, role, addr - base
+        raise GraphError("saving a graph: an op addresses memory that is not a field's "
+                         "(ndarrays and NumPy arrays cannot be saved)")
+
+    kernels: list[dict] = []
+    index: dict[int, int] = {}
+    ops: list[dict] = []
+    where: dict[int, int] = {}  # id(op context) -> op number
+    for op in graph._ops:
+        if op[0] == "launch":
+            _, inst, ctx = op
+            if inst.origin is None:
+                raise GraphError(f"kernel '{inst.ir.name}' was not compiled from a @ti.kernel")
+            if any(b.key[0] != "field" for b in inst.ir.buffers if b.key[0] != "private"):
+                raise GraphError(f"saving a graph: kernel '{inst.ir.name}' takes ndarray "
+                                 "arguments; saved graphs address fields only")
+            if id(inst) not in index:
+                kernel, spec, variant = inst.origin
+                ir = kernel._frontend_ir(prog, spec, adjoint=variant in ("grad", "grad_fwd"))
+                if variant not in VARIANTS:
+                    raise GraphError(f"saving a graph: kernel variant {variant!r}")
+                index[id(inst)] = len(kernels)
+                kernels.append({"ir": serialize.encode(ir), "variant": variant,
+                                "deterministic": bool(inst.ir.deterministic),
+                                "fast_math": bool(inst.ir.fast_math)})
+                for b in inst.ir.buffers:
+                    if b.key[0] == "field":
+                        used.add(b.key[1])
+            where[id(ctx)] = len(ops)
+            ops.append({"op": "launch", "kernel": index[id(inst)],
+                        "params": [int(ctx[s]) for s in inst.layout.params]})
+            continue
+        _, name, ctx, begin, end = op
+        fid, role, offset = locate(int(ctx[0]))
+        entry: dict[str, Any] = {"op": name, "field": fid, "role": role, "offset": offset,
+                                 "begin": int(begin), "end": int(end)}
+        if name == "fill":
+            pattern = constants[int(ctx[1])]
+            entry["pattern"] = base64.b64encode(pattern.tobytes()).decode()
+        elif name == "copy":
+            src = int(ctx[1])
+            if src in constants:
+                data = constants[src].tobytes()[int(begin):int(end)]
+                entry["data"] = base64.b64encode(data).decode()
+            else:
+                sfid, srole, soff = locate(src)
+                entry["source"] = [sfid, srole, soff]
+        where[id(ctx)] = len(ops)
+        ops.append(entry)
+    inputs = []
+    for inp in graph._inputs.values():
+        if inp.kind == "array":
+            raise GraphError(f"saving a graph: input '{inp.name}' is an array; saved graphs "
+                             "take scalar, vector/matrix and field inputs")
+        out: dict[str, Any] = {"name": inp.name, "kind": inp.kind}
+        if inp.kind == "field":
+            out["field"] = inp.example.id
+        else:
+            out["dtype"] = _dtype_text(inp.dtype)
+            out["slots"] = [[where[id(ctx)], _param_index(graph, ctx, slot), kind, comp]
+                            for ctx, slot, (kind, comp) in inp.slots]
+            if inp.has_value:
+                v = inp.value
+                out["value"] = (v.to_list() if hasattr(v, "to_list") else
+                                np.asarray(v).tolist())
+        inputs.append(out)
+    fields = {}
+    for fid in sorted(used):
+        f = prog.fields[fid]
+        if f.sparse_terms:
+            raise GraphError(f"saving a graph: '{f._label()}' is under a sparse SNode")
+        fields[str(fid)] = {"label": f._label(), "dtype": f.dtype.name, "shape": list(f.shape),
+                            "element_shape": list(f.element_shape),
+                            "roles": [r for r in ROLES if f.companion(r) is not None]}
+    doc = {"format": FORMAT, "version": VERSION, "difftape": __version__, "fields": fields,
+           "kernels": kernels, "ops": ops, "inputs": inputs}
+    with open(path, "w") as fh:
+        json.dump(doc, fh)
+
+
+def _param_index(graph: Graph, ctx: np.ndarray, slot: int) -> int:
+    for op in graph._ops:
+        if op[0] == "launch" and op[2] is ctx:
+            return op[1].layout.params.index(slot)
+    raise GraphError("saving a graph: an input is bound outside a launch")
+
+
+def _dtype_text(dtype) -> Any:
+    if dtype is None:
+        return None
+    if isinstance(dtype, T.DType):
+        return dtype.name
+    return {"n": dtype.n, "m": dtype.m, "ndim": dtype.ndim,
+            "dtype": None if dtype._dtype is None else dtype.scalar_dtype.name}
+
+
+# ---------------------------------------------------------------------------------------------
+# loading
+
+
+def _bad(what: str) -> GraphError:
+    return GraphError(f"saved graph refused: {what}")
+
+
+def _int(v, lo: int, hi: int, what: str) -> int:
+    if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+        raise _bad(f"{what} must be an integer in [{lo}, {hi}], got {v!r:.40}")
+    return v
+
+
+def load(path: str, fields: dict[str, Field] | None = None) -> Graph:
+    """A graph saved by :func:`save`, validated and compiled for the current program. Its
+    fields are new (``g.fields[label]``) unless ``fields`` maps labels to existing ones."""
+    prog = program.get()
+    if prog.remote is not None or prog.config.simulate_grid:
+        raise GraphError("ti.graph.load runs graphs on the local CPU (not under arch=ti.remote "
+                         "or simulate_grid)")
+    try:
+        with open(path) as fh:
+            doc = json.load(fh)
+    except (OSError, ValueError) as e:
+        raise _bad(f"{path} is not readable JSON ({e})") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("version") != VERSION:
+        raise _bad(f"{path} is not a {FORMAT} file of version {VERSION}")
+    for key, kind in (("fields", dict), ("kernels", list), ("ops", list), ("inputs", list)):
+        if not isinstance(doc.get(key), kind):
+            raise _bad(f"'{key}' must be a {kind.__name__}")
+    if len(doc["ops"]) > MAX_OPS:
+        raise _bad(f"more than {MAX_OPS} ops")
+    mapping, manifest = _fields(doc["fields"], fields or {})
+    insts = [_kernel(k, n, prog, mapping, manifest) for n, k in enumerate(doc["kernels"])]
+    g = Graph()
+    ctxs: list[np.ndarray | None] = []
+    for n, op in enumerate(doc["ops"]):
+        ctxs.append(_op(g, op, n, insts, mapping))
+    for n, spec in enumerate(doc["inputs"]):
+        _input(g, spec, n, ctxs, insts, doc["ops"], mapping)
+    g.fields = {manifest[fid]["key"]: mapping[fid] for fid in mapping}
+    g._finish(prog)
+    return g
+
+
+def _fields(data: dict, given: dict[str, Field]) -> tuple[dict[int, Field], dict[int, dict]]:
+    """The fields the graph addresses, by saved id: new ones, or the caller's (checked)."""
+    mapping: dict[int, Field] = {}
+    manifest: dict[int, dict] = {}
+    labels: dict[str, int] = {}
+    for key, f in data.items():
+        fid = _int(int(key) if isinstance(key, str) and key.isdigit() else None, 1, 1 << 62,
+                   "a field id")
+        if not isinstance(f, dict) or not isinstance(f.get("label"), str) or \
+                len(f["label"]) > 128:
+            raise _bad(f"field {fid}: a label is needed")
+        try:
+            dtype = T.by_name(f.get("dtype"))
+        except (ValueError, TypeError):
+            raise _bad(f"field {fid}: unknown dtype {f.get('dtype')!r:.40}") from None
+        shape = f.get("shape")
+        esh = f.get("element_shape")
+        if not isinstance(shape, list) or len(shape) > 8 or not isinstance(esh, list) or \
+                len(esh) > 2:
+            raise _bad(f"field {fid}: shape and element_shape must be short lists")
+        shape = tuple(_int(s, 1, (1 << 31) - 1, f"field {fid}'s shape") for s in shape)
+        esh = tuple(_int(s, 1, 64, f"field {fid}'s element shape") for s in esh)
+        if int(np.prod(shape + esh, dtype=np.int64)) > (1 << 31):
+            raise _bad(f"field {fid}: more than 2**31 elements")
+        roles = f.get("roles")
+        if not isinstance(roles, list) or "primal" not in roles or \
+                not set(roles) <= set(ROLES) or (len(roles) > 1 and not dtype.is_float):
+            raise _bad(f"field {fid}: roles must include primal, from {ROLES}")
+        label = f["label"]
+        key_label = label if label not in labels else f"{label}#{fid}"
+        labels[key_label] = fid
+        manifest[fid] = {"dtype": dtype, "shape": shape, "esh": esh, "roles": set(roles),
+                         "key": key_label}
+        field = given.get(key_label)
+        if field is None:
+            field = make_field(dtype, shape, name=label, needs_grad="grad" in roles,
+                               needs_dual="dual" in roles, element_shape=esh)
+            if "grad_dual" in roles:
+                field.grad._make_companion("dual")
+        elif not isinstance(field, Field) or (field.dtype, field.shape, field.element_shape) \
+                != (dtype, shape, esh) or field.sparse_terms or any(
+                    field.companion(r) is None for r in roles):
+            raise GraphError(f"ti.graph.load(fields=...): '{key_label}' must be a dense field "
+                             f"of {dtype}, shape {shape}, element {esh} with storage for "
+                             f"{', '.join(roles)}")
+        mapping[fid] = field
+    unknown = set(given) - set(labels)
+    if unknown:
+        raise GraphError(f"ti.graph.load(fields=...): the graph has no field "
+                         f"'{sorted(unknown)[0]}' (its fields: {', '.join(labels)})")
+    return mapping, manifest
+
+
+def _kernel(data, n: int, prog, mapping: dict[int, Field], manifest: dict[int, dict]):
+    """Kernel ``n``: its IR validated, derived, compiled (from the disk cache if there)."""
+    if not isinstance(data, dict) or data.get("variant") not in VARIANTS:
+        raise _bad(f"kernel {n}: a variant from {VARIANTS} is needed")
+    try:
+        ir = decode_untrusted(data.get("ir"))
+    except IRValidationError as e:
+        raise _bad(f"kernel {n}: {e}") from None
+    for b in ir.buffers:
+        kind, fid, role = b.key
+        m = manifest.get(fid) if kind == "field" else None
+        if m is None or role not in m["roles"] or b.dtype != m["dtype"] or \
+                tuple(b.shape) != m["shape"] + m["esh"]:
+            raise _bad(f"kernel {n} ('{ir.name}'): buffer '{b.name}' is not one of the graph's "
+                       "fields with its dtype and shape")
+
+    def storage(buf, role: str) -> bool:
+        kind, fid, base = buf.key
+        name = role if base == "primal" else f"{base}_{role}"
+        return kind == "field" and name in manifest[fid]["roles"]
+
+    try:
+        ir = derive(ir, data["variant"], storage)
+        ir.deterministic = data.get("deterministic") is True
+        ir.fast_math = data.get("fast_math") is not False
+        ir = run_pipeline(ir)
+        return compile_ir(ir, prog, arg_names=argument_names(ir), fields=mapping)
+    except DifftapeError as e:
+        raise _bad(f"kernel {n} ('{ir.name}') does not compile here: {e}") from None
+
+
+def _storage(mapping: dict[int, Field], fid, role) -> np.ndarray:
+    f = mapping.get(fid) if isinstance(fid, int) else None
+    c = f.companion(role) if f is not None and role in ROLES else None
+    if c is None:
+        raise _bad(f"an op addresses field {fid!r:.20} .{role!r:.20}, which is not in the graph")
+    return c.arr
+
+
+def _op(g: Graph, op, n: int, insts: list, mapping: dict[int, Field]) -> np.ndarray | None:
+    if not isinstance(op, dict):
+        raise _bad(f"op {n} must be an object")
+    name = op.get("op")
+    if name == "launch":
+        k = _int(op.get("kernel"), 0, len(insts) - 1, f"op {n}'s kernel")
+        inst = insts[k]
+        params = op.get("params")
+        if not isinstance(params, list) or len(params) != len(inst.layout.params):
+            raise _bad(f"op {n}: kernel '{inst.ir.name}' takes {len(inst.layout.params)} "
+                       "parameters")
+        ctx = inst.ctx_i64.copy()  # this process's pointers, random state, zeroed error word
+        for slot, v in zip(inst.layout.params, params, strict=True):
+            ctx[slot] = _int(v, -(1 << 63), (1 << 63) - 1, f"op {n}'s parameter")
+        g._ops.append(("launch", inst, ctx))
+        g._keep.append(inst)
+        g.launches += 1
+        return ctx
+    if name not in ("fill", "copy", "zero"):
+        raise _bad(f"op {n}: unknown op {name!r:.20}")
+    arr = _storage(mapping, op.get("field"), op.get("role"))
+    offset = _int(op.get("offset"), 0, arr.nbytes, f"op {n}'s offset")
+    begin = _int(op.get("begin"), 0, arr.nbytes, f"op {n}'s begin")
+    end = _int(op.get("end"), begin, arr.nbytes, f"op {n}'s end")
+    ctx = np.zeros(3, dtype=np.int64)
+    ctx[0] = arr.ctypes.data + offset
+    g._keep.append(arr)
+    if name == "fill":
+        pattern = _bytes(op.get("pattern"), n)
+        k = len(pattern)
+        if k == 0 or offset != 0 or arr.nbytes % k or end * k > arr.nbytes:
+            raise _bad(f"op {n}: a fill pattern of {k} bytes over elements [{begin}, {end}) "
+                       f"does not fit {arr.nbytes} bytes")
+        buf = np.frombuffer(pattern, dtype=np.uint8).copy()
+        g._keep.append(buf)
+        ctx[1], ctx[2] = buf.ctypes.data, k
+    elif name == "copy":
+        if offset + end > arr.nbytes:
+            raise _bad(f"op {n}: bytes [{begin}, {end}) at offset {offset} exceed the target")
+        if "data" in op:
+            data = _bytes(op["data"], n)
+            if len(data) != end - begin:
+                raise _bad(f"op {n}: {len(data)} bytes of data for a copy of {end - begin}")
+            buf = np.zeros(end, dtype=np.uint8)  # the copy reads src + begin
+            buf[begin:] = np.frombuffer(data, dtype=np.uint8)
+        else:
+            src = op.get("source")
+            if not isinstance(src, list) or len(src) != 3:
+                raise _bad(f"op {n}: a copy needs data or a source")
+            buf = _storage(mapping, src[0], src[1])
+            soff = _int(src[2], 0, buf.nbytes, f"op {n}'s source offset")
+            if soff + end > buf.nbytes:
+                raise _bad(f"op {n}: the source is too small")
+            buf = buf.view(np.uint8).reshape(-1)[soff:]
+        g._keep.append(buf)
+        ctx[1] = buf.ctypes.data
+    elif offset + end > arr.nbytes:
+        raise _bad(f"op {n}: bytes [{begin}, {end}) exceed the target")
+    g._ops.append(("op", name, ctx, begin, end))
+    return None
+
+
+def _bytes(text, n: int) -> bytes:
+    if not isinstance(text, str) or len(text) > (1 << 30):
+        raise _bad(f"op {n}: base64 data expected")
+    try:
+        return base64.b64decode(text, validate=True)
+    except ValueError:
+        raise _bad(f"op {n}: base64 data expected") from None
+
+
+def _input(g: Graph, spec, n: int, ctxs: list, insts: list, ops: list,
+           mapping: dict[int, Field]) -> None:
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or \
+            not spec["name"].isidentifier() or spec["name"] in g._inputs:
+        raise _bad(f"input {n}: a unique identifier name is needed")
+    name, kind = spec["name"], spec.get("kind")
+    if kind == "field":
+        f = mapping.get(spec.get("field"))
+        if f is None:
+            raise _bad(f"input '{name}': not one of the graph's fields")
+        inp = _Input(name, "field", example=f, dtype=f.dtype, element_shape=f.element_shape,
+                     shape=f.shape, value=f, has_value=True)
+        g._inputs[name] = inp
+        for role in ROLES:
+            c = f.companion(role)
+            if c is None:
+                continue
+            for op, ctx in zip(g._ops, ctxs, strict=True):
+                if op[0] == "launch":
+                    for slot, arr in op[1].field_storage():
+                        if arr is c.arr:
+                            inp.slots.append((ctx, slot, role))
+                elif op[2][0] == c.arr.ctypes.data:
+                    inp.slots.append((op[2], 0, role))
+                elif op[1] == "copy" and op[2][1] == c.arr.ctypes.data:
+                    inp.slots.append((op[2], 1, role))
+        return
+    if kind not in ("scalar", "matrix"):
+        raise _bad(f"input '{name}': unknown kind {kind!r:.20}")
+    dtype = spec.get("dtype")
+    if kind == "scalar":
+        try:
+            dtype = None if dtype is None else T.by_name(dtype)
+        except (ValueError, TypeError):
+            raise _bad(f"input '{name}': unknown dtype") from None
+    else:
+        if not isinstance(dtype, dict):
+            raise _bad(f"input '{name}': a matrix type is needed")
+        dtype = MatrixType(_int(dtype.get("n"), 1, 64, "n"), _int(dtype.get("m"), 1, 64, "m"),
+                           _int(dtype.get("ndim"), 1, 2, "ndim"),
+                           None if dtype.get("dtype") is None else T.by_name(dtype["dtype"]))
+    inp = _Input(name, kind, dtype=dtype)
+    slots = spec.get("slots")
+    if not isinstance(slots, list):
+        raise _bad(f"input '{name}': slots must be a list")
+    for s in slots:
+        if not isinstance(s, list) or len(s) != 4:
+            raise _bad(f"input '{name}': a slot is [op, parameter, kind, component]")
+        o = _int(s[0], 0, len(ops) - 1, "a slot's op")
+        ctx = ctxs[o]
+        if ctx is None:
+            raise _bad(f"input '{name}': op {o} is not a launch")
+        inst = g._ops[o][1]
+        p = _int(s[1], 0, len(inst.layout.params) - 1, "a slot's parameter")
+        want = inst.ir.params[p].dtype
+        wkind = "f" if want.is_float else "i" if want.is_signed else want.bits
+        if s[2] != wkind or not (s[3] is None or (isinstance(s[3], int) and kind == "matrix")):
+            raise _bad(f"input '{name}': a slot's kind does not match the parameter")
+        inp.slots.append((ctx, inst.layout.params[p], (wkind, s[3])))
+    g._inputs[name] = inp
+    if "value" in spec:
+        v = spec["value"]
+        if not isinstance(v, numbers.Number | list):
+            raise _bad(f"input '{name}': a number or list value expected")
+        inp.value, inp.has_value = v, True
+
+
+register_saver(save)
