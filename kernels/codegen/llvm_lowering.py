@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import struct
-import threading
 from dataclasses import dataclass, field
 
 from .. import types as T
@@ -128,12 +127,18 @@ _PURE_KEYED = frozenset({"load", "const", "arg", "buf_shape", "loop_index", "cas
 FAST = "contract"
 
 
-#: Called as ``observer(ir, layout)`` for every kernel whose module is written (not for one
-#: whose object code comes from the cache), after it was written without error:
-#: ``ptx_check.py`` also lowers each one for the CUDA target.
+#: Called as ``observer(ir, layout, cached)`` for every kernel compiled in this process, after
+#: its code was made without error or loaded from the compile cache (``cached``), by
+#: :func:`notify_compiled`: ``ptx_check.py`` also lowers each one for the CUDA target, so a
+#: warm cache checks what a cold one does.
 observers: list = []
-_observing = threading.local()
-_observing.active = False
+
+
+def notify_compiled(ir: KernelIR, layout: CtxLayout, cached: bool) -> None:
+    """Tell the observers that ``ir`` was compiled (``cached``: its code came from the cache).
+    The compiler calls it on both paths; the observers' own lowerings do not."""
+    for observe in observers:
+        observe(ir, layout, cached)
 
 
 class Lowering:
@@ -205,13 +210,6 @@ class Lowering:
         groups = [f"attributes #{n} = {{ {text} }}" for text, n in self.attribute_groups.items()]
         text = "\n".join(head + sorted(self.declarations) + self.functions + trailer +
                          groups + self._alias_metadata()) + "\n"
-        if observers and not _observing.active:  # not for the observers' own lowerings
-            _observing.active = True
-            try:
-                for observe in observers:
-                    observe(self.ir, self.layout)
-            finally:
-                _observing.active = False
         return text
 
     # ------------------------------------------------------------------ alias information
