@@ -949,11 +949,26 @@ class Lowering:
         fail, cont = fn.label("assert_fail"), fn.label("assert_ok")
         fn.term(f"br i1 {ok}, label %{cont}, label %{fail}")
         fn.start_block(fail)
-        code = self.messages[s.attr]
-        p = self.ctx_slot(self.layout.err_code)
-        fn.void(f"store i64 {code}, ptr {p}")
-        if len(s.args) > 1:
-            v = s.args[1]
-            self.store_scalar(self.layout.err_value, v.dtype, self.values[v])
+        self.report_error(self.messages[s.attr], s.args[1] if len(s.args) > 1 else None)
         self._return()
         fn.start_block(cont)
+
+    def report_error(self, code: int, value: Stmt | None) -> None:
+        """Write the error word: the first failure wins. Threads that fail at once (chunks
+        on the CPU's pool, a GPU's threads, a warp in one instruction) race for it; a plain
+        store of the code and then of the value could leave one thread's code with another's
+        value (a message naming the wrong index). So the code is claimed by
+        compare-and-swap from 0, and only the thread that claimed it writes its value; the
+        launcher reads both after the launch (a join or the kernel's end orders them)."""
+        fn = self.fn
+        p = self.ctx_slot(self.layout.err_code)
+        old = fn.ins(f"cmpxchg ptr {p}, i64 0, i64 {code} monotonic monotonic")
+        if value is None:
+            return
+        won = fn.ins(f"extractvalue {{ i64, i1 }} {old}, 1")
+        write, done = fn.label("err_value"), fn.label("err_done")
+        fn.term(f"br i1 {won}, label %{write}, label %{done}")
+        fn.start_block(write)
+        self.store_scalar(self.layout.err_value, value.dtype, self.values[value])
+        fn.term(f"br label %{done}")
+        fn.start_block(done)
