@@ -23,8 +23,10 @@ over that grid (difftape/runtime/simgrid.py); tests/core/test_simulated_grid_sui
 subset of tests/lang and tests/ad this way.
 
 PTX check (``DIFFTAPE_CHECK_PTX``): every kernel the tests compile is also compiled for the CUDA
-target and assembled by ``ptxas`` (difftape/codegen/ptx_check.py); a kernel that cannot be
-fails the run, listed with the reason at the end. On by default where ``ptxas`` and libdevice
+target and assembled by ``ptxas`` (difftape/codegen/ptx_check.py), also one whose CPU code comes
+from the compile cache, so every run checks every kernel; a kernel that cannot be fails the
+run, listed with the reason at the end (the summary line counts kernels, cache hits among them,
+distinct modules and failures). On by default where ``ptxas`` and libdevice
 are found (CI, the development machines); ``DIFFTAPE_CHECK_PTX=0`` turns it off, ``=1``
 insists (an error where it cannot run). ``DIFFTAPE_PTX_ARCH`` picks the architecture (default
 sm_75) and ``DIFFTAPE_PTX_DIR`` keeps the PTX there (default: a temporary directory).
@@ -122,7 +124,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         return
     tr = terminalreporter
     ok = check.modules - sum(f.stage != "lowering" for f in check.failures)
-    tr.write_line(f"PTX check ({check.arch}): {check.kernels} kernels compiled, "
+    tr.write_line(f"PTX check ({check.arch}): {check.kernels} kernels compiled "
+                  f"({check.cached} of them from the cache), checked as "
                   f"{check.modules} distinct CUDA modules, {ok} accepted by ptxas, "
                   f"{len(check.failures)} failed ({check.worker_s:.0f} s in workers)")
     for f in check.failures:

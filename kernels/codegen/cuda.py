@@ -29,7 +29,8 @@ position as parameters (``simgrid.py``), is what the simulated grid runs on the 
 - **Errors** (failed bounds checks and assertions) are the shared lowering's: the error code
   and value are written into the launch context (device memory), read after the launch.
 - **Random numbers**: thread ``g`` uses state ``g`` (the launcher provides one per thread).
-- ``print`` is CUDA's ``vprintf``.
+- ``print`` is CUDA's ``vprintf``, skipped while the launch context's ``quiet`` flag is set
+  (an attempt that may be rerun after an overflow prints nothing).
 """
 
 from __future__ import annotations
@@ -243,6 +244,20 @@ class CUDATarget:
         low.fn.void("call void @llvm.nvvm.nanosleep(i32 64)")
 
     def print_call(self, low: Lowering, fmt: str, args: list[str]) -> None:
+        """Print unless the launch context's ``quiet`` flag is set: a task that may overflow
+        runs quietly until an attempt fits, then once more to print (the launcher's rerun
+        protocol, ``runtime/simgrid.py``), so a rerun never prints a line twice and an
+        overflowed attempt's values (pops of slots never stored read 0) are never shown."""
+        fn = low.fn
+        quiet = fn.ins(f"load i64, ptr {low.ctx_slot(low.layout.quiet)}")
+        loud = fn.ins(f"icmp eq i64 {quiet}, 0")
+        say, done = fn.label("print"), fn.label("printed")
+        fn.term(f"br i1 {loud}, label %{say}, label %{done}")
+        fn.start_block(say)
+        self.emit_print(low, fmt, args)
+        fn.start_block(done)
+
+    def emit_print(self, low: Lowering, fmt: str, args: list[str]) -> None:
         """``vprintf(fmt, buffer)``: the arguments packed in a local struct, each at its
         natural alignment (what CUDA's printf expects)."""
         fn = low.fn

@@ -3,10 +3,10 @@
 Buffers' base pointers, ndarray extents, scalar arguments, temps (kernel-level variables shared
 between tasks), return values, the error report, the random-state pointer, the commit ticket
 of ordered (deterministic) tasks and, for targets whose reverse-mode stacks come from a
-preallocated pool (CUDA), the pool's address, each thread's capacity and the overflow flag each
-have a slot. Floats travel as f64 bit patterns and
-integers as i64, so the Python side writes every scalar with one NumPy store and the layout does
-not depend on argument types.
+preallocated pool (CUDA), the pool's address, each thread's capacity, the overflow flag and the
+quiet flag (no printing in an attempt that may be rerun) each have a slot. Floats travel as f64
+bit patterns and integers as i64, so the Python side writes every scalar with one NumPy store
+and the layout does not depend on argument types.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ class CtxLayout:
     stack_pool: int = 0  # pooled stacks: the pool's address
     stack_cap: int = 0  # pooled stacks: slots per thread
     overflow: int = 0  # set when a pooled stack or the device heap ran out: rerun larger
+    quiet: int = 0  # pooled-stack targets: nonzero while an attempt must not print (a rerun)
     size: int = 0
 
 
@@ -53,6 +54,6 @@ def ctx_layout(ir: KernelIR) -> CtxLayout:
         lay.returns.append(n)
         n += 1
     lay.err_code, lay.err_value, lay.rng, lay.commit = n, n + 1, n + 2, n + 3
-    lay.stack_pool, lay.stack_cap, lay.overflow = n + 4, n + 5, n + 6
-    lay.size = n + 7
+    lay.stack_pool, lay.stack_cap, lay.overflow, lay.quiet = n + 4, n + 5, n + 6, n + 7
+    lay.size = n + 8
     return lay

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import struct
-import threading
 from dataclasses import dataclass, field
 
 from .. import types as T
@@ -128,12 +127,18 @@ _PURE_KEYED = frozenset({"load", "const", "arg", "buf_shape", "loop_index", "cas
 FAST = "contract"
 
 
-#: Called as ``observer(ir, layout)`` for every kernel whose module is written (not for one
-#: whose object code comes from the cache), after it was written without error:
-#: ``ptx_check.py`` also lowers each one for the CUDA target.
+#: Called as ``observer(ir, layout, cached)`` for every kernel compiled in this process, after
+#: its code was made without error or loaded from the compile cache (``cached``), by
+#: :func:`notify_compiled`: ``ptx_check.py`` also lowers each one for the CUDA target, so a
+#: warm cache checks what a cold one does.
 observers: list = []
-_observing = threading.local()
-_observing.active = False
+
+
+def notify_compiled(ir: KernelIR, layout: CtxLayout, cached: bool) -> None:
+    """Tell the observers that ``ir`` was compiled (``cached``: its code came from the cache).
+    The compiler calls it on both paths; the observers' own lowerings do not."""
+    for observe in observers:
+        observe(ir, layout, cached)
 
 
 class Lowering:
@@ -205,13 +210,6 @@ class Lowering:
         groups = [f"attributes #{n} = {{ {text} }}" for text, n in self.attribute_groups.items()]
         text = "\n".join(head + sorted(self.declarations) + self.functions + trailer +
                          groups + self._alias_metadata()) + "\n"
-        if observers and not _observing.active:  # not for the observers' own lowerings
-            _observing.active = True
-            try:
-                for observe in observers:
-                    observe(self.ir, self.layout)
-            finally:
-                _observing.active = False
         return text
 
     # ------------------------------------------------------------------ alias information
@@ -975,11 +973,26 @@ class Lowering:
         fail, cont = fn.label("assert_fail"), fn.label("assert_ok")
         fn.term(f"br i1 {ok}, label %{cont}, label %{fail}")
         fn.start_block(fail)
-        code = self.messages[s.attr]
-        p = self.ctx_slot(self.layout.err_code)
-        fn.void(f"store i64 {code}, ptr {p}")
-        if len(s.args) > 1:
-            v = s.args[1]
-            self.store_scalar(self.layout.err_value, v.dtype, self.values[v])
+        self.report_error(self.messages[s.attr], s.args[1] if len(s.args) > 1 else None)
         self._return()
         fn.start_block(cont)
+
+    def report_error(self, code: int, value: Stmt | None) -> None:
+        """Write the error word: the first failure wins. Threads that fail at once (chunks
+        on the CPU's pool, a GPU's threads, a warp in one instruction) race for it; a plain
+        store of the code and then of the value could leave one thread's code with another's
+        value (a message naming the wrong index). So the code is claimed by
+        compare-and-swap from 0, and only the thread that claimed it writes its value; the
+        launcher reads both after the launch (a join or the kernel's end orders them)."""
+        fn = self.fn
+        p = self.ctx_slot(self.layout.err_code)
+        old = fn.ins(f"cmpxchg ptr {p}, i64 0, i64 {code} monotonic monotonic")
+        if value is None:
+            return
+        won = fn.ins(f"extractvalue {{ i64, i1 }} {old}, 1")
+        write, done = fn.label("err_value"), fn.label("err_done")
+        fn.term(f"br i1 {won}, label %{write}, label %{done}")
+        fn.start_block(write)
+        self.store_scalar(self.layout.err_value, value.dtype, self.values[value])
+        fn.term(f"br label %{done}")
+        fn.start_block(done)

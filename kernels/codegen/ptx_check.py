@@ -2,10 +2,11 @@
 accepts, without a GPU (the test suite turns it on: ``DIFFTAPE_CHECK_PTX``, see
 tests/conftest.py).
 
-:func:`install` registers an observer of the shared lowering: each kernel lowered for the CPU
-(primal, adjoint and forward variants alike; not one whose object code comes from the offline
-cache, which CI starts without) is lowered again for the CUDA target in the calling process
-(cheap: Python string building), and the module text, if not seen before, goes to worker
+:func:`install` registers an observer of compilation (``llvm_lowering.notify_compiled``): each
+kernel compiled for the CPU (primal, adjoint and forward variants alike, whether its object
+code was made now or loaded from the offline or in-memory cache, so a warm cache checks as much
+as a cold one) is lowered again for the CUDA target in the calling process (cheap: Python
+string building), and the module text, if not seen before, goes to worker
 processes that compile it to PTX (LLVM's NVPTX backend, libdevice linked; batches of modules
 linked into one PTX file, so libdevice, the pass pipeline and ptxas's start-up are paid once
 per batch) and run ``ptxas`` on it. :meth:`PTXCheck.finish` waits for them and lists every
@@ -84,7 +85,8 @@ class PTXCheck:
     ptxas: str
     directory: str
     jobs: int
-    kernels: int = 0  # kernels observed (lowered for the CPU)
+    kernels: int = 0  # kernels observed (compiled for the CPU, or loaded from the cache)
+    cached: int = 0  # of which loaded from the cache
     modules: int = 0  # distinct CUDA modules sent to be compiled and assembled
     failures: list[Failure] = field(default_factory=list)
     worker_s: float = 0.0  # time the workers spent compiling and assembling
@@ -94,8 +96,9 @@ class PTXCheck:
     _pending: list[tuple[str, str]] = field(default_factory=list)
     _pool: ProcessPoolExecutor | None = None
 
-    def __call__(self, ir, layout) -> None:
+    def __call__(self, ir, layout, cached: bool = False) -> None:
         self.kernels += 1
+        self.cached += cached
         try:
             text = llvm_lowering.Lowering(ir, layout, get_target(self.arch)).module()
         except DifftapeError as e:

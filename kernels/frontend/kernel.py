@@ -26,7 +26,7 @@ from ..autodiff.lost import NO_FLOW, lost_flow
 from ..autodiff.validation import NOT_WITH_FORWARD_MODE
 from ..codegen import get_target
 from ..codegen.layout import CtxLayout, ctx_layout
-from ..codegen.llvm_lowering import Lowering, assert_messages
+from ..codegen.llvm_lowering import Lowering, assert_messages, notify_compiled
 from ..errors import (
     ArgumentError,
     CallSignatureError,
@@ -510,6 +510,7 @@ def compile_ir(ir: KernelIR, prog, stats: CompileStats | None = None,
     t1 = time.perf_counter()
     engine, addresses = target.load(obj, names)
     stats.llvm_s, stats.load_s = t1 - t0, time.perf_counter() - t1
+    notify_compiled(ir, layout, stats.cache_hit)  # e.g. the PTX check, cached code too
     return CompiledKernel(ir, layout, engine, addresses, low, prog, arg_names, fields)
 
 

@@ -390,7 +390,12 @@ def init(arch: Arch | None = None, default_fp=None, default_ip=None, **options) 
                       f"{', '.join(k + '=' for k in remote_opts)} are not used", stacklevel=2)
         remote_opts = {}
     reset()
-    if arch not in (cpu, remote):
+    if arch in (cuda, gpu):  # also TI_ARCH=cuda
+        # As Taichi does when it finds no device: the CPU, with a warning that says why.
+        warnings.warn(f"difftape: {where} cannot run on a GPU here: {_no_gpu_reason()}; "
+                      "falling back to the CPU", stacklevel=2)
+        arch = cpu
+    elif arch not in (cpu, remote):
         warnings.warn(f"difftape: {where} has no backend here yet; falling back to the CPU",
                       stacklevel=2)
         arch = cpu
@@ -413,6 +418,22 @@ def init(arch: Arch | None = None, default_fp=None, default_ip=None, **options) 
     # a kernel's first call costs only its own compile (or cache load).
     get_target().warm_up()
     _ = _current.pool  # start the worker threads now, not in the first parallel launch
+
+
+def _no_gpu_reason() -> str:
+    """Why ``arch=ti.cuda``/``ti.gpu`` runs on the CPU: what CUDA lacks here (runtime/cuda.py:
+    pycuda, the driver, a device), or, with all of them present, that the CUDA launcher is
+    not finished."""
+    # Function-level: pycuda (and the driver it loads) only for a program that asks for a GPU.
+    from . import cuda as cuda_runtime
+
+    try:
+        device = cuda_runtime.select_device(cuda_runtime.load_driver())
+    except cuda_runtime.CudaUnavailable as e:
+        return str(e)
+    return (f"CUDA device {device.ordinal} ({device.name}, {device.arch}) is present, but "
+            "difftape's CUDA launcher is not finished (kernels are compiled to PTX and checked; "
+            "see difftape/runtime/cuda.py)")
 
 
 def reset() -> None:

@@ -17,8 +17,15 @@ memory and call ``cuLaunchKernel`` where this calls the driver:
   before it runs, the launcher saves the buffers it writes (stores and atomics: e.g. the
   ``.grad`` it accumulates into), the launch context (temps, returns, error word) and the
   random states, and restores them all before a rerun. So no side effect of the overflowed
-  attempt survives: a gradient is never accumulated twice and random numbers repeat. On a
-  GPU the snapshot is a device-to-device copy of those buffers, made only for such tasks.
+  attempt survives: a gradient is never accumulated twice, atomics into fields and ndarrays
+  are added once, random numbers repeat, and the error word and return values are the
+  rerun's. On a GPU the snapshot is a device-to-device copy of those buffers, made only for
+  such tasks.
+- **Printing.** Output cannot be taken back, so a task that may overflow and prints runs with
+  the launch context's ``quiet`` flag set (its ``print`` statements do nothing) until an
+  attempt fits, and then once more, from the snapshot and with the pool that fitted, to print
+  (the same inputs and random states give the same stack depths). Such a task costs one more
+  run per launch; one that does not print, or cannot overflow, runs as before.
 - **Errors.** The error word is decoded after each task by ``runtime/launch.py`` into the
   exception the CPU path raises (index, field and line).
 - **Random numbers.** Thread ``g`` uses state ``g``: the program holds (at least) one state
@@ -72,6 +79,11 @@ def written_slots(ir: KernelIR, k: int) -> list[int]:
     return sorted(slot for slot in out if ir.buffers[slot].key[0] != "private")
 
 
+def prints(ir: KernelIR, k: int) -> bool:
+    """Does task ``k`` print?"""
+    return any(s.op == "print" for block in task_blocks(ir.tasks[k]) for s in walk(block))
+
+
 def may_overflow(ir: KernelIR, k: int) -> bool:
     """Can task ``k`` set the overflow flag: does it push onto a stack or take private
     copies (both come from memory sized before the launch)?"""
@@ -115,21 +127,27 @@ class GridKernel:
                 entry(ctx, self.blocks, self.threads, self.reverse)
             return run
         slots = written_slots(self.ir, k)
+        loud_once = prints(self.ir, k)
 
         def run_from_snapshot(ctx: int, _b: int = 0, _e: int = 0, _t: int = 0) -> None:
             saved = self._snapshot(slots)
+            quiet = loud_once
             while True:
-                self._set_pool()
+                self._set_pool(quiet)
                 entry(ctx, self.blocks, self.threads, self.reverse)
                 if not self.ctx[self.layout.overflow]:
-                    return
-                self.reruns += 1
+                    if not quiet:
+                        return
+                    quiet = False  # it fits: once more from the snapshot, printing
+                else:  # (a printing attempt overflows only if depths are racy: quiet again)
+                    self.reruns += 1
+                    self._grow()
+                    quiet = loud_once
                 self._restore(saved)
-                self._grow()
         return run_from_snapshot
 
     # ------------------------------------------------------------------ the stack pool
-    def _set_pool(self) -> None:
+    def _set_pool(self, quiet: bool = False) -> None:
         n = self.blocks * self.threads
         if self.pool is None or len(self.pool) < self.cap * n:
             self.pool = np.zeros(self.cap * n, np.int64)
@@ -137,6 +155,7 @@ class GridKernel:
         self.ctx[lay.stack_pool] = self.pool.ctypes.data
         self.ctx[lay.stack_cap] = self.cap
         self.ctx[lay.overflow] = 0
+        self.ctx[lay.quiet] = int(quiet)
 
     def _grow(self) -> None:
         cap = self.cap * 2

@@ -373,3 +373,73 @@ def test_both_targets_supply_the_whole_target_interface():
     for target in (cpu.get_target(), cuda.get_target()):
         missing = [n for n in members if not hasattr(target, n)]
         assert not missing, (target.name, missing)
+
+
+def _failing_everywhere(n, m, count):
+    """A kernel in which every index fails a bounds check, even indices on axis 0 and odd
+    ones on axis 1, each with an index that names it (``n + i`` / ``m + i``)."""
+    x = ti.field(ti.f64, shape=(n, m))
+
+    @ti.kernel
+    def k():
+        for i in range(count):
+            if i % 2 == 0:
+                x[n + i, 0] = 1.0
+            else:
+                x[0, m + i] = 1.0
+
+    return k
+
+
+def _reported(k) -> tuple[int, int]:
+    with pytest.raises(IndexOutOfRangeError) as e:
+        k()
+    found = re.search(r"index (\d+) out of range for axis (\d) of 'x'", str(e.value))
+    return int(found[2]), int(found[1])
+
+
+def test_many_threads_failing_at_once_report_the_first_failure_whole(grid):
+    """Every thread of the grid fails (two different checks, each index its own value): the
+    error word is claimed by the first failure (compare-and-swap on the code) and only that
+    thread writes its value, so the report is one failure, whole. The simulated grid runs
+    thread 0 first: its index 0 is the first failure (a plain store let the last thread's
+    code win, and on a GPU the code and the value from different threads)."""
+    n, m = 5, 7
+    grid(3, 4, debug=True)
+    assert _reported(_failing_everywhere(n, m, 40)) == (0, n + 0)
+    grid(1, 1, debug=True)  # one thread: indices in order, it stops at the first
+    assert _reported(_failing_everywhere(n, m, 40)) == (0, n + 0)
+
+
+def test_error_word_claimed_by_compare_and_swap_on_every_target(prog):
+    """The shared lowering writes the error value only after winning the code: the CPU, the
+    simulated grid and CUDA modules all carry it."""
+    x = ti.field(ti.f64, shape=4)
+
+    @ti.kernel
+    def k():
+        for i in x:
+            x[i + 1] = 1.0
+
+    ir = _ir(k, prog, debug=True)
+    lay = ctx_layout(ir)
+    for target in (cpu.get_target(), simgrid.get_target(), cuda.get_target()):
+        text = llvm_lowering.Lowering(ir, lay, target).module()
+        assert re.search(r"cmpxchg ptr %\w+, i64 0, i64 1 ", text), target.name
+        claim, value = text.index("cmpxchg"), text.index("err_value")
+        assert claim < value, target.name
+
+
+def test_cpu_threads_failing_at_once_report_a_whole_failure():
+    """The same race on the CPU's thread pool: whichever chunk wins, the axis and the index
+    reported belong to one failure (even indices fail on axis 0, odd ones on axis 1)."""
+    n, m, count = 5, 7, 1 << 14
+    ti.init(arch=ti.cpu, debug=True, cpu_max_num_threads=4)
+    try:
+        k = _failing_everywhere(n, m, count)
+        for _ in range(30):
+            axis, index = _reported(k)
+            i = index - (n if axis == 0 else m)
+            assert 0 <= i < count and i % 2 == axis, (axis, index)
+    finally:
+        ti.reset()

@@ -1,6 +1,7 @@
 """The PTX check (difftape/codegen/ptx_check.py): a kernel that cannot be compiled for the CUDA
 target fails the check by name and reason; one that can is compiled and assembled."""
 
+import itertools
 import shutil
 
 import pytest
@@ -76,3 +77,26 @@ def test_kernels_assemble_and_repeats_are_checked_once(check, tmp_path):
     assert check.finish() == []
     assert check.modules == 2
     assert len(list(tmp_path.glob("*.ptx"))) == 1  # one batch
+
+
+def test_a_kernel_loaded_from_the_disk_cache_is_checked(tmp_path, monkeypatch):
+    """A second run finds its CPU code in the offline cache; its PTX is checked all the same
+    (ptxas here refuses everything, so a checked kernel is a listed failure)."""
+    from difftape.frontend import field as field_module
+    from difftape.runtime import cache
+
+    cache_dir = tmp_path / "cache"
+    for run in ("cold", "warm"):
+        cache.clear_memory()  # a new process: only the disk cache is warm, field ids
+        monkeypatch.setattr(field_module, "_field_ids", itertools.count(1000))  # start over
+        ti.init(arch=ti.cpu, offline_cache=True, offline_cache_file_path=str(cache_dir))
+        c = ptx_check.PTXCheck(arch=cuda.DEFAULT_ARCH, ptxas=shutil.which("false"),
+                               directory=str(tmp_path), jobs=1)
+        monkeypatch.setattr(llvm_lowering, "observers", [c])
+        fill_ones, _ = _kernels()
+        fill_ones()
+        failures = c.finish()
+        ti.reset()
+        assert [(f.kernel, f.stage) for f in failures] == [("fill_ones", "ptxas")], run
+        assert (c.kernels, c.cached) == ((1, 0) if run == "cold" else (1, 1)), run
+    assert any(cache_dir.rglob("*.o"))  # the warm run did load from disk

@@ -100,3 +100,40 @@ def test_a_pool_beyond_the_limit_is_refused(prog, monkeypatch):
     inst.tasks = [(False, t, None, 1, 0) for t in grid.tasks]
     with pytest.raises(ti.DifftapeError, match="reverse-mode stacks need more than 256 slots"):
         k()  # 64 -> 128 -> 256 slots per thread, then over the limit
+
+
+def test_a_rerun_prints_once_and_adds_atomics_once(prog, capfd):
+    """A task that may overflow and prints: its attempts run quietly until one fits, then it
+    runs once more from the snapshot to print. The output appears once, and what the task
+    adds atomically into a field and an ndarray argument is added once."""
+    n, bins = 24, 4
+    idx = ti.field(ti.i32, shape=n)
+    count = ti.field(ti.i32, shape=bins)
+    total = ti.field(ti.i64, shape=())
+    idx.from_numpy((np.arange(n) * 5 % bins).astype(np.int32))
+
+    @ti.kernel
+    def k(a: ti.types.ndarray()):
+        for i in idx:
+            count[idx[i]] += 1  # privatized: heap copies, so the task may overflow
+            ti.atomic_add(total[None], i)
+            ti.atomic_add(a[i % 3], 1)
+            if i % 10 == 3:
+                print("index", i)
+
+    a = np.zeros(3, np.int32)
+    k(a)  # compiles; a normal launch
+    inst = next(iter(k._instances.values()))  # the one the call compiled
+    assert simgrid.may_overflow(inst.ir, 0) and simgrid.prints(inst.ir, 0)
+    assert sorted(capfd.readouterr().out.splitlines()) == ["index 13", "index 23", "index 3"]
+    count.fill(0)
+    total[None] = 0
+    a[:] = 0
+    calls = _overflowing_once(inst)
+    k(a)
+    assert sorted(capfd.readouterr().out.splitlines()) == ["index 13", "index 23", "index 3"]
+    # overflowed (quiet), fits (quiet), prints: three runs, one of them printing
+    assert len(calls) == 3 and inst.grid.reruns == 1
+    np.testing.assert_array_equal(count.to_numpy(), np.bincount(np.arange(n) * 5 % bins))
+    assert total[None] == n * (n - 1) // 2
+    np.testing.assert_array_equal(a, np.bincount(np.arange(n) % 3))
