@@ -206,7 +206,9 @@ class Kernel:
         prog = program.get()
         if prog.generation != self._generation:
             self._reset_instances(prog)
-        key, spec = self._specialize(args)
+        # A kernel without template or ndarray parameters has one specialization: nothing to
+        # look at per call (a launch inside a Tape asks here twice, and again for its .grad).
+        key, spec = ((), ()) if self._simple else self._specialize(args)
         if variant == "primal":
             if self._simple:
                 if self._fast is None:
@@ -221,7 +223,7 @@ class Kernel:
         key = (key, prog.storage_epoch)
         inst = table.get(key)
         if inst is None:
-            inst = table[key] = self._compile(prog, args, () if self._simple else spec, variant)
+            inst = table[key] = self._compile(prog, args, spec, variant)
         return inst
 
     def _bind_kwargs(self, args: tuple, kwargs: dict) -> tuple:
