@@ -49,16 +49,20 @@ NEXT = 8  # line 1: the chunk counter (generation << 32 | next chunk)
 FINISHED, WAITING = 16, 17  # line 2: chunks done; the caller sleeps on FINISHED
 SLEEPERS = 24  # line 3: workers asleep on GEN
 WORKER_SPIN_NS, CALLER_SPIN_NS = 25, 26  # spin budgets before sleeping (nanoseconds)
+WORKER_GAP_NS = 27  # a spinning worker that lost its core for longer sleeps (0: never)
 TS_WORKER, TS_CALLER = 28, 30  # struct timespec {sec, nsec}: futex timeouts (a safety net)
-CALLER_SLEEPS, LAUNCHES = 32, 33  # line 4: counters the caller keeps (for profiles)
+CALLER_SLEEPS, LAUNCHES, CALLER_WAIT_NS = 32, 33, 34  # line 4: the caller's counters
 SLOTS = 40
 
 #: Spin budgets. A worker spins this long after a job before it sleeps: launches in a loop
 #: come back to back, tens of microseconds apart, and waking a sleeper costs a system call
 #: plus the wake-up latency. The caller spins this long for chunks other threads still hold
 #: before it sleeps and gives its core to them.
-WORKER_SPIN_NS_DEFAULT = 100_000
+WORKER_SPIN_NS_DEFAULT = 10_000
 CALLER_SPIN_NS_DEFAULT = 20_000
+#: A worker whose spinning was interrupted for longer than this (it checks the clock every
+#: few microseconds) shares its core with another thread: it sleeps at once.
+WORKER_GAP_NS_DEFAULT = 50_000
 #: futex system call numbers by machine (Linux); elsewhere sleeping is a short nap instead.
 _SYS_FUTEX = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98, "riscv64": 98}
 
@@ -159,6 +163,7 @@ entry:
   %stopp = call ptr @slot(ptr %job, i64 $STOP)
   %sleepp = call ptr @slot(ptr %job, i64 $SLEEPERS)
   %budgetp = call ptr @slot(ptr %job, i64 $WORKER_SPIN_NS)
+  %gapp = call ptr @slot(ptr %job, i64 $WORKER_GAP_NS)
   %tsp = call ptr @slot(ptr %job, i64 $TS_WORKER)
   br label %idle_start
 idle_start:
@@ -167,10 +172,13 @@ idle_start:
   %t0 = call i64 @now()
   %budget = load atomic i64, ptr %budgetp monotonic, align 8
   %deadline = add i64 %t0, %budget
+  %maxgap = load atomic i64, ptr %gapp monotonic, align 8
+  %watch = icmp ne i64 %maxgap, 0
   br label %wait
 wait:
   %seen = phi i64 [ %seen0, %idle_start ], [ %seen, %spin ]
   %n = phi i64 [ 0, %idle_start ], [ %n1, %spin ]
+  %last = phi i64 [ %t0, %idle_start ], [ %last1, %spin ]
   %stop = load atomic i64, ptr %stopp seq_cst, align 8
   %quit = icmp ne i64 %stop, 0
   br i1 %quit, label %exit, label %poll
@@ -187,10 +195,17 @@ idle:
   %tick = icmp eq i64 %m, 0
   br i1 %tick, label %clock, label %spin
 clock:
+  ; Out of budget, or the clock jumped since the last look: the system took this core away
+  ; for a while, so another thread wants it; spinning on would only compete with it.
   %t = call i64 @now()
   %late = icmp sge i64 %t, %deadline
-  br i1 %late, label %sleep, label %spin
+  %gap = sub i64 %t, %last
+  %jump = icmp sgt i64 %gap, %maxgap
+  %taken = and i1 %watch, %jump
+  %give = or i1 %late, %taken
+  br i1 %give, label %sleep, label %spin
 spin:
+  %last1 = phi i64 [ %last, %idle ], [ %t, %clock ]
   call void @llvm.x86.sse2.pause()
   br label %wait
 sleep:
@@ -288,7 +303,7 @@ wait:
   %n = phi i64 [ 0, %spin_start ], [ %n1, %spin ]
   %f = load atomic i64, ptr %finp seq_cst, align 8
   %all = icmp sge i64 %f, %total
-  br i1 %all, label %exit, label %idle
+  br i1 %all, label %waited, label %idle
 idle:
   %n1 = add i64 %n, 1
   %m = and i64 %n1, 63
@@ -315,6 +330,14 @@ nap:
   br label %sleep
 unwait:
   store atomic i64 0, ptr %waitp seq_cst, align 8
+  br label %waited
+waited:
+  %t1 = call i64 @now()
+  %dt = sub i64 %t1, %t0
+  %waitnsp = call ptr @slot(ptr %job, i64 $CALLER_WAIT_NS)
+  %wns = load i64, ptr %waitnsp
+  %wns1 = add i64 %wns, %dt
+  store i64 %wns1, ptr %waitnsp
   br label %exit
 exit:
   ret void
@@ -368,8 +391,10 @@ def _native_source(triple: str) -> str:
     source = text.substitute(
         GEN=GEN, FN=FN, CTX=CTX, BEGIN=BEGIN, END=END, CHUNK=CHUNK, TOTAL=TOTAL, STOP=STOP,
         NEXT=NEXT, FINISHED=FINISHED, WAITING=WAITING, SLEEPERS=SLEEPERS,
-        WORKER_SPIN_NS=WORKER_SPIN_NS, CALLER_SPIN_NS=CALLER_SPIN_NS, TS_WORKER=TS_WORKER,
+        WORKER_SPIN_NS=WORKER_SPIN_NS, CALLER_SPIN_NS=CALLER_SPIN_NS,
+        WORKER_GAP_NS=WORKER_GAP_NS, TS_WORKER=TS_WORKER,
         TS_CALLER=TS_CALLER, CALLER_SLEEPS=CALLER_SLEEPS, LAUNCHES=LAUNCHES,
+        CALLER_WAIT_NS=CALLER_WAIT_NS,
         CLOCK_MONOTONIC=time.CLOCK_MONOTONIC, SYS_FUTEX=futex or 0)
     if not triple.startswith(("x86_64", "i686", "i386")):  # no `pause` elsewhere
         source = source.replace("declare void @llvm.x86.sse2.pause()\n", "").replace(
@@ -410,7 +435,7 @@ class ThreadPool:
     #: A range is cut into about this many chunks per thread (fewer when that would make
     #: chunks smaller than ``MIN_CHUNK_WORK``): a chunk that a parked worker holds is then a
     #: small part of the launch, and a late worker still finds chunks to take.
-    CHUNKS_PER_THREAD = 8
+    CHUNKS_PER_THREAD = 4
     #: The least work (iterations x statements, as ``Task.weight`` counts) worth a chunk: a
     #: claim costs two atomic operations on a shared line and an indirect call.
     MIN_CHUNK_WORK = 1 << 12
@@ -424,6 +449,7 @@ class ThreadPool:
         self._job_addr = self._job.ctypes.data
         self._job[WORKER_SPIN_NS] = WORKER_SPIN_NS_DEFAULT
         self._job[CALLER_SPIN_NS] = CALLER_SPIN_NS_DEFAULT
+        self._job[WORKER_GAP_NS] = WORKER_GAP_NS_DEFAULT
         self._job[TS_WORKER:TS_WORKER + 2] = (0, 100_000_000)  # 100 ms
         self._job[TS_CALLER:TS_CALLER + 2] = (0, 10_000_000)  # 10 ms
         self._engine, worker, self._run, self._serial, self._stop = _native()
@@ -463,10 +489,12 @@ class ThreadPool:
             self._serial(addr, ctx, begin, end, chunk)
 
     def stats(self) -> dict[str, int]:
-        """Counters since the pool started: ``launches`` (parallel runs) and ``caller_sleeps``
-        (times a launch's caller slept waiting for chunks other threads held)."""
+        """Counters since the pool started: ``launches`` (parallel runs), ``caller_sleeps``
+        (times a launch's caller slept waiting for chunks other threads held) and
+        ``caller_wait_s`` (time the caller spent waiting for them, spinning or asleep)."""
         return {"launches": int(self._job[LAUNCHES]),
-                "caller_sleeps": int(self._job[CALLER_SLEEPS])}
+                "caller_sleeps": int(self._job[CALLER_SLEEPS]),
+                "caller_wait_s": int(self._job[CALLER_WAIT_NS]) * 1e-9}
 
     def close(self) -> None:
         self._stop(self._job_addr)
