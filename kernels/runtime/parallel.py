@@ -9,17 +9,18 @@ never run a chunk of a newer job with an older job's function.
 
 Nothing waits on a worker that is not there. The caller starts on the chunks at once; a
 worker only helps with those still unclaimed when it shows up, so a worker the operating
-system has parked behind another process, or one still asleep, only means less help. Chunks
-are small (several per thread, see :meth:`ThreadPool.run`) so that one that a parked worker
-holds is a small part of the launch. What a parked worker holds must still finish, and for
-that it needs a core: so once the caller has run out of chunks it spins only briefly, then
-sleeps on a futex, which leaves its core idle and lets the kernel move the parked worker
-there at once (a caller spinning or calling ``sched_yield`` kept its core busy, and the
-worker waited for its next time slice on a shared core: milliseconds, for a chunk of
-microseconds). Between launches workers spin for a short while (launches in a simulation loop
-come back to back), then sleep on a futex too, so that idle workers never take time from the
-caller's Python or from other processes; a launch wakes sleepers with one system call, only
-when there are any.
+system has parked behind another process, or one still asleep, only means less help (a chunk
+is claimed the moment it starts, so none waits in a parked worker's hands unstarted). What a
+parked worker has started must still finish, and for that it needs a core: so once the caller
+has run out of chunks it spins only briefly, then sleeps on a futex, which leaves its core
+idle for the scheduler to run the held chunk there (a caller spinning or calling
+``sched_yield`` kept its core busy, and the held chunk waited for its next time slice on a
+shared core). Between launches workers spin for a few microseconds (launches in a simulation
+loop come back to back), and stop at once when the clock shows they lost their core for a
+while; then they sleep on a futex, so that idle workers take no time from the caller's Python
+or from other processes. A launch wakes sleepers with one system call, only when there are any.
+Measured on the MPM benchmark (bench/busy.py, bench/README.md): a worker spinning 100 us
+between launches, or chunks half as large, made the iteration 15-25 % slower, quiet or not.
 
 Waking Python threads through events and the GIL cost ~50 us per launch on this machine;
 this costs a few microseconds, which matters for kernels that themselves take ~100 us.
@@ -433,8 +434,9 @@ class ThreadPool:
     """The caller (thread 0) and ``num_threads - 1`` workers running chunks of launches."""
 
     #: A range is cut into about this many chunks per thread (fewer when that would make
-    #: chunks smaller than ``MIN_CHUNK_WORK``): a chunk that a parked worker holds is then a
-    #: small part of the launch, and a late worker still finds chunks to take.
+    #: chunks smaller than ``MIN_CHUNK_WORK``): a late worker still finds chunks to take. Not
+    #: more: neighbouring chunks of a scatter (particles to grid) write the same cache lines,
+    #: and threads on neighbouring chunks fight over them (8 per thread: MPM 25 % slower).
     CHUNKS_PER_THREAD = 4
     #: The least work (iterations x statements, as ``Task.weight`` counts) worth a chunk: a
     #: claim costs two atomic operations on a shared line and an indirect call.
