@@ -19,7 +19,7 @@ import shutil
 import sys
 import tempfile
 import time
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import common
@@ -73,8 +73,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         shutil.rmtree(cache_dir, ignore_errors=True)
 
 
-def measure(ti: ModuleType, args: argparse.Namespace) -> dict[str, Any]:
-    """Time the cold first iteration, check the gradient by finite differences, then time more."""
+def build(ti: ModuleType) -> SimpleNamespace:
+    """The program on an initialised backend: its fields, ``iteration()`` (one optimisation
+    iteration), ``loss_at(v0)`` (a forward rollout only) and ``start()`` (the initial
+    particle state and ``init_v``, outside any clock)."""
 
     def vec(shape):
         return ti.Vector.field(2, dtype=ti.f32, shape=shape, needs_grad=True)
@@ -205,10 +207,21 @@ def measure(ti: ModuleType, args: argparse.Namespace) -> dict[str, Any]:
         forward()
         return float(loss[None])
 
+    def start() -> None:
+        set_initial()
+        init_v.from_numpy(np.array(INIT_V, dtype=np.float32))
+        ti.sync()
+
+    return SimpleNamespace(iteration=iteration, loss_at=loss_at, start=start, x=x,
+                           init_v=init_v, loss=loss)
+
+
+def measure(ti: ModuleType, args: argparse.Namespace) -> dict[str, Any]:
+    """Time the cold first iteration, check the gradient by finite differences, then time more."""
+    sim = build(ti)
+    iteration, loss_at, x, init_v, loss = sim.iteration, sim.loss_at, sim.x, sim.init_v, sim.loss
     v_start = np.array(INIT_V, dtype=np.float32)
-    set_initial()
-    init_v.from_numpy(v_start)
-    ti.sync()
+    sim.start()
 
     # (b) The first iteration: a fresh process and an empty cache directory, so every
     # kernel and its adjoint is compiled inside this measurement.
