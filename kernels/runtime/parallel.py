@@ -51,6 +51,8 @@ FINISHED, WAITING = 16, 17  # line 2: chunks done; the caller sleeps on FINISHED
 SLEEPERS = 24  # line 3: workers asleep on GEN
 WORKER_SPIN_NS, CALLER_SPIN_NS = 25, 26  # spin budgets before sleeping (nanoseconds)
 WORKER_GAP_NS = 27  # a spinning worker that lost its core for longer sleeps (0: never)
+WORKER_SPIN_LONG_NS, WORKER_CALM_NS = 35, 36  # the spin budget on a quiet machine, and how
+# long after losing its core a worker keeps to the short one (line 4)
 TS_WORKER, TS_CALLER = 28, 30  # struct timespec {sec, nsec}: futex timeouts (a safety net)
 CALLER_SLEEPS, LAUNCHES, CALLER_WAIT_NS = 32, 33, 34  # line 4: the caller's counters
 SLOTS = 40
@@ -64,6 +66,12 @@ CALLER_SPIN_NS_DEFAULT = 20_000
 #: A worker whose spinning was interrupted for longer than this (it checks the clock every
 #: few microseconds) shares its core with another thread: it sleeps at once.
 WORKER_GAP_NS_DEFAULT = 50_000
+#: On a quiet machine a worker spins this long: single launches with a little Python between
+#: them (a benchmark loop) find it awake. Once it has lost its core while spinning, it keeps to
+#: WORKER_SPIN_NS for WORKER_CALM_NS: a worker spinning 1 ms made the MPM iteration beside a
+#: busy process 1.5-1.8x slower (it took turns on a core with the caller's Python).
+WORKER_SPIN_LONG_NS_DEFAULT = 500_000
+WORKER_CALM_NS_DEFAULT = 1_000_000_000
 #: futex system call numbers by machine (Linux); elsewhere sleeping is a short nap instead.
 _SYS_FUTEX = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98, "riscv64": 98}
 
@@ -165,13 +173,21 @@ entry:
   %sleepp = call ptr @slot(ptr %job, i64 $SLEEPERS)
   %budgetp = call ptr @slot(ptr %job, i64 $WORKER_SPIN_NS)
   %gapp = call ptr @slot(ptr %job, i64 $WORKER_GAP_NS)
+  %longp = call ptr @slot(ptr %job, i64 $WORKER_SPIN_LONG_NS)
+  %windowp = call ptr @slot(ptr %job, i64 $WORKER_CALM_NS)
   %tsp = call ptr @slot(ptr %job, i64 $TS_WORKER)
   br label %idle_start
 idle_start:
   ; Seen at first: generation 0, before any job (a worker that starts late joins the first).
   %seen0 = phi i64 [ 0, %entry ], [ %g, %got ], [ %seen, %woke ]
+  ; Until %calm: this worker lost its core while spinning not long ago (another thread wants
+  ; it), so it spins only briefly; otherwise it spins long (a quiet machine).
+  %calm0 = phi i64 [ 0, %entry ], [ %calm, %got ], [ %calm1, %woke ]
   %t0 = call i64 @now()
-  %budget = load atomic i64, ptr %budgetp monotonic, align 8
+  %short = load atomic i64, ptr %budgetp monotonic, align 8
+  %long = load atomic i64, ptr %longp monotonic, align 8
+  %busy = icmp slt i64 %t0, %calm0
+  %budget = select i1 %busy, i64 %short, i64 %long
   %deadline = add i64 %t0, %budget
   %maxgap = load atomic i64, ptr %gapp monotonic, align 8
   %watch = icmp ne i64 %maxgap, 0
@@ -180,6 +196,7 @@ wait:
   %seen = phi i64 [ %seen0, %idle_start ], [ %seen, %spin ]
   %n = phi i64 [ 0, %idle_start ], [ %n1, %spin ]
   %last = phi i64 [ %t0, %idle_start ], [ %last1, %spin ]
+  %calm = phi i64 [ %calm0, %idle_start ], [ %calm, %spin ]
   %stop = load atomic i64, ptr %stopp seq_cst, align 8
   %quit = icmp ne i64 %stop, 0
   br i1 %quit, label %exit, label %poll
@@ -203,6 +220,9 @@ clock:
   %gap = sub i64 %t, %last
   %jump = icmp sgt i64 %gap, %maxgap
   %taken = and i1 %watch, %jump
+  %window = load atomic i64, ptr %windowp monotonic, align 8
+  %until = add i64 %t, %window
+  %calm1 = select i1 %taken, i64 %until, i64 %calm
   %give = or i1 %late, %taken
   br i1 %give, label %sleep, label %spin
 spin:
@@ -393,7 +413,8 @@ def _native_source(triple: str) -> str:
         GEN=GEN, FN=FN, CTX=CTX, BEGIN=BEGIN, END=END, CHUNK=CHUNK, TOTAL=TOTAL, STOP=STOP,
         NEXT=NEXT, FINISHED=FINISHED, WAITING=WAITING, SLEEPERS=SLEEPERS,
         WORKER_SPIN_NS=WORKER_SPIN_NS, CALLER_SPIN_NS=CALLER_SPIN_NS,
-        WORKER_GAP_NS=WORKER_GAP_NS, TS_WORKER=TS_WORKER,
+        WORKER_GAP_NS=WORKER_GAP_NS, WORKER_SPIN_LONG_NS=WORKER_SPIN_LONG_NS,
+        WORKER_CALM_NS=WORKER_CALM_NS, TS_WORKER=TS_WORKER,
         TS_CALLER=TS_CALLER, CALLER_SLEEPS=CALLER_SLEEPS, LAUNCHES=LAUNCHES,
         CALLER_WAIT_NS=CALLER_WAIT_NS,
         CLOCK_MONOTONIC=time.CLOCK_MONOTONIC, SYS_FUTEX=futex or 0)
@@ -452,6 +473,8 @@ class ThreadPool:
         self._job[WORKER_SPIN_NS] = WORKER_SPIN_NS_DEFAULT
         self._job[CALLER_SPIN_NS] = CALLER_SPIN_NS_DEFAULT
         self._job[WORKER_GAP_NS] = WORKER_GAP_NS_DEFAULT
+        self._job[WORKER_SPIN_LONG_NS] = WORKER_SPIN_LONG_NS_DEFAULT
+        self._job[WORKER_CALM_NS] = WORKER_CALM_NS_DEFAULT
         self._job[TS_WORKER:TS_WORKER + 2] = (0, 100_000_000)  # 100 ms
         self._job[TS_CALLER:TS_CALLER + 2] = (0, 10_000_000)  # 10 ms
         self._engine, worker, self._run, self._serial, self._stop = _native()
