@@ -259,13 +259,16 @@ def run_script(
     *,
     env: dict[str, str] | None = None,
     timeout: float = 600.0,
+    python: str | None = None,
 ) -> dict[str, Any]:
     """Run ``bench/<script>.py --backend X --json`` in a fresh interpreter and return its JSON.
 
     A fresh process per (benchmark, backend) keeps JIT caches, thread pools and allocators
     of one run from leaking into the next. Failures come back as ``{"error": ...}``.
+    ``python``: the interpreter (default: this one).
     """
-    cmd = [sys.executable, str(BENCH_DIR / f"{script}.py"), "--backend", backend, "--json"]
+    cmd = [python or sys.executable, str(BENCH_DIR / f"{script}.py"), "--backend", backend,
+           "--json"]
     cmd += extra_args or []
     full_env = dict(os.environ)
     full_env.update(env or {})
@@ -292,6 +295,7 @@ def run_cache_pairs(
     extra_args: list[str] | None = None,
     *,
     timeout: float = 600.0,
+    python: str | None = None,
 ) -> dict[str, Any]:
     """Run ``script`` as cold/warm process pairs, each pair on its own fresh cache directory.
 
@@ -306,7 +310,8 @@ def run_cache_pairs(
             phases: dict[str, dict[str, Any]] = {}
             for phase in ("cold", "warm"):
                 args = [*(extra_args or []), "--cache-dir", cache_dir, "--phase", phase]
-                phases[phase] = run_script(script, backend, args, env=env, timeout=timeout)
+                phases[phase] = run_script(script, backend, args, env=env, timeout=timeout,
+                                           python=python)
                 if "error" in phases[phase]:
                     break
                 phases[phase]["cache_files"] = sum(len(f) for _, _, f in os.walk(cache_dir))

@@ -74,8 +74,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def build(ti: ModuleType) -> SimpleNamespace:
-    """The rollout's fields and kernels, and ``forward()`` (set ``init_v``'s velocity, the
-    63 steps, the loss); ``bench/graph.py`` captures the same iteration."""
+    """The program on an initialised backend: its fields and kernels, ``forward()`` (set
+    ``init_v``'s velocity, the 63 steps, the loss; ``bench/graph.py`` captures it),
+    ``iteration()`` (one optimisation iteration), ``loss_at(v0)`` (a forward rollout only) and
+    ``start()`` (the initial particle state and ``init_v``, outside any clock)."""
 
     def vec(shape):
         return ti.Vector.field(2, dtype=ti.f32, shape=shape, needs_grad=True)
@@ -191,19 +193,6 @@ def build(ti: ModuleType) -> SimpleNamespace:
             g2p(s)
         compute_loss()
 
-    return SimpleNamespace(x=x, v=v, C=C, F=F, grid_v_in=grid_v_in, grid_m_in=grid_m_in,
-                           grid_v_out=grid_v_out, init_v=init_v, loss=loss,
-                           set_initial=set_initial, clear_grid=clear_grid, set_v=set_v,
-                           p2g=p2g, grid_op=grid_op, g2p=g2p, compute_loss=compute_loss,
-                           forward=forward)
-
-
-def measure(ti: ModuleType, args: argparse.Namespace) -> dict[str, Any]:
-    """Time the cold first iteration, check the gradient by finite differences, then time more."""
-    m = build(ti)
-    x, init_v, loss = m.x, m.init_v, m.loss
-    clear_grid, forward, set_initial = m.clear_grid, m.forward, m.set_initial
-
     def iteration() -> None:
         clear_grid()
         with ti.ad.Tape(loss=loss):
@@ -219,10 +208,24 @@ def measure(ti: ModuleType, args: argparse.Namespace) -> dict[str, Any]:
         forward()
         return float(loss[None])
 
+    def start() -> None:
+        set_initial()
+        init_v.from_numpy(np.array(INIT_V, dtype=np.float32))
+        ti.sync()
+
+    return SimpleNamespace(x=x, v=v, C=C, F=F, grid_v_in=grid_v_in, grid_m_in=grid_m_in,
+                           grid_v_out=grid_v_out, init_v=init_v, loss=loss,
+                           set_initial=set_initial, clear_grid=clear_grid, set_v=set_v,
+                           p2g=p2g, grid_op=grid_op, g2p=g2p, compute_loss=compute_loss,
+                           forward=forward, iteration=iteration, loss_at=loss_at, start=start)
+
+
+def measure(ti: ModuleType, args: argparse.Namespace) -> dict[str, Any]:
+    """Time the cold first iteration, check the gradient by finite differences, then time more."""
+    sim = build(ti)
+    iteration, loss_at, x, init_v, loss = sim.iteration, sim.loss_at, sim.x, sim.init_v, sim.loss
     v_start = np.array(INIT_V, dtype=np.float32)
-    set_initial()
-    init_v.from_numpy(v_start)
-    ti.sync()
+    sim.start()
 
     # (b) The first iteration: a fresh process and an empty cache directory, so every
     # kernel and its adjoint is compiled inside this measurement.

@@ -37,6 +37,7 @@ BENCHMARKS = (
     "ad_forward",
     "diffmpm",
     "graph",
+    "busy",
     "service_mpm",
 )
 #: Benchmarks that run as cold/warm process pairs over a fresh on-disk cache directory.
@@ -47,12 +48,28 @@ MAX_CELL = 120
 MAX_NOTES = 400
 
 
-def resolve_backends(requested: list[str]) -> tuple[list[str], dict[str, str]]:
-    """Swap an uninstalled Taichi for the NumPy peer; return backends and substitutions made."""
+#: Where the development machines keep Taichi 1.7.4, apart from difftape's environment.
+TAICHI_VENV_PYTHON = Path("/work/tivenv/bin/python")
+
+
+def taichi_python(requested: str | None) -> str | None:
+    """The interpreter that runs the taichi backend: ``requested``, else this one when it has
+    Taichi, else the separate Taichi environment when present (None: no Taichi)."""
+    if requested:
+        return requested
+    if importlib.util.find_spec("taichi") is not None:
+        return sys.executable
+    return str(TAICHI_VENV_PYTHON) if TAICHI_VENV_PYTHON.exists() else None
+
+
+def resolve_backends(requested: list[str],
+                     taichi: str | None) -> tuple[list[str], dict[str, str]]:
+    """Swap an uninstalled Taichi (``taichi``: its interpreter, None when there is none) for
+    the NumPy peer; return backends and substitutions made."""
     out: list[str] = []
     substituted: dict[str, str] = {}
     for name in requested:
-        if name == "taichi" and importlib.util.find_spec("taichi") is None:
+        if name == "taichi" and taichi is None:
             substituted["numpy"] = "taichi"
             name = "numpy"
         if name not in out:
@@ -60,13 +77,15 @@ def resolve_backends(requested: list[str]) -> tuple[list[str], dict[str, str]]:
     return out, substituted
 
 
-def run_one(name: str, backend: str, repeat: int | None, timeout: float) -> dict[str, Any]:
-    """One benchmark on one backend, in fresh process(es); never raises."""
+def run_one(name: str, backend: str, repeat: int | None, timeout: float,
+            python: str | None = None) -> dict[str, Any]:
+    """One benchmark on one backend, in fresh process(es) of ``python``; never raises."""
     if name in CACHE_BENCHMARKS:
         pairs = repeat if repeat is not None else 3
-        return common.run_cache_pairs(name, backend, pairs=pairs, timeout=timeout)
+        return common.run_cache_pairs(name, backend, pairs=pairs, timeout=timeout,
+                                      python=python)
     extra = ["--repeat", str(repeat)] if repeat is not None else []
-    return common.run_script(name, backend, extra, timeout=timeout)
+    return common.run_script(name, backend, extra, timeout=timeout, python=python)
 
 
 def _cell(text: str, limit: int = MAX_CELL) -> str:
@@ -169,6 +188,12 @@ def main(argv: list[str] | None = None) -> int:
         help="timed repetitions per benchmark (compile: cold/warm pairs)",
     )
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per process")
+    p.add_argument(
+        "--taichi-python",
+        default=None,
+        help="interpreter for the taichi backend (default: this one when it has Taichi, "
+        f"else {TAICHI_VENV_PYTHON} when present)",
+    )
     p.add_argument("--output", type=Path, default=RESULTS_PATH, help="JSON results file")
     args = p.parse_args(argv)
 
@@ -176,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [b for b in requested if b not in common.ALL_BACKENDS]
     if not requested or unknown:
         p.error(f"unknown backend(s) {unknown}; choose from {', '.join(common.ALL_BACKENDS)}")
-    backends, substituted = resolve_backends(requested)
+    taichi = taichi_python(args.taichi_python)
+    backends, substituted = resolve_backends(requested, taichi)
     names = list(args.only) if args.only else list(BENCHMARKS)
 
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
@@ -193,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
         for backend in backends:
             print(f"running {name} [{backend}] ...", end=" ", file=sys.stderr, flush=True)
             t0 = time.perf_counter()
-            res = run_one(name, backend, args.repeat, args.timeout)
+            python = taichi if backend == "taichi" else None
+            res = run_one(name, backend, args.repeat, args.timeout, python)
             results[name][backend] = res
             state = _status(res) or "ok"
             print(f"{state} ({time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
@@ -215,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_average_at_start": load,
         "backends": backends,
         "substituted": substituted,
+        "taichi_python": taichi,
         "argv": sys.argv[1:] if argv is None else argv,
         "wall_s": time.perf_counter() - started,
         "results": results,

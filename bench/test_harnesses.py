@@ -261,3 +261,35 @@ def test_graph_benchmark_overhead_graph_runs_every_launch():
     finally:
         ti.reset()
     assert 0 < per_launch < eager
+def _busy(python: str, backend: str) -> dict:
+    p = subprocess.run([python, str(BENCH / "busy.py"), "--backend", backend, "--json",
+                        "--repeat", "1", "--rounds", "2", "--warmup", "1"],
+                       capture_output=True, text=True, timeout=600)
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert "error" not in out, out.get("traceback")
+    return out
+
+
+def test_busy_times_quiet_and_busy_rounds_and_stops_its_spinner():
+    before = subprocess.run(["pgrep", "-f", "^" + sys.executable + " -c import os"],
+                            capture_output=True, text=True).stdout.split()
+    out = _busy(sys.executable, "difftape")
+    assert [r["label"] for r in out["rows"]] == [
+        "busy: MPM iteration, quiet", "busy: MPM iteration, second core busy",
+        "busy: slowdown (busy / quiet)"]
+    assert len(out["quiet_s"]) == len(out["busy_s"]) == 2
+    assert out["rows"][2]["value"] == pytest.approx(out["rows"][1]["value"]
+                                                    / out["rows"][0]["value"])
+    assert out["pool"]["launches"] > 0 and "load avg" in out["notes"]
+    after = subprocess.run(["pgrep", "-f", "^" + sys.executable + " -c import os"],
+                           capture_output=True, text=True).stdout.split()
+    assert after == before  # the spinners were stopped
+
+
+@pytest.mark.bench
+@pytest.mark.skipif(not TAICHI_PYTHON.exists(), reason="needs Taichi 1.7.4 in /work/tivenv")
+def test_busy_runs_the_same_iterations_on_taichi():
+    ours, theirs = _busy(sys.executable, "difftape"), _busy(str(TAICHI_PYTHON), "taichi")
+    loss = [float(o["notes"].split("loss=")[1].split(";")[0]) for o in (ours, theirs)]
+    assert loss[0] == pytest.approx(loss[1], rel=1e-4)
+    assert [r["label"] for r in ours["rows"]] == [r["label"] for r in theirs["rows"]]

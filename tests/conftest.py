@@ -169,3 +169,37 @@ def ti(request, backend):
     reset = getattr(backend, "reset", None)
     if reset is not None:
         reset()
+
+
+def start_spinner(cpu: int | None = None):
+    """A process spinning in a Python loop, pinned to ``cpu`` (default: the second CPU this
+    process may use, else the only one): a core shared with a busy neighbour, as on a loaded
+    machine. ``taskset`` pins it when installed, else the child pins itself. Returns the
+    ``Popen``; stop it with ``stop_spinner``."""
+    import shutil
+    import subprocess
+    import sys
+
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
+    cpu = cpus[min(1, len(cpus) - 1)] if cpu is None else cpu
+    loop = "while True: pass"
+    if shutil.which("taskset"):
+        cmd = ["taskset", "-c", str(cpu), sys.executable, "-c", loop]
+    elif hasattr(os, "sched_setaffinity"):
+        cmd = [sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{cpu}}})\n{loop}"]
+    else:
+        cmd = [sys.executable, "-c", loop]
+    return subprocess.Popen(cmd)
+
+
+def stop_spinner(proc) -> None:
+    proc.kill()
+    proc.wait()
+
+
+@pytest.fixture
+def spinner():
+    """A busy process pinned to the second core for the duration of the test."""
+    proc = start_spinner()
+    yield proc
+    stop_spinner(proc)

@@ -213,7 +213,9 @@ class Kernel:
         prog = program.get()
         if prog.generation != self._generation:
             self._reset_instances(prog)
-        key, spec = self._specialize(args)
+        # A kernel without template or ndarray parameters has one specialization: nothing to
+        # look at per call (a launch inside a Tape asks here twice, and again for its .grad).
+        key, spec = ((), ()) if self._simple else self._specialize(args)
         if variant == "primal":
             if self._simple:
                 if self._fast is None:
@@ -228,7 +230,7 @@ class Kernel:
         key = (key, prog.storage_epoch)
         inst = table.get(key)
         if inst is None:
-            inst = table[key] = self._compile(prog, args, () if self._simple else spec, variant)
+            inst = table[key] = self._compile(prog, args, spec, variant)
         return inst
 
     def _bind_kwargs(self, args: tuple, kwargs: dict) -> tuple:
@@ -553,12 +555,12 @@ class CompiledKernel:
             self.grid = GridKernel(ir, layout, self.ctx_i64,
                                    [addresses[n] for n in low.target.entry_names(low)],
                                    prog.config.simulate_grid, prog.rng_state)
-            self.tasks = [(False, run, None, 1, _ANY) for run in self.grid.tasks]
+            self.tasks = [(False, run, None, 1, _ANY, 0) for run in self.grid.tasks]
         for k, t in enumerate(ir.tasks if self.grid is None else ()):
-            fn = TASK_FN(addresses[low.task_name(k)])
+            address = addresses[low.task_name(k)]
             bounds = BOUNDS_FN(addresses[low.bounds_name(k)]) if t.kind == "range" else None
-            self.tasks.append((t.kind == "range", fn, bounds, max(1, t.weight),
-                               _SCHEDULES[t.schedule]))
+            self.tasks.append((t.kind == "range", TASK_FN(address), bounds, max(1, t.weight),
+                               _SCHEDULES[t.schedule], address))
         self.return_type: MatrixType | StructType | None = None
         self.lost = NO_FLOW  # set by Kernel._compile for derivative variants
         self.bounds_out = (ctypes.c_int64 * 2)()
@@ -633,7 +635,7 @@ class CompiledKernel:
         ctx_i64 = self.ctx_i64
         ctx = self.ctx_addr
         pool = None
-        for is_range, fn, bounds, weight, schedule in self.tasks:
+        for is_range, fn, bounds, weight, schedule, address in self.tasks:
             if is_range:
                 bounds(ctx, self.bounds_addr)
                 begin, end = self.bounds_out[0], self.bounds_out[1]
@@ -646,13 +648,13 @@ class CompiledKernel:
                     else:
                         pool = pool or self.prog.pool
                         pool.run_chunks(fn, ctx, begin, end, chunk,
-                                        threaded=(end - begin) * weight >= INLINE_WORK)
+                                        (end - begin) * weight >= INLINE_WORK, address)
                 elif (end - begin) * weight < INLINE_WORK or self.prog.num_threads == 1 \
                         or schedule == _SERIAL:
                     fn(ctx, begin, end, 0)
                 else:
                     pool = pool or self.prog.pool
-                    pool.run(fn, ctx, begin, end)
+                    pool.run(fn, ctx, begin, end, weight, address)
             else:
                 fn(ctx, 0, 0, 0)
             if ctx_i64[self.layout.err_code]:

@@ -55,6 +55,7 @@ from ..ir.nodes import task_blocks, walk
 from ..runtime import graph as native
 from ..runtime import program
 from ..runtime.launch import raise_error_word
+from ..runtime.parallel import ThreadPool
 
 assert (_ANY, _SERIAL, _ORDERED) == (native.ANY, native.SERIAL_SCHEDULE, native.ORDERED)
 
@@ -392,8 +393,8 @@ class Graph:
             if op[0] == "launch":
                 _, inst, ctx = op
                 err = ctx.ctypes.data + 8 * inst.layout.err_code
-                for is_range, fn, bounds, weight, schedule in inst.tasks:
-                    fa = ctypes.cast(fn, ctypes.c_void_p).value
+                for is_range, fn, bounds, weight, schedule, address in inst.tasks:
+                    fa = address or ctypes.cast(fn, ctypes.c_void_p).value
                     if is_range:
                         ba = ctypes.cast(bounds, ctypes.c_void_p).value
                         rows.append((fa, ctx.ctypes.data, native.RANGE, ba, weight, schedule,
@@ -413,7 +414,8 @@ class Graph:
             if inp.has_value:              # were packed as zeros)
                 self._bind(inp, inp.value)
         self._policy = native.policy(prog.num_threads, INLINE_WORK, DETERMINISTIC_CHUNKS,
-                                     MIN_CHUNK_WORK)
+                                     MIN_CHUNK_WORK, ThreadPool.CHUNKS_PER_THREAD,
+                                     ThreadPool.MIN_CHUNK_WORK)
         self.prog = prog
 
     # ------------------------------------------------------------------ replay

@@ -113,10 +113,12 @@ _keep: list = []  # the loaded code of host_ops (lives as long as the process)
 
 
 def policy(num_threads: int, inline_work: int, deterministic_chunks: int,
-           min_chunk_work: int, chunks_per_thread: int = 4) -> np.ndarray:
-    """How the runner splits ranges: the same numbers the Python launcher uses."""
+           min_chunk_work: int, chunks_per_thread: int, pool_min_chunk_work: int
+           ) -> np.ndarray:
+    """How the runner splits ranges: the same numbers the Python launcher uses (ordered
+    tasks: ``deterministic_chunk``'s; the others: ``ThreadPool.run``'s)."""
     return np.array([num_threads, inline_work, deterministic_chunks, min_chunk_work,
-                     chunks_per_thread], dtype=np.int64)
+                     chunks_per_thread, pool_min_chunk_work], dtype=np.int64)
 
 
 def records(rows: list[tuple[int, ...]]) -> np.ndarray:

@@ -3,13 +3,24 @@
 Each worker is a Python thread that calls one compiled function, ``dt_worker``, and stays in
 it (ctypes releases the GIL for the call) until the pool closes. A launch, ``dt_run``, writes
 the task into a small shared job record, publishes it by bumping a generation number, takes
-chunks itself and spins until every chunk has run. Workers claim chunks with a compare-and-swap
+chunks itself and waits until every chunk has run. Workers claim chunks with a compare-and-swap
 on a counter that carries the generation in its high half, so a worker that wakes late can
-never run a chunk of a newer job with an older job's function. Between launches workers spin
-briefly, then yield the core to other threads for a while (launches in a simulation loop come
-back to back; on a busy machine a spinning worker must not steal the caller's core), then nap
-0.5 ms at a time. The caller never waits for a worker to wake: it takes chunks itself, so a sleeping
-worker only means less help for one launch.
+never run a chunk of a newer job with an older job's function.
+
+Nothing waits on a worker that is not there. The caller starts on the chunks at once; a
+worker only helps with those still unclaimed when it shows up, so a worker the operating
+system has parked behind another process, or one still asleep, only means less help (a chunk
+is claimed the moment it starts, so none waits in a parked worker's hands unstarted). What a
+parked worker has started must still finish, and for that it needs a core: so once the caller
+has run out of chunks it spins only briefly, then sleeps on a futex, which leaves its core
+idle for the scheduler to run the held chunk there (a caller spinning or calling
+``sched_yield`` kept its core busy, and the held chunk waited for its next time slice on a
+shared core). Between launches workers spin for a few microseconds (launches in a simulation
+loop come back to back), and stop at once when the clock shows they lost their core for a
+while; then they sleep on a futex, so that idle workers take no time from the caller's Python
+or from other processes. A launch wakes sleepers with one system call, only when there are any.
+Measured on the MPM benchmark (bench/busy.py, bench/README.md): a worker spinning 100 us
+between launches, or chunks half as large, made the iteration 15-25 % slower, quiet or not.
 
 A captured graph (``ti.graph``) runs all its launches through ``dt_run_graph``: one native
 loop over launch records that splits each range as a Python launch would and calls ``dt_run``
@@ -24,37 +35,93 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import platform
+import string
+import sys
 import threading
+import time
 
 import numpy as np
 
 from ..codegen import get_target
 from . import cache
 
-# The job record: int64 slots.
-GEN, FN, CTX, BEGIN, END, CHUNK, NEXT, FINISHED, TOTAL, STOP = range(10)
+# The job record: int64 slots, on 64-byte lines so that what workers write (the chunk
+# counter, the finished count) does not share a line with what they read while idle.
+# Line 0, read-mostly: the job and the spin budgets.
+GEN, FN, CTX, BEGIN, END, CHUNK, TOTAL, STOP = range(8)
+NEXT = 8  # line 1: the chunk counter (generation << 32 | next chunk)
+FINISHED, WAITING = 16, 17  # line 2: chunks done; the caller sleeps on FINISHED
+SLEEPERS = 24  # line 3: workers asleep on GEN
+WORKER_SPIN_NS, CALLER_SPIN_NS = 25, 26  # spin budgets before sleeping (nanoseconds)
+WORKER_GAP_NS = 27  # a spinning worker that lost its core for longer sleeps (0: never)
+WORKER_SPIN_LONG_NS, WORKER_CALM_NS = 35, 36  # the spin budget on a quiet machine, and how
+# long after losing its core a worker keeps to the short one (line 4)
+TS_WORKER, TS_CALLER = 28, 30  # struct timespec {sec, nsec}: futex timeouts (a safety net)
+CALLER_SLEEPS, LAUNCHES, CALLER_WAIT_NS = 32, 33, 34  # line 4: the caller's counters
+SLOTS = 40
 
+#: Spin budgets. A worker spins this long after a job before it sleeps: launches in a loop
+#: come back to back, tens of microseconds apart, and waking a sleeper costs a system call
+#: plus the wake-up latency. The caller spins this long for chunks other threads still hold
+#: before it sleeps and gives its core to them.
+WORKER_SPIN_NS_DEFAULT = 10_000
+CALLER_SPIN_NS_DEFAULT = 20_000
+#: A worker whose spinning was interrupted for longer than this (it checks the clock every
+#: few microseconds) shares its core with another thread: it sleeps at once.
+WORKER_GAP_NS_DEFAULT = 50_000
+#: On a quiet machine a worker spins this long: single launches with a little Python between
+#: them (a benchmark loop) find it awake. Once it has lost its core while spinning, it keeps to
+#: WORKER_SPIN_NS for WORKER_CALM_NS: a worker spinning 1 ms made the MPM iteration beside a
+#: busy process 1.5-1.8x slower (it took turns on a core with the caller's Python).
+WORKER_SPIN_LONG_NS_DEFAULT = 500_000
+WORKER_CALM_NS_DEFAULT = 1_000_000_000
+#: futex system call numbers by machine (Linux); elsewhere sleeping is a short nap instead.
+_SYS_FUTEX = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98, "riscv64": 98}
+
+# The scheduler, in LLVM IR ($NAME: job-record slots and platform constants, filled in by
+# _native_source). Fields of the job that workers read while the caller may be rewriting
+# them are atomic (monotonic) loads and stores: the generation-tagged chunk counter decides
+# which job a claim belongs to, and the caller retires the old counter before it rewrites
+# the job, so a claim that succeeds saw the job it claims.
 _SOURCE = r"""
 declare void @llvm.x86.sse2.pause()
+declare i64 @dt_syscall(i64, ...)
 declare i32 @dt_usleep(i32)
-declare i32 @dt_yield()
+declare i32 @dt_clock_gettime(i32, ptr)
 
+define internal ptr @slot(ptr %job, i64 %k) alwaysinline {
+entry:
+  %p = getelementptr i64, ptr %job, i64 %k
+  ret ptr %p
+}
+
+define internal i64 @now() {
+entry:
+  %ts = alloca [2 x i64], align 8
+  %r = call i32 @dt_clock_gettime(i32 $CLOCK_MONOTONIC, ptr %ts)
+  %s = load i64, ptr %ts
+  %np = getelementptr i64, ptr %ts, i64 1
+  %n = load i64, ptr %np
+  %s9 = mul i64 %s, 1000000000
+  %t = add i64 %s9, %n
+  ret i64 %t
+}
+
+$SLEEP_WAKE
+
+; Claim and run chunks of job %gen until none is left (or a newer job replaced it).
 define internal void @chunks(ptr %job, i64 %gen, i32 %tid) {
 entry:
-  %fnp = getelementptr i64, ptr %job, i64 1
-  %fni = load i64, ptr %fnp
-  %fn = inttoptr i64 %fni to ptr
-  %ctxp = getelementptr i64, ptr %job, i64 2
-  %ctx = load i64, ptr %ctxp
-  %ctxptr = inttoptr i64 %ctx to ptr
-  %bp = getelementptr i64, ptr %job, i64 3
-  %begin = load i64, ptr %bp
-  %ep = getelementptr i64, ptr %job, i64 4
-  %end = load i64, ptr %ep
-  %cp = getelementptr i64, ptr %job, i64 5
-  %chunk = load i64, ptr %cp
-  %nextp = getelementptr i64, ptr %job, i64 6
-  %finp = getelementptr i64, ptr %job, i64 7
+  %nextp = call ptr @slot(ptr %job, i64 $NEXT)
+  %finp = call ptr @slot(ptr %job, i64 $FINISHED)
+  %waitp = call ptr @slot(ptr %job, i64 $WAITING)
+  %bp = call ptr @slot(ptr %job, i64 $BEGIN)
+  %ep = call ptr @slot(ptr %job, i64 $END)
+  %cp = call ptr @slot(ptr %job, i64 $CHUNK)
+  %fnp = call ptr @slot(ptr %job, i64 $FN)
+  %ctxp = call ptr @slot(ptr %job, i64 $CTX)
+  %totp = call ptr @slot(ptr %job, i64 $TOTAL)
   %tag = shl i64 %gen, 32
   br label %claim
 claim:
@@ -63,6 +130,9 @@ claim:
   %same = icmp eq i64 %hi, %tag
   br i1 %same, label %try, label %done
 try:
+  %begin = load atomic i64, ptr %bp monotonic, align 8
+  %end = load atomic i64, ptr %ep monotonic, align 8
+  %chunk = load atomic i64, ptr %cp monotonic, align 8
   %k = and i64 %cur, 4294967295
   %b0 = mul i64 %k, %chunk
   %b = add i64 %begin, %b0
@@ -74,11 +144,26 @@ cas:
   %ok = extractvalue { i64, i1 } %r, 1
   br i1 %ok, label %run, label %claim
 run:
+  ; The job cannot change before this chunk is counted finished.
+  %fni = load atomic i64, ptr %fnp monotonic, align 8
+  %fn = inttoptr i64 %fni to ptr
+  %ctx = load atomic i64, ptr %ctxp monotonic, align 8
+  %ctxptr = inttoptr i64 %ctx to ptr
+  %total = load atomic i64, ptr %totp monotonic, align 8
   %e0 = add i64 %b, %chunk
   %lt = icmp slt i64 %e0, %end
   %e = select i1 %lt, i64 %e0, i64 %end
   call void %fn(ptr %ctxptr, i64 %b, i64 %e, i32 %tid)
   %f = atomicrmw add ptr %finp, i64 1 seq_cst
+  %f1 = add i64 %f, 1
+  %last = icmp sge i64 %f1, %total
+  br i1 %last, label %check, label %claim
+check:
+  %w = load atomic i64, ptr %waitp seq_cst, align 8
+  %asleep = icmp ne i64 %w, 0
+  br i1 %asleep, label %wakeup, label %claim
+wakeup:
+  call void @wake(ptr %finp, i64 1)
   br label %claim
 done:
   ret void
@@ -87,15 +172,35 @@ done:
 define void @dt_worker(ptr %job, i64 %tid64) {
 entry:
   %tid = trunc i64 %tid64 to i32
-  %genp = getelementptr i64, ptr %job, i64 0
-  %stopp = getelementptr i64, ptr %job, i64 9
-  %g0 = load atomic i64, ptr %genp seq_cst, align 8
+  %genp = call ptr @slot(ptr %job, i64 $GEN)
+  %stopp = call ptr @slot(ptr %job, i64 $STOP)
+  %sleepp = call ptr @slot(ptr %job, i64 $SLEEPERS)
+  %budgetp = call ptr @slot(ptr %job, i64 $WORKER_SPIN_NS)
+  %gapp = call ptr @slot(ptr %job, i64 $WORKER_GAP_NS)
+  %longp = call ptr @slot(ptr %job, i64 $WORKER_SPIN_LONG_NS)
+  %windowp = call ptr @slot(ptr %job, i64 $WORKER_CALM_NS)
+  %tsp = call ptr @slot(ptr %job, i64 $TS_WORKER)
+  br label %idle_start
+idle_start:
+  ; Seen at first: generation 0, before any job (a worker that starts late joins the first).
+  %seen0 = phi i64 [ 0, %entry ], [ %g, %got ], [ %seen, %woke ]
+  ; Until %calm: this worker lost its core while spinning not long ago (another thread wants
+  ; it), so it spins only briefly; otherwise it spins long (a quiet machine).
+  %calm0 = phi i64 [ 0, %entry ], [ %calm, %got ], [ %calm1, %woke ]
+  %t0 = call i64 @now()
+  %short = load atomic i64, ptr %budgetp monotonic, align 8
+  %long = load atomic i64, ptr %longp monotonic, align 8
+  %busy = icmp slt i64 %t0, %calm0
+  %budget = select i1 %busy, i64 %short, i64 %long
+  %deadline = add i64 %t0, %budget
+  %maxgap = load atomic i64, ptr %gapp monotonic, align 8
+  %watch = icmp ne i64 %maxgap, 0
   br label %wait
 wait:
-  %seen = phi i64 [ %g0, %entry ], [ %seen, %cpu_pause ], [ %seen, %yield ], [ %seen, %nap ],
-                [ %g, %got ]
-  %spins = phi i64 [ 0, %entry ], [ %spins1, %cpu_pause ], [ %spins1, %yield ],
-                 [ %spins1, %nap ], [ 0, %got ]
+  %seen = phi i64 [ %seen0, %idle_start ], [ %seen, %spin ]
+  %n = phi i64 [ 0, %idle_start ], [ %n1, %spin ]
+  %last = phi i64 [ %t0, %idle_start ], [ %last1, %spin ]
+  %calm = phi i64 [ %calm0, %idle_start ], [ %calm, %spin ]
   %stop = load atomic i64, ptr %stopp seq_cst, align 8
   %quit = icmp ne i64 %stop, 0
   br i1 %quit, label %exit, label %poll
@@ -105,23 +210,45 @@ poll:
   br i1 %new, label %got, label %idle
 got:
   call void @chunks(ptr %job, i64 %g, i32 %tid)
-  br label %wait
+  br label %idle_start
 idle:
-  %spins1 = add i64 %spins, 1
-  %long = icmp ugt i64 %spins1, 20000
-  br i1 %long, label %nap, label %pause
-pause:
-  %short = icmp ult i64 %spins1, 2000
-  br i1 %short, label %cpu_pause, label %yield
-cpu_pause:
+  %n1 = add i64 %n, 1
+  %m = and i64 %n1, 63
+  %tick = icmp eq i64 %m, 0
+  br i1 %tick, label %clock, label %spin
+clock:
+  ; Out of budget, or the clock jumped since the last look: the system took this core away
+  ; for a while, so another thread wants it; spinning on would only compete with it.
+  %t = call i64 @now()
+  %late = icmp sge i64 %t, %deadline
+  %gap = sub i64 %t, %last
+  %jump = icmp sgt i64 %gap, %maxgap
+  %taken = and i1 %watch, %jump
+  %window = load atomic i64, ptr %windowp monotonic, align 8
+  %until = add i64 %t, %window
+  %calm1 = select i1 %taken, i64 %until, i64 %calm
+  %give = or i1 %late, %taken
+  br i1 %give, label %sleep, label %spin
+spin:
+  %last1 = phi i64 [ %last, %idle ], [ %t, %clock ]
   call void @llvm.x86.sse2.pause()
   br label %wait
-yield:
-  %y = call i32 @dt_yield()
-  br label %wait
+sleep:
+  ; Dekker with dt_run: count ourselves asleep, then look at the generation again; dt_run
+  ; publishes the generation, then looks at the count. One of the two sees the other.
+  %s0 = atomicrmw add ptr %sleepp, i64 1 seq_cst
+  %g2 = load atomic i64, ptr %genp seq_cst, align 8
+  %st2 = load atomic i64, ptr %stopp seq_cst, align 8
+  %still = icmp eq i64 %g2, %seen
+  %nostop = icmp eq i64 %st2, 0
+  %both = and i1 %still, %nostop
+  br i1 %both, label %nap, label %woke
 nap:
-  %z = call i32 @dt_usleep(i32 500)
-  br label %wait
+  call void @sleep_on(ptr %genp, i64 %seen, ptr %tsp)
+  br label %woke
+woke:
+  %s1 = atomicrmw sub ptr %sleepp, i64 1 seq_cst
+  br label %idle_start
 exit:
   ret void
 }
@@ -146,42 +273,97 @@ exit:
 define void @dt_run(ptr %job, i64 %fn, i64 %ctx, i64 %begin, i64 %end, i64 %chunk,
                     i64 %total) {
 entry:
-  %genp = getelementptr i64, ptr %job, i64 0
+  %genp = call ptr @slot(ptr %job, i64 $GEN)
+  %nextp = call ptr @slot(ptr %job, i64 $NEXT)
+  %finp = call ptr @slot(ptr %job, i64 $FINISHED)
+  %waitp = call ptr @slot(ptr %job, i64 $WAITING)
+  %sleepp = call ptr @slot(ptr %job, i64 $SLEEPERS)
+  %budgetp = call ptr @slot(ptr %job, i64 $CALLER_SPIN_NS)
+  %tsp = call ptr @slot(ptr %job, i64 $TS_CALLER)
+  %sleepsp = call ptr @slot(ptr %job, i64 $CALLER_SLEEPS)
+  %launchp = call ptr @slot(ptr %job, i64 $LAUNCHES)
   %g = load atomic i64, ptr %genp seq_cst, align 8
   %g1 = add i64 %g, 1
-  %fnp = getelementptr i64, ptr %job, i64 1
-  store i64 %fn, ptr %fnp
-  %ctxp = getelementptr i64, ptr %job, i64 2
-  store i64 %ctx, ptr %ctxp
-  %bp = getelementptr i64, ptr %job, i64 3
-  store i64 %begin, ptr %bp
-  %ep = getelementptr i64, ptr %job, i64 4
-  store i64 %end, ptr %ep
-  %cp = getelementptr i64, ptr %job, i64 5
-  store i64 %chunk, ptr %cp
-  %nextp = getelementptr i64, ptr %job, i64 6
+  ; Retire the previous job's counter first: a late worker's claim on it fails from here on,
+  ; so it can never pair the old counter with the new job's fields.
+  %old = atomicrmw xchg ptr %nextp, i64 0 seq_cst
+  %fnp = call ptr @slot(ptr %job, i64 $FN)
+  store atomic i64 %fn, ptr %fnp monotonic, align 8
+  %ctxp = call ptr @slot(ptr %job, i64 $CTX)
+  store atomic i64 %ctx, ptr %ctxp monotonic, align 8
+  %bp = call ptr @slot(ptr %job, i64 $BEGIN)
+  store atomic i64 %begin, ptr %bp monotonic, align 8
+  %ep = call ptr @slot(ptr %job, i64 $END)
+  store atomic i64 %end, ptr %ep monotonic, align 8
+  %cp = call ptr @slot(ptr %job, i64 $CHUNK)
+  store atomic i64 %chunk, ptr %cp monotonic, align 8
+  %totp = call ptr @slot(ptr %job, i64 $TOTAL)
+  store atomic i64 %total, ptr %totp monotonic, align 8
+  store atomic i64 0, ptr %finp seq_cst, align 8
   %tag = shl i64 %g1, 32
   store atomic i64 %tag, ptr %nextp seq_cst, align 8
-  %finp = getelementptr i64, ptr %job, i64 7
-  store atomic i64 0, ptr %finp seq_cst, align 8
   store atomic i64 %g1, ptr %genp seq_cst, align 8
+  %nl = load i64, ptr %launchp
+  %nl1 = add i64 %nl, 1
+  store i64 %nl1, ptr %launchp
+  %sl = load atomic i64, ptr %sleepp seq_cst, align 8
+  %any = icmp ne i64 %sl, 0
+  br i1 %any, label %wake, label %work
+wake:
+  call void @wake(ptr %genp, i64 2147483647)
+  br label %work
+work:
   call void @chunks(ptr %job, i64 %g1, i32 0)
+  %f0 = load atomic i64, ptr %finp seq_cst, align 8
+  %all0 = icmp sge i64 %f0, %total
+  br i1 %all0, label %exit, label %spin_start
+spin_start:
+  ; Chunks other threads hold are still running: spin a little, then sleep, so that a
+  ; worker the system parked can have this core.
+  %t0 = call i64 @now()
+  %budget = load atomic i64, ptr %budgetp monotonic, align 8
+  %deadline = add i64 %t0, %budget
   br label %wait
 wait:
-  %n = phi i64 [ 0, %entry ], [ %n1, %spin ], [ %n1, %yield ]
+  %n = phi i64 [ 0, %spin_start ], [ %n1, %spin ]
   %f = load atomic i64, ptr %finp seq_cst, align 8
   %all = icmp sge i64 %f, %total
-  br i1 %all, label %exit, label %next
-next:
+  br i1 %all, label %waited, label %idle
+idle:
   %n1 = add i64 %n, 1
-  %short = icmp ult i64 %n1, 2000
-  br i1 %short, label %spin, label %yield
+  %m = and i64 %n1, 63
+  %tick = icmp eq i64 %m, 0
+  br i1 %tick, label %clock, label %spin
+clock:
+  %t = call i64 @now()
+  %late = icmp sge i64 %t, %deadline
+  br i1 %late, label %sleep, label %spin
 spin:
   call void @llvm.x86.sse2.pause()
   br label %wait
-yield:
-  %y = call i32 @dt_yield()
-  br label %wait
+sleep:
+  ; Dekker with the worker that finishes the last chunk: say we sleep, then look again.
+  store atomic i64 1, ptr %waitp seq_cst, align 8
+  %f2 = load atomic i64, ptr %finp seq_cst, align 8
+  %all2 = icmp sge i64 %f2, %total
+  br i1 %all2, label %unwait, label %nap
+nap:
+  call void @sleep_on(ptr %finp, i64 %f2, ptr %tsp)
+  %ns = load i64, ptr %sleepsp
+  %ns1 = add i64 %ns, 1
+  store i64 %ns1, ptr %sleepsp
+  br label %sleep
+unwait:
+  store atomic i64 0, ptr %waitp seq_cst, align 8
+  br label %waited
+waited:
+  %t1 = call i64 @now()
+  %dt = sub i64 %t1, %t0
+  %waitnsp = call ptr @slot(ptr %job, i64 $CALLER_WAIT_NS)
+  %wns = load i64, ptr %waitnsp
+  %wns1 = add i64 %wns, %dt
+  store i64 %wns1, ptr %waitnsp
+  br label %exit
 exit:
   ret void
 }
@@ -198,6 +380,8 @@ entry:
   %minw = load i64, ptr %p3
   %p4 = getelementptr i64, ptr %policy, i64 4
   %cpt = load i64, ptr %p4
+  %p5 = getelementptr i64, ptr %policy, i64 5
+  %pminw = load i64, ptr %p5
   %multi = icmp sgt i64 %nth, 1
   %has = icmp sgt i64 %n, 0
   br i1 %has, label %rec, label %finish
@@ -287,8 +471,14 @@ pool:
   %q1 = add i64 %cnt, %slots
   %q2 = sub i64 %q1, 1
   %q = sdiv i64 %q2, %slots
-  %qpos = icmp sgt i64 %q, 1
-  %pchunk = select i1 %qpos, i64 %q, i64 1
+  %m1 = add i64 %pminw, %w
+  %m2 = sub i64 %m1, 1
+  %m = sdiv i64 %m2, %w
+  %qgt = icmp sgt i64 %q, %m
+  %pchunk = select i1 %qgt, i64 %q, i64 %m
+  %pwhole = icmp sge i64 %pchunk, %cnt
+  br i1 %pwhole, label %inline_run, label %pool_go
+pool_go:
   %t2a = add i64 %cnt, %pchunk
   %t2b = sub i64 %t2a, 1
   %tot2 = sdiv i64 %t2b, %pchunk
@@ -316,31 +506,86 @@ next:
 finish:
   ret i64 -1
 }
+
+define void @dt_stop(ptr %job) {
+entry:
+  %stopp = call ptr @slot(ptr %job, i64 $STOP)
+  store atomic i64 1, ptr %stopp seq_cst, align 8
+  %genp = call ptr @slot(ptr %job, i64 $GEN)
+  call void @wake(ptr %genp, i64 2147483647)
+  ret void
+}
 """
+
+# Sleeping and waking: a futex on the low half of a slot (Linux), with a timeout as a safety
+# net; elsewhere a short nap (and nothing to wake).
+_FUTEX = r"""
+define internal void @sleep_on(ptr %word, i64 %val, ptr %ts) {
+entry:
+  %v = and i64 %val, 4294967295
+  %r = call i64 (i64, ...) @dt_syscall(i64 $SYS_FUTEX, ptr %word, i64 128, i64 %v, ptr %ts)
+  ret void
+}
+
+define internal void @wake(ptr %word, i64 %n) {
+entry:
+  %r = call i64 (i64, ...) @dt_syscall(i64 $SYS_FUTEX, ptr %word, i64 129, i64 %n)
+  ret void
+}
+"""
+_NAP = r"""
+define internal void @sleep_on(ptr %word, i64 %val, ptr %ts) {
+entry:
+  %r = call i32 @dt_usleep(i32 50)
+  ret void
+}
+
+define internal void @wake(ptr %word, i64 %n) {
+entry:
+  ret void
+}
+"""
+
+
+def _native_source(triple: str) -> str:
+    """The scheduler's IR for this machine: futexes where Linux has them, `pause` on x86."""
+    futex = _SYS_FUTEX.get(platform.machine().lower()) if sys.platform.startswith("linux") \
+        and sys.byteorder == "little" else None
+    text = string.Template(_SOURCE.replace("$SLEEP_WAKE", _FUTEX if futex else _NAP))
+    source = text.substitute(
+        GEN=GEN, FN=FN, CTX=CTX, BEGIN=BEGIN, END=END, CHUNK=CHUNK, TOTAL=TOTAL, STOP=STOP,
+        NEXT=NEXT, FINISHED=FINISHED, WAITING=WAITING, SLEEPERS=SLEEPERS,
+        WORKER_SPIN_NS=WORKER_SPIN_NS, CALLER_SPIN_NS=CALLER_SPIN_NS,
+        WORKER_GAP_NS=WORKER_GAP_NS, WORKER_SPIN_LONG_NS=WORKER_SPIN_LONG_NS,
+        WORKER_CALM_NS=WORKER_CALM_NS, TS_WORKER=TS_WORKER,
+        TS_CALLER=TS_CALLER, CALLER_SLEEPS=CALLER_SLEEPS, LAUNCHES=LAUNCHES,
+        CALLER_WAIT_NS=CALLER_WAIT_NS,
+        CLOCK_MONOTONIC=time.CLOCK_MONOTONIC, SYS_FUTEX=futex or 0)
+    if not triple.startswith(("x86_64", "i686", "i386")):  # no `pause` elsewhere
+        source = source.replace("declare void @llvm.x86.sse2.pause()\n", "").replace(
+            "  call void @llvm.x86.sse2.pause()\n", "")
+    return f'target triple = "{triple}"\n' + source
 
 
 @functools.cache
 def _native():
     """Compile the scheduler once per process: (engine, worker fn, run fn, serial fn, graph
-    fn)."""
+    fn, stop fn)."""
     import llvmlite.binding as llvm
 
     target = get_target()
     libc = ctypes.CDLL(None)
-    llvm.add_symbol("dt_usleep", ctypes.cast(libc.usleep, ctypes.c_void_p).value)
-    llvm.add_symbol("dt_yield", ctypes.cast(libc.sched_yield, ctypes.c_void_p).value)
-    source = _SOURCE
-    if not target.triple.startswith(("x86_64", "i686", "i386")):  # no `pause` elsewhere
-        source = source.replace("declare void @llvm.x86.sse2.pause()\n", "").replace(
-            "  call void @llvm.x86.sse2.pause()\n", "")
-    text = f'target triple = "{target.triple}"\n' + source
+    for name in ("usleep", "syscall", "clock_gettime"):
+        llvm.add_symbol(f"dt_{name}", ctypes.cast(getattr(libc, name), ctypes.c_void_p).value)
+    text = _native_source(target.triple)
     key = hashlib.sha256((text + target.fingerprint).encode()).hexdigest()
     directory = cache.cache_dir()
     obj = cache.load(key, directory)
     if obj is None:  # compiled once per machine, then loaded from the disk cache
         obj = target.compile(text)
         cache.store(key, obj, directory)
-    engine, names = target.load(obj, ["dt_worker", "dt_run", "dt_serial", "dt_run_graph"])
+    engine, names = target.load(obj, ["dt_worker", "dt_run", "dt_serial", "dt_run_graph",
+                                      "dt_stop"])
     worker = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64)(names["dt_worker"])
     run = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                            ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
@@ -349,39 +594,68 @@ def _native():
                               ctypes.c_int64, ctypes.c_int64)(names["dt_serial"])
     run_graph = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
                                  ctypes.c_int64, ctypes.c_void_p)(names["dt_run_graph"])
-    return engine, worker, run, serial, run_graph
+    stop = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(names["dt_stop"])
+    return engine, worker, run, serial, run_graph, stop
 
 
 class ThreadPool:
+    """The caller (thread 0) and ``num_threads - 1`` workers running chunks of launches."""
+
+    #: A range is cut into about this many chunks per thread (fewer when that would make
+    #: chunks smaller than ``MIN_CHUNK_WORK``): a late worker still finds chunks to take. Not
+    #: more: neighbouring chunks of a scatter (particles to grid) write the same cache lines,
+    #: and threads on neighbouring chunks fight over them (8 per thread: MPM 25 % slower).
+    CHUNKS_PER_THREAD = 4
+    #: The least work (iterations x statements, as ``Task.weight`` counts) worth a chunk: a
+    #: claim costs two atomic operations on a shared line and an indirect call.
+    MIN_CHUNK_WORK = 1 << 12
+
     def __init__(self, num_threads: int) -> None:
         self.num_threads = num_threads
-        self._job = np.zeros(16, dtype=np.int64)
+        # One 64-byte-aligned record (the slots are laid out on cache lines).
+        self._buffer = np.zeros(SLOTS + 8, dtype=np.int64)
+        skip = (-self._buffer.ctypes.data % 64) // 8
+        self._job = self._buffer[skip:skip + SLOTS]
         self._job_addr = self._job.ctypes.data
-        self._engine, worker, self._run, self._serial, self._run_graph = _native()
+        self._job[WORKER_SPIN_NS] = WORKER_SPIN_NS_DEFAULT
+        self._job[CALLER_SPIN_NS] = CALLER_SPIN_NS_DEFAULT
+        self._job[WORKER_GAP_NS] = WORKER_GAP_NS_DEFAULT
+        self._job[WORKER_SPIN_LONG_NS] = WORKER_SPIN_LONG_NS_DEFAULT
+        self._job[WORKER_CALM_NS] = WORKER_CALM_NS_DEFAULT
+        self._job[TS_WORKER:TS_WORKER + 2] = (0, 100_000_000)  # 100 ms
+        self._job[TS_CALLER:TS_CALLER + 2] = (0, 10_000_000)  # 10 ms
+        self._engine, worker, self._run, self._serial, self._run_graph, \
+            self._stop = _native()
         self._workers = [threading.Thread(target=worker, args=(self._job_addr, k + 1),
                                           daemon=True, name=f"difftape-worker-{k + 1}")
                          for k in range(num_threads - 1)]
         for w in self._workers:
             w.start()
 
-    def run(self, fn, ctx: int, begin: int, end: int, chunks_per_thread: int = 4) -> None:
-        """Run ``fn(ctx, b, e, tid)`` over [begin, end) split into chunks, on all threads."""
+    def run(self, fn, ctx: int, begin: int, end: int, weight: int = 1,
+            address: int = 0) -> None:
+        """Run ``fn(ctx, b, e, tid)`` over [begin, end) split into chunks, on all threads
+        that show up; ``weight``: the work of one index, in statements. ``address``: ``fn``'s
+        entry point when the caller has it (``ctypes.cast`` costs microseconds a launch)."""
         n = end - begin
         if self.num_threads == 1 or n <= 1:
             fn(ctx, begin, end, 0)
             return
-        chunk = max(1, -(-n // (self.num_threads * chunks_per_thread)))
-        total = -(-n // chunk)
-        addr = ctypes.cast(fn, ctypes.c_void_p).value
-        self._run(self._job_addr, addr, ctx, begin, end, chunk, total)
+        chunk = max(-(-n // (self.num_threads * self.CHUNKS_PER_THREAD)),
+                    -(-self.MIN_CHUNK_WORK // max(1, weight)))
+        if chunk >= n:
+            fn(ctx, begin, end, 0)
+            return
+        addr = address or ctypes.cast(fn, ctypes.c_void_p).value
+        self._run(self._job_addr, addr, ctx, begin, end, chunk, -(-n // chunk))
 
     def run_chunks(self, fn, ctx: int, begin: int, end: int, chunk: int,
-                   threaded: bool = True) -> None:
+                   threaded: bool = True, address: int = 0) -> None:
         """Run ``fn`` over [begin, end) in chunks of exactly ``chunk`` indices (the last one
         shorter), whatever the thread count: an ordered task's results depend on its chunk
         boundaries. Not ``threaded`` (small work) or on one thread: the chunks in order on
-        the calling thread."""
-        addr = ctypes.cast(fn, ctypes.c_void_p).value
+        the calling thread. With ``address`` (the entry point), ``fn`` may be None."""
+        addr = address or ctypes.cast(fn, ctypes.c_void_p).value
         if threaded and self.num_threads > 1:
             self._run(self._job_addr, addr, ctx, begin, end, chunk, -(-(end - begin) // chunk))
         else:
@@ -396,7 +670,15 @@ class ThreadPool:
         reported an error (its context's error word is set), or -1."""
         return self._run_graph(self._job_addr, records, count, policy)
 
+    def stats(self) -> dict[str, int]:
+        """Counters since the pool started: ``launches`` (parallel runs), ``caller_sleeps``
+        (times a launch's caller slept waiting for chunks other threads held) and
+        ``caller_wait_s`` (time the caller spent waiting for them, spinning or asleep)."""
+        return {"launches": int(self._job[LAUNCHES]),
+                "caller_sleeps": int(self._job[CALLER_SLEEPS]),
+                "caller_wait_s": int(self._job[CALLER_WAIT_NS]) * 1e-9}
+
     def close(self) -> None:
-        self._job[STOP] = 1
+        self._stop(self._job_addr)
         for w in self._workers:
             w.join(timeout=1.0)

@@ -285,11 +285,11 @@ class Program:
         if arr.nbytes < (1 << 20) or self.num_threads == 1:
             arr.fill(0)
             return
-        import ctypes
-
-        fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                              ctypes.c_int32)(get_target().zero_task())
-        self.pool.run(fn, arr.ctypes.data, 0, arr.nbytes, chunks_per_thread=1)
+        # Chunks of 256 KiB or more, several per thread: a worker that another process holds
+        # up then delays only a small piece (see runtime/parallel.py).
+        chunk = max(1 << 18, -(-arr.nbytes // (self.num_threads * 8)))
+        self.pool.run_chunks(None, arr.ctypes.data, 0, arr.nbytes, chunk,
+                             address=get_target().zero_task())
 
     def close(self) -> None:
         if self.remote is not None:  # arch=ti.remote: end the server session

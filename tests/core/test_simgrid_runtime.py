@@ -57,7 +57,7 @@ def _overflowing_once(inst):
                               [ctypes.cast(inst._keep, ctypes.c_void_p).value],
                               (run.blocks, run.threads), program.get().rng_state)
     inst.grid = grid
-    inst.tasks = [(False, t, None, 1, 0) for t in grid.tasks]
+    inst.tasks = [(False, t, None, 1, 0, 0) for t in grid.tasks]
     return calls
 
 
@@ -97,7 +97,7 @@ def test_a_pool_beyond_the_limit_is_refused(prog, monkeypatch):
     grid = simgrid.GridKernel(inst.ir, inst.layout, inst.ctx_i64,
                               [ctypes.cast(inst._keep2, ctypes.c_void_p).value], (3, 4),
                               prog.rng_state)
-    inst.tasks = [(False, t, None, 1, 0) for t in grid.tasks]
+    inst.tasks = [(False, t, None, 1, 0, 0) for t in grid.tasks]
     with pytest.raises(ti.DifftapeError, match="reverse-mode stacks need more than 256 slots"):
         k()  # 64 -> 128 -> 256 slots per thread, then over the limit
 

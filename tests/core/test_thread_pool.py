@@ -1,0 +1,102 @@
+"""The native thread pool (runtime/parallel.py): every index once, whoever runs it, and a
+launch that does not fight the threads it waits for.
+
+The pool is driven here with Python task functions (ctypes callbacks), so the tests see which
+thread ran which chunk. A busy process pinned to the second core (``spinner``) makes workers
+late and parks them mid-chunk, as on a loaded machine.
+"""
+
+import ctypes
+import faulthandler
+import threading
+import time
+
+import pytest
+
+from difftape.runtime.parallel import ThreadPool
+
+pytestmark = pytest.mark.difftape_only
+
+TASK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int32)
+
+
+@pytest.fixture
+def watchdog():
+    """A hung launch fails the run with every thread's stack instead of hanging it."""
+    faulthandler.dump_traceback_later(300, exit=True)
+    yield
+    faulthandler.cancel_dump_traceback_later()
+
+
+@pytest.fixture
+def pool():
+    p = ThreadPool(4)
+    yield p
+    p.close()
+
+
+def test_every_index_runs_once_with_a_busy_core(pool, spinner, watchdog):
+    seen = []
+    task = TASK(lambda ctx, b, e, tid: seen.append((b, e, tid)))
+    for k in range(300):
+        begin, n = k % 7, 2 + (k * 37) % 900
+        weight = (1, 64, 4096)[k % 3]
+        seen.clear()
+        pool.run(task, 0, begin, begin + n, weight)
+        spans = sorted((b, e) for b, e, _ in seen)
+        assert spans[0][0] == begin and spans[-1][1] == begin + n
+        assert all(e0 == b1 for (_, e0), (b1, _) in zip(spans, spans[1:], strict=False))
+        assert all(0 <= tid < 4 for _, _, tid in seen)
+
+
+def test_run_chunks_keeps_its_chunk_boundaries(pool, spinner, watchdog):
+    seen = []
+    task = TASK(lambda ctx, b, e, tid: seen.append((b, e)))
+    for n in (1, 5, 64, 1000, 1003):
+        seen.clear()
+        pool.run_chunks(task, 0, 10, 10 + n, 7)
+        assert sorted(seen) == [(b, min(b + 7, 10 + n)) for b in range(10, 10 + n, 7)]
+
+
+def test_a_waiting_caller_gives_its_core_away():
+    """A worker holds a chunk for 0.2 s (as when the OS parks it behind another process):
+    the caller runs every other chunk, then sleeps until the held one is done instead of
+    spinning or yielding, which kept its core busy so that the held chunk could not move
+    there."""
+    pool = ThreadPool(2)
+    held = threading.Event()
+
+    def body(ctx, b, e, tid):
+        if tid != 0 and not held.is_set():
+            held.set()
+            time.sleep(0.2)
+        elif tid == 0:
+            held.wait(5.0)  # let the worker claim a chunk first
+
+    task = TASK(body)
+    try:
+        wall, cpu = time.perf_counter(), time.thread_time()
+        pool.run(task, 0, 0, 64, 4096)
+        wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+        assert held.is_set() and wall >= 0.2
+        assert cpu < 0.01, f"the caller used {cpu:.3f} s of CPU waiting {wall:.3f} s"
+        assert pool.stats()["caller_sleeps"] >= 1
+    finally:
+        pool.close()
+
+
+def test_idle_workers_sleep(pool):
+    task = TASK(lambda ctx, b, e, tid: None)
+    for _ in range(50):
+        pool.run(task, 0, 0, 256, 4096)
+    time.sleep(0.05)  # past the workers' spin budget
+    cpu = time.process_time()
+    time.sleep(0.3)
+    assert time.process_time() - cpu < 0.03
+
+
+def test_close_stops_sleeping_workers():
+    pool = ThreadPool(3)
+    time.sleep(0.01)  # the workers are asleep
+    pool.close()
+    assert not any(w.is_alive() for w in pool._workers)
