@@ -30,6 +30,10 @@ distinct modules and failures). On by default where ``ptxas`` and libdevice
 are found (CI, the development machines); ``DIFFTAPE_CHECK_PTX=0`` turns it off, ``=1``
 insists (an error where it cannot run). ``DIFFTAPE_PTX_ARCH`` picks the architecture (default
 sm_75) and ``DIFFTAPE_PTX_DIR`` keeps the PTX there (default: a temporary directory).
+Modules this same toolchain (ptxas, arch, libdevice, llvmlite) accepted in an earlier run are
+not assembled again (their verdicts live in the compile cache's ``ptx-verdicts``; any change in
+the CUDA lowering makes new module text, checked anew); ``DIFFTAPE_PTX_VERDICTS=0`` assembles
+everything.
 """
 
 import importlib
@@ -107,8 +111,15 @@ def _start_ptx_check():
     directory = os.environ.get("DIFFTAPE_PTX_DIR") or None
     if directory:
         os.makedirs(directory, exist_ok=True)
+    # Acceptances by this same toolchain are kept beside the compiled-code cache (see
+    # ptx_check's docstring); DIFFTAPE_PTX_VERDICTS=0 assembles every module again.
+    verdicts = None
+    if os.environ.get("DIFFTAPE_PTX_VERDICTS", "1") != "0":
+        from difftape.runtime import cache
+
+        verdicts = str(cache.cache_dir() / "ptx-verdicts")
     return ptx_check.install(arch=os.environ.get("DIFFTAPE_PTX_ARCH") or ptx_check.DEFAULT_ARCH,
-                             directory=directory)
+                             directory=directory, verdicts=verdicts)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -126,7 +137,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     ok = check.modules - sum(f.stage != "lowering" for f in check.failures)
     tr.write_line(f"PTX check ({check.arch}): {check.kernels} kernels compiled "
                   f"({check.cached} of them from the cache), checked as "
-                  f"{check.modules} distinct CUDA modules, {ok} accepted by ptxas, "
+                  f"{check.modules} distinct CUDA modules, {ok} accepted by ptxas "
+                  f"({check.known} of them in an earlier run), "
                   f"{len(check.failures)} failed ({check.worker_s:.0f} s in workers)")
     for f in check.failures:
         tr.write_line(f"  PTX FAILED {f}", red=True)

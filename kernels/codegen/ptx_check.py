@@ -11,6 +11,12 @@ processes that compile it to PTX (LLVM's NVPTX backend, libdevice linked; batche
 linked into one PTX file, so libdevice, the pass pipeline and ptxas's start-up are paid once
 per batch) and run ``ptxas`` on it. :meth:`PTXCheck.finish` waits for them and lists every
 kernel that could not be lowered, compiled or assembled, with the reason.
+
+With a ``verdicts`` directory, a module that this same toolchain (ptxas version, target arch,
+libdevice, llvmlite) accepted before is not compiled and assembled again: its verdict is kept
+as an empty file named by the hash of the toolchain and the module text, so any change to the
+CUDA lowering makes new text and a new check. Only acceptances are kept; a failure is
+re-checked every time.
 """
 
 from __future__ import annotations
@@ -43,18 +49,27 @@ class Failure:
         return f"{self.kernel}: {self.stage}: {self.reason}"
 
 
-def _check_batch(batch: list[tuple[str, str]], arch: str, ptxas: str,
-                 directory: str) -> tuple[list[Failure], float]:
-    """In a worker process: modules ``(kernel name, text)`` compiled to one PTX file (written
-    to ``directory``) and assembled by ptxas; where that fails, each module alone, to name
-    the kernels at fault. The failures and the seconds it took."""
+def _check_batch(batch: list[tuple[str, str, str]], arch: str, ptxas: str,
+                 directory: str, verdicts: str | None) -> tuple[list[Failure], float]:
+    """In a worker process: modules ``(kernel name, text, verdict key)`` compiled to one PTX
+    file (written to ``directory``) and assembled by ptxas; where that fails, each module
+    alone, to name the kernels at fault. Accepted modules leave their verdict in
+    ``verdicts``. The failures and the seconds it took."""
     start = time.perf_counter()
-    if _assemble(batch, arch, ptxas, directory) is None:
-        failures = []
-    elif len(batch) == 1:
-        failures = [_assemble(batch, arch, ptxas, directory)]
+    modules = [(name, text) for name, text, _ in batch]
+    if _assemble(modules, arch, ptxas, directory) is None:
+        failures, accepted = [], batch
     else:
-        failures = [f for m in batch if (f := _assemble([m], arch, ptxas, directory))]
+        failures, accepted = [], []
+        for m in batch:
+            f = _assemble([m[:2]], arch, ptxas, directory)
+            if f is None:
+                accepted.append(m)
+            else:
+                failures.append(f)
+    if verdicts is not None:
+        for _, _, key in accepted:
+            Path(verdicts, key).touch()
     return failures, time.perf_counter() - start
 
 
@@ -87,7 +102,10 @@ class PTXCheck:
     jobs: int
     kernels: int = 0  # kernels observed (compiled for the CPU, or loaded from the cache)
     cached: int = 0  # of which loaded from the cache
-    modules: int = 0  # distinct CUDA modules sent to be compiled and assembled
+    modules: int = 0  # distinct CUDA modules checked (assembled now, or accepted before)
+    known: int = 0  # of which accepted by this toolchain in an earlier run (``verdicts``)
+    verdicts: str | None = None  # where acceptances are kept (None: check everything)
+    toolchain: str = ""  # what a verdict depends on besides the module text
     failures: list[Failure] = field(default_factory=list)
     worker_s: float = 0.0  # time the workers spent compiling and assembling
     _seen: set[str] = field(default_factory=set)
@@ -112,9 +130,13 @@ class PTXCheck:
             return
         self._seen.add(digest)
         self.modules += 1
+        key = hashlib.sha1((self.toolchain + "\0" + text).encode()).hexdigest()
+        if self.verdicts is not None and os.path.exists(os.path.join(self.verdicts, key)):
+            self.known += 1
+            return
         # Linked with others into one PTX file: the kernel's symbols made unique.
         unique = text.replace(f"@{ir.name}_", f"@{ir.name}__{self.modules}_")
-        self._pending.append((ir.name, unique))
+        self._pending.append((ir.name, unique, key))
         if len(self._pending) >= self.batch:
             self._submit()
 
@@ -126,7 +148,7 @@ class PTXCheck:
             self._pool = ProcessPoolExecutor(self.jobs,
                                              mp_context=multiprocessing.get_context("spawn"))
         self._futures.append(self._pool.submit(_check_batch, self._pending, self.arch,
-                                               self.ptxas, self.directory))
+                                               self.ptxas, self.directory, self.verdicts))
         self._pending = []
 
     def finish(self) -> list[Failure]:
@@ -157,14 +179,31 @@ def available() -> str | None:
     return None
 
 
+def _toolchain(arch: str, ptxas: str) -> str:
+    """What a verdict depends on besides the module: ptxas's version, the arch, libdevice and
+    the LLVM that makes the PTX."""
+    import llvmlite
+
+    version = subprocess.run([ptxas, "--version"], capture_output=True, text=True).stdout
+    lib = Path(find_libdevice())
+    st = lib.stat()
+    return "\0".join([arch, version.strip(), str(lib), str(st.st_size), str(st.st_mtime_ns),
+                      llvmlite.__version__])
+
+
 def install(arch: str = DEFAULT_ARCH, directory: str | None = None,
-            jobs: int | None = None) -> PTXCheck:
-    """Start checking every kernel lowered from now on; ``finish()`` on the result."""
+            jobs: int | None = None, verdicts: str | None = None) -> PTXCheck:
+    """Start checking every kernel lowered from now on; ``finish()`` on the result.
+    ``verdicts``: a directory where acceptances are kept across runs (see the module)."""
     why = available()
     if why is not None:
         raise RuntimeError(f"cannot check PTX: {why}")
-    check = PTXCheck(arch=arch, ptxas=shutil.which("ptxas"),
+    ptxas = shutil.which("ptxas")
+    if verdicts is not None:
+        os.makedirs(verdicts, exist_ok=True)
+    check = PTXCheck(arch=arch, ptxas=ptxas,
                      directory=directory or tempfile.mkdtemp(prefix="difftape-ptx-"),
-                     jobs=jobs or max(1, (os.cpu_count() or 2) // 2))
+                     jobs=jobs or max(1, (os.cpu_count() or 2) // 2), verdicts=verdicts,
+                     toolchain=_toolchain(arch, ptxas))
     llvm_lowering.observers.append(check)
     return check

@@ -100,3 +100,34 @@ def test_a_kernel_loaded_from_the_disk_cache_is_checked(tmp_path, monkeypatch):
         assert [(f.kernel, f.stage) for f in failures] == [("fill_ones", "ptxas")], run
         assert (c.kernels, c.cached) == ((1, 0) if run == "cold" else (1, 1)), run
     assert any(cache_dir.rglob("*.o"))  # the warm run did load from disk
+
+
+def test_verdicts_skip_only_what_this_toolchain_accepted(tmp_path, monkeypatch):
+    """With a verdicts directory, a module accepted once is not assembled again by the same
+    toolchain; a refused one leaves no verdict (checked again next time), and another
+    toolchain (here: another ptxas version string) checks everything anew."""
+    verdicts = tmp_path / "verdicts"
+    verdicts.mkdir()
+
+    def run(ptxas: str, toolchain: str = "t1") -> ptx_check.PTXCheck:
+        ti.init(arch=ti.cpu, offline_cache=False)
+        c = ptx_check.PTXCheck(arch=cuda.DEFAULT_ARCH, ptxas=shutil.which(ptxas),
+                               directory=str(tmp_path), jobs=1, verdicts=str(verdicts),
+                               toolchain=toolchain)
+        monkeypatch.setattr(llvm_lowering, "observers", [c])
+        fill_ones, double_up = _kernels()
+        fill_ones()
+        double_up()
+        c.finish()
+        ti.reset()
+        return c
+
+    refused = run("false")
+    assert len(refused.failures) == 2 and refused.known == 0
+    assert not any(verdicts.iterdir())  # failures are never remembered
+    first = run("true")
+    assert first.failures == [] and first.known == 0 and len(list(verdicts.iterdir())) == 2
+    again = run("false")  # would refuse: but both modules were accepted by this toolchain
+    assert again.failures == [] and (again.modules, again.known) == (2, 2)
+    other = run("false", toolchain="t2")  # another ptxas: checked again, and refused
+    assert len(other.failures) == 2 and other.known == 0
