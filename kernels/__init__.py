@@ -36,6 +36,7 @@ from .errors import (  # noqa: E402
     TaichiTypeError,
     UnknownOptionError,
 )
+from .frontend import argpack as _argpack_mod  # noqa: E402
 from .frontend import matrix as _matrix_mod  # noqa: E402
 from .frontend import ops as _ops_mod  # noqa: E402
 from .frontend import struct as _struct_mod  # noqa: E402
@@ -44,6 +45,8 @@ from .frontend.annotations import ref, template  # noqa: E402
 from .frontend.decorators import data_oriented, func, kernel, pyfunc, real_func  # noqa: E402
 from .frontend.field import (  # noqa: E402
     Field,
+    FieldsBuilder,
+    Layout,
     MatrixField,
     ScalarField,
     axes,
@@ -63,6 +66,7 @@ from .frontend.field import (  # noqa: E402
     k,
     kl,
     l,  # noqa: E741
+    loop_unique,
     root,
 )
 from .frontend.field import make_field as field  # noqa: E402
@@ -138,6 +142,16 @@ from .frontend.transformer import (  # noqa: E402
     static_print,
 )
 from .runtime import program as _program_mod  # noqa: E402
+from .runtime.log import (  # noqa: E402
+    CRITICAL,
+    DEBUG,
+    ERROR,
+    INFO,
+    TRACE,
+    WARN,
+    is_logging_effective,
+    set_logging_level,
+)
 from .runtime.program import (  # noqa: E402
     arm64,
     cpu,
@@ -228,6 +242,7 @@ def polar_decompose(A, dt=None):
 # ``ti.types`` offers the frontend's type constructors beside the scalar types; ``types`` is
 # the ground floor, so the API puts them there (types.provide) rather than types importing up.
 types.provide(
+    argpack=_argpack_mod.ArgPackType,
     vector=_matrix_mod.vector,
     matrix=_matrix_mod.matrix,
     struct=_struct_mod.struct,

@@ -36,6 +36,7 @@ from ..ir.nodes import OPS, Block, Buffer, Stmt
 from . import builder as _b
 from . import ops
 from .annotations import NdarrayType, RefType, Template, _resolve_annotation, template
+from .argpack import ArgPackType, bind_view
 from .field import Field, SNode, assign, kernel_element
 from .matrix import Matrix, MatrixType, Vector, _coerce
 from .sparse import struct_for_guard
@@ -1670,6 +1671,10 @@ def build_kernel_body(bld: _b.Builder, kernel, args: tuple) -> None:
         else:
             dt = ops.resolve_dtype(ann)
             tr.scopes[0][p.name] = Expr(bld.emit("arg", dt, (), bld.add_param(p.name, dt)))
+            tr.kernel_args.add(p.name)
+    for p in kernel.arg_params:  # argument packs: bound as views of their members' values
+        if isinstance(p.annotation, ArgPackType):
+            tr.scopes[0][p.name] = bind_view(p.annotation, p.name, tr.scopes[0])
             tr.kernel_args.add(p.name)
     tr.run_body(parsed.tree.body)
     bld.finish_stop_grads()
