@@ -265,7 +265,7 @@ def _attach_remote(prog, **options):
 
 _program_mod.register_backend(remote, _attach_remote)
 
-from . import ad, profiler  # noqa: E402
+from . import ad, algorithms, profiler  # noqa: E402
 from .ad import FwdMode, Tape  # noqa: E402
 
 __all__ = [n for n in dir() if not n.startswith("_")]
