@@ -131,6 +131,20 @@ def parse_function(fn) -> ParsedFunction:
 # --------------------------------------------------------------------------- loop helpers
 
 
+def _ndrange_int(x):
+    """A bound of ``ti.ndrange``: an integer (a number, or an integer kernel value). A float
+    bound is refused, as in Taichi: ``ndrange((1.1, 10.5))`` has no one meaning (truncated?
+    rounded?)."""
+    if isinstance(x, Ref):
+        x = x.expr()
+    ok = x.dtype.is_int if isinstance(x, Value) else (
+        ops._is_number(x) and not isinstance(x, bool) and np.asarray(x).dtype.kind in "iu")
+    if not ok:
+        raise ops._err(f"Every argument of ndrange should be an integer scalar or a tuple/list "
+                       f"of (int, int), got {x!r:.40}", KernelTypeError)
+    return x
+
+
 class NdRange:
     """``ti.ndrange(*dims)``; each dim an extent or a (begin, end) pair."""
 
@@ -140,9 +154,9 @@ class NdRange:
             if isinstance(d, tuple | list):
                 if len(d) != 2:
                     raise ops._err("ti.ndrange takes extents or (begin, end) pairs")
-                self.bounds.append((d[0], d[1]))
+                self.bounds.append((_ndrange_int(d[0]), _ndrange_int(d[1])))
             else:
-                self.bounds.append((0, d))
+                self.bounds.append((0, _ndrange_int(d)))
 
     def __iter__(self):  # Python scope: iterate like itertools.product
         import itertools
@@ -526,6 +540,9 @@ class FunctionTransformer:
             raise self.bld.error("a declaration needs a value: `x: ti.f32 = 0.0`")
         ann = self.eval(node.annotation)
         value = self.eval(node.value)
+        if isinstance(node.target, ast.Name) and self._find_var(node.target.id) is not None:
+            self._check_not_kernel_arg(node.target.id, self._find_var(node.target.id))
+            self._check_reannotation(node.target.id, ann)
         if isinstance(node.target, ast.Name) and self._find_var(node.target.id) is None:
             if isinstance(ann, MatrixType):
                 value = ann(value) if not isinstance(value, Matrix) else ops.cast(
@@ -536,6 +553,23 @@ class FunctionTransformer:
                                                                     ops.resolve_dtype(ann))
             return
         self.assign(node.target, value)
+
+    def _check_reannotation(self, name: str, ann) -> None:
+        """``x: T = v`` for an existing ``x`` assigns to it; a ``T`` other than ``x``'s type
+        is refused (as in Taichi) rather than ignored: the value would be converted to the
+        old type, not to the one written."""
+        var = self._find_var(name)
+        if isinstance(ann, MatrixType):
+            same = isinstance(var, Matrix) and var.shape == tuple(ann.element_shape) and all(
+                isinstance(e, Ref) and e.dtype == ops.resolve_dtype(ann.scalar_dtype)
+                for e in var.entries)
+        else:
+            same = isinstance(var, Ref) and var.dtype == ops.resolve_dtype(ann)
+        if not same:
+            have = var.dtype if isinstance(var, Ref) else type(var).__name__
+            raise self.bld.error(f"'{name}' is already a variable (of type {have}); it cannot "
+                                 f"be annotated again with another type ({ann!r}): use a new "
+                                 "name, or ti.cast the value", KernelSyntaxError)
 
     def assign(self, target: ast.expr, value) -> None:
         self._at(target)
@@ -858,6 +892,15 @@ class FunctionTransformer:
         names = [target] if isinstance(target, ast.Name) else list(getattr(target, "elts", []))
         if not all(isinstance(n, ast.Name) for n in names):
             raise self.bld.error("loop targets must be names")
+        for n in names:
+            if self._find_var(n.id) is not None:
+                # The loop's index is a variable of the loop: the outer one would keep its old
+                # value after the loop, where Python leaves the last index in it.
+                raise self.bld.error(f"Variable '{n.id}' is already declared in the outer "
+                                     "scope and cannot be used as loop variable: after the "
+                                     "loop it would keep its old value (not the last index, "
+                                     "as in Python); name the loop variable differently",
+                                     KernelSyntaxError)
         if grouped:
             if len(names) != 1:
                 raise self.bld.error("ti.grouped(...) binds one vector index: `for I in ...`")
