@@ -554,6 +554,50 @@ class FunctionTransformer:
             return
         self.assign(node.target, value)
 
+    def _store(self, what: str, var, value) -> None:
+        """Store ``value`` into the variable (or vector/matrix/struct of places) ``var``."""
+        if isinstance(var, Matrix) and not isinstance(value, Matrix):
+            raise self.bld.error(f"{what} is a vector/matrix; cannot assign a scalar to it")
+        if isinstance(var, Struct) and isinstance(value, dict):
+            value = Struct(value)
+        assign(var, _as_value(value))
+
+    def _list_variable(self, items: list) -> list:
+        """A Python list bound to a kernel variable (``l = [a, x[i], 0]``): each kernel value in
+        it becomes a variable of its own (a copy, as in Taichi), so ``l[k] = v`` is a store
+        that runs when the statement runs (also inside a runtime ``if``); compile-time objects
+        (numbers, fields ...) stay as they are. Nested lists likewise."""
+        out = [self.new_variable(_materialize(e)) if isinstance(e, Value | Matrix | Struct)
+               else self._list_variable(e) if type(e) is list else e for e in items]
+        self.bld.list_homes[id(out)] = (out, self.bld.current_block)
+        return out
+
+    def _assign_list_entry(self, items: list, index, value) -> None:
+        """``l[k] = v`` for a Python list ``l`` and a compile-time ``k``."""
+        if not isinstance(index, numbers.Integral):
+            raise self.bld.error("a Python list in a kernel is indexed by compile-time "
+                                 f"integers, got {type(index).__name__}; for a runtime index "
+                                 "use a ti.Vector", KernelIndexError)
+        try:
+            entry = items[index]
+        except IndexError:
+            raise self.bld.error(f"list index {index} out of range for a list of "
+                                 f"{len(items)}", KernelIndexError) from None
+        if isinstance(entry, Ref | Matrix | Struct) and is_place(entry):
+            self._store(f"entry {index} of the list", entry, value)
+            return
+        home = self.bld.list_homes.get(id(items))
+        if home is None or home[1] is not self.bld.current_block:
+            # Replacing the entry is a compile-time act: inside a runtime branch or loop it
+            # would hold whether or not that code runs.
+            raise self.bld.error(f"entry {index} of this list is a compile-time "
+                                 f"{type(entry).__name__}; it cannot be replaced inside a "
+                                 "runtime if/loop (or a func called there): make the list of "
+                                 "kernel values, e.g. [ti.i32(0), ...], whose entries are "
+                                 "variables")
+        items[index] = self.new_variable(_materialize(value)) \
+            if isinstance(value, Value | Matrix | Struct) else value
+
     def _check_reannotation(self, name: str, ann) -> None:
         """``x: T = v`` for an existing ``x`` assigns to it; a ``T`` other than ``x``'s type
         is refused (as in Taichi) rather than ignored: the value would be converted to the
@@ -577,15 +621,12 @@ class FunctionTransformer:
             var = self._find_var(target.id)
             self._check_not_kernel_arg(target.id, var)
             if isinstance(var, Ref | Matrix | Struct) and is_place(var):
-                if isinstance(var, Matrix) and not isinstance(value, Matrix):
-                    raise self.bld.error(f"'{target.id}' is a vector/matrix; cannot assign a "
-                                         "scalar to it")
-                if isinstance(var, Struct) and isinstance(value, dict):
-                    value = Struct(value)
-                assign(var, _as_value(value))
+                self._store(f"'{target.id}'", var, value)
                 return
             if isinstance(value, Value | Matrix | Struct) or ops._is_number(value):
                 self.scopes[-1][target.id] = self.new_variable(value)
+            elif type(value) is list:
+                self.scopes[-1][target.id] = self._list_variable(value)
             else:
                 self.scopes[-1][target.id] = value  # compile-time object
             return
@@ -604,6 +645,9 @@ class FunctionTransformer:
         if isinstance(target, ast.Subscript):
             container = self.eval(target.value)
             index = self.eval_index(target.slice)
+            if type(container) is list:
+                self._assign_list_entry(container, index, value)
+                return
             if hasattr(container, "__setitem__") and not isinstance(container, dict | list):
                 container[index] = _as_value(value)
                 return
