@@ -16,6 +16,7 @@ import functools
 import inspect
 import linecache
 import numbers
+import operator
 import textwrap
 from dataclasses import dataclass
 from typing import Any
@@ -222,6 +223,23 @@ _BINOPS = {
 #: Augmented assignments that are atomic on field elements and kernel-level variables
 #: updated in parallel loops, as in Taichi (``*=``, ``/=``, ... are plain read-modify-writes).
 _ATOMIC_AUGASSIGN = frozenset(("add", "sub", "bit_and", "bit_or", "bit_xor"))
+_PY_BINOPS = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+    ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
+    ast.Pow: operator.pow, ast.BitAnd: operator.and_, ast.BitOr: operator.or_,
+    ast.BitXor: operator.xor, ast.LShift: operator.lshift, ast.RShift: operator.rshift,
+    ast.MatMult: operator.matmul,
+}
+
+
+def _compile_time_array(a, b) -> bool:
+    """Is this a binary op of compile-time operands, one of them a NumPy array (not 0-d)? It
+    is evaluated as Python evaluates it, at compile time (as in Taichi)."""
+    if isinstance(a, Value | Matrix | Struct) or isinstance(b, Value | Matrix | Struct):
+        return False
+    return any(isinstance(x, np.ndarray) and x.ndim > 0 for x in (a, b))
+
+
 _PY_COMPARE = {ast.Lt: lambda a, b: a < b, ast.LtE: lambda a, b: a <= b,
                ast.Gt: lambda a, b: a > b, ast.GtE: lambda a, b: a >= b,
                ast.Eq: lambda a, b: a == b, ast.NotEq: lambda a, b: a != b}
@@ -1071,6 +1089,8 @@ class FunctionTransformer:
                 (isinstance(node.op, ast.Add) and type(b) is type(a)) or
                 (isinstance(node.op, ast.Mult) and isinstance(b, int))):
             return a + b if isinstance(node.op, ast.Add) else a * b  # Python lists (Taichi too)
+        if _compile_time_array(a, b):  # `n_cube - 1` of a global NumPy array: NumPy's result
+            return _PY_BINOPS[type(node.op)](a, b)
         return apply_binop(_BINOPS[type(node.op)], _as_value(a), _as_value(b))
 
     def expr_UnaryOp(self, node: ast.UnaryOp):
