@@ -39,6 +39,7 @@ from .errors import (  # noqa: E402
 from .frontend import argpack as _argpack_mod  # noqa: E402
 from .frontend import matrix as _matrix_mod  # noqa: E402
 from .frontend import ops as _ops_mod  # noqa: E402
+from .frontend import quant as _quant_mod  # noqa: E402
 from .frontend import struct as _struct_mod  # noqa: E402
 from .frontend.annotations import NdarrayType as _NdarrayType  # noqa: E402
 from .frontend.annotations import ref, template  # noqa: E402
@@ -122,6 +123,7 @@ from .frontend.ops import (  # noqa: E402
     tanh,
     zero,
 )
+from .frontend.quant import BitpackedFields  # noqa: E402
 from .frontend.sparse import (  # noqa: E402
     activate,
     append,
@@ -243,6 +245,7 @@ def polar_decompose(A, dt=None):
 # the ground floor, so the API puts them there (types.provide) rather than types importing up.
 types.provide(
     argpack=_argpack_mod.ArgPackType,
+    quant=_quant_mod.quant,
     vector=_matrix_mod.vector,
     matrix=_matrix_mod.matrix,
     struct=_struct_mod.struct,

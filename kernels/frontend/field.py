@@ -32,6 +32,7 @@ from ..runtime.foreign import ArrayExchange, array_in
 from . import builder as _b
 from . import matrix as _matrix
 from . import ops
+from . import quant as _quant
 from .matrix import Matrix, MatrixType, Vector, _coerce
 from .ops import resolve_dtype
 from .values import GlobalRef
@@ -938,6 +939,10 @@ class SNode:
     def bitmasked(self, axes, dimensions) -> SNode:
         return self._child("bitmasked", axes, dimensions)
 
+    def quant_array(self, axes, dimensions, max_num_bits: int) -> SNode:
+        """Taichi's bit-packed array of quantized values: refused (frontend/quant.py)."""
+        raise _quant.refuse("SNode.quant_array(...)")
+
     def dynamic(self, axis, dimension, chunk_size: int | None = None) -> SNode:
         """A list along one axis, at most ``dimension`` long (``chunk_size`` is the allocation
         granularity in Taichi; storage here is dense, so it has no effect)."""
@@ -1187,6 +1192,9 @@ class FieldsBuilder:
 
     def dynamic(self, axis, dimension, chunk_size: int | None = None) -> SNode:
         return self._open().dynamic(axis, dimension, chunk_size)
+
+    def quant_array(self, axes, dimensions, max_num_bits: int) -> SNode:
+        return self._open().quant_array(axes, dimensions, max_num_bits)
 
     def place(self, *fields, offset=None) -> SNode:
         return self._open().place(*fields, offset=offset)
