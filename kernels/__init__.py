@@ -43,8 +43,10 @@ from .errors import (  # noqa: E402
     TaichiTypeError,
     UnknownOptionError,
 )
+from .frontend import argpack as _argpack_mod  # noqa: E402
 from .frontend import matrix as _matrix_mod  # noqa: E402
 from .frontend import ops as _ops_mod  # noqa: E402
+from .frontend import quant as _quant_mod  # noqa: E402
 from .frontend import struct as _struct_mod  # noqa: E402
 from .frontend.annotations import NdarrayType as _NdarrayType  # noqa: E402
 from .frontend.annotations import ref, template  # noqa: E402
@@ -52,6 +54,8 @@ from .frontend.annotations import sparse_matrix_builder as _sparse_matrix_builde
 from .frontend.decorators import data_oriented, func, kernel, pyfunc, real_func  # noqa: E402
 from .frontend.field import (  # noqa: E402
     Field,
+    FieldsBuilder,
+    Layout,
     MatrixField,
     ScalarField,
     axes,
@@ -71,6 +75,7 @@ from .frontend.field import (  # noqa: E402
     k,
     kl,
     l,  # noqa: E741
+    loop_unique,
     root,
 )
 from .frontend.field import make_field as field  # noqa: E402
@@ -126,6 +131,7 @@ from .frontend.ops import (  # noqa: E402
     tanh,
     zero,
 )
+from .frontend.quant import BitpackedFields  # noqa: E402
 from .frontend.sparse import (  # noqa: E402
     activate,
     append,
@@ -146,6 +152,16 @@ from .frontend.transformer import (  # noqa: E402
     static_print,
 )
 from .runtime import program as _program_mod  # noqa: E402
+from .runtime.log import (  # noqa: E402
+    CRITICAL,
+    DEBUG,
+    ERROR,
+    INFO,
+    TRACE,
+    WARN,
+    is_logging_effective,
+    set_logging_level,
+)
 from .runtime.program import (  # noqa: E402
     arm64,
     cpu,
@@ -260,6 +276,8 @@ def eig(A, dt=None):
 # ``ti.types`` offers the frontend's type constructors beside the scalar types; ``types`` is
 # the ground floor, so the API puts them there (types.provide) rather than types importing up.
 types.provide(
+    argpack=_argpack_mod.ArgPackType,
+    quant=_quant_mod.quant,
     vector=_matrix_mod.vector,
     matrix=_matrix_mod.matrix,
     struct=_struct_mod.struct,
@@ -283,7 +301,7 @@ def _attach_remote(prog, **options):
 
 _program_mod.register_backend(remote, _attach_remote)
 
-from . import ad, graph, profiler, tools  # noqa: E402
+from . import ad, algorithms, graph, profiler, tools  # noqa: E402
 from .ad import FwdMode, Tape  # noqa: E402
 from .ui.gui import GUI, hex_to_rgb, rgb_to_hex  # noqa: E402
 

@@ -27,8 +27,8 @@ nothing to the language. What it does:
   ``taichi.lang.exception`` (the mapping above) and ``taichi.lang.impl.current_cfg()`` (a view
   of difftape's ``ti.init`` configuration: arch, default_fp, default_ip, debug),
   ``taichi.lang.impl.get_runtime().prog.get_total_compilation_time()``; names in
-  ``taichi.lang.*`` that difftape has at top level (``static``...) are forwarded, and public
-  Taichi names imported from there that difftape lacks (``_PUBLIC_IN_LANG``) are gaps.
+  ``taichi.lang.*`` that difftape has at top level (``static``, ``loop_unique``...) are
+  forwarded.
 """
 
 # Every module-level name here is an attribute of ``taichi`` and would shadow difftape's
@@ -75,11 +75,6 @@ _EXCEPTIONS = {
 }
 
 
-#: Public Taichi API (``ti.X``) that Taichi's tests import from its ``taichi.lang`` modules:
-#: missing in difftape, these are difftape gaps, not internals.
-_PUBLIC_IN_LANG = {"loop_unique"}
-
-
 def _internal(qualname: str) -> TaichiInternalsUsed:
     return TaichiInternalsUsed(f"{qualname} is part of Taichi's implementation; difftape has "
                                "no counterpart")
@@ -97,8 +92,6 @@ def _internals_module(name: str, provided: dict | None = None) -> _types.ModuleT
             raise AttributeError(attr)
         if hasattr(_dt, attr):
             return getattr(_dt, attr)
-        if attr in _PUBLIC_IN_LANG:
-            raise AttributeError(f"difftape has no ti.{attr} (imported as {name}.{attr})")
         raise _internal(f"{name}.{attr}")
 
     mod.__getattr__ = __getattr__
@@ -177,9 +170,7 @@ class _Finder(_abc.MetaPathFinder, _abc.Loader):
     def _resolve(name: str) -> _types.ModuleType:
         if name in _SHIMS:
             return _SHIMS[name]
-        top, last = name.split(".")[1], name.rsplit(".", 1)[1]
-        if last in _PUBLIC_IN_LANG:  # not a module: the failed ``from ... import`` of a name
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        top = name.split(".")[1]
         if top == "lang" or top.startswith("_"):
             return _internals_module(name)
         target = "difftape." + name.split(".", 1)[1]

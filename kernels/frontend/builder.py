@@ -66,6 +66,9 @@ class Builder:
         self.struct_fors: list[dict] = []
         # ti.stop_grad(field): (block, buffer slot) pairs, applied by finish_stop_grads.
         self.stop_grads: list[tuple[Block, int]] = []
+        # Python lists bound to kernel variables, by id: (the list, the block it was made in).
+        # An entry that is a compile-time object may be replaced there only (the frontend).
+        self.list_homes: dict[int, tuple[list, Block]] = {}
 
     # -- emission ------------------------------------------------------------------------------
     def emit(self, op: str, dtype: DType | None, args: tuple = (), attr: Any = None,
@@ -166,6 +169,11 @@ class Builder:
     @property
     def at_top_level(self) -> bool:
         return len(self._blocks) == 1
+
+    @property
+    def current_block(self) -> Block:
+        """The block statements are emitted into now."""
+        return self._blocks[-1]
 
     # -- tables --------------------------------------------------------------------------------
     def buffer_slot(self, buf: Buffer) -> int:

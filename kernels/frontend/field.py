@@ -7,9 +7,11 @@ performance detail; the semantics, including Python-scope indexing, are the same
 
 from __future__ import annotations
 
+import enum
 import itertools
 import numbers
 import operator
+import warnings
 
 import numpy as np
 
@@ -30,6 +32,7 @@ from ..runtime.foreign import ArrayExchange, array_in
 from . import builder as _b
 from . import matrix as _matrix
 from . import ops
+from . import quant as _quant
 from .matrix import Matrix, MatrixType, Vector, _coerce
 from .ops import resolve_dtype
 from .values import GlobalRef
@@ -100,6 +103,13 @@ class Field(ArrayExchange):
             self._program.fields[self.id] = self
             if self in self._program.unplaced:
                 self._program.unplaced.remove(self)
+
+    def _release(self) -> None:
+        """Drop the storage (``SNodeTree.destroy()``): the field cannot be used any more."""
+        self._arr = None
+        self._destroyed = True
+        if self.role == "primal":
+            self._program.fields.pop(self.id, None)
 
     def _make_companion(self, role: str, allocate: bool = True) -> Field:
         """``self.<role>``, made if missing. ``allocate``: give it storage now if this field
@@ -193,6 +203,15 @@ class Field(ArrayExchange):
         bld = _b.current()
         return bld.error(msg) if bld is not None else DifftapeError(msg)
 
+    #: Set by :meth:`_release` (its SNode tree was destroyed).
+    _destroyed = False
+
+    def _destroyed_error(self) -> DifftapeError:
+        msg = (f"{self._label()} was destroyed (SNodeTree.destroy() of its FieldsBuilder's "
+               "tree): it has no storage any more; make a new field")
+        bld = _b.current()
+        return bld.error(msg) if bld is not None else DifftapeError(msg)
+
     def make_mark(self) -> Field:
         """One byte per scalar: set when a validated recording reads the element."""
         f = Field(T.i8, None, self.element_shape, self.name, role="mark", primal=self)
@@ -258,6 +277,8 @@ class Field(ArrayExchange):
     @property
     def arr(self) -> np.ndarray:
         if self._arr is None:
+            if self._destroyed:
+                raise self._destroyed_error()
             if self.role != "primal" and self.primal._shape is not None:
                 raise self._no_storage()
             raise DifftapeError(f"{self._label()} has no shape yet: give shape= or place it "
@@ -267,6 +288,8 @@ class Field(ArrayExchange):
     # ------------------------------------------------------------------ properties
     @property
     def shape(self) -> tuple[int, ...]:
+        if self._destroyed:
+            raise self._destroyed_error()
         if self._shape is None:
             if self.role != "primal" and self.primal._shape is not None:
                 raise self._no_storage()
@@ -734,6 +757,42 @@ def block_local(*fields) -> None:
                             KernelTypeError)
 
 
+def loop_unique(val, covers=None):
+    """``loop_unique(val, covers=None)`` (Taichi's ``taichi.lang.misc.loop_unique``): a
+    promise that ``val`` differs between the iterations of the enclosing parallel loop, so
+    that Taichi may turn atomic updates of the ``covers`` fields indexed by it into plain
+    ones. difftape keeps the atomics, which give the same result when the promise holds (and
+    a correct one when it does not), so the value is returned as it is; the arguments are
+    checked, inside a kernel."""
+
+    bld = _b.current()
+    if bld is None:
+        raise DifftapeError("loop_unique() is a hint inside kernels")
+    if covers is None:
+        covers = []
+    for f in covers if isinstance(covers, list | tuple) else [covers]:
+        if not isinstance(f, Field | StructField | SNode):
+            raise bld.error(f"loop_unique(covers=...) takes fields or their SNodes (x.snode), "
+                            f"got a {type(f).__name__}", KernelTypeError)
+    return val
+
+
+class Layout(enum.Enum):
+    """``ti.Layout``: how Taichi lays out the entries of a vector/matrix field in memory, all
+    entries of an element together (``AOS``) or each entry in an array of its own (``SOA``).
+    It never changes a value; here every field is one array of shape ``shape +
+    element_shape``, read and written the same way under either."""
+
+    AOS = "aos"
+    SOA = "soa"
+
+
+def check_layout(layout) -> None:
+    """``layout=`` of ``ti.Vector.field`` and the like: None or a :class:`Layout`."""
+    if layout is not None and not isinstance(layout, Layout):
+        raise TypeError(f"layout= takes ti.Layout.AOS or ti.Layout.SOA, got {layout!r:.40}")
+
+
 def assign(target, value) -> None:
     """Store ``value`` into a place, or a matrix or struct of places (inside a kernel)."""
 
@@ -777,6 +836,7 @@ def make_field(dtype, shape=None, order=None, name: str = "", offset=None, needs
     ``layout``. ``order`` and ``layout`` choose Taichi's memory layout only, never a result, so
     they are checked and need nothing here. ``offset`` (see :attr:`Field.offset`) needs a
     ``shape`` with as many axes, as in Taichi."""
+    check_layout(layout)
     if offset is not None:
         if shape is None:
             raise KernelSyntaxError("shape cannot be None when offset is set: give the field "
@@ -907,6 +967,10 @@ class SNode:
 
     def bitmasked(self, axes, dimensions) -> SNode:
         return self._child("bitmasked", axes, dimensions)
+
+    def quant_array(self, axes, dimensions, max_num_bits: int) -> SNode:
+        """Taichi's bit-packed array of quantized values: refused (frontend/quant.py)."""
+        raise _quant.refuse("SNode.quant_array(...)")
 
     def dynamic(self, axis, dimension, chunk_size: int | None = None) -> SNode:
         """A list along one axis, at most ``dimension`` long (``chunk_size`` is the allocation
@@ -1125,6 +1189,96 @@ class _Root(SNode):
 
 
 root = _Root()
+
+
+class FieldsBuilder:
+    """``ti.FieldsBuilder()``: an SNode tree of its own, beside ``ti.root``, built with the
+    same ``dense``/``pointer``/``bitmasked``/``dynamic``/``place`` calls, then ``finalize()``d;
+    the :class:`SNodeTree` that returns can ``destroy()`` the tree's fields and free their
+    storage. Fields get their storage when placed (as under ``ti.root``), so they can be used
+    before ``finalize()``, which Taichi does not allow; after it, the builder takes no more."""
+
+    def __init__(self) -> None:
+        self.root = SNode(None, (), (), "root")
+        self.finalized = False
+        self.empty = True
+
+    def _open(self) -> SNode:
+        if self.finalized:
+            raise DifftapeError("FieldsBuilder finalized: it takes no more SNodes or fields; "
+                                "start another ti.FieldsBuilder()")
+        self.empty = False
+        return self.root
+
+    def dense(self, axes, dimensions) -> SNode:
+        return self._open().dense(axes, dimensions)
+
+    def pointer(self, axes, dimensions) -> SNode:
+        return self._open().pointer(axes, dimensions)
+
+    def bitmasked(self, axes, dimensions) -> SNode:
+        return self._open().bitmasked(axes, dimensions)
+
+    def dynamic(self, axis, dimension, chunk_size: int | None = None) -> SNode:
+        return self._open().dynamic(axis, dimension, chunk_size)
+
+    def quant_array(self, axes, dimensions, max_num_bits: int) -> SNode:
+        return self._open().quant_array(axes, dimensions, max_num_bits)
+
+    def place(self, *fields, offset=None) -> SNode:
+        return self._open().place(*fields, offset=offset)
+
+    def lazy_grad(self) -> None:
+        self._open().lazy_grad()
+
+    def lazy_dual(self) -> None:
+        self._open().lazy_dual()
+
+    def deactivate_all(self) -> None:
+        """Deactivate every sparse cell of the tree (after ``finalize()``, as in Taichi)."""
+        if not self.finalized:
+            warnings.warn("FieldsBuilder.deactivate_all() does nothing before finalize()",
+                          stacklevel=2)
+            return
+        self.root.deactivate_all()
+
+    def finalize(self, raise_warning: bool = True) -> SNodeTree:
+        """End the tree: the builder takes nothing more. Returns its :class:`SNodeTree`."""
+        if self.finalized:
+            raise DifftapeError("FieldsBuilder finalized: finalize() was already called")
+        if self.empty and raise_warning:
+            warnings.warn("Finalizing an empty FieldsBuilder!", stacklevel=2)
+        self.finalized = True
+        return SNodeTree(self.root)
+
+
+class SNodeTree:
+    """What :meth:`FieldsBuilder.finalize` returns; ``destroy()`` frees the tree's fields."""
+
+    def __init__(self, root_node: SNode) -> None:
+        self._root = root_node
+        self._program = program.get()
+        self.destroyed = False
+
+    def destroy(self) -> None:
+        """Free the storage of every field in the tree (and of their ``.grad``/``.dual``).
+        Using one of those fields afterwards raises. Kernels compiled before recompile at their
+        next call (they held the storage's address), as in Taichi."""
+        if self.destroyed:
+            raise DifftapeError("SNode tree has been destroyed")
+        prog = program.get()
+        if prog is not self._program:  # ti.init/ti.reset already dropped its fields
+            return
+        for node in self._root._subtree():
+            for f in node.fields:
+                for c in (f, f._grad, f._dual, f._grad._dual if f._grad is not None else None,
+                          f.mark):
+                    if c is not None:
+                        c._release()
+            if node.activity is not None:
+                node.activity._release()
+        prog.invalidate_kernels()
+        self.destroyed = True
 
 
 _matrix.register_storage(make_field=make_field)

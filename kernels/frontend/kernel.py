@@ -50,6 +50,7 @@ from .annotations import (
     _resolve_annotation,
     signature_text,
 )
+from .argpack import ArgPack, ArgPackType
 from .matrix import Matrix, MatrixType
 from .ndarray import Ndarray
 from .ops import resolve_dtype
@@ -109,13 +110,21 @@ class Kernel:
         self.__name__ = self.name
         self.__wrapped__ = pyfunc
         sig = inspect.signature(pyfunc)
-        self.params = [_Param(p.name, _resolve_annotation(p.annotation, pyfunc))
-                       for p in sig.parameters.values()]
+        # The parameters as declared (what callers pass) ...
+        self.arg_params = [_Param(p.name, _resolve_annotation(p.annotation, pyfunc))
+                           for p in sig.parameters.values()]
         # Defined in a class body (a method of a @ti.data_oriented class): its unannotated
         # first parameter (`self`) is the object, bound at compile time like a template.
         self.method = defined_in_class(pyfunc)
-        if self.method and self.params and self.params[0].annotation is None:
-            self.params[0].annotation = Template()
+        if self.method and self.arg_params and self.arg_params[0].annotation is None:
+            self.arg_params[0].annotation = Template()
+        # ... and as compiled and launched: an argument pack parameter is one parameter per
+        # member (frontend/argpack.py); the same list when the kernel takes no pack.
+        self._packs = any(isinstance(p.annotation, ArgPackType) for p in self.arg_params)
+        self.params = [_Param(name, ann) for p in self.arg_params
+                       for name, ann in (p.annotation.leaves(p.name)
+                                         if isinstance(p.annotation, ArgPackType)
+                                         else [(p.name, p.annotation)])]
         self.return_annotation = _resolve_annotation(sig.return_annotation, pyfunc)
         self._instances: dict = {}
         self._ndarray_descs: dict = {}
@@ -146,6 +155,8 @@ class Kernel:
     def __call__(self, *args, **kwargs):
         if kwargs:
             args = self._bind_kwargs(args, kwargs)
+        if self._packs:
+            args = self.flatten_packs(args)
         if self._array_args and len(args) == len(self.params):
             for k in self._array_args:
                 if not isinstance(args[k], _NATIVE_ARRAYS):
@@ -171,6 +182,29 @@ class Kernel:
         if inst is None:
             inst = self._instances[key] = self._compile(prog, args, spec)
         return inst.launch(args)
+
+    def flatten_packs(self, args: tuple) -> tuple:
+        """The arguments as the compiled kernel takes them: each argument pack replaced by its
+        members (arguments already so, e.g. a recorded launch replayed by a Tape, are kept)."""
+        if len(args) == len(self.params) and not any(isinstance(a, ArgPack) for a in args):
+            return args
+        if len(args) != len(self.arg_params):
+            raise self._arg_count_error(args)
+        if program.get().remote is not None:
+            raise ArgumentError(f"kernel '{self.name}': argument packs (ti.types.argpack) are "
+                                "not supported under arch=ti.remote; pass the members as "
+                                "arguments of their own", kernel=self.name)
+        out: list = []
+        for p, a in zip(self.arg_params, args, strict=True):
+            ann = p.annotation
+            if not isinstance(ann, ArgPackType):
+                out.append(a)
+            elif not isinstance(a, ArgPack):
+                raise ArgumentError(f"kernel '{self.name}': argument '{p.name}' must be a "
+                                    f"{ann!r}, got a {type(a).__name__}", kernel=self.name)
+            else:
+                out.extend(a.flat(ann, f"kernel '{self.name}': argument '{p.name}'"))
+        return tuple(out)
 
     def foreign_call(self, call: Callable, args: tuple):
         """``call(*args)`` with the PyTorch/JAX/DLPack arrays among the ndarray arguments
@@ -234,7 +268,7 @@ class Kernel:
         return inst
 
     def _bind_kwargs(self, args: tuple, kwargs: dict) -> tuple:
-        names = [p.name for p in self.params]
+        names = [p.name for p in self.arg_params]
         self._check_call(len(args), kwargs)
         out = list(args) + [None] * (len(names) - len(args))
         for k, v in kwargs.items():
@@ -243,9 +277,9 @@ class Kernel:
 
     def _check_call(self, nargs: int, keywords) -> None:
         """Refuse a call whose arguments do not fit the parameters (none has a default)."""
-        names = [p.name for p in self.params]
+        names = [p.name for p in self.arg_params]
         labels = [f"{p.name} : {p.annotation}" if p.annotation is not None else p.name
-                  for p in self.params]
+                  for p in self.arg_params]
         why = call_mismatch(names, labels, set(names), nargs, keywords)
         if why is not None:
             raise CallSignatureError(f"kernel '{self.name}': {why} (parameters: "
@@ -288,7 +322,7 @@ class Kernel:
             self._check_call(len(args), {})
         except CallSignatureError as e:
             return e
-        return ArgumentError(f"kernel '{self.name}' takes {len(self.params)} argument(s) "
+        return ArgumentError(f"kernel '{self.name}' takes {len(self.arg_params)} argument(s) "
                              f"but {len(args)} were given", kernel=self.name)
 
     # ------------------------------------------------------------------ compilation
@@ -320,6 +354,10 @@ class Kernel:
                          default_ip=cfg.default_ip, debug=cfg.debug)
         bld.remote = prog.remote is not None
         rt = self.return_annotation
+        if isinstance(rt, ArgPackType):
+            raise KernelSyntaxError(f"kernel '{self.name}' is annotated to return an argument "
+                                    "pack: a pack is a kind of parameter, not a value; return "
+                                    "a struct (ti.types.struct) instead", kernel=self.name)
         if rt is not None:
             if isinstance(rt, MatrixType):
                 bld.return_type = [rt.scalar_dtype] * (rt.n * (rt.m if rt.ndim == 2 else 1))
@@ -421,6 +459,8 @@ class AdjointKernel:
         k = self.primal
         if kwargs:
             args = k._bind_kwargs(args, kwargs)
+        if k._packs:
+            args = k.flatten_packs(args)
         if k.no_grad:  # @ti.ad.no_grad: an empty gradient, as in Taichi
             return None
         if k._array_args and len(args) == len(k.params):
@@ -871,7 +911,14 @@ def _param_arg_map(ir: KernelIR, arg_names: list[str]) -> list[tuple[int, tuple 
         if head in arg_names:
             out.append((arg_names.index(head), (int(comp[:-1]),) if comp else None))
             continue
-        base, path = param_path(p.name)
+        # The longest argument name the param's starts with: a member of an argument pack is
+        # an argument of its own (``pack.s``), a struct one's scalars are ``pack.s.a``.
+        base = max((n for n in arg_names if p.name.startswith(n) and
+                    p.name[len(n):len(n) + 1] in (".", "[")), key=len, default=None)
+        if base is None:
+            base, path = param_path(p.name)
+        else:
+            path = param_path("_" + p.name[len(base):])[1]
         out.append((arg_names.index(base), path))
     return out
 

@@ -200,7 +200,9 @@ class Struct:
               needs_dual: bool = False, layout=None) -> StructField:
         """``ti.Struct.field({"a": ti.f32, "v": vec3}, shape=n)``: one field per member
         (nested structs: struct fields), placed together when ``shape`` is given, from
-        ``offset`` if given (see ``Field.offset``)."""
+        ``offset`` if given (see ``Field.offset``). ``layout`` is Taichi's memory layout
+        (:class:`~difftape.frontend.field.Layout`), which changes no value."""
+        _field.check_layout(layout)
         if offset is not None and shape is None:
             raise KernelSyntaxError("shape cannot be None when offset is set: give the struct "
                                     "field a shape, or place it with "
@@ -281,6 +283,9 @@ class StructType:
                 self.methods = dt
             elif isinstance(dt, StructType | MatrixType):
                 self.members[k] = dt
+            elif getattr(dt, "kernel_parameter_only", False):  # ti.types.argpack
+                raise ValueError(f"Invalid data type {dt!r}: an argument pack is a kernel "
+                                 "parameter only, not a struct member")
             else:
                 ops.resolve_dtype(dt)  # a bad member type fails here, not at first use
                 self.members[k] = dt

@@ -48,6 +48,7 @@ from .annotations import (
     signature_text,
     template,
 )
+from .argpack import ArgPackType, bind_view
 from .field import Field, SNode, assign, kernel_element
 from .matrix import Matrix, MatrixType, Vector, _coerce
 from .sparse import struct_for_guard
@@ -142,6 +143,20 @@ def parse_function(fn) -> ParsedFunction:
 # --------------------------------------------------------------------------- loop helpers
 
 
+def _ndrange_int(x):
+    """A bound of ``ti.ndrange``: an integer (a number, or an integer kernel value). A float
+    bound is refused, as in Taichi: ``ndrange((1.1, 10.5))`` has no one meaning (truncated?
+    rounded?)."""
+    if isinstance(x, Ref):
+        x = x.expr()
+    ok = x.dtype.is_int if isinstance(x, Value) else (
+        ops._is_number(x) and not isinstance(x, bool) and np.asarray(x).dtype.kind in "iu")
+    if not ok:
+        raise ops._err(f"Every argument of ndrange should be an integer scalar or a tuple/list "
+                       f"of (int, int), got {x!r:.40}", KernelTypeError)
+    return x
+
+
 class NdRange:
     """``ti.ndrange(*dims)``; each dim an extent or a (begin, end) pair."""
 
@@ -151,9 +166,9 @@ class NdRange:
             if isinstance(d, tuple | list):
                 if len(d) != 2:
                     raise ops._err("ti.ndrange takes extents or (begin, end) pairs")
-                self.bounds.append((d[0], d[1]))
+                self.bounds.append((_ndrange_int(d[0]), _ndrange_int(d[1])))
             else:
-                self.bounds.append((0, d))
+                self.bounds.append((0, _ndrange_int(d)))
 
     def __iter__(self):  # Python scope: iterate like itertools.product
         import itertools
@@ -216,17 +231,27 @@ _BINOPS = {
     ast.Mod: "mod", ast.Pow: "pow", ast.BitAnd: "bit_and", ast.BitOr: "bit_or",
     ast.BitXor: "bit_xor", ast.LShift: "shl", ast.RShift: "shr", ast.MatMult: "matmul",
 }
+#: Augmented assignments that are atomic on field elements and kernel-level variables
+#: updated in parallel loops, as in Taichi (``*=``, ``/=``, ... are plain read-modify-writes).
+_ATOMIC_AUGASSIGN = frozenset(("add", "sub", "bit_and", "bit_or", "bit_xor"))
 #: Python's operators, for arithmetic on compile-time NumPy arrays in kernels.
-_NUMPY_BINOPS = {
+_PY_BINOPS = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
     ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
     ast.Pow: operator.pow, ast.BitAnd: operator.and_, ast.BitOr: operator.or_,
     ast.BitXor: operator.xor, ast.LShift: operator.lshift, ast.RShift: operator.rshift,
     ast.MatMult: operator.matmul,
 }
-#: Augmented assignments that are atomic on field elements and kernel-level variables
-#: updated in parallel loops, as in Taichi (``*=``, ``/=``, ... are plain read-modify-writes).
-_ATOMIC_AUGASSIGN = frozenset(("add", "sub", "bit_and", "bit_or", "bit_xor"))
+
+
+def _compile_time_array(a, b) -> bool:
+    """Is this a binary op of compile-time operands, one of them a NumPy array (not 0-d)? It
+    is evaluated as Python evaluates it, at compile time (as in Taichi)."""
+    if any(isinstance(x, Value | Matrix | Struct | Ref) for x in (a, b)):
+        return False
+    return any(isinstance(x, np.ndarray) and x.ndim > 0 for x in (a, b))
+
+
 _PY_COMPARE = {ast.Lt: lambda a, b: a < b, ast.LtE: lambda a, b: a <= b,
                ast.Gt: lambda a, b: a > b, ast.GtE: lambda a, b: a >= b,
                ast.Eq: lambda a, b: a == b, ast.NotEq: lambda a, b: a != b}
@@ -545,6 +570,9 @@ class FunctionTransformer:
             raise self.bld.error("a declaration needs a value: `x: ti.f32 = 0.0`")
         ann = self.eval(node.annotation)
         value = self.eval(node.value)
+        if isinstance(node.target, ast.Name) and self._find_var(node.target.id) is not None:
+            self._check_not_kernel_arg(node.target.id, self._find_var(node.target.id))
+            self._check_reannotation(node.target.id, ann)
         if isinstance(node.target, ast.Name) and self._find_var(node.target.id) is None:
             if isinstance(ann, MatrixType):
                 value = ann(value) if not isinstance(value, Matrix) else ops.cast(
@@ -556,21 +584,79 @@ class FunctionTransformer:
             return
         self.assign(node.target, value)
 
+    def _store(self, what: str, var, value) -> None:
+        """Store ``value`` into the variable (or vector/matrix/struct of places) ``var``."""
+        if isinstance(var, Matrix) and not isinstance(value, Matrix):
+            raise self.bld.error(f"{what} is a vector/matrix; cannot assign a scalar to it")
+        if isinstance(var, Struct) and isinstance(value, dict):
+            value = Struct(value)
+        assign(var, _as_value(value))
+
+    def _list_variable(self, items: list) -> list:
+        """A Python list bound to a kernel variable (``l = [a, x[i], 0]``): each kernel value in
+        it becomes a variable of its own (a copy, as in Taichi), so ``l[k] = v`` is a store
+        that runs when the statement runs (also inside a runtime ``if``); compile-time objects
+        (numbers, fields ...) stay as they are. Nested lists likewise."""
+        out = [self.new_variable(_materialize(e)) if isinstance(e, Value | Matrix | Struct)
+               else self._list_variable(e) if type(e) is list else e for e in items]
+        self.bld.list_homes[id(out)] = (out, self.bld.current_block)
+        return out
+
+    def _assign_list_entry(self, items: list, index, value) -> None:
+        """``l[k] = v`` for a Python list ``l`` and a compile-time ``k``."""
+        if not isinstance(index, numbers.Integral):
+            raise self.bld.error("a Python list in a kernel is indexed by compile-time "
+                                 f"integers, got {type(index).__name__}; for a runtime index "
+                                 "use a ti.Vector", KernelIndexError)
+        try:
+            entry = items[index]
+        except IndexError:
+            raise self.bld.error(f"list index {index} out of range for a list of "
+                                 f"{len(items)}", KernelIndexError) from None
+        if isinstance(entry, Ref | Matrix | Struct) and is_place(entry):
+            self._store(f"entry {index} of the list", entry, value)
+            return
+        home = self.bld.list_homes.get(id(items))
+        if home is None or home[1] is not self.bld.current_block:
+            # Replacing the entry is a compile-time act: inside a runtime branch or loop it
+            # would hold whether or not that code runs.
+            raise self.bld.error(f"entry {index} of this list is a compile-time "
+                                 f"{type(entry).__name__}; it cannot be replaced inside a "
+                                 "runtime if/loop (or a func called there): make the list of "
+                                 "kernel values, e.g. [ti.i32(0), ...], whose entries are "
+                                 "variables")
+        items[index] = self.new_variable(_materialize(value)) \
+            if isinstance(value, Value | Matrix | Struct) else value
+
+    def _check_reannotation(self, name: str, ann) -> None:
+        """``x: T = v`` for an existing ``x`` assigns to it; a ``T`` other than ``x``'s type
+        is refused (as in Taichi) rather than ignored: the value would be converted to the
+        old type, not to the one written."""
+        var = self._find_var(name)
+        if isinstance(ann, MatrixType):
+            same = isinstance(var, Matrix) and var.shape == tuple(ann.element_shape) and all(
+                isinstance(e, Ref) and e.dtype == ops.resolve_dtype(ann.scalar_dtype)
+                for e in var.entries)
+        else:
+            same = isinstance(var, Ref) and var.dtype == ops.resolve_dtype(ann)
+        if not same:
+            have = var.dtype if isinstance(var, Ref) else type(var).__name__
+            raise self.bld.error(f"'{name}' is already a variable (of type {have}); it cannot "
+                                 f"be annotated again with another type ({ann!r}): use a new "
+                                 "name, or ti.cast the value", KernelSyntaxError)
+
     def assign(self, target: ast.expr, value) -> None:
         self._at(target)
         if isinstance(target, ast.Name):
             var = self._find_var(target.id)
             self._check_not_kernel_arg(target.id, var)
             if isinstance(var, Ref | Matrix | Struct) and is_place(var):
-                if isinstance(var, Matrix) and not isinstance(value, Matrix):
-                    raise self.bld.error(f"'{target.id}' is a vector/matrix; cannot assign a "
-                                         "scalar to it")
-                if isinstance(var, Struct) and isinstance(value, dict):
-                    value = Struct(value)
-                assign(var, _as_value(value))
+                self._store(f"'{target.id}'", var, value)
                 return
             if isinstance(value, Value | Matrix | Struct) or ops._is_number(value):
                 self.scopes[-1][target.id] = self.new_variable(value)
+            elif type(value) is list:
+                self.scopes[-1][target.id] = self._list_variable(value)
             else:
                 self.scopes[-1][target.id] = value  # compile-time object
             return
@@ -589,6 +675,9 @@ class FunctionTransformer:
         if isinstance(target, ast.Subscript):
             container = self.eval(target.value)
             index = self.eval_index(target.slice)
+            if type(container) is list:
+                self._assign_list_entry(container, index, value)
+                return
             if hasattr(container, "__setitem__") and not isinstance(container, dict | list):
                 container[index] = _as_value(value)
                 return
@@ -880,6 +969,15 @@ class FunctionTransformer:
         names = [target] if isinstance(target, ast.Name) else list(getattr(target, "elts", []))
         if not all(isinstance(n, ast.Name) for n in names):
             raise self.bld.error("loop targets must be names")
+        for n in names:
+            if self._find_var(n.id) is not None:
+                # The loop's index is a variable of the loop: the outer one would keep its old
+                # value after the loop, where Python leaves the last index in it.
+                raise self.bld.error(f"Variable '{n.id}' is already declared in the outer "
+                                     "scope and cannot be used as loop variable: after the "
+                                     "loop it would keep its old value (not the last index, "
+                                     "as in Python); name the loop variable differently",
+                                     KernelSyntaxError)
         if grouped:
             if len(names) != 1:
                 raise self.bld.error("ti.grouped(...) binds one vector index: `for I in ...`")
@@ -1006,11 +1104,8 @@ class FunctionTransformer:
                 (isinstance(node.op, ast.Add) and type(b) is type(a)) or
                 (isinstance(node.op, ast.Mult) and isinstance(b, int))):
             return a + b if isinstance(node.op, ast.Add) else a * b  # Python lists (Taichi too)
-        if (isinstance(a, np.ndarray) or isinstance(b, np.ndarray)) and not any(
-                isinstance(x, Value | Matrix | Ref) for x in (a, b)):
-            # NumPy arithmetic on compile-time values (a global array, `n_cube - 1`), as in
-            # Taichi: evaluated here; the result is a compile-time array again.
-            return _NUMPY_BINOPS[type(node.op)](a, b)
+        if _compile_time_array(a, b):  # `n_cube - 1` of a global NumPy array: NumPy's result
+            return _PY_BINOPS[type(node.op)](a, b)
         return apply_binop(_BINOPS[type(node.op)], _as_value(a), _as_value(b))
 
     def expr_UnaryOp(self, node: ast.UnaryOp):
@@ -1779,6 +1874,10 @@ def build_kernel_body(bld: _b.Builder, kernel, args: tuple) -> None:
         else:
             dt = ops.resolve_dtype(ann)
             tr.scopes[0][p.name] = Expr(bld.emit("arg", dt, (), bld.add_param(p.name, dt)))
+            tr.kernel_args.add(p.name)
+    for p in kernel.arg_params:  # argument packs: bound as views of their members' values
+        if isinstance(p.annotation, ArgPackType):
+            tr.scopes[0][p.name] = bind_view(p.annotation, p.name, tr.scopes[0])
             tr.kernel_args.add(p.name)
     tr.run_body(parsed.tree.body)
     bld.finish_stop_grads()

@@ -20,6 +20,7 @@ from .. import types as T
 from ..codegen import get_target
 from ..errors import OptionError, UnknownOptionError
 from ..types import DType
+from . import log
 from .simgrid import parse_grid
 
 
@@ -110,6 +111,7 @@ class Config:
     fast_math: bool = True  # False: no FMA contraction, scalar libm (ir/nodes.py KernelIR)
     # (blocks, threads): kernels compile for the simulated GPU grid (runtime/simgrid.py)
     simulate_grid: tuple[int, int] | None = None
+    log_level: str = log.DEFAULT  # Taichi's level names (runtime/log.py)
 
 
 @dataclass(frozen=True)
@@ -152,6 +154,7 @@ OPTIONS: dict[str, Option] = {
     "deterministic": Option(bool),
     "fast_math": Option(bool),
     "simulate_grid": Option(parse_grid),
+    "log_level": Option(log.level_name),
     # arch=ti.remote: where the program runs (difftape.client)
     **{k: Option() for k in ("server", "token", "session", "transport", "timeout")},
     # what difftape always does; the other value is refused
@@ -195,7 +198,6 @@ OPTIONS: dict[str, Option] = {
     "offline_cache_cleaning_policy": Option(no_effect="difftape's cache is not trimmed"),
     "offline_cache_cleaning_factor": Option(no_effect="difftape's cache is not trimmed"),
     "use_llvm": Option(no_effect="difftape always compiles through LLVM"),
-    "log_level": Option(no_effect="difftape does not log"),
     "verbose": Option(no_effect="difftape does not log"),
     "verbose_kernel_launches": Option(no_effect="difftape does not log"),
     "print_full_traceback": Option(no_effect="difftape's compile errors always name the "
@@ -219,6 +221,32 @@ OPTIONS: dict[str, Option] = {
 }
 
 _warned: set[str] = set()
+
+
+def options_from_environment(given: dict) -> dict:
+    """The options Taichi programs set through the environment: ``TI_<OPTION>`` (e.g.
+    ``TI_DEBUG=1``, ``TI_LOG_LEVEL=warn``) for each option difftape acts on that ``ti.init``
+    was not given (an argument wins, as in Taichi), and ``TI_DEFAULT_FP``/``TI_DEFAULT_IP``
+    (``32`` or ``64``). Flags are ``0``/``1``; a value that does not parse is refused."""
+    out: dict = {}
+    fields = Config.__dataclass_fields__
+    for name, opt in OPTIONS.items():
+        var = "TI_" + name.upper()
+        value = os.environ.get(var, "").strip()
+        if not value or name in given or opt.convert is None:
+            continue
+        try:
+            out[name] = bool(int(value)) if fields[name].type == "bool" else opt.convert(value)
+        except (ValueError, OptionError) as e:
+            raise OptionError(f"{var}={value!r}: {e}") from None
+    for name, wide in (("default_fp", T.f64), ("default_ip", T.i64)):
+        var = "TI_" + name.upper()
+        value = os.environ.get(var, "").strip()
+        if value and given.get(name) is None:
+            if value not in ("32", "64"):
+                raise OptionError(f"{var}={value!r}: should be 32 or 64")
+            out[name] = wide if value == "64" else (T.f32 if name == "default_fp" else T.i32)
+    return out
 
 
 _generations = itertools.count(1)
@@ -266,6 +294,11 @@ class Program:
         self.profile: list[tuple[str, float, float]] = []
         # Seconds spent compiling kernels (frontend to loaded code), as Taichi reports it.
         self.compile_seconds = 0.0
+
+    def invalidate_kernels(self) -> None:
+        """Make every kernel compile again at its next call (it holds the storage addresses of
+        the fields it uses, some of which were just freed: ``SNodeTree.destroy()``)."""
+        self.generation = next(_generations)
 
     @property
     def pool(self):
@@ -334,6 +367,11 @@ def init(arch: Arch | None = None, default_fp=None, default_ip=None, **options) 
     if unknown:
         raise UnknownOptionError(f"Unrecognized keyword argument(s) for ti.init: "
                                  f"{', '.join(unknown)}")
+    env = options_from_environment({**options, "default_fp": default_fp,
+                                    "default_ip": default_ip})
+    default_fp = env.pop("default_fp", default_fp)
+    default_ip = env.pop("default_ip", default_ip)
+    options = {**env, **options}
     arch = arch or cpu
     forced = arch_from_environment()
     if forced is not None:
@@ -400,6 +438,7 @@ def init(arch: Arch | None = None, default_fp=None, default_ip=None, **options) 
                       stacklevel=2)
         arch = cpu
     cfg = Config(arch=arch, **settings)
+    log.set_logging_level(cfg.log_level)  # every ti.init sets it, as in Taichi
     if default_fp is not None:
         cfg.default_fp = default_fp if isinstance(default_fp, DType) else (
             T.f64 if default_fp is float else T.from_numpy(default_fp))

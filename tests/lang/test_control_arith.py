@@ -496,3 +496,72 @@ def test_conditional_expression_runs_a_func_call_only_in_the_taken_branch(ti):
         count[None] = 0
         run(c)
         assert (count[None], out[None]) == (calls, value)
+
+
+def test_list_entries_swapped_inside_a_runtime_if(ti):
+    """test_implicit_fem's pattern: a Python list of values read from a field, two entries
+    swapped under a runtime condition. The entries are variables (as in Taichi), so the swap
+    happens only where the condition holds, and the field is not written."""
+    F = ti.Vector.field(4, ti.i32, shape=6)
+    out = ti.field(ti.i32, shape=(6, 3))
+
+    @ti.kernel
+    def reorder(flip_odd: ti.i32):
+        for c in F:
+            verts = [F[c][(j + 1) % 4] for j in range(3)]
+            if flip_odd and c % 2 == 1:
+                tmp = verts[1]
+                verts[1] = verts[2]
+                verts[2] = tmp
+            for k in ti.static(range(3)):
+                out[c, k] = verts[k]
+
+    data = np.arange(24, dtype=np.int32).reshape(6, 4) * 3
+    F.from_numpy(data)
+    reorder(1)
+    want = data[:, [1, 2, 3]].copy()
+    want[1::2] = want[1::2][:, [0, 2, 1]]
+    np.testing.assert_array_equal(out.to_numpy(), want)
+    np.testing.assert_array_equal(F.to_numpy(), data)
+    reorder(0)
+    np.testing.assert_array_equal(out.to_numpy(), data[:, [1, 2, 3]])
+
+
+def test_list_of_variables_holds_copies(ti):
+    @ti.kernel
+    def copies(flag: ti.i32) -> ti.i32:
+        a = 1
+        b = 2
+        lst = [a, b]
+        if flag > 0:
+            lst[0] = 7
+        lst[1] += 10
+        return a * 1000 + b * 100 + lst[0] * 10 + lst[1] - 12
+
+    assert copies(0) == 1000 + 200 + 10
+    assert copies(1) == 1000 + 200 + 70
+
+
+@pytest.mark.difftape_only
+def test_compile_time_list_entry_replaced_in_a_runtime_if_is_refused(ti):
+    x = ti.field(ti.f32, shape=2)
+    y = ti.field(ti.f32, shape=2)
+
+    @ti.kernel
+    def pick(c: ti.i32):
+        fields = [x, y]
+        if c > 0:
+            fields[0] = y  # a compile-time choice made under a runtime condition
+        fields[0][0] = 1.0
+
+    with pytest.raises(ti.CompileError, match="cannot be replaced inside a runtime if"):
+        pick(1)
+
+    @ti.kernel
+    def pick_static():
+        fields = [x, y]
+        fields[0] = y  # straight-line: a compile-time rebinding, as in Python
+        fields[0][1] = 2.0
+
+    pick_static()
+    assert x[1] == 0.0 and y[1] == 2.0

@@ -522,3 +522,132 @@ def test_integer_fields_cannot_have_gradients(ti, companion):
                         **{companion: True})
     f = ti.field(float, shape=1, **{companion: True})  # a float field still gets one
     assert getattr(f, "grad" if companion == "needs_grad" else "dual").shape == (1,)
+
+
+def _loop_unique(ti):
+    """Taichi has it in taichi.lang.misc only; difftape also as ti.loop_unique."""
+    import importlib
+
+    return getattr(ti, "loop_unique", None) or \
+        importlib.import_module(ti.__name__ + ".lang.misc").loop_unique
+
+
+def test_loop_unique_returns_its_value_and_updates_stay_exact(ti):
+    loop_unique = _loop_unique(ti)
+    x = ti.field(ti.i32, shape=8)
+    y = ti.field(ti.i32, shape=8)
+
+    @ti.kernel
+    def scatter():
+        for i in x:
+            a = loop_unique(x[i], covers=[y.snode])
+            y[a] += i + 1
+
+    perm = np.array([3, 0, 6, 1, 7, 2, 5, 4], dtype=np.int32)
+    x.from_numpy(perm)
+    y.from_numpy(np.full(8, 10, dtype=np.int32))
+    scatter()
+    want = np.full(8, 10)
+    want[perm] += np.arange(8) + 1
+    np.testing.assert_array_equal(y.to_numpy(), want)
+
+
+def test_fields_builder_trees_hold_fields_apart_from_ti_root(ti):
+    fb = ti.FieldsBuilder()
+    x = ti.field(ti.f32)
+    fb.dense(ti.i, 5).place(x)
+    y = ti.field(ti.i32)
+    fb.pointer(ti.i, 2).dense(ti.i, 3).place(y)
+    tree = fb.finalize()
+    assert x.shape == (5,) and y.shape == (6,)
+
+    @ti.kernel
+    def fill():
+        for i in x:
+            x[i] = i * 1.5
+        y[4] = 7
+
+    fill()
+    np.testing.assert_array_equal(x.to_numpy(), np.arange(5) * 1.5)
+    np.testing.assert_array_equal(y.to_numpy(), [0, 0, 0, 0, 7, 0])
+    with pytest.raises(Exception, match="FieldsBuilder finalized"):
+        fb.dense(ti.i, 2).place(ti.field(ti.f32))
+    tree.destroy()
+    with pytest.raises(Exception, match="destroyed"):
+        tree.destroy()
+
+
+@pytest.mark.difftape_only
+def test_destroyed_fields_are_refused_in_kernels_and_python_scope(ti):
+    """Taichi crashes using a field of a destroyed tree; difftape refuses, and kernels that
+    held its storage compile again instead of writing freed memory."""
+    fb = ti.FieldsBuilder()
+    x = ti.field(ti.i32)
+    fb.dense(ti.i, 4).place(x)
+    tree = fb.finalize()
+    keep = ti.field(ti.i32, shape=4)
+
+    @ti.kernel
+    def fill():
+        for i in x:
+            x[i] = i
+            keep[i] = i + 1
+
+    fill()
+    tree.destroy()
+    with pytest.raises(ti.DifftapeError, match="destroyed"):
+        x[0]
+    with pytest.raises(ti.DifftapeError, match="destroyed"):
+        x.to_numpy()
+    with pytest.raises(ti.CompileError, match="destroyed"):
+        fill()
+    np.testing.assert_array_equal(keep.to_numpy(), [1, 2, 3, 4])
+
+
+def test_fields_builder_new_tree_after_destroy_starts_at_zero(ti):
+    fb0 = ti.FieldsBuilder()
+    a = ti.field(ti.i32)
+    fb0.dense(ti.i, 3).place(a)
+    c = fb0.finalize()
+    a[0] = 5
+    c.destroy()
+    fb1 = ti.FieldsBuilder()
+    b = ti.field(ti.f32, needs_grad=True)
+    fb1.dense(ti.i, 3).place(b, b.grad)
+    fb1.finalize()
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def square_sum():
+        for i in b:
+            loss[None] += b[i] * b[i]
+
+    assert b[0] == 0
+    b.from_numpy(np.array([1.0, 2.0, 3.0], dtype=np.float32))
+    with ti.ad.Tape(loss=loss):
+        square_sum()
+    assert loss[None] == 14.0
+    np.testing.assert_allclose(b.grad.to_numpy(), [2.0, 4.0, 6.0])
+
+
+def test_layout_aos_and_soa_fields_hold_the_same_values(ti):
+    a = ti.Vector.field(2, ti.i32, shape=(3, 2), layout=ti.Layout.AOS)
+    b = ti.Matrix.field(2, 2, ti.f32, shape=4, layout=ti.Layout.SOA)
+
+    @ti.kernel
+    def fill():
+        for i, j in a:
+            a[i, j] = [i, j]
+        for i in b:
+            b[i][1, 0] = i * 0.5
+
+    fill()
+    i, j = np.indices((3, 2))
+    np.testing.assert_array_equal(a.to_numpy(), np.stack([i, j], axis=-1))
+    np.testing.assert_array_equal(b.to_numpy()[:, 1, 0], np.arange(4) * 0.5)
+
+
+@pytest.mark.difftape_only
+def test_layout_other_than_ti_layout_is_refused(ti):
+    with pytest.raises(TypeError, match="ti.Layout"):
+        ti.Vector.field(2, ti.f32, shape=3, layout="soa")

@@ -331,3 +331,19 @@ def test_numpy_arithmetic_on_compile_time_arrays(ti):
     count()
     want = sum(i * 8 + j for i in range(2) for j in range(3))
     assert out[None] == want
+
+
+def test_arithmetic_on_a_global_numpy_array_is_numpys(ti):
+    """`n_cube - 1` of a global NumPy array inside a kernel (test_implicit_fem): evaluated at
+    compile time as NumPy evaluates it, then used as loop bounds and constants."""
+    n_cube = np.array([3, 4, 2])
+    out = ti.field(ti.i32, shape=(2, 3, 1))
+
+    @ti.kernel
+    def cells():
+        for idx in ti.grouped(ti.ndrange(*(n_cube - 1))):
+            out[idx] = (idx.x * (n_cube[1] - 1) + idx.y) * (n_cube[2] - 1) + idx.z + (n_cube * 2)[0]
+
+    cells()
+    i, j, k = np.indices((2, 3, 1))
+    np.testing.assert_array_equal(out.to_numpy(), (i * 3 + j) * 1 + k + 6)

@@ -169,8 +169,9 @@ def test_every_option_is_accepted_or_refused_by_its_table_entry(ti):
             continue  # arch=ti.remote's own
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
+            sample = {"log_level": "warn"}.get(name, 0)  # a value the option takes
             ti.init(arch=ti.cpu, **{name: opt.only if opt.refusal else
-                                    (opt.convert(0) if opt.convert else 1)})
+                                    (opt.convert(sample) if opt.convert else 1)})
     ti.init(arch=ti.cpu)
 
 
@@ -297,3 +298,60 @@ def test_difftape_arch_remote_keeps_the_remote_refusals(ti, monkeypatch):
     monkeypatch.setenv("DIFFTAPE_ARCH", "remote")
     with pytest.raises(ti.OptionError, match=r"kernel_profiler=True.*DIFFTAPE_ARCH=remote"):
         ti.init(arch=ti.cpu, kernel_profiler=True)
+
+
+def test_logging_levels_under_taichis_names(ti):
+    """ti.set_logging_level / ti.is_logging_effective with Taichi's level constants; every
+    ti.init sets the level again (log_level=, 'info' by default)."""
+    assert [ti.TRACE, ti.DEBUG, ti.INFO, ti.WARN, ti.ERROR, ti.CRITICAL] == \
+        ["trace", "debug", "info", "warn", "error", "critical"]
+    ti.set_logging_level(ti.WARN)
+    assert not ti.is_logging_effective(ti.INFO)
+    assert ti.is_logging_effective(ti.WARN) and ti.is_logging_effective(ti.ERROR)
+    ti.set_logging_level(ti.TRACE)
+    assert ti.is_logging_effective(ti.TRACE) and ti.is_logging_effective(ti.DEBUG)
+    ti.init(arch=ti.cpu, log_level=ti.ERROR)
+    assert not ti.is_logging_effective(ti.WARN) and ti.is_logging_effective(ti.CRITICAL)
+    ti.init(arch=ti.cpu)
+    assert ti.is_logging_effective(ti.INFO) and not ti.is_logging_effective(ti.DEBUG)
+
+
+def test_unknown_logging_level_is_refused(ti):
+    with pytest.raises(Exception, match="Unknown logging level"):
+        ti.set_logging_level("loud")
+    with pytest.raises(Exception, match="Unknown logging level"):
+        ti.init(arch=ti.cpu, log_level="loud")
+    ti.init(arch=ti.cpu)
+
+
+def test_options_from_ti_environment_variables(ti, monkeypatch):
+    """Taichi reads TI_<OPTION> for the ti.init options it was not given (TI_DEBUG=1 turns
+    the index checks on) and TI_DEFAULT_FP/TI_DEFAULT_IP; an argument wins."""
+    monkeypatch.setenv("TI_DEBUG", "1")
+    monkeypatch.setenv("TI_DEFAULT_FP", "64")
+    monkeypatch.setenv("TI_LOG_LEVEL", "error")
+    ti.init(arch=ti.cpu)
+    x = ti.field(float, shape=4)
+    assert x.dtype == ti.f64
+    assert not ti.is_logging_effective(ti.WARN)
+
+    @ti.kernel
+    def poke(i: ti.i32):
+        x[i] = 1.0
+
+    with pytest.raises(AssertionError):
+        poke(4)
+    ti.init(arch=ti.cpu, debug=False, default_fp=ti.f32, log_level=ti.INFO)
+    assert ti.field(float, shape=2).dtype == ti.f32 and ti.is_logging_effective(ti.INFO)
+    monkeypatch.setenv("TI_DEBUG", "0")
+    monkeypatch.delenv("TI_DEFAULT_FP")
+    monkeypatch.delenv("TI_LOG_LEVEL")
+    ti.init(arch=ti.cpu)
+    y = ti.field(ti.f32, shape=4)
+
+    @ti.kernel
+    def poke_inside(i: ti.i32):
+        y[i % 4] = 1.0
+
+    poke_inside(6)
+    assert y[2] == 1.0

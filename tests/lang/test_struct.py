@@ -238,3 +238,71 @@ def test_struct_argument_with_a_member_of_the_wrong_shape_is_refused(ti, center)
     assert foo(sphere(center=ti.math.vec3([1, 2, 3]), radius=0.5)) == pytest.approx(321.5)
     with pytest.raises(ti.TaichiRuntimeTypeError):
         foo(other(center=ti.Vector(list(range(1, center + 1)), ti.f32), radius=0.5))
+
+
+def test_argpack_of_scalars_vectors_and_structs(ti):
+    s2 = ti.types.struct(a=ti.i32, c=ti.f32)
+    inner = ti.types.argpack(p=ti.i32, q=ti.f32)
+    pack_t = ti.types.argpack(a=ti.i32, flag=bool, v=ti.types.vector(3, ti.f32), s=s2, n=inner)
+
+    @ti.kernel
+    def combine(pack: pack_t, scale: ti.f32) -> ti.f32:
+        out = 0.0
+        if pack.flag:
+            out = pack.a + pack.v[1] * scale + pack.s.c + pack.n.q
+        else:
+            out = pack.a * pack.v[2] - pack.s.a * pack.n.p
+        return out
+
+    p1 = pack_t(a=3, flag=True, v=[1.0, 2.0, 4.0], s=s2(a=5, c=0.25), n=inner(p=7, q=0.5))
+    p2 = pack_t(a=3, flag=False, v=[1.0, 2.0, 4.0], s=s2(a=5, c=0.25), n=inner(p=7, q=0.5))
+    assert combine(p1, 10.0) == pytest.approx(3 + 2.0 * 10 + 0.25 + 0.5)
+    assert combine(p2, 10.0) == pytest.approx(3 * 4.0 - 5 * 7)
+
+
+def test_argpack_with_ndarrays(ti):
+    arr = ti.ndarray(dtype=ti.math.vec3, shape=(4, 4))
+    vals = np.arange(48, dtype=np.float32).reshape(4, 4, 3)
+    arr.from_numpy(vals)
+    out = ti.ndarray(ti.f32, shape=4)
+    pack_t = ti.types.argpack(src=ti.types.ndarray(dtype=ti.math.vec3, ndim=2), k=ti.i32)
+    outer_t = ti.types.argpack(inner=pack_t, dst=ti.types.ndarray(ti.f32, ndim=1))
+
+    @ti.kernel
+    def column(p: outer_t):
+        for i in range(4):
+            p.dst[i] = p.inner.src[i, p.inner.k][1]
+
+    column(outer_t(inner=pack_t(src=arr, k=2), dst=out))
+    np.testing.assert_array_equal(out.to_numpy(), vals[:, 2, 1])
+
+
+def test_argpack_is_no_struct_member_nor_kernel_return(ti):
+    pack_t = ti.types.argpack(a=ti.i32, b=bool)
+    with pytest.raises(ValueError, match="Invalid data type <ti.ArgPackType a=i32, b=u1>"):
+        ti.types.struct(element=pack_t)
+
+    @ti.kernel
+    def back(pack: pack_t) -> pack_t:
+        return pack
+
+    with pytest.raises(ti.TaichiCompilationError):
+        back(pack_t(a=1, b=True))
+
+
+@pytest.mark.difftape_only
+def test_argpack_argument_must_be_a_pack_of_its_type(ti):
+    pack_t = ti.types.argpack(a=ti.i32, b=ti.f32)
+    other_t = ti.types.argpack(x=ti.i32, y=ti.f32)
+
+    @ti.kernel
+    def total(pack: pack_t) -> ti.f32:
+        return pack.a + pack.b
+
+    with pytest.raises(ti.ArgumentError, match="must be a"):
+        total(other_t(x=1, y=2.0))
+    with pytest.raises(ti.ArgumentError, match="must be a"):
+        total(1)
+    with pytest.raises(ti.ArgumentError, match="no value for member"):
+        pack_t(a=1)
+    assert total(pack_t(a=1, b=2.5)) == 3.5
