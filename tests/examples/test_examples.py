@@ -78,3 +78,11 @@ def test_mass_spring_robot_learns_to_move(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mass_spring.gif",
                                                           "mass_spring_loss.png"]
 
+
+def test_billiards_aims_through_collisions(tmp_path):
+    losses = run("billiards", ["--iters", "4", "--steps", "256", "--res", "160",
+                               "--out", str(tmp_path)])
+    assert len(losses) == 4 and np.all(np.isfinite(losses))
+    assert losses[-1] < 0.6 * losses[0], losses
+    check_gif(tmp_path / "billiards.gif", (160, 160), 2 * 30)
+    check_png(tmp_path / "billiards_loss.png")
