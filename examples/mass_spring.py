@@ -204,13 +204,7 @@ class Robot:
     def draw(self, frames: pictures.Frames, gui: ti.GUI, caption: str, every: int) -> None:
         """The last rollout, every ``every``-th step, as frames (a window of the world
         ``VIEW`` wide, starting left of the robot and a little below the ground)."""
-        w, h = gui.res
-        scale = np.array([1 / VIEW, w / (h * VIEW)])
-        origin = np.array([0.0, GROUND - 0.02])
-
-        def view(p: np.ndarray) -> np.ndarray:
-            return (p - origin) * scale
-
+        view = pictures.window(gui.res, 0.0, GROUND - 0.02, VIEW)
         xs, acts = self.x.to_numpy(), self.act.to_numpy()  # one read each
         start = float(view(self.x0.mean(axis=0))[0])
         for t in range(0, self.steps, every):

@@ -67,6 +67,18 @@ class Frames:
         return path
 
 
+def window(res: tuple[int, int], left: float, bottom: float, width: float):
+    """A map from world positions ((n, 2) arrays) to a ``ti.GUI``'s [0, 1]^2 that shows the
+    world from ``(left, bottom)``, ``width`` wide, at the same scale along both axes."""
+    scale = np.array([1 / width, res[0] / (res[1] * width)])
+    origin = np.array([left, bottom])
+
+    def view(p) -> np.ndarray:
+        return (np.asarray(p, np.float64) - origin) * scale
+
+    return view
+
+
 def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     """Round tick values (1, 2 or 5 times a power of ten apart) covering [lo, hi]."""
     span = hi - lo

@@ -86,3 +86,12 @@ def test_billiards_aims_through_collisions(tmp_path):
     assert losses[-1] < 0.6 * losses[0], losses
     check_gif(tmp_path / "billiards.gif", (160, 160), 2 * 30)
     check_png(tmp_path / "billiards_loss.png")
+
+
+def test_mpm_jelly_learns_to_crawl(tmp_path):
+    losses = run("diffmpm", ["--iters", "4", "--steps", "256", "--grid", "32", "--width", "200",
+                             "--out", str(tmp_path)])
+    assert len(losses) == 4 and np.all(np.isfinite(losses))
+    assert losses[-1] < losses[0] - 0.001, losses  # the centre of mass moved 1 mm further
+    check_gif(tmp_path / "diffmpm.gif", (200, 100), 2 * 30)
+    check_png(tmp_path / "diffmpm_loss.png")
