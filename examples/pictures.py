@@ -128,7 +128,9 @@ def plot_losses(losses: Sequence[float], path: str | os.PathLike, title: str,
     grid, ink = (225, 225, 225), (40, 40, 40)
     ticks = _ticks(lo, hi)
     if log:  # powers of ten only
-        ticks = [float(e) for e in range(math.ceil(lo), math.floor(hi) + 1)] or ticks
+        decades = range(math.ceil(lo), math.floor(hi) + 1)
+        every = max(1, math.ceil(len(decades) / 6))
+        ticks = [float(e) for e in decades if e % every == 0] or ticks
     for v in ticks:
         _, yy = px(0, v)
         draw.line([(left, yy), (w - right, yy)], fill=grid, width=s)

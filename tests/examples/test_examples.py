@@ -95,3 +95,12 @@ def test_mpm_jelly_learns_to_crawl(tmp_path):
     assert losses[-1] < losses[0] - 0.001, losses  # the centre of mass moved 1 mm further
     check_gif(tmp_path / "diffmpm.gif", (200, 100), 2 * 30)
     check_png(tmp_path / "diffmpm_loss.png")
+
+
+def test_hanging_arch_designs_loads_with_forward_mode(tmp_path):
+    losses = run("hanging_arch", ["--iters", "4", "--beads", "7", "--res", "160",
+                                  "--out", str(tmp_path)])
+    assert len(losses) == 5 and np.all(np.isfinite(losses))
+    assert losses[-1] < 1e-2 * losses[0], losses
+    check_gif(tmp_path / "hanging_arch.gif", (160, 160), 5 + 2)  # repeats merge
+    check_png(tmp_path / "hanging_arch_loss.png")
