@@ -9,6 +9,9 @@ steps; ``ti.ad.Tape`` differentiates it through every step of the rollout (three
 step, each reading step ``t`` and writing step ``t + 1`` of time-indexed fields, so nothing a
 kernel read is overwritten) back to the network's weights, and a normalised gradient step
 updates them, in a kernel too: an iteration reads one number (the loss) from the device.
+Walking is chaotic and the springs' impulses are float atomics added in whatever order the
+threads come, so two runs learn slightly different gaits (``ti.init(deterministic=True)``
+makes a local run repeatable).
 
 Writes ``mass_spring.gif`` (the untrained robot, then the trained one) and
 ``mass_spring_loss.png``. Run: ``python examples/mass_spring.py [--iters 100] [--steps 600]
@@ -173,7 +176,7 @@ class Robot:
                        * math.sqrt(2 / (N_HIDDEN + ns)) * 3).astype(np.float32))
 
     def rollout(self) -> None:
-        """Simulate ``steps`` steps from the rest pose and compute the loss."""
+        """Simulate ``steps`` steps from the state ``reset`` set and compute the loss."""
         controller, springs_, advance, compute_loss, _ = self._kernels
         for t in range(1, self.steps):
             controller(t - 1)
@@ -182,6 +185,7 @@ class Robot:
         compute_loss()
 
     def reset(self) -> None:
+        """The rest pose at step 0, no velocity, no spring impulses accumulated."""
         clear = self._kernels[4]
         clear()
         self.x.from_numpy(np.broadcast_to(self.x0, self.x.shape + (2,)).copy())
