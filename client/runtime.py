@@ -536,15 +536,15 @@ class RemoteRuntime:
         self.flush()
         return self.transport.read(self.session_id, fid, role, dtype, shape)
 
-    def read_fields(self, fields: list[RemoteField]) -> list[np.ndarray]:
-        """The values of several fields (any role: ``x``, ``x.grad``, ``x.dual``), each of
-        shape ``shape + element_shape``, after everything queued: the small ones (up to
+    def read_fields(self, fields: list[RemoteField | RemoteNdarray]) -> list[np.ndarray]:
+        """The values of several fields or ndarrays (any role: ``x``, ``x.grad``, ``x.dual``),
+        each of shape ``shape + element_shape``, after everything queued: the small ones (up to
         ``INLINE_BYTES``) in one request with the queued ops, a larger one as a download of
         its own. The operators of ``difftape.interop`` read all their outputs (or all their
         inputs' gradients) this way, so a call costs one round trip, not one per field."""
         if self._recording is not None:
             raise Unrecordable("it reads arrays back while it runs")
-        small = [f for f in fields if f._inline()]
+        small = [f for f in fields if _inline(f.dtype.np, f.shape + f.element_shape)]
         self._queue.extend({"op": "get_bytes", "id": f.id, "role": f.role} for f in small)
         results = self.flush()
         got = dict(zip((id(f) for f in small), results[len(results) - len(small):],
