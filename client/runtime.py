@@ -32,10 +32,9 @@ import numpy as np
 
 from difftape.ad import Tape, _Entry
 from difftape.autodiff.lost import Flow, lost_flow
-from difftape.errors import ArgumentError, DifftapeError
+from difftape.errors import ArgumentError, DifftapeError, ShapeError
 from difftape.frontend import builder as _b
-from difftape.frontend.annotations import NdarrayType
-from difftape.frontend.field import Field, _to_python, checked_shape
+from difftape.frontend.field import Field, _field_ids, _to_python, checked_shape
 from difftape.frontend.kernel import (
     LOST_ROLE,
     arg_component,
@@ -43,11 +42,14 @@ from difftape.frontend.kernel import (
     derive,
     has_storage,
     param_path,
+    written_arrays,
 )
 from difftape.frontend.matrix import Matrix, MatrixType, Vector
+from difftape.frontend.ndarray import Ndarray, _element_value
 from difftape.frontend.struct import StructType
 from difftape.ir import serialize
 from difftape.ir.serialize import from_jsonable
+from difftape.runtime import foreign, program
 
 from .derivatives import Unrecordable, jacobian, newton, second_order
 
@@ -88,13 +90,20 @@ class _Recording:
 class _RemoteKernel:
     """One registered kernel specialization: its id and how to flatten launch arguments."""
 
-    __slots__ = ("kernel", "kid", "data", "spec", "plan", "returns", "return_type")
+    __slots__ = ("kernel", "kid", "data", "spec", "plan", "returns", "return_type", "arrays",
+                 "writes")
 
     def __init__(self, kernel, kid: str, data: dict, ir, spec: tuple) -> None:
         self.kernel = kernel
         self.kid = kid
         self.data = data
         self.spec = spec
+        # The ndarray arguments the kernel uses (each launch binds their storage), and per
+        # variant those it writes (decided from the IR: only those are copied back into a
+        # caller's NumPy array).
+        self.arrays = sorted({b.key[1] for b in ir.buffers if b.key[0] == "ndarray"})
+        self.writes: dict[str, frozenset[int]] = {"primal": written_arrays(ir)} \
+            if self.arrays else {}
         names = [p.name for p in kernel.params]
         plan = []
         for p in ir.params:
@@ -121,6 +130,17 @@ class _RemoteKernel:
                                     f"got {type(v).__name__} ({v!r:.40})", kernel=name) from None
         return out
 
+    def written(self, prog, variant: str) -> frozenset[int]:
+        """The ndarray arguments the ``variant``'s code stores into (derived here from the
+        kernel's IR, as the server derives it)."""
+        out = self.writes.get(variant)
+        if out is None:
+            spec = self.spec
+            ir = derive(serialize.decode(self.data), variant,
+                        lambda buf, role: has_storage(prog, spec, buf, role))
+            out = self.writes[variant] = written_arrays(ir)
+        return out
+
     def convert(self, result: Any) -> Any:
         result = from_jsonable(result)
         rt = self.return_type
@@ -140,6 +160,9 @@ class RemoteRuntime:
         self.owns_session = owns_session
         self.field_class = RemoteField
         self.tape_class = RemoteTape
+        # NumPy (and PyTorch, JAX...) arrays passed as ndarray arguments travel into scratch
+        # ndarrays of the session, one per layout in use, reused launch after launch.
+        self._scratch: dict[tuple, list[int]] = {}
         self._queue: list[dict] = []
         self._kernels: dict[tuple, _RemoteKernel] = {}
         self._names: dict[str, str] = {}  # kernel id -> name, for error messages
@@ -152,6 +175,12 @@ class RemoteRuntime:
         self._gen = 0
         self._hot: dict[tuple, None] = {}  # (field id, role), in order of use
         self._ahead: dict[tuple, list] = {}  # key -> [generation, result, unused reads]
+
+    @staticmethod
+    def ndarray_class(cls: type) -> type:
+        """The class ``cls(...)`` (a ``ti.ndarray`` class) makes under ``arch=ti.remote``: a
+        subclass of it whose storage lives on the server."""
+        return remote_ndarray_class(cls)
 
     def stats(self) -> dict[str, int]:
         """``ti.remote_stats()``: round trips, ops and bytes since this program started."""
@@ -298,10 +327,6 @@ class RemoteRuntime:
             key: tuple = ()
             spec: tuple = ()
         else:
-            if any(isinstance(p.annotation, NdarrayType) for p in kernel.params):
-                raise ArgumentError(f"kernel '{kernel.name}': ti.ndarray / NumPy array "
-                                    "arguments are not supported with arch=ti.remote yet; "
-                                    "use fields", kernel=kernel.name)
             key, spec = kernel._specialize(args)
         rk = self._kernels.get((kernel, key, validate))
         if rk is None:
@@ -319,18 +344,116 @@ class RemoteRuntime:
         rk = self._kernel(kernel, args, validate)
         op = {"op": "launch", "kernel_id": rk.kid, "variant": variant,
               "args": rk.flatten(args)}
+        back: list = []
+        if rk.arrays:
+            op["arrays"], back = self._bind_arrays(rk, args, variant)
         rec = self._recording
         if rec is not None:
             if rk.returns and not rec.discard_results:
                 raise Unrecordable(f"kernel '{kernel.name}' returns a value")
+            if back:
+                raise Unrecordable(f"kernel '{kernel.name}' writes a NumPy array argument, "
+                                   "which is read back")
             rec.record(op)
             return None
         self._gen += 1
         self._queue.append(op)
+        if back:
+            return self._copy_back(rk, back)
         if rk.returns:
             return rk.convert(self.flush()[-1]["result"])
         if len(self._queue) >= MAX_QUEUE:
             self.flush()
+        return None
+
+    # ------------------------------------------------------------------ ndarray arguments
+    def _bind_arrays(self, rk: _RemoteKernel, args: tuple, variant: str
+                     ) -> tuple[list[dict], list[tuple[np.ndarray, int]]]:
+        """The launch's ``arrays``: a remote ndarray goes by its id; a NumPy array (or the
+        NumPy view of a tensor, or a local ``ti.ndarray``) is uploaded, queued before the
+        launch, into a scratch ndarray of its layout (bytes inside the batch up to
+        ``INLINE_BYTES``, an upload of its own above). Returns the bindings and the arrays
+        the ``variant`` writes, which the launch copies back (Taichi's semantics: a kernel
+        writes the caller's array)."""
+        name = rk.kernel.name
+        bound: list[dict] = []
+        back: list[tuple[np.ndarray, int]] = []
+        staged: dict[int, int] = {}  # id(array) -> scratch id: one array passed twice is one
+        for k in rk.arrays:
+            a = args[k]
+            desc = rk.spec[k]
+            if isinstance(a, RemoteNdarray):
+                if a._program is not self.prog:
+                    raise ArgumentError(f"kernel '{name}': argument {k + 1} is a ti.ndarray "
+                                        "of an earlier program (made before ti.reset / "
+                                        "ti.init); make it again", kernel=name)
+                bound.append({"arg": k, "id": a.id, "grad": bool(desc[3])})
+                continue
+            if desc[3]:
+                raise ArgumentError(f"kernel '{name}': argument {k + 1} is a ti.ndarray made "
+                                    "outside this remote program, with a .grad that does not "
+                                    "live on the server; make it under arch=ti.remote",
+                                    kernel=name)
+            arr = a.arr if isinstance(a, Ndarray) else a
+            writes = k in rk.written(self.prog, variant)
+            if writes and not arr.flags.writeable:
+                raise ArgumentError(f"kernel '{name}' writes argument {k + 1}, but it is "
+                                    "read-only (a read-only NumPy array, or a JAX array: "
+                                    "those are immutable)", kernel=name)
+            sid = staged.get(id(arr))
+            if sid is None:
+                layout = (desc[0].name, arr.shape[:desc[1]], arr.shape[desc[1]:])
+                sid = staged[id(arr)] = self._scratch_id(layout, staged.values())
+                data = np.ascontiguousarray(arr)
+                if data.nbytes <= INLINE_BYTES:
+                    self.queue({"op": "set_bytes", "id": sid, "role": "primal",
+                                "b64": base64.b64encode(data.tobytes()).decode("ascii")})
+                else:
+                    self.write(sid, "primal", data)
+                if writes:
+                    back.append((arr, sid))
+            bound.append({"arg": k, "id": sid, "grad": False})
+        if back and len(staged) > 1:
+            arrays = [args[k] for k in rk.arrays if isinstance(args[k], np.ndarray)]
+            for arr, _ in back:
+                if any(b is not arr and np.may_share_memory(arr, b) for b in arrays):
+                    raise ArgumentError(f"kernel '{name}' writes an array argument that "
+                                        "overlaps another array argument; remotely each is "
+                                        "sent as a copy, so pass one array (or copies)",
+                                        kernel=name)
+        return bound, back
+
+    def _scratch_id(self, layout: tuple, taken) -> int:
+        """A scratch ndarray of ``layout`` (dtype, shape, element shape) not ``taken`` by
+        this launch: reused, or made (queued)."""
+        ids = self._scratch.setdefault(layout, [])
+        for sid in ids:
+            if sid not in taken:
+                return sid
+        sid = next(_field_ids)
+        dtype, shape, esh = layout
+        self.queue({"op": "create_field", "ndarray": True, "id": sid,
+                    "dtype": dtype, "shape": list(shape),
+                    "element_shape": list(esh), "name": "(array argument)"})
+        ids.append(sid)
+        return sid
+
+    def _copy_back(self, rk: _RemoteKernel, back: list[tuple[np.ndarray, int]]):
+        """Send the launch now and copy what it wrote into the callers' arrays: small ones
+        ride in the same request, a large one is a download of its own."""
+        small = [(arr, sid) for arr, sid in back if arr.nbytes <= INLINE_BYTES]
+        for _, sid in small:
+            self._queue.append({"op": "get_bytes", "id": sid, "role": "primal"})
+        results = self.flush()
+        got = results[len(results) - len(small):]
+        for (arr, _), res in zip(small, got, strict=True):
+            np.copyto(arr, np.frombuffer(base64.b64decode(res["b64"]),
+                                         dtype=arr.dtype).reshape(arr.shape))
+        for arr, sid in back:
+            if arr.nbytes > INLINE_BYTES:
+                np.copyto(arr, self.read(sid, "primal", arr.dtype, arr.shape))
+        if rk.returns:
+            return rk.convert(results[len(results) - len(small) - 1]["result"])
         return None
 
     def call_kernel(self, kernel, args: tuple):
@@ -360,9 +483,9 @@ class RemoteRuntime:
         key = (rk.kid, variant, getattr(self.prog, "storage_epoch", 0))
         flow = self._flows.get(key)
         if flow is None:
-            prog, role = self.prog, LOST_ROLE[variant]
+            prog, role, spec = self.prog, LOST_ROLE[variant], rk.spec
             flow = self._flows[key] = lost_flow(serialize.decode(rk.data),
-                                                lambda buf: has_storage(prog, (), buf, role))
+                                                lambda buf: has_storage(prog, spec, buf, role))
         return flow
 
     def check_grad(self, kernel, args: tuple) -> Flow:
@@ -374,9 +497,9 @@ class RemoteRuntime:
         variant = "grad_fwd" if getattr(self.prog, "fwd", None) is not None else "grad"
         key = (rk.kid, variant, getattr(self.prog, "storage_epoch", 0))
         if key not in self._grad_checked:
-            prog = self.prog
+            prog, spec = self.prog, rk.spec
             derive(serialize.decode(rk.data), variant,
-                   lambda buf, role: has_storage(prog, (), buf, role))
+                   lambda buf, role: has_storage(prog, spec, buf, role))
             self._grad_checked.add(key)
         return self._lost_flow(rk, variant)
 
@@ -413,15 +536,15 @@ class RemoteRuntime:
         self.flush()
         return self.transport.read(self.session_id, fid, role, dtype, shape)
 
-    def read_fields(self, fields: list[RemoteField]) -> list[np.ndarray]:
-        """The values of several fields (any role: ``x``, ``x.grad``, ``x.dual``), each of
-        shape ``shape + element_shape``, after everything queued: the small ones (up to
+    def read_fields(self, fields: list[RemoteField | RemoteNdarray]) -> list[np.ndarray]:
+        """The values of several fields or ndarrays (any role: ``x``, ``x.grad``, ``x.dual``),
+        each of shape ``shape + element_shape``, after everything queued: the small ones (up to
         ``INLINE_BYTES``) in one request with the queued ops, a larger one as a download of
         its own. The operators of ``difftape.interop`` read all their outputs (or all their
         inputs' gradients) this way, so a call costs one round trip, not one per field."""
         if self._recording is not None:
             raise Unrecordable("it reads arrays back while it runs")
-        small = [f for f in fields if f._inline()]
+        small = [f for f in fields if _inline(f.dtype.np, f.shape + f.element_shape)]
         self._queue.extend({"op": "get_bytes", "id": f.id, "role": f.role} for f in small)
         results = self.flush()
         got = dict(zip((id(f) for f in small), results[len(results) - len(small):],
@@ -454,6 +577,44 @@ def _nonfinite(v: Any) -> Any:
     if v != v:
         return "NaN"
     return v if abs(v) != float("inf") else ("Infinity" if v > 0 else "-Infinity")
+
+
+def _read_storage(rt: RemoteRuntime, fid: int, role: str, dtype: np.dtype,
+                  full: tuple) -> np.ndarray:
+    """A field's or ndarray's values after everything queued. Up to ``INLINE_BYTES`` the
+    bytes ride along with the queued ops (base64 in the batch's answer): one round trip, not
+    a flush and then a download (a parameter and its gradient, read every iteration of an
+    optimisation loop); larger storage is a download of its own."""
+    if _inline(dtype, full):
+        res = rt.call({"op": "get_bytes", "id": fid, "role": role})
+        return np.frombuffer(base64.b64decode(res["b64"]), dtype=dtype).reshape(full).copy()
+    return rt.read(fid, role, dtype, full)
+
+
+def _write_storage(rt: RemoteRuntime, fid: int, role: str, data: np.ndarray) -> None:
+    """Replace a field's or ndarray's values with ``data`` (its dtype and full shape): queued
+    with the launches up to ``INLINE_BYTES`` (no round trip at all, every bit kept), an
+    upload of its own above."""
+    if data.nbytes <= INLINE_BYTES:
+        rt.queue({"op": "set_bytes", "id": fid, "role": role,
+                  "b64": base64.b64encode(data.tobytes()).decode("ascii")})
+    else:
+        rt.write(fid, role, data)
+
+
+def _converted(arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``arr`` in ``dtype``, C order, converted exactly as a local ``from_numpy`` converts
+    (``np.copyto``, unsafe casting); ``arr`` itself when nothing needs converting (the
+    transport reads it once, without a copy)."""
+    if arr.dtype == dtype and arr.flags.c_contiguous:
+        return arr
+    data = np.empty(arr.shape, dtype=dtype)
+    np.copyto(data, arr, casting="unsafe")
+    return data
+
+
+def _inline(dtype: np.dtype, full: tuple) -> bool:
+    return int(np.prod(full, dtype=np.int64)) * np.dtype(dtype).itemsize <= INLINE_BYTES
 
 
 class RemoteField(Field):
@@ -519,39 +680,19 @@ class RemoteField(Field):
                             "index": index, "value": _jsonable(conv)})
 
     def _inline(self) -> bool:
-        nbytes = int(np.prod(self.shape + self.element_shape, dtype=np.int64))
-        return nbytes * self.dtype.np.itemsize <= INLINE_BYTES
+        return _inline(self.dtype.np, self.shape + self.element_shape)
 
     @_b.python_scope
     def to_numpy(self, dtype=None, keep_dims: bool = False) -> np.ndarray:
-        full = self.shape + self.element_shape
-        if self._inline():
-            # The bytes ride along with the queued ops (base64 in the batch's answer): one
-            # round trip, not a flush and then a download (a parameter and its gradient,
-            # read every iteration of an optimisation loop).
-            res = self._remote.call({"op": "get_bytes", "id": self.id, "role": self.role})
-            out = np.frombuffer(base64.b64decode(res["b64"]),
-                                dtype=self.dtype.np).reshape(full).copy()
-        else:
-            out = self._remote.read(self.id, self.role, self.dtype.np, full)
+        out = _read_storage(self._remote, self.id, self.role, self.dtype.np,
+                            self.shape + self.element_shape)
         out = self._numpy_dims(out, keep_dims)
         return out.astype(dtype) if dtype is not None else out
 
     @_b.python_scope
     def from_numpy(self, arr) -> None:
-        arr = self._numpy_in(arr)
-        expected = arr.shape
-        if arr.dtype == self.dtype.np and arr.flags.c_contiguous:
-            data = arr  # sent as it is: the transport reads it once, without a copy
-        else:
-            data = np.empty(expected, dtype=self.dtype.np)
-            np.copyto(data, arr, casting="unsafe")  # converted here exactly as locally
-        if self._inline():
-            # Queued with the launches: no round trip at all, every bit kept.
-            self._remote.queue({"op": "set_bytes", "id": self.id, "role": self.role,
-                                "b64": base64.b64encode(data.tobytes()).decode("ascii")})
-        else:
-            self._remote.write(self.id, self.role, data)
+        _write_storage(self._remote, self.id, self.role,
+                       _converted(self._numpy_in(arr), self.dtype.np))
 
     def fill(self, value) -> None:
         if _b.current() is not None:  # in a kernel: a loop in the kernel's IR
@@ -582,6 +723,133 @@ def _element_class(ndim: int) -> type:
         _ELEMENTS[1] = type("RemoteVectorElement", (Vector,), {"_assign_entry": _assign_entry})
         _ELEMENTS[2] = type("RemoteMatrixElement", (Matrix,), {"_assign_entry": _assign_entry})
     return _ELEMENTS[ndim]
+
+
+# ---------------------------------------------------------------------------- ndarrays
+
+class RemoteNdarray(Ndarray):
+    """A ``ti.ndarray`` whose storage lives on the server (what ``ti.ndarray``,
+    ``ti.Vector.ndarray``... make under ``arch=ti.remote``; each class gets a subclass of
+    itself and of this one, so ``isinstance`` holds). A kernel launch passes its id; in
+    Python scope, element and array access are the engine ops fields use, batched and read
+    ahead alike. Its ``.grad`` (``needs_grad=True``) is a RemoteNdarray of role ``grad``."""
+
+    _remote_doc = ("lives on the difftape server (arch=ti.remote) and has no local array; "
+                   "use to_numpy() / from_numpy()")
+
+    def _allocate(self, arr: np.ndarray | None, needs_grad: bool) -> None:
+        self._program = program.get()
+        self.id = next(_field_ids)
+        self.role = "primal"
+        self._remote.queue({"op": "create_field", "ndarray": True, "id": self.id,
+                            "dtype": self.dtype.name, "shape": list(self.shape),
+                            "element_shape": list(self.element_shape),
+                            "needs_grad": bool(needs_grad)})
+        if needs_grad:
+            g = self.grad = object.__new__(type(self))
+            g.dtype, g.shape, g.element_shape = self.dtype, self.shape, self.element_shape
+            g.grad, g._program, g.id, g.role = None, self._program, self.id, "grad"
+
+    @classmethod
+    def _like(cls, other: Ndarray) -> Ndarray:
+        """A new remote ndarray of the same class, dtype and shapes (no gradient)."""
+        out = object.__new__(cls)
+        Ndarray.__init__(out, other.dtype, other.shape, other.element_shape)
+        return out
+
+    @property
+    def _remote(self) -> RemoteRuntime:
+        prog = self._program
+        if prog is not program.get() or prog.remote is None or prog.remote.closed:
+            raise DifftapeError(f"{self._label()} belongs to an earlier program (made before "
+                                "ti.reset / ti.init): its storage went with that session")
+        return prog.remote
+
+    def _label(self) -> str:
+        return f"ndarray#{self.id}" + (".grad" if self.role == "grad" else "")
+
+    @property
+    def arr(self) -> np.ndarray:
+        raise DifftapeError(f"{self._label()} {self._remote_doc}")
+
+    def _dlpack_array(self) -> np.ndarray:
+        raise DifftapeError(f"{self._label()} {self._remote_doc}: DLPack shares memory, and "
+                            "this memory is on the server (to_torch() / to_numpy() copy)")
+
+    def _index(self, key) -> list[int]:
+        """A Python-scope index, checked as the local ndarray checks it (negative indices
+        count from the end, as there)."""
+        return [k + n if k < 0 else k for k, n in zip(self._norm_key(key), self.shape,
+                                                         strict=True)]
+
+    @_b.python_scope
+    def __getitem__(self, key):
+        index = self._index(key)
+        value = from_jsonable(self._remote.call({"op": "get_item", "id": self.id,
+                                                 "role": self.role, "index": index})["value"])
+        if not self.element_shape:
+            return value
+        out = _to_python(np.asarray(value, dtype=self.dtype.np), self.element_shape)
+        out.__class__ = _element_class(len(self.element_shape))
+        out._remote_target = (self, index)  # nd[i][j] = v writes the server's element
+        return out
+
+    @_b.python_scope
+    def __setitem__(self, key, value) -> None:
+        self._set(self._index(key), _element_value(value, self.element_shape))
+
+    def _set(self, index: list[int], value) -> None:
+        conv = np.asarray(value, dtype=self.dtype.np)  # converted as the local assignment
+        if self.element_shape:
+            conv = np.broadcast_to(conv, self.element_shape)
+        self._remote.queue({"op": "set_item", "id": self.id, "role": self.role,
+                            "index": index, "value": _jsonable(conv)})
+
+    @_b.python_scope
+    def to_numpy(self) -> np.ndarray:
+        return _read_storage(self._remote, self.id, self.role, self.dtype.np,
+                             self.shape + self.element_shape)
+
+    @_b.python_scope
+    def from_numpy(self, arr) -> None:
+        arr = foreign.array_in(arr)
+        full = self.shape + self.element_shape
+        if arr.shape != full:
+            raise ShapeError(f"from_numpy: the ndarray has shape {full} (shape {self.shape}, "
+                             f"element {self.element_shape}), the array has {arr.shape}")
+        _write_storage(self._remote, self.id, self.role, _converted(arr, self.dtype.np))
+
+    @_b.python_scope
+    def fill(self, value) -> None:
+        conv = np.asarray(_element_value(value, self.element_shape), dtype=self.dtype.np)
+        self._remote.queue({"op": "fill", "id": self.id, "role": self.role,
+                            "value": _jsonable(conv)})
+
+    @_b.python_scope
+    def copy_from(self, other: Ndarray) -> None:
+        if not isinstance(other, Ndarray):
+            raise TypeError(f"copy_from takes an ndarray, got {type(other).__name__}")
+        full = self.shape + self.element_shape
+        if other.shape + other.element_shape != full:
+            raise ShapeError(f"copy_from: shapes differ: {full} vs "
+                             f"{other.shape + other.element_shape}")
+        self.from_numpy(other.to_numpy())
+
+
+_REMOTE_NDARRAYS: dict[type, type] = {}
+
+
+def remote_ndarray_class(cls: type) -> type:
+    """``cls`` (Ndarray or a subclass) with its storage on the server."""
+    if issubclass(cls, RemoteNdarray):
+        return cls
+    out = _REMOTE_NDARRAYS.get(cls)
+    if out is None:
+        out = RemoteNdarray if cls is Ndarray else type(
+            f"Remote{cls.__name__}", (cls, RemoteNdarray),
+            {"__module__": __name__, "__doc__": f"{cls.__name__} under arch=ti.remote."})
+        _REMOTE_NDARRAYS[cls] = out
+    return out
 
 
 # ---------------------------------------------------------------------------- the Tape
@@ -689,4 +957,4 @@ def _close_at_exit(ref: weakref.ref) -> None:
             pass
 
 
-__all__ = ["RemoteField", "RemoteRuntime", "RemoteTape", "attach"]
+__all__ = ["RemoteField", "RemoteNdarray", "RemoteRuntime", "RemoteTape", "attach"]

@@ -39,10 +39,12 @@ from difftape.frontend.kernel import (
     derive,
     has_storage,
 )
+from difftape.frontend.ndarray import Ndarray
 from difftape.ir import serialize
 from difftape.ir.nodes import KernelIR
 from difftape.ir.passes import run_pipeline
 from difftape.ir.serialize import from_jsonable, jsonable
+from difftape.ir.validate import argument_names, decode_untrusted
 from difftape.runtime import program
 
 #: Storage roles of a field: ``grad_dual`` is ``x.grad.dual`` (forward-over-reverse).
@@ -84,26 +86,10 @@ def _f64_from_b64(text: Any, what: str) -> np.ndarray:
 
 
 def _decode_ir(data: Any) -> KernelIR:
-    """The single place untrusted IR is decoded.
-
-    ``difftape.ir.validate.decode_untrusted`` checks types, operands and attributes as it
-    decodes; until that module exists, fall back to the plain decoder and turn whatever it
-    trips over into a CompileError (so malformed IR is a user error, not a worker crash).
-    """
-    try:
-        from difftape.ir.validate import decode_untrusted
-    except ImportError:
-        decode_untrusted = None
-    if decode_untrusted is not None:
-        return decode_untrusted(data)
-    if not isinstance(data, dict):
-        raise CompileError("malformed IR: expected a JSON object")
-    try:
-        return serialize.decode(data)
-    except DifftapeError:
-        raise
-    except Exception as e:  # noqa: BLE001 - any decoding failure is the sender's fault
-        raise CompileError(f"malformed IR: {type(e).__name__}: {e}") from None
+    """The single place untrusted IR is decoded: ``difftape.ir.validate.decode_untrusted``
+    checks types, operands and attributes as it decodes (ndarray-argument buffers included:
+    the launch binds their storage and checks it against them)."""
+    return decode_untrusted(data, allow_ndarray=True)
 
 
 @contextlib.contextmanager
@@ -151,7 +137,7 @@ def _number(v: Any) -> bool:
 class _Kernel:
     """A registered kernel: its encoded frontend IR and how wire args map to the params."""
 
-    __slots__ = ("data", "name", "nparams", "groups", "returns")
+    __slots__ = ("data", "name", "nparams", "arg_names", "plan", "returns", "arrays")
 
     def __init__(self, data: dict, ir: KernelIR) -> None:
         self.data = data
@@ -159,32 +145,65 @@ class _Kernel:
         self.nparams = len(ir.params)
         self.returns = bool(ir.returns)
         # Wire args are flattened as the IR params are (``v[0]``, ``v[1]``...); the compiled
-        # kernel takes one Python argument per base name, vectors as flat lists.
-        groups: list[tuple[str, list[tuple[int, int | None]]]] = []
-        index: dict[str, int] = {}
+        # kernel takes one Python argument per name of ``argument_names`` (vectors as flat
+        # lists), ndarray arguments at their own positions (``#k``: the storage bound by the
+        # launch's ``arrays``).
+        self.arg_names = argument_names(ir)
+        members: dict[str, list[tuple[int, int | None]]] = {}
         for k, p in enumerate(ir.params):
             base, _, comp = p.name.partition("[")
-            if base not in index:
-                index[base] = len(groups)
-                groups.append((base, []))
-            groups[index[base]][1].append((k, int(comp[:-1]) if comp else None))
-        self.groups = groups
-
-    @property
-    def arg_names(self) -> list[str]:
-        return [g[0] for g in self.groups]
-
-    def call_args(self, flat: list) -> tuple:
-        out = []
-        for _, members in self.groups:
-            if len(members) == 1 and members[0][1] is None:
-                out.append(flat[members[0][0]])
+            members.setdefault(base, []).append((k, int(comp[:-1]) if comp else None))
+        self.plan: list[tuple] = []
+        for name in self.arg_names:
+            if name[0] == "#":
+                self.plan.append(("array", int(name[1:])))
+            elif name[0] == "~":  # a template argument: bound into the IR by the client
+                self.plan.append(("none",))
+            elif len(members[name]) == 1 and members[name][0][1] is None:
+                self.plan.append(("scalar", members[name][0][0]))
             else:
-                vec: list = [0] * (max(c for _, c in members) + 1)
-                for k, c in members:
+                self.plan.append(("vector", members[name],
+                                  max(c for _, c in members[name]) + 1))
+        # ndarray argument -> the buffers the IR declares for it (checked at each launch
+        # against the storage the launch binds).
+        self.arrays: dict[int, list] = {}
+        for buf in ir.buffers:
+            if buf.key[0] == "ndarray":
+                self.arrays.setdefault(buf.key[1], []).append(buf)
+
+    def call_args(self, flat: list, bound: dict) -> tuple:
+        out: list = []
+        for step in self.plan:
+            kind = step[0]
+            if kind == "scalar":
+                out.append(flat[step[1]])
+            elif kind == "array":
+                out.append(bound[step[1]])
+            elif kind == "vector":
+                vec: list = [0] * step[2]
+                for k, c in step[1]:
                     vec[c] = flat[k]
                 out.append(vec)
+            else:
+                out.append(None)
         return tuple(out)
+
+
+class _Ndarray(Ndarray):
+    """A ``ti.ndarray``'s storage on the server: made by ``create_field`` with ``ndarray``
+    true, bound to a kernel's ``ti.types.ndarray()`` argument by each launch (``arrays``).
+    Unlike a field it is never captured by a kernel, has ``.grad`` storage only (made with
+    it), and ``clear_grads`` leaves it alone (as ``ti.ad.clear_all_gradients`` does
+    locally)."""
+
+    def setup(self, fid: int, name: str, role: str = "primal") -> None:
+        self.id, self.name, self.role = fid, name, role
+        if self.grad is not None:
+            self.grad.setup(fid, name, "grad")
+
+    def _label(self) -> str:
+        base = f"ndarray '{self.name}'" if self.name else f"ndarray#{self.id}"
+        return base if self.role == "primal" else f"{base}.{self.role}"
 
 
 class Engine:
@@ -203,7 +222,9 @@ class Engine:
         self.max_fields = max_fields
         self.max_kernels = max_kernels
         self.kernels: dict[str, _Kernel] = {}
-        self.compiled: dict[tuple[str, str, int], CompiledKernel] = {}
+        # ti.ndarray storage, under ids of the same (client-chosen) space as the fields.
+        self.ndarrays: dict[int, _Ndarray] = {}
+        self.compiled: dict[tuple, CompiledKernel] = {}
         self.epoch = 0  # bumped when a field gains .grad/.dual storage
         self.snapshots: dict[int, dict[int, np.ndarray]] = {}  # Tape(grad_check=...)
         self.launches = 0
@@ -241,16 +262,30 @@ class Engine:
         fid = op.get("id")
         f = self.prog.fields.get(fid) if isinstance(fid, int) else None
         if f is None:
+            if fid in self.ndarrays:
+                raise EngineError(f"id {fid} is a ti.ndarray, not a field: an ndarray has no "
+                                  ".dual and gets its .grad when it is made (needs_grad)")
             raise EngineError(f"no field with id {fid!r} in this session")
         return f
 
-    def _storage(self, op: dict) -> Field:
-        f = self._field(op)
+    def _storage(self, op: dict) -> Field | _Ndarray:
+        """The storage an op names (``id``, ``role``): a field's or a ti.ndarray's."""
         role = op.get("role", "primal")
         if role == "data":
             role = "primal"
         if role not in ROLES:
             raise EngineError(f"role must be one of data/primal, grad, dual; got {role!r}")
+        fid = op.get("id")
+        nd = self.ndarrays.get(fid) if isinstance(fid, int) else None
+        if nd is not None:
+            if role not in ("primal", "grad"):
+                raise EngineError(f"{nd._label()} has data and .grad storage only, not "
+                                  f"{role!r}")
+            if role == "grad" and nd.grad is None:
+                raise DifftapeError(f"{nd._label()} has no .grad: create the ndarray with "
+                                    "needs_grad=True")
+            return nd if role == "primal" else nd.grad
+        f = self._field(op)
         s = f.companion(role)
         if s is None:
             raise DifftapeError(f"{f._label()} has no .{role.replace('_', '.')}: create the "
@@ -271,14 +306,16 @@ class Engine:
         name = op.get("name") or ""
         if not isinstance(name, str):
             raise EngineError("name must be a string")
+        if op.get("ndarray"):
+            return self._create_ndarray(fid, dtype, shape, esh, name[:200], op)
+        if fid in self.ndarrays:
+            raise EngineError(f"id {fid} is already a ti.ndarray of this session")
         old = self.prog.fields.get(fid)
         if old is not None:
             if (old.dtype, old.shape, old.element_shape) != (dtype, shape, esh):
                 raise EngineError(f"field id {fid} already exists with another layout")
         else:
-            if self.max_fields is not None and len(self.prog.fields) >= self.max_fields:
-                raise QuotaExceededError(f"this session has {len(self.prog.fields)} fields, "
-                                         f"the most a session may have", limit="fields")
+            self._check_count()
             with _current(self.prog):
                 f = Field(dtype, None, esh, name[:200])
                 self.prog.unplaced.remove(f)
@@ -290,8 +327,37 @@ class Engine:
                 self._make_companion(old, role)
         return {"id": fid, "nbytes": self._field_nbytes(old)}
 
+    def _check_count(self) -> None:
+        """The ``fields`` quota: fields and ndarrays together."""
+        n = len(self.prog.fields) + len(self.ndarrays)
+        if self.max_fields is not None and n >= self.max_fields:
+            raise QuotaExceededError(f"this session has {n} fields and ndarrays, the most a "
+                                     "session may have", limit="fields")
+
+    def _create_ndarray(self, fid: int, dtype: T.DType, shape: tuple, esh: tuple, name: str,
+                        op: dict) -> dict:
+        if op.get("needs_dual"):
+            raise EngineError("a ti.ndarray has no .dual storage (needs_dual)")
+        if fid in self.prog.fields:
+            raise EngineError(f"id {fid} is already a field of this session")
+        grad = bool(op.get("needs_grad"))
+        old = self.ndarrays.get(fid)
+        if old is not None:
+            if (old.dtype, old.shape, old.element_shape, old.grad is not None) != \
+                    (dtype, shape, esh, grad):
+                raise EngineError(f"ndarray id {fid} already exists with another layout")
+        else:
+            self._check_count()
+            with _current(self.prog):  # an in-process client's program must not see it
+                old = _Ndarray(dtype, shape, esh, needs_grad=grad)
+            old.setup(fid, name)
+            self.ndarrays[fid] = old
+        return {"id": fid, "nbytes": self._field_nbytes(old)}
+
     @staticmethod
-    def _field_nbytes(f: Field) -> int:
+    def _field_nbytes(f: Field | _Ndarray) -> int:
+        if isinstance(f, Ndarray):
+            return f.arr.nbytes * (2 if f.grad is not None else 1)
         return sum(s.arr.nbytes for s in (f, f.companion("grad"), f.companion("dual"), f.mark)
                    if s is not None)
 
@@ -439,8 +505,9 @@ class Engine:
                 raise CompileError(f"malformed buffer key {key!r}", kernel=ir.name)
             kind, ident, role = key
             if kind == "ndarray":
-                raise CompileError("ti.ndarray / NumPy array arguments are not supported by "
-                                   "the remote runtime yet; use fields", kernel=ir.name)
+                # An argument (checked by each launch against the storage it binds), not
+                # storage of the session; the decoder checked the key.
+                continue
             if kind != "field" or role not in ROLES or not isinstance(ident, int):
                 raise CompileError(f"malformed buffer key {key!r}", kernel=ir.name)
             f = self.prog.fields.get(ident)
@@ -470,17 +537,23 @@ class Engine:
             self.kernels[kid] = _Kernel(data, ir)
         return {"kernel_id": kid}
 
-    def _has_storage(self, buf, role: str) -> bool:
-        """The local runtime's predicate (no ndarrays here)."""
-        return has_storage(self.prog, (), buf, role)
-
-    def _compile(self, kid: str, variant: str) -> CompiledKernel:
+    def _compile(self, kid: str, variant: str, grads: dict[int, bool]) -> CompiledKernel:
         k = self.kernels[kid]
         t0 = time.perf_counter()
         ir = _decode_ir(k.data)  # derive and the passes consume their input: decode afresh
         self._check_buffers(ir)  # fields are never removed, but stay strict
         ir.debug = True  # bounds checks on every access: remote kernels never write astray
-        ir = derive(ir, variant, self._has_storage)
+        prog = self.prog
+
+        def storage(buf, role: str) -> bool:
+            # The local runtime's predicate; an ndarray argument has a .grad when the launch
+            # says so (its storage has one and the annotation does not say needs_grad=False).
+            if buf.key[0] == "ndarray":
+                return role == "grad" and buf.key[2] == "primal" and grads.get(buf.key[1],
+                                                                                 False)
+            return has_storage(prog, (), buf, role)
+
+        ir = derive(ir, variant, storage)
         ir = run_pipeline(ir)
         stats = CompileStats()
         inst = compile_ir(ir, self.prog, stats, k.arg_names)
@@ -490,6 +563,60 @@ class Engine:
             self.cache_misses += 1
         self.compile_s += time.perf_counter() - t0
         return inst
+
+    def _bind_arrays(self, k: _Kernel, spec: Any) -> tuple[dict[int, _Ndarray], dict]:
+        """The launch's ``arrays`` (``[{"arg", "id", "grad"}]``): the ti.ndarray storage of
+        each ndarray argument the kernel uses, checked against the IR's description of it
+        (dtype, number of axes, element shape, a .grad where it is used), as the local
+        runtime checks an argument before it compiles. Extents come from the storage, and
+        every access is bounds-checked against them."""
+        if not isinstance(spec, list):
+            raise EngineError("launch: 'arrays' must be a list of {arg, id, grad}")
+        bound: dict[int, _Ndarray] = {}
+        grads: dict[int, bool] = {}
+        name = k.name
+        for a in spec:
+            if not isinstance(a, dict) or not isinstance(a.get("arg"), int) or \
+                    not isinstance(a.get("id"), int) or not isinstance(a.get("grad", False),
+                                                                       bool):
+                raise EngineError(f"launch: each of 'arrays' is {{arg, id, grad}}, got {a!r:.80}")
+            arg, fid = a["arg"], a["id"]
+            if arg in bound:
+                raise ArgumentError(f"kernel '{name}': ndarray argument {arg + 1} is bound "
+                                    "twice", kernel=name)
+            if arg not in k.arrays:
+                raise ArgumentError(f"kernel '{name}': argument {arg + 1} is not an ndarray "
+                                    "argument the kernel uses", kernel=name)
+            nd = self.ndarrays.get(fid)
+            if nd is None:
+                what = "a field (fields are captured, not passed)" \
+                    if fid in self.prog.fields else "unknown"
+                raise ArgumentError(f"kernel '{name}': argument {arg + 1} names id {fid}, which "
+                                    f"is not a ti.ndarray of this session ({what})",
+                                    kernel=name)
+            if a.get("grad") and nd.grad is None:
+                raise ArgumentError(f"kernel '{name}': argument {arg + 1} ({nd._label()}) has "
+                                    "no .grad storage", kernel=name)
+            for buf in k.arrays[arg]:
+                esh = tuple(buf.shape[len(buf.shape) - buf.element_ndim:])
+                if buf.dtype != nd.dtype or len(buf.shape) != nd.arr.ndim or \
+                        esh != nd.element_shape:
+                    ndim = len(buf.shape) - buf.element_ndim
+                    raise ArgumentError(
+                        f"kernel '{name}': argument {arg + 1} must be a {ndim}-D ndarray of "
+                        f"{buf.dtype} with element shape {esh}, got {nd._label()}: "
+                        f"{len(nd.shape)}-D {nd.dtype} with element shape "
+                        f"{nd.element_shape}", kernel=name)
+                if buf.key[2] == "grad" and nd.grad is None:
+                    raise ArgumentError(f"kernel '{name}' uses the .grad of argument "
+                                        f"{arg + 1}, but {nd._label()} has none", kernel=name)
+            bound[arg] = nd
+            grads[arg] = bool(a.get("grad"))
+        missing = sorted(set(k.arrays) - set(bound))
+        if missing:
+            raise ArgumentError(f"kernel '{name}': ndarray argument {missing[0] + 1} is not "
+                                "bound (launch 'arrays')", kernel=name)
+        return bound, grads
 
     def op_launch(self, op: dict) -> dict:
         kid = op.get("kernel_id")
@@ -507,18 +634,24 @@ class Engine:
             if not isinstance(a, numbers.Real):
                 raise ArgumentError(f"kernel '{k.name}': arguments must be numbers, got "
                                     f"{a!r:.40}", kernel=k.name)
-        key = (kid, variant, 0 if variant == "primal" else self.epoch)
+        bound, grads = self._bind_arrays(k, op.get("arrays", []))
+        # Derivative variants depend on which storage has a .grad/.dual: the epoch (fields)
+        # and which ndarray arguments have one.
+        key = (kid, variant, 0, ()) if variant == "primal" else \
+            (kid, variant, self.epoch, tuple(sorted(a for a, g in grads.items() if g)))
         inst = self.compiled.get(key)
         if inst is None:
-            inst = self._compile(kid, variant)
+            inst = self._compile(kid, variant, grads)
             if variant != "primal":
-                # Variants compiled before a field gained storage are never used again:
-                # at most one per kernel and variant stays (so kernels x 5 in all).
-                for old in [k for k in self.compiled if k[:2] == key[:2]]:
+                # Variants compiled before a field gained storage are never used again, and
+                # at most 4 ndarray .grad patterns are kept: a bounded number per kernel.
+                same = [c for c in self.compiled if c[:2] == key[:2]]
+                current = [c for c in same if c[2] == key[2]]  # oldest first
+                for old in [c for c in same if c[2] != key[2]] + current[:len(current) - 3]:
                     del self.compiled[old]
             self.compiled[key] = inst
         self.launches += 1
-        result = inst.launch(k.call_args(args))
+        result = inst.launch(k.call_args(args, bound))
         return {"result": jsonable(result)}
 
     # ------------------------------------------------------------------ batches
@@ -726,10 +859,10 @@ class Engine:
 
     # ------------------------------------------------------------------ persistence
     def op_save(self, op: dict) -> dict:
-        """Fields (with companions) and registered kernels to one ``.npz``, so a culled
-        session resumes with its data and its kernel ids intact."""
+        """Fields (with companions), ndarrays (with their .grad) and registered kernels to one
+        ``.npz``, so a culled session resumes with its data and its kernel ids intact."""
         path = Path(self._path(op))
-        meta = {"fields": [], "kernels": [k.data for k in self.kernels.values()]}
+        meta = {"fields": [], "ndarrays": [], "kernels": [k.data for k in self.kernels.values()]}
         arrays: dict[str, np.ndarray] = {}
         for fid, f in self.prog.fields.items():
             roles = [r for r in ROLES if f.companion(r) is not None]
@@ -738,6 +871,13 @@ class Engine:
                                    "roles": roles})
             for r in roles:
                 arrays[f"{fid}_{r}"] = f.companion(r).arr
+        for fid, nd in self.ndarrays.items():
+            meta["ndarrays"].append({"id": fid, "dtype": nd.dtype.name, "shape": list(nd.shape),
+                                     "element_shape": list(nd.element_shape), "name": nd.name,
+                                     "needs_grad": nd.grad is not None})
+            arrays[f"{fid}_primal"] = nd.arr
+            if nd.grad is not None:
+                arrays[f"{fid}_grad"] = nd.grad.arr
         arrays[_SAVE_META] = np.array(json.dumps(meta))
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".save-", suffix=".npz")
@@ -772,6 +912,15 @@ class Engine:
                         raise EngineError(f"load: field {d['id']}.{r} does not match its "
                                           "saved description")
                     np.copyto(dst, src)
+            for d in meta.get("ndarrays", []):
+                self.op_create_field({**d, "ndarray": True})
+                for r in ("primal", "grad") if d["needs_grad"] else ("primal",):
+                    src = npz[f"{d['id']}_{r}"]
+                    dst = self._storage({"id": d["id"], "role": r}).arr
+                    if src.shape != dst.shape or src.dtype != dst.dtype:
+                        raise EngineError(f"load: ndarray {d['id']}.{r} does not match its "
+                                          "saved description")
+                    np.copyto(dst, src)
         for data in meta["kernels"]:
             self.op_register({"ir": data})
         return {}
@@ -784,7 +933,8 @@ class Engine:
         return path
 
     def op_stats(self, op: dict) -> dict:
-        return {"field_bytes": sum(self._field_nbytes(f) for f in self.prog.fields.values()),
+        stored = [*self.prog.fields.values(), *self.ndarrays.values()]
+        return {"field_bytes": sum(self._field_nbytes(f) for f in stored),
                 "kernels": len(self.kernels), "launches": self.launches,
                 "cache_hits": self.cache_hits, "cache_misses": self.cache_misses,
                 "compile_s": self.compile_s}

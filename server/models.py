@@ -58,6 +58,8 @@ class CreateFieldOp(Strict):
     needs_grad: bool = False
     needs_dual: bool = False
     name: str | None = Field(default=None, max_length=200)
+    # A ti.ndarray's storage (bound to kernel arguments by launches), not a field.
+    ndarray: bool = False
 
 
 class CompanionOp(Strict):
@@ -106,11 +108,24 @@ class RegisterOp(Strict):
     ir: dict[str, Any]
 
 
+class ArrayArg(Strict):
+    """A launch's ``ti.types.ndarray()`` argument: kernel argument ``arg`` is the ndarray
+    ``id``; ``grad``: the kernel is compiled with its ``.grad``."""
+
+    arg: Annotated[int, Field(ge=0, lt=1024)]
+    id: FieldId
+    grad: bool = False
+
+
+ArrayArgs = Annotated[list[ArrayArg], Field(max_length=1024)]
+
+
 class LaunchOp(Strict):
     op: Literal["launch"] = "launch"
     kernel_id: KernelId
     variant: Variant = "primal"
     args: list[Number] = Field(default=[], max_length=4096)
+    arrays: ArrayArgs = []
 
 
 class ClearGradsOp(Strict):
@@ -213,6 +228,8 @@ class FieldCreate(Strict):
     needs_grad: bool = False
     needs_dual: bool = False
     name: str | None = Field(default=None, max_length=200)
+    # A ti.ndarray's storage (bound to kernel arguments by launches), not a field.
+    ndarray: bool = False
 
 
 class FieldCreated(BaseModel):
@@ -251,6 +268,7 @@ class KernelRegistered(BaseModel):
 class LaunchBody(Strict):
     variant: Variant = "primal"
     args: list[Number] = Field(default=[], max_length=4096)
+    arrays: ArrayArgs = []
 
 
 class LaunchResult(BaseModel):

@@ -131,7 +131,8 @@ class Tape:
         if loss is not None:
             if isinstance(loss, Field) and loss.shape == ():
                 label = loss._label()
-            elif isinstance(loss, Ndarray) and loss.arr.size == 1:
+            elif isinstance(loss, Ndarray) and \
+                    int(np.prod(loss.shape + loss.element_shape)) == 1:
                 label = "the loss ndarray"
             else:
                 raise DifftapeError("ti.ad.Tape(loss): loss must be a 0-D field (shape=()) or a "

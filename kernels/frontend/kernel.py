@@ -875,6 +875,17 @@ def _written_slots(ir: KernelIR) -> set[int]:
     return out
 
 
+def written_arrays(ir: KernelIR) -> frozenset[int]:
+    """The ndarray arguments (by index) whose data the kernel stores into: what a remote
+    launch copies back into the caller's NumPy array (``difftape.client``)."""
+    out = set()
+    for slot in _written_slots(ir):
+        kind, index, role = ir.buffers[slot].key
+        if kind == "ndarray" and role == "primal":
+            out.add(index)
+    return frozenset(out)
+
+
 def compound_return(rt: MatrixType | StructType, values: list):
     """A kernel's vector/matrix or struct return value from its scalars."""
     if isinstance(rt, StructType):
@@ -998,7 +1009,8 @@ def _ndarray_desc(kernel: str, name: str, ann: NdarrayType, a) -> tuple:
         return (store.dtype, 1, (), False, "unsafe")
     want = ann.dtype
     if isinstance(a, Ndarray):
-        arr, dtype, esh = a.arr, a.dtype, a.element_shape
+        # (its shape, not its .arr: a remote ndarray's storage is on the server)
+        axes, dtype, esh = len(a.shape) + len(a.element_shape), a.dtype, a.element_shape
         if isinstance(want, MatrixType):
             if not _element_matches(want, esh, dtype):
                 what = f"{esh} elements of {dtype}" if esh else f"scalar elements of {dtype}"
@@ -1014,6 +1026,7 @@ def _ndarray_desc(kernel: str, name: str, ann: NdarrayType, a) -> tuple:
         has_grad = a.grad is not None if ann.needs_grad is None else bool(ann.needs_grad)
     elif isinstance(a, np.ndarray):
         arr = a
+        axes = arr.ndim
         try:
             dtype = T.from_numpy(arr.dtype)
         except TypeError as e:
@@ -1052,12 +1065,12 @@ def _ndarray_desc(kernel: str, name: str, ann: NdarrayType, a) -> tuple:
                             f"{a!r:.60}: argument '{name}' must be an array (NumPy, "
                             f"ti.ndarray, or one exporting __dlpack__ or __array_interface__: "
                             f"PyTorch, JAX), got {type(a).__name__}", kernel=kernel)
-    ndim = arr.ndim - len(esh)
+    ndim = axes - len(esh)
     if ann.ndim is not None and ann.ndim != ndim:
         detail = (f"required ndim={ann.ndim}, but {ndim}d ndarray with shape "
-                  f"{arr.shape[:ndim]} is provided" if isinstance(a, Ndarray) else
+                  f"{a.shape} is provided" if isinstance(a, Ndarray) else
                   f"Invalid value for argument {name} - required array has ndim={ann.ndim}, "
-                  f"array with {ndim} dimensions is provided; shape {arr.shape[:ndim]}")
+                  f"array with {ndim} dimensions is provided; shape {a.shape[:ndim]}")
         raise refuse(f"must have ndim={ann.ndim} ({detail})")
     return (dtype, ndim, tuple(esh), has_grad, ann.boundary)
 
@@ -1068,7 +1081,7 @@ def _ndarray_kind(ann: NdarrayType, a) -> tuple | None:
         store = getattr(a, "_triplets", None)
         return ("triplets", store.dtype) if isinstance(store, Ndarray) else None
     if isinstance(a, Ndarray):
-        return (a.dtype, a.element_shape, a.arr.ndim, a.grad is not None)
+        return (a.dtype, a.element_shape, len(a.shape), a.grad is not None)
     if isinstance(a, np.ndarray):
         flags = a.flags
         edim = ann.dtype.ndim if isinstance(ann.dtype, MatrixType) else 0

@@ -33,6 +33,11 @@ class Ndarray(ArrayExchange):
     _python_scope_hint = ("ndarrays cannot be captured by a kernel: pass the ndarray as an "
                           "argument annotated with ti.types.ndarray()")
 
+    def __new__(cls, *args, **kwargs):
+        # arch=ti.remote: the client's subclass of ``cls`` keeps the storage on the server.
+        remote = program.get().remote
+        return object.__new__(remote.ndarray_class(cls) if remote is not None else cls)
+
     def __init__(self, dtype, shape, element_shape=(), needs_grad: bool = False,
                  _arr: np.ndarray | None = None) -> None:
         if isinstance(dtype, MatrixType):
@@ -41,14 +46,17 @@ class Ndarray(ArrayExchange):
         self.dtype = resolve_dtype(dtype)
         self.shape = _check_shape(shape)
         self.element_shape = tuple(int(n) for n in element_shape)
-        self.arr = _arr if _arr is not None else np.zeros(self.shape + self.element_shape,
-                                                          dtype=self.dtype.np)
+        if needs_grad and not self.dtype.is_float:
+            raise KernelRuntimeError(f"{self.dtype} is not supported for ndarray with "
+                                     "`needs_grad=True`: only float ndarrays have gradients")
         self.grad: Ndarray | None = None
+        self._allocate(_arr, needs_grad)
+
+    def _allocate(self, arr: np.ndarray | None, needs_grad: bool) -> None:
+        """Give it storage: ``arr`` (memory it shares) or zeros, and a ``.grad``."""
+        self.arr = arr if arr is not None else np.zeros(self.shape + self.element_shape,
+                                                        dtype=self.dtype.np)
         if needs_grad:
-            if not self.dtype.is_float:
-                raise KernelRuntimeError(f"{self.dtype} is not supported for ndarray with "
-                                         "`needs_grad=True`: only float ndarrays have "
-                                         "gradients")
             self.grad = type(self)._like(self)
 
     @property
@@ -167,7 +175,8 @@ class Ndarray(ArrayExchange):
 
     def _get_element_size(self) -> int:
         """Bytes per element (all components of a vector/matrix element)."""
-        return self.arr.itemsize * int(np.prod(self.element_shape, dtype=np.int64))
+        return np.dtype(self.dtype.np).itemsize * int(np.prod(self.element_shape,
+                                                              dtype=np.int64))
 
     def _get_nelement(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64))

@@ -18,11 +18,12 @@ from the saved inputs first, so interleaved calls of one operator are differenti
 The declared storage and whatever the function writes belong to the operator: other code must
 not change them between a call and its backward (as for a ``ti.ad.Tape``).
 
-Remotely (``arch=ti.remote``; fields only, a ``ti.ndarray`` does not run on the server) the
-same calls queue the inputs, the launches and the clears, and read what they return (all the
-outputs, all the inputs' gradients, the tangents) together at the end (``_values``, through
+Remotely (``arch=ti.remote``) the declared storage lives on the server, fields and
+``ti.ndarray`` alike, so both are copied in and out as fields are here: the same calls queue
+the inputs, the launches and the clears, and read what they return (all the outputs, all the
+inputs' gradients, the tangents) together at the end (``_values``, through
 ``prog.remote.read_fields``): one request per forward, backward, forward-mode or second-order
-call, plus an upload or download for each field too large to ride inside a batch.
+call, plus an upload or download for each array too large to ride inside a batch.
 
 Second order (fields only: ``ti.ndarray`` has no tangent storage) is one forward-mode pass of
 the recorded program and of its adjoint, as ``ti.ad.hvp`` does: given the backward pass
@@ -66,11 +67,17 @@ class DiffProgram:
                 if not s.dtype.is_float or not s.has_grad:
                     raise DifftapeError(f"{self.name}: {what} {k} must be a float field or "
                                         "ndarray with gradient storage (needs_grad=True)")
-        if program.get().remote is not None and any(isinstance(s, Ndarray)
-                                                    for s in self.inputs + self.outputs):
-            raise DifftapeError(f"{self.name}: with arch=ti.remote the declared storage must "
-                                "be fields (ti.field(..., needs_grad=True)): ti.ndarray "
-                                "arguments do not run on the server yet")
+        remote = program.get().remote
+        # Local ndarrays are re-pointed at the caller's memory; storage on a server is
+        # copied in and out (``_copied``).
+        self._remote = remote is not None
+        for s in self.inputs + self.outputs:
+            if remote is not None and isinstance(s, Ndarray) and \
+                    remote.ndarray_class(type(s)) is not type(s):
+                raise DifftapeError(f"{self.name}: under arch=ti.remote the declared storage "
+                                    "must live on the server: make the ti.ndarray after "
+                                    "ti.init(arch=ti.remote) (this one is local memory: made "
+                                    "by an earlier program, or by ti.from_dlpack)")
         self.shapes_in = [_full_shape(s) for s in self.inputs]
         self.shapes_out = [_full_shape(s) for s in self.outputs]
         self.dtypes_in = [np.dtype(s.dtype.np) for s in self.inputs]
@@ -121,18 +128,18 @@ class DiffProgram:
             self._bind_inputs(xs)  # the recording reads the ndarrays' current memory
         tape, self._tape = self._tape, None  # one backward pass per recording
         self._token = None
-        clear_all_gradients()
+        clear_all_gradients()  # (the fields': ndarrays keep theirs, as in Taichi)
         declared = {id(s) for s in self.inputs + self.outputs}
         for entry in tape.entries:  # intermediate ndarrays: their adjoints start at zero
             for a in entry.args:
                 if isinstance(a, Ndarray) and a.grad is not None and id(a) not in declared:
-                    a.grad.arr = np.zeros_like(a.grad.arr)
+                    self._zero_grad(a)
         for s in self.inputs:
             if isinstance(s, Ndarray):
-                s.grad.arr = np.zeros(s.arr.shape, s.arr.dtype)
+                self._zero_grad(s)
         for s, u in zip(self.outputs, us, strict=True):
             u = self._checked(u, s, "cotangent")
-            if isinstance(s, Ndarray):
+            if not self._copied(s):
                 # Copied into a buffer of ours (reused: fresh pages cost more than the copy):
                 # the adjoint of a store zeroes the output's adjoint.
                 buf = self._cotangents.get(id(s))
@@ -143,8 +150,8 @@ class DiffProgram:
             else:
                 s.grad.from_numpy(u)
         _backward(tape)
-        grads = _values([s.grad for s in self.inputs if isinstance(s, Field)], copy=True)
-        return [s.grad.arr if isinstance(s, Ndarray) else grads.pop(0) for s in self.inputs]
+        grads = _values([s.grad for s in self.inputs if self._copied(s)], copy=True)
+        return [grads.pop(0) if self._copied(s) else s.grad.arr for s in self.inputs]
 
     # ------------------------------------------------------------------ forward mode
     def jvp(self, xs: Sequence[np.ndarray], ts: Sequence[np.ndarray | None]
@@ -206,20 +213,20 @@ class DiffProgram:
             raise DifftapeError(f"{self.name} takes {len(self.inputs)} input(s), got {len(xs)}")
         for s, x in zip(self.inputs, xs, strict=True):
             x = self._checked(x, s, "input")
-            if isinstance(s, Ndarray):
-                s.arr = x if x.flags.c_contiguous else np.ascontiguousarray(x)
-            else:
+            if self._copied(s):
                 s.from_numpy(x)
+            else:
+                s.arr = x if x.flags.c_contiguous else np.ascontiguousarray(x)
 
     def _bind_outputs(self, out: Sequence[np.ndarray] | None) -> list[np.ndarray]:
         outs = []
         for k, s in enumerate(self.outputs):
             a = out[k] if out is not None else np.empty(self.shapes_out[k], self.dtypes_out[k])
-            if isinstance(s, Ndarray):
+            if self._copied(s):
+                s.fill(0)
+            else:
                 a[...] = 0
                 s.arr = a
-            else:
-                s.fill(0)
             outs.append(a)
         return outs
 
@@ -227,7 +234,7 @@ class DiffProgram:
                             ) -> list[np.ndarray]:
         """Copy the field outputs into ``outs``; returns copies of the ``extra`` fields'
         values, read in the same request (tangents, under forward mode)."""
-        at = [k for k, s in enumerate(self.outputs) if isinstance(s, Field)]
+        at = [k for k, s in enumerate(self.outputs) if self._copied(s)]
         values = _values([self.outputs[k] for k in at] + list(extra), copy=False)
         for k, v in zip(at, values, strict=False):
             np.copyto(outs[k], v)
@@ -242,6 +249,19 @@ class DiffProgram:
                                 f"{tuple(x.shape)} and dtype {x.dtype}; expected shape {want} "
                                 f"and dtype {np.dtype(s.dtype.np)}")
         return x
+
+    def _copied(self, s) -> bool:
+        """Is ``s`` storage of its own, copied in and out (a field, or anything on a server),
+        rather than a local ndarray re-pointed at the caller's memory?"""
+        return self._remote or not isinstance(s, Ndarray)
+
+    def _zero_grad(self, a: Ndarray) -> None:
+        """Zero an ndarray's adjoint: locally a fresh array (an earlier call's gradient was
+        handed out without a copy), remotely a queued fill."""
+        if self._remote:
+            a.grad.fill(0)
+        else:
+            a.grad.arr = np.zeros_like(a.grad.arr)
 
     def _need_fields(self, what: str) -> None:
         if any(isinstance(s, Ndarray) for s in self.inputs + self.outputs):

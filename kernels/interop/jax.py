@@ -17,7 +17,7 @@ order (JAX cannot transpose a callback, so reverse mode needs ``mode="reverse"``
 Copies: ``pure_callback`` hands the program NumPy arrays and copies its results into JAX
 buffers, so each call copies its outputs once (and field storage its inputs once, as for
 PyTorch). Arrays must have the declared dtype and shape (f64 needs ``jax_enable_x64``).
-Under ``arch=ti.remote`` (field storage) each callback is one request to the server.
+Under ``arch=ti.remote`` (field or ndarray storage) each callback is one request to the server.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ Reverse mode is difftape's Tape (``kernel.grad``), forward mode (``torch.func.jv
 products of ``ti.ad.hvp``); forward mode and second order need fields as the declared storage.
 Tensors must be on the CPU with the declared dtype and shape (no silent casts); ndarray
 storage shares the tensors' memory, field storage is copied (see ``interop/core.py``).
-Under ``arch=ti.remote`` (field storage) the program runs on the server: a call, and its
+Under ``arch=ti.remote`` (field or ndarray storage) the program runs on the server: a call, and its
 backward pass, are one request each.
 The tensors' ``.grad`` are never written by difftape: PyTorch accumulates what the operator
 returns. Under ``torch.compile`` the operator is called eagerly (a graph break): its kernels

@@ -171,10 +171,6 @@ class _Decoder:
         ir = KernelIR(name, self.params(data["params"]), self.buffers(data["buffers"]), [],
                       returns=self.returns(data["returns"]), debug=debug)
         self.ir = ir
-        try:
-            argument_names(ir)
-        except ValueError as e:
-            raise self.fail("buffers", str(e)) from None
         ir.body = self.block(data["body"], "body", 1, ())
         return ir
 
@@ -492,15 +488,16 @@ def argument_names(ir: KernelIR) -> list[str]:
     and ndarray buffers (named ``#k`` for argument k, which no parameter can be called), in
     order: ``compile_ir``'s ``arg_names`` for a decoded kernel, whose Python signature the
     server never sees. Launch arguments then map one to one onto these names (a vector
-    argument is one sequence). Raises ValueError where the two disagree on the positions."""
+    argument is one sequence). An ndarray keeps its position (its buffers name the kernel's
+    argument index); the scalar names fill the other positions in order. Positions left over
+    belong to arguments the IR has no trace of (``ti.template()`` ones, bound when the client
+    built the IR) and are named ``~k``; they take no value."""
     bases: list[str] = []
     for p in ir.params:
         base = p.name.partition("[")[0]
         if not bases or bases[-1] != base:
             bases.append(base)
     arrays = sorted({b.key[1] for b in ir.buffers if b.key[0] == "ndarray"})
-    total = len(bases) + len(arrays)
-    if arrays and arrays[-1] >= total:
-        raise ValueError(f"ndarray argument {arrays[-1]} of a kernel with {total} arguments")
+    total = max(len(bases) + len(arrays), arrays[-1] + 1 if arrays else 0)
     names = iter(bases)
-    return [f"#{k}" if k in arrays else next(names) for k in range(total)]
+    return [f"#{k}" if k in arrays else next(names, f"~{k}") for k in range(total)]

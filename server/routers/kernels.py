@@ -37,6 +37,8 @@ async def launch_kernel(request: Request, user: UserDep, body: LaunchBody, sid: 
     svc = service(request)
     result, _ = await svc.sessions.call(user, sid, {"op": "launch", "kernel_id": kernel_id,
                                                     "variant": body.variant,
-                                                    "args": body.args})
+                                                    "args": body.args,
+                                                    "arrays": [a.model_dump()
+                                                               for a in body.arrays]})
     svc.metrics.launches.labels(body.variant).inc()
     return LaunchResult(result=result.get("result"))

@@ -215,16 +215,96 @@ def test_torch_forward_mode_and_double_backward_remotely(remote):
     same(run_local(program), remote(program))
 
 
-def test_ndarray_storage_is_refused_remotely(remote):
+def _ndarray_storage():
+    """_storage()'s program with ti.ndarray storage, the kernels taking it as arguments
+    (an intermediate ndarray between them)."""
+    x = ti.ndarray(ti.f64, N, needs_grad=True)
+    w = ti.ndarray(ti.f64, N, needs_grad=True)
+    y = ti.ndarray(ti.f64, N, needs_grad=True)
+    s = ti.ndarray(ti.f64, (), needs_grad=True)
+    tmp = ti.ndarray(ti.f64, N, needs_grad=True)
+
+    @ti.kernel
+    def compute(a: ti.types.ndarray(), b: ti.types.ndarray(), o: ti.types.ndarray()):
+        for i in a:
+            o[i] = ti.sin(a[i]) * b[i] * b[i] + a[(i + 1) % N] * b[i]
+
+    @ti.kernel
+    def copy(a: ti.types.ndarray(), o: ti.types.ndarray()):
+        for i in a:
+            o[i] = a[i]
+
+    @ti.kernel
+    def total(a: ti.types.ndarray(), o: ti.types.ndarray()):
+        for i in a:
+            o[None] += a[i] * a[i]
+
+    def program():
+        compute(x, w, tmp)
+        copy(tmp, y)
+        total(tmp, s)
+
+    return program, [x, w], [y, s]
+
+
+def test_ndarray_storage_runs_on_the_server(remote, jax64):
+    """ti.ndarray as the declared storage of a PyTorch operator and of a JAX function: on the
+    server as field storage is, forward and backward one request each, values and gradients
+    equal to the local ones (where the ndarrays share the tensors' memory)."""
+    jax, jnp = jax64, jax64.numpy
+    from difftape.interop.jax import function
     from difftape.interop.torch import operator
 
     def program():
-        x = ti.ndarray(ti.f64, N, needs_grad=True)
-        y = ti.ndarray(ti.f64, N, needs_grad=True)
-        with pytest.raises(ti.DifftapeError, match="must be fields"):
-            operator(lambda: None, inputs=[x], outputs=[y])
+        fn, ins, outs = _ndarray_storage()
+        op = operator(fn, inputs=ins, outputs=outs)
+        a, b = _inputs(0)
+        c, d = _inputs(1)
+        trips = []
+        before = round_trips()
+        y1, s1 = op(a, b)
+        y2, s2 = op(c, d)
+        trips.append(round_trips() - before)
+        before = round_trips()
+        (s2 + y2.sum()).backward()  # the latest call: its recording
+        (s1 * 3).backward()  # an older one: run again from its inputs
+        trips.append(round_trips() - before)
+        f = function(fn, inputs=ins, outputs=outs)
+        value, grads = jax.value_and_grad(lambda p, q: f(p, q)[1], argnums=(0, 1))(
+            jnp.asarray(_np(a)), jnp.asarray(_np(b)))
+        if is_remote():
+            assert trips == [2, 2], trips
+        return [_np(t) for t in (y1, s1, y2, s2, a.grad, b.grad, c.grad, d.grad)] + \
+            [float(value), *(np.asarray(g) for g in grads)]
 
-    remote(program)
+    here = run_local(program)
+    same(here, remote(program))
+    # the right gradient: d/da of s = sum(y^2), y = sin(a) b^2 + roll(a) b
+    a, b = (_np(t) for t in _inputs(0))
+    y = np.sin(a) * b * b + np.roll(a, -1) * b
+    ga = 3 * 2 * y * np.cos(a) * b * b + np.roll(3 * 2 * y * b, 1)
+    np.testing.assert_allclose(here[4], ga, rtol=1e-12)
+
+    def check():  # PyTorch's own check, against the server
+        fn, ins, outs = _ndarray_storage()
+        return torch.autograd.gradcheck(operator(fn, inputs=ins, outputs=outs),
+                                        tuple(_inputs(2)))
+
+    assert remote(check)
+
+
+def test_local_ndarray_storage_is_refused_remotely(remote):
+    from difftape.interop.torch import operator
+
+    x = run_local(lambda: ti.ndarray(ti.f64, N, needs_grad=True))  # local memory
+
+    def program():
+        y = ti.ndarray(ti.f64, N, needs_grad=True)
+        with pytest.raises(ti.DifftapeError, match="must live on the server"):
+            operator(lambda: None, inputs=[x], outputs=[y])
+        return True
+
+    assert remote(program)
 
 
 # ---------------------------------------------------------------------------- JAX

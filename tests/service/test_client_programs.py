@@ -421,20 +421,6 @@ def test_errors_are_the_local_exception_classes(remote):
     assert remote(program)
 
 
-def test_ndarray_arguments_are_refused_remotely(remote):
-    def program():
-        @ti.kernel
-        def scale(a: ti.types.ndarray(), s: ti.f32):
-            for i in range(a.shape[0]):
-                a[i] *= s
-
-        with pytest.raises(ti.ArgumentError, match="not supported with arch=ti.remote"):
-            scale(np.ones(4, np.float32), 2.0)
-        return True
-
-    assert remote(program)
-
-
 def test_long_queues_flush_on_their_own(remote, monkeypatch):
     """Past MAX_QUEUE queued ops the client sends a batch without waiting for a read."""
     from difftape.client import runtime

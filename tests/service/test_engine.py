@@ -207,10 +207,10 @@ def test_register_checks_buffers(engine, local):
     data["buffers"][0][1] = "f64"
     with pytest.raises(DifftapeError):
         e2.execute({"op": "register", "ir": data})
-    # ndarray buffers are refused remotely.
+    # An ndarray buffer's array axes are known only at launch: fixed extents are malformed.
     data = local.ir("poke")
     data["buffers"][0][0] = {"t": ["ndarray", 0, "primal"]}
-    with pytest.raises(DifftapeError):
+    with pytest.raises(DifftapeError, match="an ndarray's array axes are null"):
         e2.execute({"op": "register", "ir": data})
     with pytest.raises(DifftapeError):
         e2.execute({"op": "register", "ir": {"name": "k"}})
@@ -339,3 +339,120 @@ def test_grad_check_needs_its_snapshot(engine, local):
     with pytest.raises(EngineError, match="no such snapshot"):
         engine.execute({"op": "grad_check", "snapshot": 5, "loss": local.loss.id,
                         "fields": [local.x.id], "program": []})
+
+
+# ---------------------------------------------------------------------------- ti.ndarray
+
+def _ndarray_kernel():
+    """A kernel with two templates (a field, a number), an ndarray and a scalar: the
+    ndarray's buffers name argument 2, the scalar is the only param (the templates leave
+    gaps: the IR has no trace of them)."""
+    f = ti.field(ti.f64, shape=3)
+
+    @ti.kernel
+    def mix(t: ti.template(), n: ti.template(),
+            a: ti.types.ndarray(dtype=ti.types.vector(2, ti.f64), ndim=1), s: ti.f64):
+        for i in a:
+            a[i] = a[i] * s + t[i % n]
+
+    arr = np.zeros((4, 2))
+    _, spec = mix._specialize((f, 3, arr, 1.0))
+    return f, serialize.encode(mix.build_ir(program.get(), spec)), mix, arr
+
+
+def test_ndarray_storage_is_bound_by_the_launch(engine, local):
+    f, ir, mix, arr = _ndarray_kernel()
+    engine.execute({"op": "create_field", "id": f.id, "dtype": "f64", "shape": [3]})
+    engine.execute({"op": "create_field", "id": 500, "dtype": "f64", "shape": [4],
+                    "element_shape": [2], "ndarray": True, "needs_grad": True})
+    kid = engine.execute({"op": "register", "ir": ir})[0]["kernel_id"]
+    f.from_numpy(np.array([1.0, 2.0, 3.0]))
+    engine.execute({"op": "set_bytes", "id": f.id, "role": "data",
+                    "b64": base64.b64encode(f.to_numpy().tobytes()).decode()})
+    start = np.arange(8.0).reshape(4, 2)
+    engine.execute({"op": "write", "id": 500, "role": "data", "dtype": "f64", "shape": [4, 2]},
+                   start.tobytes())
+    engine.execute({"op": "launch", "kernel_id": kid, "args": [0.5],
+                    "arrays": [{"arg": 2, "id": 500, "grad": True}]})
+    meta, data = engine.execute({"op": "read", "id": 500, "role": "data"})
+    arr[...] = start
+    mix(f, 3, arr, 0.5)  # local truth
+    assert np.frombuffer(data, np.float64).reshape(4, 2).tobytes() == arr.tobytes()
+    # clear_grads leaves ndarrays alone (as ti.ad.clear_all_gradients does locally)
+    engine.execute({"op": "fill", "id": 500, "role": "grad", "value": 2.0})
+    engine.execute({"op": "clear_grads"})
+    assert engine.execute({"op": "get_item", "id": 500, "role": "grad", "index": [1]}
+                          )[0]["value"] == [2.0, 2.0]
+    with pytest.raises(EngineError, match="data and .grad storage only"):
+        engine.execute({"op": "fill", "id": 500, "role": "dual", "value": 0})
+    launch = {"op": "launch", "kernel_id": kid, "args": [0.5]}
+    refusals = [
+        ([], "not bound"),
+        ([{"arg": 2, "id": f.id}], "not a ti.ndarray of this session"),
+        ([{"arg": 2, "id": 999}], "not a ti.ndarray of this session"),
+        ([{"arg": 1, "id": 500}], "not an ndarray argument"),
+        ([{"arg": 2, "id": 500}, {"arg": 2, "id": 500}], "bound twice"),
+    ]
+    engine.execute({"op": "create_field", "id": 501, "dtype": "f32", "shape": [4],
+                    "element_shape": [2], "ndarray": True})
+    engine.execute({"op": "create_field", "id": 502, "dtype": "f64", "shape": [4],
+                    "element_shape": [3], "ndarray": True})
+    engine.execute({"op": "create_field", "id": 503, "dtype": "f64", "shape": [2, 2],
+                    "element_shape": [2], "ndarray": True})
+    refusals += [([{"arg": 2, "id": i}], "must be a 1-D ndarray of f64 with element shape "
+                                        r"\(2,\)") for i in (501, 502, 503)]
+    refusals.append(([{"arg": 2, "id": 501, "grad": True}], "no .grad storage"))
+    for arrays, match in refusals:
+        with pytest.raises(ArgumentError, match=match):
+            engine.execute({**launch, "arrays": arrays})
+    # ids are one space: an ndarray id is no field and the other way round
+    with pytest.raises(EngineError, match="already a field"):
+        engine.execute({"op": "create_field", "id": f.id, "dtype": "f64", "shape": [3],
+                        "ndarray": True})
+    with pytest.raises(EngineError, match="already a ti.ndarray"):
+        engine.execute({"op": "create_field", "id": 500, "dtype": "f64", "shape": [4]})
+    with pytest.raises(EngineError, match="is a ti.ndarray, not a field"):
+        engine.execute({"op": "companion", "id": 500, "role": "dual"})
+
+
+def test_ndarray_index_out_of_bounds_is_an_error(engine, local):
+    @ti.kernel
+    def poke(a: ti.types.ndarray(dtype=ti.f32, ndim=1), k: ti.i32):
+        a[k] = 1
+
+    _, spec = poke._specialize((np.zeros(2, np.float32), 0))
+    kid = engine.execute({"op": "register", "ir": serialize.encode(
+        poke.build_ir(program.get(), spec))})[0]["kernel_id"]
+    engine.execute({"op": "create_field", "id": 7, "dtype": "f32", "shape": [3],
+                    "ndarray": True})
+    for k in (3, -1):
+        with pytest.raises(KernelAssertionError):
+            engine.execute({"op": "launch", "kernel_id": kid, "args": [k],
+                            "arrays": [{"arg": 0, "id": 7}]})
+    engine.execute({"op": "launch", "kernel_id": kid, "args": [2],
+                    "arrays": [{"arg": 0, "id": 7}]})
+    assert engine.execute({"op": "get_item", "id": 7, "index": [2]})[0]["value"] == 1.0
+
+
+def test_ndarrays_are_saved_and_count_against_the_fields_quota(tmp_path, local):
+    e = Engine(tmp_path / "cache", max_fields=2)
+    e.execute({"op": "create_field", "id": 1, "dtype": "f32", "shape": [2],
+               "ndarray": True, "needs_grad": True, "name": "nd"})
+    e.execute({"op": "fill", "id": 1, "role": "grad", "value": 1.5})
+    e.execute({"op": "set_item", "id": 1, "index": [1], "value": -3})
+    e.execute({"op": "create_field", "id": 2, "dtype": "i32", "shape": [2]})
+    with pytest.raises(DifftapeError, match="fields and ndarrays") as err:
+        e.execute({"op": "create_field", "id": 3, "dtype": "f32", "shape": [2],
+                   "ndarray": True})
+    assert err.value.limit == "fields"
+    assert e.execute({"op": "stats"})[0]["field_bytes"] == 2 * 8 + 8
+    e.execute({"op": "save", "path": str(tmp_path / "s.npz")})
+    e.close()
+    e2 = Engine(tmp_path / "cache")
+    e2.execute({"op": "load", "path": str(tmp_path / "s.npz")})
+    assert e2.execute({"op": "get_bytes", "id": 1})[0]["b64"] == base64.b64encode(
+        np.array([0, -3], np.float32).tobytes()).decode()
+    assert e2.execute({"op": "get_item", "id": 1, "role": "grad", "index": [0]}
+                      )[0]["value"] == 1.5
+    assert 1 in e2.ndarrays and 1 not in e2.prog.fields
+    e2.close()
