@@ -34,7 +34,7 @@ def main(steps: int = 200, remote: bool = False, server: str | None = None,
     with _no_arch_from_environment():
         with _given_or_local_server(server, token) as (url, token):
             there = _simulate(steps, dict(arch="remote", server=url, token=token))
-        here = _simulate(steps, dict(arch=None, debug=True))
+        here = _simulate(steps, dict(arch=None, check_out_of_bound=True))
     _report(there, steps, where=f"on the server at {url}")
     same = np.array_equal(here["x"], there["x"])
     # The gradient scatters with atomics from all threads, so its rounding depends on their

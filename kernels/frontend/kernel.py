@@ -376,7 +376,7 @@ class Kernel:
         returns = bld.return_type if isinstance(bld.return_type, list) else (
             [bld.return_type] if bld.return_type is not None else [])
         return KernelIR(self.name, bld.params, bld.buffers, bld.body, returns=returns,
-                        file=parsed.file, debug=cfg.debug)
+                        file=parsed.file, debug=cfg.debug or cfg.check_out_of_bound)
 
     def _compile(self, prog, args: tuple, spec: tuple, variant: str = "primal") -> CompiledKernel:
         if self._simple and len(args) != len(self.params):

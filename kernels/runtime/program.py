@@ -101,6 +101,7 @@ class Config:
     default_fp: DType = T.f32
     default_ip: DType = T.i32
     debug: bool = False
+    check_out_of_bound: bool = False  # bounds checks alone (debug=True implies them)
     random_seed: int = 0
     cpu_max_num_threads: int = 0
     offline_cache: bool = True
@@ -145,6 +146,7 @@ _DUMP = "it prints Taichi compiler internals that difftape does not have (use pr
 OPTIONS: dict[str, Option] = {
     # acted on
     "debug": Option(bool),
+    "check_out_of_bound": Option(bool),
     "random_seed": Option(int),
     "cpu_max_num_threads": Option(int),
     "offline_cache": Option(bool),
@@ -191,8 +193,6 @@ OPTIONS: dict[str, Option] = {
     "dynamic_index": Option(no_effect="indexing vectors and matrices by runtime values is "
                                       "always supported"),
     "ad_stack_size": Option(no_effect="difftape's autodiff stacks grow as needed"),
-    "check_out_of_bound": Option(no_effect="difftape checks indices under debug=True; pass "
-                                           "that to have out-of-range indices raise"),
     "unrolling_limit": Option(no_effect="difftape unrolls ti.static loops without a limit"),
     "offline_cache_max_size_of_files": Option(no_effect="difftape's cache is not trimmed"),
     "offline_cache_cleaning_policy": Option(no_effect="difftape's cache is not trimmed"),

@@ -355,3 +355,25 @@ def test_options_from_ti_environment_variables(ti, monkeypatch):
 
     poke_inside(6)
     assert y[2] == 1.0
+
+
+@pytest.mark.difftape_only
+def test_check_out_of_bound_checks_indices_without_debug():
+    """Taichi's ``check_out_of_bound=True``: field and ndarray indices are checked (what the
+    server compiles every kernel with), without the rest of ``debug=True`` (asserts,
+    integer-overflow reports)."""
+    import difftape as ti
+
+    ti.init(arch=ti.cpu, check_out_of_bound=True)
+    x = ti.field(ti.i32, shape=4)
+
+    @ti.kernel
+    def poke(i: ti.i32, a: ti.i32):
+        assert a == 0, "asserts need debug=True"
+        x[i] = a
+
+    poke(3, 1)  # the assert is not compiled: it would fail
+    with pytest.raises(ti.KernelAssertionError):
+        poke(4, 0)
+    assert x.to_numpy().tolist() == [0, 0, 0, 1]
+    ti.reset()

@@ -1,5 +1,5 @@
 """Forward mode, second order and Jacobians through the client, bit for bit against local
-runs (``debug=True``, as the server compiles): ``ti.ad.FwdMode``, ``ti.ad.hvp``,
+runs (``check_out_of_bound=True``, as the server compiles): ``ti.ad.FwdMode``, ``ti.ad.hvp``,
 ``ti.ad.hessian``, ``ti.ad.jacobian`` in both modes and ``ti.ad.jvp``/``vjp`` of a Python
 program run unchanged under ``arch=ti.remote``."""
 

@@ -2,7 +2,7 @@
 remote fields as bytes, and ``difftape.interop.torch.operator`` / ``interop.jax.function``
 run their program on the server, forward and backward one request each (counted with
 ``ti.remote_stats()``), with results equal bit for bit to the same program run locally
-(``debug=True``: the server compiles with bounds checks, see test_client_programs.py).
+(``check_out_of_bound=True``: the server compiles with bounds checks, see test_client_programs.py).
 ``examples/torch_controller.py`` trains through the server with the losses of a local run.
 """
 
@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def run_local(program):
-    ti.init(arch=ti.cpu, debug=True, default_fp=ti.f64)
+    ti.init(arch=ti.cpu, check_out_of_bound=True, default_fp=ti.f64)
     try:
         return program()
     finally:
@@ -356,7 +356,7 @@ def test_torch_controller_trains_through_the_server(service):
     bit for bit, and two round trips per physics step (its forward and its backward)."""
     ex = _example()
     iters = 3
-    local = ex.train(iters, debug=True)
+    local = ex.train(iters, check_out_of_bound=True)
     ti.reset()
     remote = ex.train(iters, arch=ti.remote, server=service.url, token=service.tokens["alice"])
     trips = ti.remote_stats()["round_trips"]

@@ -40,7 +40,7 @@ def one_thread_server(tmp_path_factory):
 
 def test_mpm_iteration_remote_matches_local(small_mpm, one_thread_server):
     service = one_thread_server
-    ti.init(arch=ti.cpu, debug=True, cpu_max_num_threads=1)
+    ti.init(arch=ti.cpu, check_out_of_bound=True, cpu_max_num_threads=1)
     try:
         local = diffmpm.measure(ti, small_mpm)
     finally:

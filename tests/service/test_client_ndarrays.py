@@ -1,6 +1,7 @@
 """``ti.types.ndarray()`` arguments through the client (issue 15 item 6, issue 19 items 1, 2
 and 4), against a real server and an in-process engine, compared bit for bit with the same
-programs run locally (``debug=True``, as the server compiles; see test_client_programs.py).
+programs run locally (``check_out_of_bound=True``, as the server compiles; see
+test_client_programs.py).
 
 A ``ti.ndarray`` made under ``arch=ti.remote`` lives on the server (an id, like a field); a
 NumPy array (or a tensor) passed directly is uploaded with the launch and copied back only
@@ -38,7 +39,7 @@ def remote(request):
 
 
 def local(program, **options):
-    ti.init(arch=ti.cpu, debug=True, **options)
+    ti.init(arch=ti.cpu, check_out_of_bound=True, **options)
     try:
         return program()
     finally:
@@ -398,7 +399,7 @@ def test_http_ndarray_storage_launches_and_refusals(alice, session):
     goes on."""
     from .conftest import from_npy, npy, problem
 
-    ti.init(arch=ti.cpu, debug=True)
+    ti.init(arch=ti.cpu, check_out_of_bound=True)
     try:
         @ti.kernel
         def scale(a: ti.types.ndarray(dtype=ti.f32, ndim=1), k: ti.i32, s: ti.f32):

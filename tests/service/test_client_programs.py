@@ -1,13 +1,12 @@
 """Programs run unchanged through the client (``ti.init(arch=ti.remote)``) against a real
 server, compared bit for bit with the same programs run locally.
 
-Truth is the local runtime with ``debug=True``: the server compiles every kernel with bounds
-checks, which can change code layout (FMA contraction, vectorized math) and so the last bit
-of a float; with the checks on both sides the compiled code is the same. Each program also
-runs through an in-process engine (``LocalTransport``), which isolates the client from the
-gateway when something breaks. Sizes keep every parallel loop on one thread, so float
-atomics accumulate in the same order everywhere.
-"""
+Truth is the local runtime with ``check_out_of_bound=True``: the server compiles every kernel
+with bounds checks, which can change code layout (FMA contraction, vectorized math) and so the
+last bit of a float; with the checks on both sides the compiled code is the same. Each program
+also runs through an in-process engine (``LocalTransport``), which isolates the client from the
+gateway when something breaks. Sizes keep every parallel loop on one thread, so float atomics
+accumulate in the same order everywhere."""
 
 import math
 
@@ -24,7 +23,7 @@ SOFT = 1e-2
 
 
 def run_local(program):
-    ti.init(arch=ti.cpu, debug=True)
+    ti.init(arch=ti.cpu, check_out_of_bound=True)
     try:
         return program()
     finally:
@@ -502,7 +501,7 @@ def test_random_seed_reaches_the_server(request, kind):
         finally:
             ti.reset()
 
-    local = draws(arch=ti.cpu, debug=True)
+    local = draws(arch=ti.cpu, check_out_of_bound=True)
     if kind == "http":
         service = request.getfixturevalue("service")
         there = draws(arch=ti.remote, server=service.url, token=service.tokens["alice"])

@@ -15,7 +15,7 @@ from .test_client_programs import same
 
 def run_local(program):
     """The same program locally (bounds checks on, as the server compiles)."""
-    ti.init(arch=ti.cpu, debug=True, default_fp=ti.f64)
+    ti.init(arch=ti.cpu, check_out_of_bound=True, default_fp=ti.f64)
     try:
         return program()
     finally:

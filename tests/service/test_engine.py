@@ -1,12 +1,11 @@
 """The worker-side engine, in process: every op of server/PROTOCOL.md against local truth.
 
-Kernels are built by the local frontend over local fields (what a client does); the engine
-gets fields with the same ids, so the IR's buffers refer to them. Results are compared bit for
-bit with the same kernel run by the local runtime with ``debug=True``: the engine compiles
-every kernel with bounds checks, and checks change code layout (FMA contraction, vectorized
-math), so unchecked local code may differ in the last bit. Sizes are small enough that
-every loop runs on one thread, so float reductions happen in the same order in both.
-"""
+Kernels are built by the local frontend over local fields (what a client does); the engine gets
+fields with the same ids, so the IR's buffers refer to them. Results are compared bit for bit
+with the same kernel run by the local runtime with ``check_out_of_bound=True``: the engine
+compiles every kernel with bounds checks, and checks change code layout (FMA contraction,
+vectorized math), so unchecked local code may differ in the last bit. Sizes are small enough
+that every loop runs on one thread, so float reductions happen in the same order in both."""
 
 import base64
 
@@ -31,7 +30,7 @@ N = 16
 @pytest.fixture
 def local():
     """Local fields and kernels; the IR of each kernel as a client would send it."""
-    ti.init(arch=ti.cpu, debug=True)  # the engine compiles with bounds checks: so does truth
+    ti.init(arch=ti.cpu, check_out_of_bound=True)  # the engine's bounds checks: so does truth
     x = ti.field(ti.f32, shape=N, needs_grad=True)
     v = ti.Vector.field(3, ti.f64, shape=(4, 2), needs_grad=True)
     loss = ti.field(ti.f32, shape=(), needs_grad=True)
