@@ -35,7 +35,8 @@ COPY kernels kernels
 COPY server server
 COPY client client
 # A regular (not editable) install: the package lands in site-packages, /src is left behind.
-RUN /opt/venv/bin/pip install ".[server]"
+# `postgres`: the image can point its gateway at a PostgreSQL database (DIFFTAPE_DATABASE_URL).
+RUN /opt/venv/bin/pip install ".[server,postgres]"
 
 FROM ${CUDA_DEVEL_IMAGE} AS build-cuda
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 DEBIAN_FRONTEND=noninteractive
@@ -53,7 +54,7 @@ COPY pyproject.toml README.md ./
 COPY kernels kernels
 COPY server server
 COPY client client
-RUN /opt/venv/bin/pip install ".[server,cuda]"
+RUN /opt/venv/bin/pip install ".[server,postgres,cuda]"
 
 # The build stage for TARGET (COPY --from cannot expand build arguments; FROM can).
 # hadolint ignore=DL3006
