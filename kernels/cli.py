@@ -79,7 +79,7 @@ def _database(args: argparse.Namespace):
     # Function-level: the server needs the optional `server` extra (FastAPI, uvicorn, ...).
     from .server.db import Database
 
-    return Database(_settings(data_dir=args.data_dir).db_path)
+    return Database(_settings(data_dir=args.data_dir).database)
 
 
 def _token_create(args: argparse.Namespace) -> int:

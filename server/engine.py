@@ -774,7 +774,9 @@ class Engine:
                     np.copyto(dst, src)
         for data in meta["kernels"]:
             self.op_register({"ir": data})
-        return {}
+        # What the gateway records for quotas: the fields as they are now.
+        return {"fields": [{k: d[k] for k in ("id", "dtype", "shape", "element_shape", "roles")}
+                           for d in meta["fields"]]}
 
     @staticmethod
     def _path(op: dict) -> str:

@@ -1,8 +1,17 @@
 """Sessions: which worker runs a user's fields and kernels, and their life cycle.
 
-active -> (idle for the timeout) -> culled (fields saved under the data dir, worker stopped)
--> (any request, or POST .../resume) -> active again; a worker that dies makes its session
-lost (410 SessionLostError), and only that session.
+active -> (idle for the timeout) -> culled (fields saved to the saved-sessions dir, worker
+stopped) -> (any request, or POST .../resume) -> active again; a worker that dies makes its
+session lost (410 SessionLostError), and only that session.
+
+Several gateways may share one database (README "Scale out"): a session's engine runs in the
+gateway that holds it (``sessions.gateway``), requests reaching another gateway are forwarded
+there (``forward.py``), and a culled session is claimed by whichever gateway gets its next
+request. Changed fields are saved (checkpointed) once they are ``checkpoint_s`` old, at an
+idle moment; the database learns that a session changed *before* the change is sent to its
+engine (``dirty``), so when its gateway dies the session resumes elsewhere from its last save
+and, if it had changed since, its next request is told so (410) instead of computing on
+older fields unawares.
 """
 
 from __future__ import annotations
@@ -18,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .db import Database, FieldRecord, User
-from .problems import ProblemError, quota, server_stopping, session_lost
+from .problems import ProblemError, quota, server_stopping, session_lost, session_moved
 from .settings import Settings
 from .worker import Worker, WorkerGone, WorkerPool
 
@@ -32,6 +41,20 @@ def field_nbytes(dtype: str, shape: list[int], element_shape: list[int]) -> int:
     return ITEMSIZE[dtype] * math.prod(shape) * math.prod(element_shape)
 
 
+#: Ops that change nothing a save would hold (kernels are in the database and registered
+#: again on resume), so they do not make a session's saved fields stale.
+KEEPS_FIELDS = frozenset({"read", "get_item", "get_bytes", "stats", "register"})
+
+
+def changes_fields(op: dict) -> bool:
+    """Whether running ``op`` may change the session's fields (conservatively: yes unless
+    it is a read, or a batch of reads)."""
+    name = op.get("op")
+    if name == "batch":
+        return any(changes_fields(o) for o in op.get("ops", ()))
+    return name not in KEEPS_FIELDS
+
+
 @dataclass
 class Live:
     """A session whose worker runs (or is being started) in this gateway."""
@@ -42,6 +65,11 @@ class Live:
     inflight: int = 0
     last_activity: float = field(default_factory=time.time)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # state transitions
+    # Changed since its last save (the database says so too); since when (monotonic).
+    dirty: bool = False
+    dirty_since: float = 0.0
+    saved_path: str | None = None  # its last save, replaced by the next one
+    checkpointing: bool = False
 
 
 class SessionManager:
@@ -51,11 +79,16 @@ class SessionManager:
         self.pool = pool
         self.metrics = metrics
         self.live: dict[str, Live] = {}
-        self._reserved: dict[int, int] = {}  # user -> field bytes being allocated now
-        self._creating: dict[int, int] = {}  # user -> sessions being started now
         self._room = asyncio.Lock()  # worker starts, against the server-wide limit
         self.stopping = False  # a graceful stop began: no new work
-        settings.sessions_dir.mkdir(parents=True, exist_ok=True)
+        # This gateway's id in the database (set by the Service before it serves), and the
+        # monotonic time until which its lease there is certainly held: past it (the
+        # database unreachable, the event loop stalled) it runs no session's op, since
+        # another gateway may be taking its sessions over.
+        self.gateway_id = ""
+        self.lease_deadline = math.inf
+        self._tasks: set[asyncio.Task] = set()
+        settings.saved_dir.mkdir(parents=True, exist_ok=True)
 
     # ------------------------------------------------------------------ lookup
     def row(self, user: User, sid: str):
@@ -76,21 +109,26 @@ class SessionManager:
     async def create(self, user: User) -> str:
         if self.stopping:
             raise server_stopping()
-        n = self.db.count_live_sessions(user.id) + self._creating.get(user.id, 0)
-        if n >= self.settings.quota_sessions:
+        self._check_lease()
+        sid = "s_" + secrets.token_hex(12)
+        # The row first: it holds the user's quota slot (against every gateway's creations)
+        # while the worker starts.
+        n = self.db.insert_session(sid, user.id, self.settings.arch, self.gateway_id,
+                                   self.settings.quota_sessions)
+        if n is not None:
             raise quota("sessions", f"session quota reached: {n} of "
                                     f"{self.settings.quota_sessions} sessions in use")
-        self._creating[user.id] = self._creating.get(user.id, 0) + 1
         try:
             async with self._room:
                 await self._make_room()
                 worker = await self.pool.get()
-                sid = "s_" + secrets.token_hex(12)
-                self.db.insert_session(sid, user.id, self.settings.arch, worker.address)
                 e = self._entry(sid, user.id)
                 e.worker = worker
-        finally:
-            self._creating[user.id] -= 1
+        except BaseException:
+            self.live.pop(sid, None)
+            self.db.remove_session(sid)
+            raise
+        self.db.update_session(sid, worker=worker.address)
         return sid
 
     async def _make_room(self) -> None:
@@ -118,7 +156,8 @@ class SessionManager:
         row = self.row(user, sid)
         # Marked deleted first, so that a request still running on the worker (which is
         # about to fail) does not turn the session into a "lost" one.
-        self.db.update_session(sid, state="deleted", field_bytes=0, worker=None)
+        self.db.update_session(sid, state="deleted", field_bytes=0, worker=None, gateway=None,
+                               dirty=0)
         self.db.drop_fields(sid)
         e = self.live.pop(sid, None)
         self._retire(e)
@@ -158,11 +197,29 @@ class SessionManager:
         if self._fast(user, sid) is None:
             self.row(user, sid)
 
+    def _check_lease(self) -> None:
+        if time.monotonic() > self.lease_deadline:
+            raise ProblemError(503, "this gateway cannot renew its lease in the database, so "
+                                    "it runs no session until it can; try again (another "
+                                    "gateway may take the session over)",
+                               headers={"Retry-After": "2"})
+
+    def reap(self, *, orphans: bool = False) -> list[str]:
+        """Settle what dead gateways held (see ``Database.reap_gateways``)."""
+        problem = {"type": "about:blank", "title": "Session lost", "status": 410,
+                   "detail": "the gateway running the job stopped before it finished",
+                   "difftape_error": "SessionLostError", "kernel": None}
+        return self.db.reap_gateways(self.settings.gateway_lease_s, json.dumps(problem),
+                                     orphans=orphans)
+
     @asynccontextmanager
-    async def use(self, user: User, sid: str):
-        """The session's worker, resumed if culled; counts as activity."""
+    async def use(self, user: User, sid: str, *, changes: bool = True):
+        """The session's worker, resumed if culled (or if the gateway that ran it died);
+        counts as activity. ``changes``: the caller may change fields (the database is told
+        before the first such op after a save)."""
         if self.stopping:
             raise server_stopping()
+        self._check_lease()
         e = self._fast(user, sid)
         if e is None:
             row = self.row(user, sid)
@@ -171,26 +228,44 @@ class SessionManager:
             e = self._entry(sid, user.id)
             async with e.lock:
                 row = self.db.session(sid)  # it may have changed while we waited
+                if row["gateway"] not in (None, self.gateway_id):
+                    # Held elsewhere: settled if that gateway is dead, else it is alive and
+                    # the request should have gone there (it just moved).
+                    self.reap()
+                    row = self.db.session(sid)
                 if row["state"] == "deleted":
                     raise ProblemError(404, f"no session {sid!r}")
                 if row["state"] == "lost":
+                    self.live.pop(sid, None)
                     raise session_lost(f"session {sid} was lost: {row['lost_reason']}")
-                if row["state"] == "culled" or e.worker is None:
-                    await self._resume(e, row)
+                if e.worker is None:
+                    if not self.db.claim_session(sid, self.gateway_id):
+                        self.live.pop(sid, None)
+                        raise session_moved(sid)
+                    await self._resume(e, self.db.session(sid))
                 e.inflight += 1
         else:
             # No await between the check and this increment: culling (which takes e.lock
             # and then looks at inflight) cannot slip in between.
             e.inflight += 1
-        e.last_activity = time.time()
         try:
+            if changes and not e.dirty:
+                # Before the change reaches the engine: a gateway killed after it must not
+                # let the session resume from an older save unawares.
+                if not self.db.update_session(sid, holder=self.gateway_id, dirty=1):
+                    self._drop(e, "the session was taken over by another gateway")
+                    raise session_moved(sid)
+                e.dirty, e.dirty_since = True, time.monotonic()
+            e.last_activity = time.time()
             yield e
         finally:
             e.inflight -= 1
             e.last_activity = time.time()
+            if self._checkpoint_due(e, time.monotonic()) and not e.inflight:
+                self._checkpoint_soon(e)
 
     async def call(self, user: User, sid: str, op: dict, payload=None):
-        async with self.use(user, sid) as e:
+        async with self.use(user, sid, changes=changes_fields(op)) as e:
             return await self.call_live(e, op, payload)
 
     async def call_live(self, e: Live, op: dict, payload=None):
@@ -215,9 +290,26 @@ class SessionManager:
         if row is None or row["state"] == "deleted":
             return
         log.warning("session %s lost: %s", e.sid, reason)
-        self.db.update_session(e.sid, state="lost", lost_reason=reason, worker=None,
-                               field_bytes=0)
-        self.db.drop_fields(e.sid)
+        if self.db.update_session(e.sid, holder=self.gateway_id, state="lost",
+                                  lost_reason=reason, worker=None, gateway=None,
+                                  field_bytes=0, dirty=0):
+            self.db.drop_fields(e.sid)
+
+    def _drop(self, e: Live, reason: str) -> None:
+        """Forget a session this gateway no longer holds (another took it over): stop its
+        worker, save nothing (the database no longer takes this gateway's word for it)."""
+        log.warning("session %s dropped: %s", e.sid, reason)
+        if self.live.get(e.sid) is e:
+            self.live.pop(e.sid)
+            self._retire(e)
+        if e.worker is not None:
+            e.worker.kill()
+            e.worker = None
+
+    def drop_all(self, reason: str) -> None:
+        """This gateway lost its lease (declared dead): every session goes (see _drop)."""
+        for e in list(self.live.values()):
+            self._drop(e, reason)
 
     # ------------------------------------------------------------------ quotas
     def check_batch_size(self, n: int) -> None:
@@ -226,27 +318,32 @@ class SessionManager:
             raise quota("batch_ops", f"{n} ops in one batch or job; at most {limit} (send "
                                      "them in several)")
 
+    def _over_quota(self, used: int, extra: int) -> ProblemError:
+        return quota("field_bytes", f"field memory quota exceeded: {used} bytes in use + "
+                                    f"{extra} requested > {self.settings.quota_field_bytes} "
+                                    "bytes")
+
     def check_field_quota(self, user: User, extra: int) -> None:
-        used = self.db.field_bytes_of(user.id) + self._reserved.get(user.id, 0)
-        limit = self.settings.quota_field_bytes
-        if used + extra > limit:
-            raise quota("field_bytes", f"field memory quota exceeded: {used} bytes in use + "
-                                       f"{extra} requested > {limit} bytes")
+        used = self.db.field_bytes_of(user.id) + self.db.reserved_bytes_of(user.id)
+        if used + extra > self.settings.quota_field_bytes:
+            raise self._over_quota(used, extra)
 
     @contextmanager
     def reserve_fields(self, user: User, extra: int):
-        """Check the quota and hold ``extra`` bytes while the worker allocates them, so that
-        concurrent requests cannot together overrun it; the caller accounts for what was
-        made before the reservation ends."""
+        """Check the quota and hold ``extra`` bytes while the worker allocates them (in the
+        database, so that concurrent requests on any gateways cannot together overrun it);
+        the caller accounts for what was made before the reservation ends."""
         if not extra:
             yield
             return
-        self.check_field_quota(user, extra)
-        self._reserved[user.id] = self._reserved.get(user.id, 0) + extra
+        rid, used = self.db.reserve_bytes(user.id, self.gateway_id, extra,
+                                          self.settings.quota_field_bytes)
+        if rid is None:
+            raise self._over_quota(used, extra)
         try:
             yield
         finally:
-            self._reserved[user.id] -= extra
+            self.db.release_bytes(rid)
 
     def account_fields(self, sid: str, created: dict[int, FieldRecord],
                        companions: list[tuple[int, str]]) -> None:
@@ -311,50 +408,134 @@ class SessionManager:
 
     # ------------------------------------------------------------------ cull / resume
     async def _resume(self, e: Live, row) -> None:
+        """Start a worker for a session this gateway has just claimed: its last save (if
+        any) and its kernels. A session brought back from a save older than its last change
+        (its gateway died) answers this request with a 410 saying so, once."""
         async with self._room:
             await self._make_room()
             worker = await self.pool.get()
             e.worker = worker  # counted by the next _make_room, even before it is loaded
         try:
             timeout = self.settings.kernel_time_limit_s
+            saved = None
             if row["saved_path"]:
-                await worker.call({"op": "load", "path": row["saved_path"]}, timeout=timeout)
+                res, _ = await worker.call({"op": "load", "path": row["saved_path"]},
+                                           timeout=timeout)
+                saved = res.get("fields")
             for k in self.db.kernels_of(e.sid):
                 await worker.call({"op": "register", "ir": json.loads(k["ir"])},
                                   timeout=timeout)
         except (ProblemError, WorkerGone) as err:
             worker.kill()
             e.worker = None
+            self.live.pop(e.sid, None)
             if self.stopping:
                 # The server began to stop meanwhile: the saved session stays as it was
                 # (culled, its save untouched) and resumes after the restart.
+                self.db.update_session(e.sid, holder=self.gateway_id, gateway=None)
                 raise server_stopping() from None
             reason = getattr(err, "detail", None) or getattr(err, "reason", str(err))
-            self.db.update_session(e.sid, state="lost", lost_reason=f"resume failed: {reason}")
-            self.live.pop(e.sid, None)
+            self.db.update_session(e.sid, holder=self.gateway_id, state="lost", gateway=None,
+                                   lost_reason=f"resume failed: {reason}")
             raise session_lost(f"session {e.sid} could not be resumed: {reason}") from None
-        if row["saved_path"]:
-            Path(row["saved_path"]).unlink(missing_ok=True)
-        e.worker = worker
-        # The save is consumed: after a crash the session must not come back with stale data.
-        self.db.update_session(e.sid, state="active", worker=worker.address, saved_path=None)
+        # The engine's fields are the truth now (a save older than the records restores
+        # fewer fields, or other ones).
+        if row["saved_path"] is None:
+            self.db.set_fields(e.sid, {})
+        elif saved is not None:
+            self.db.set_fields(e.sid, {
+                int(f["id"]): FieldRecord(field_nbytes(f["dtype"], f["shape"],
+                                                       f["element_shape"]),
+                                          list(f["shape"]) + list(f["element_shape"]),
+                                          list(f["roles"]))
+                for f in saved})
+        e.worker, e.saved_path, e.dirty = worker, row["saved_path"], False
+        # The save stays until a newer one replaces it: the fields equal it now (not dirty).
+        self.db.update_session(e.sid, holder=self.gateway_id, state="active",
+                               worker=worker.address, dirty=0, rolled_back=0)
         log.info("session %s resumed on %s", e.sid, worker.address)
+        if row["rolled_back"]:
+            when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(row["saved_at"] or 0))
+            raise session_lost(
+                f"session {e.sid} was restored from its fields saved at {when}: the gateway "
+                "running it stopped (killed or crashed) after later changes, which are lost. "
+                "The session works again from that save (this request did not run)")
 
     async def resume(self, user: User, sid: str) -> None:
-        async with self.use(user, sid):
+        async with self.use(user, sid, changes=False):
             pass
 
+    def _checkpoint_due(self, e: Live, now: float) -> bool:
+        every = self.settings.checkpoint_s
+        return bool(every) and e.dirty and now - e.dirty_since >= every
+
+    def _checkpoint_soon(self, e: Live) -> None:
+        if e.checkpointing or self.stopping:
+            return
+        e.checkpointing = True
+
+        async def run() -> None:
+            try:
+                await self._checkpoint(e)
+            except Exception:  # noqa: BLE001 - logged; the next one may succeed
+                log.exception("checkpoint of session %s failed", e.sid)
+            finally:
+                e.checkpointing = False
+
+        task = asyncio.ensure_future(run())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _save(self, e: Live) -> str:
+        """Save the session's fields to a new file (never over the last save, which stays
+        the recovery point until the database names the new one)."""
+        path = str(self.settings.saved_dir / f"{e.sid}-{secrets.token_hex(4)}.npz")
+        await self.call_live(e, {"op": "save", "path": path})
+        return path
+
+    def _saved(self, e: Live, path: str, **cols) -> bool:
+        """Record ``path`` as the session's save (only while this gateway holds it) and
+        remove the save it replaces; False (the new file removed) if it lost the session."""
+        if not self.db.update_session(e.sid, holder=self.gateway_id, saved_path=path,
+                                      saved_at=time.time(), dirty=0, **cols):
+            if path != e.saved_path:
+                Path(path).unlink(missing_ok=True)
+            return False
+        if e.saved_path and e.saved_path != path:
+            Path(e.saved_path).unlink(missing_ok=True)
+        e.saved_path, e.dirty = path, False
+        return True
+
+    async def _checkpoint(self, e: Live) -> None:
+        """Save a running session's changed fields; it goes on running."""
+        async with e.lock:
+            if (e.inflight or e.worker is None or e.worker.gone is not None or not e.dirty
+                    or self.live.get(e.sid) is not e):
+                return
+            try:
+                path = await self._save(e)
+            except ProblemError as p:
+                log.error("could not save session %s: %s", e.sid, p.detail)
+                return
+            if not self._saved(e, path):
+                self._drop(e, "the session was taken over by another gateway")
+
     async def cull_idle(self, now: float | None = None) -> list[str]:
-        """Save and stop sessions idle for longer than the timeout; notice dead workers."""
+        """Save and stop sessions idle for longer than the timeout, save changed fields that
+        are due; notice dead workers."""
         now = now or time.time()
+        mono = time.monotonic()
         culled = []
         for e in list(self.live.values()):
             if e.worker is not None and e.worker.gone is None and not e.worker.proc.is_alive():
                 if not e.worker.lock.locked():
                     self._lose(e, "the session's worker process died")
                 continue
-            if (e.worker is None or e.inflight or e.worker.lock.locked()
-                    or now - e.last_activity < self.settings.idle_session_timeout_s):
+            if e.worker is None or e.inflight or e.worker.lock.locked():
+                continue
+            if now - e.last_activity < self.settings.idle_session_timeout_s:
+                if self._checkpoint_due(e, mono):
+                    await self._checkpoint(e)
                 continue
             async with e.lock:
                 if e.inflight or e.worker is None:
@@ -362,23 +543,32 @@ class SessionManager:
                 await self._save_and_stop(e)
                 culled.append(e.sid)
         for e in self.live.values():
-            self.db.update_session(e.sid, last_activity=e.last_activity)
+            self.db.update_session(e.sid, holder=self.gateway_id,
+                                   last_activity=e.last_activity)
         return culled
 
     async def _save_and_stop(self, e: Live) -> None:
-        path = str(self.settings.sessions_dir / f"{e.sid}.npz")
-        try:
-            await self.call_live(e, {"op": "save", "path": path})
-        except ProblemError as p:
-            log.error("could not save session %s: %s", e.sid, p.detail)
-            return
-        self.db.update_session(e.sid, state="culled", saved_path=path, worker=None,
-                               last_activity=e.last_activity)
+        """Save the session (unless its last save is current), stop its worker and release
+        it: any gateway resumes it on its next request."""
+        path = e.saved_path
+        if e.dirty:
+            try:
+                path = await self._save(e)
+            except ProblemError as p:
+                log.error("could not save session %s: %s", e.sid, p.detail)
+                return
+        release = {"state": "culled", "worker": None, "gateway": None,
+                   "last_activity": e.last_activity}
+        if path is None:  # never changed: it resumes as it began
+            kept = self.db.update_session(e.sid, holder=self.gateway_id, dirty=0, **release)
+        else:
+            kept = self._saved(e, path, **release)
         self._retire(e)
         worker, e.worker = e.worker, None
         await self._stop(worker)
-        log.info("session %s culled after %.0f s idle; fields saved to %s", e.sid,
-                 time.time() - e.last_activity, path)
+        if kept:
+            log.info("session %s saved and stopped after %.0f s idle (%s)", e.sid,
+                     time.time() - e.last_activity, path or "nothing to save")
 
     async def drain(self, run_deadline: float, save_deadline: float) -> None:
         """The graceful stop (``time.monotonic`` deadlines): refuse new work, save every
@@ -419,10 +609,12 @@ class SessionManager:
         await asyncio.wait([task])
 
     async def shutdown(self) -> None:
-        """Save every session so that a restarted server can resume them."""
+        """Save every session so that a restarted server (or another gateway) can resume
+        them."""
         async def save(e: Live) -> None:
             async with e.lock:
-                await self._save_and_stop(e)
+                if e.worker is not None:
+                    await self._save_and_stop(e)
 
         # Concurrently: each session has its own worker, and a container's stop grace period
         # (often 30 s) must cover them all.
@@ -430,10 +622,3 @@ class SessionManager:
                                if e.worker is not None and e.worker.gone is None),
                              return_exceptions=True)
         self.live.clear()
-
-    def recover(self) -> None:
-        """At start-up: sessions the database calls active have no worker any more."""
-        for row in self.db.sessions_in("active"):
-            self.db.update_session(row["id"], state="lost", worker=None, field_bytes=0,
-                                   lost_reason="the server stopped without saving it")
-            self.db.drop_fields(row["id"])

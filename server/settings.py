@@ -89,6 +89,24 @@ class Settings(BaseSettings):
     # One JSON line per request on stderr (user, session, op, status, duration, bytes).
     access_log: bool = True
 
+    # Scale-out (README "Scale out"). The database: SQLite under the data dir unless this
+    # is a postgresql:// URL, which gateways on several machines may share.
+    database_url: str | None = None
+    # Where sessions' saved fields live: a directory every gateway of one database reaches
+    # (a shared file system) when there are several; <data-dir>/sessions by default.
+    sessions_dir: Path | None = None
+    # How other gateways reach this one (requests for the sessions it runs are forwarded
+    # here): http://HOST:PORT from --host/--port unless set (needed with a wildcard bind).
+    gateway_url: str | None = None
+    # A gateway renews its lease in the database every third of this; one whose lease ran
+    # out is dead, and its sessions resume on other gateways from their last save.
+    gateway_lease_s: float = Field(30.0, gt=0)
+    # A session's changed fields are saved (the session keeps running) at its first idle
+    # moment once they are this old, so a gateway that is killed loses at most about this
+    # much of a session's work (then told to the session's next request). 0: only saved
+    # when culled or at a graceful stop.
+    checkpoint_s: float = Field(60.0, ge=0)
+
     @field_validator("arch", mode="before")
     @classmethod
     def _not_remote(cls, v):
@@ -98,6 +116,17 @@ class Settings(BaseSettings):
             raise ValueError("'remote' sends a program's kernels to a server; the server "
                              "itself runs them on 'cpu' or 'cuda': pass --arch cpu or unset "
                              "DIFFTAPE_ARCH for the server")
+        return v
+
+    @field_validator("database_url")
+    @classmethod
+    def _postgres_only(cls, v):
+        """A URL the gateway cannot open is refused at start, not at the first request."""
+        if v in (None, ""):
+            return None
+        if not v.startswith(("postgresql://", "postgres://")):
+            raise ValueError("DIFFTAPE_DATABASE_URL must be a postgresql:// URL (leave it "
+                             "unset for the SQLite database under the data dir)")
         return v
 
     @field_validator("allowed_hosts", "allowed_origins", mode="before")
@@ -115,6 +144,12 @@ class Settings(BaseSettings):
         names = list(self.allowed_hosts)
         if self.host not in ("0.0.0.0", "::", "") and self.host not in names:
             names.append(self.host)
+        if self.gateway_url:  # forwarded requests from other gateways name it
+            from urllib.parse import urlsplit
+
+            name = urlsplit(self.gateway_url).hostname
+            if name and name not in names:
+                names.append(name)
         return names
 
     @property
@@ -123,9 +158,9 @@ class Settings(BaseSettings):
         return self.data_dir / "cache"
 
     @property
-    def sessions_dir(self) -> Path:
-        """Fields of culled sessions."""
-        return self.data_dir / "sessions"
+    def saved_dir(self) -> Path:
+        """Saved sessions' fields (culled, checkpointed, or saved at a stop)."""
+        return self.sessions_dir or self.data_dir / "sessions"
 
     @property
     def workers_dir(self) -> Path:
@@ -135,3 +170,19 @@ class Settings(BaseSettings):
     @property
     def db_path(self) -> Path:
         return self.data_dir / "difftape.sqlite3"
+
+    @property
+    def database(self) -> str | Path:
+        """What ``Database`` opens: the PostgreSQL URL, else the SQLite file."""
+        return self.database_url or self.db_path
+
+    @property
+    def advertised_url(self) -> str | None:
+        """This gateway's address for the others (None: a wildcard bind with no
+        ``gateway_url``, which only a single gateway can do without)."""
+        if self.gateway_url:
+            return self.gateway_url.rstrip("/")
+        if self.host in ("0.0.0.0", "::", ""):
+            return None
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"

@@ -481,8 +481,9 @@ def _third_party_imports(folders) -> set[str]:
 
 
 def test_server_extra_installs_what_the_service_imports():
-    """The image installs `.[server]` (not editable, no dev tools): everything server/ and
-    client/ import must come with that extra, directly or through its dependencies."""
+    """The image installs `.[server,postgres]` (not editable, no dev tools): everything
+    server/ and client/ import must come with those extras, directly or through their
+    dependencies."""
     pytest.importorskip("fastapi", reason="the `server` extra is not installed")
     from importlib import metadata
 
@@ -493,7 +494,8 @@ def test_server_extra_installs_what_the_service_imports():
     # from the installed distributions.
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     closure, todo = set(), [*project["dependencies"],
-                            *project["optional-dependencies"]["server"]]
+                            *project["optional-dependencies"]["server"],
+                            *project["optional-dependencies"]["postgres"]]
     while todo:
         req = Requirement(todo.pop())
         name = canonicalize_name(req.name)
@@ -508,7 +510,7 @@ def test_server_extra_installs_what_the_service_imports():
     for module in sorted(_third_party_imports(["server", "client"])):
         dists = {canonicalize_name(d) for d in provided.get(module, [])}
         assert dists & closure, (f"server/ or client/ imports {module} ({sorted(dists)}), "
-                                 f"which `pip install .[server]` does not bring")
+                                 f"which `pip install .[server,postgres]` does not bring")
 
 
 # ------------------------------------------------------------------------ YAML structure
