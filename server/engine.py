@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import io
 import json
 import numbers
 import os
@@ -47,7 +48,7 @@ from difftape.runtime import program
 ROLES = ("primal", "grad", "dual", "grad_dual", "mark")
 VARIANTS = ("primal", "grad", "fwd", "grad_fwd", "fwd_const")
 #: Ops that carry a binary payload: they cannot be part of a ``batch``.
-PAYLOAD_OPS = ("write", "read")
+PAYLOAD_OPS = ("write", "read", "save", "load")
 _SAVE_META = "__difftape_meta__"
 #: Ops a ``sweep`` or ``grad_check`` program may repeat (nothing that creates or reads).
 PROGRAM_OPS = ("launch", "fill", "set_item", "set_bytes", "clear_grads", "clear_duals")
@@ -652,10 +653,14 @@ class Engine:
         return {"bad": bad}
 
     # ------------------------------------------------------------------ persistence
-    def op_save(self, op: dict) -> dict:
+    def op_save(self, op: dict, payload: None = None) -> tuple[dict, bytes | None]:
         """Fields (with companions) and registered kernels to one ``.npz``, so a culled
-        session resumes with its data and its kernel ids intact."""
-        path = Path(self._path(op))
+        session resumes with its data and its kernel ids intact. With a ``path``, the file is
+        written there (a local worker shares the gateway's disk); without one, the ``.npz``
+        comes back as the payload (a Ray actor on another node: the gateway keeps it)."""
+        if payload:
+            raise EngineError("op 'save' takes no payload")
+        path = Path(self._path(op)) if op.get("path") is not None else None
         meta = {"fields": [], "kernels": [k.data for k in self.kernels.values()]}
         arrays: dict[str, np.ndarray] = {}
         for fid, f in self.prog.fields.items():
@@ -666,6 +671,10 @@ class Engine:
             for r in roles:
                 arrays[f"{fid}_{r}"] = f.companion(r).arr
         arrays[_SAVE_META] = np.array(json.dumps(meta))
+        if path is None:
+            buf = io.BytesIO()
+            np.savez(buf, **arrays)
+            return {}, buf.getbuffer()
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".save-", suffix=".npz")
         try:
@@ -676,14 +685,21 @@ class Engine:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
-        return {}
+        return {}, None
 
-    def op_load(self, op: dict) -> dict:
-        path = self._path(op)
+    def op_load(self, op: dict, payload: bytes | memoryview | None = None
+                ) -> tuple[dict, None]:
+        """The inverse of ``save``: from ``path``, or from the ``.npz`` bytes as payload.
+        Answers ``{"fields": [...]}``, the restored fields as ``create_field`` describes
+        them (with their ``roles``), so that the gateway's records match what came back."""
+        if payload is not None and op.get("path") is not None:
+            raise EngineError("load: give a 'path' or the .npz as payload, not both")
+        where = "the payload" if payload is not None else self._path(op)
         try:
-            npz = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as e:
-            raise EngineError(f"load: cannot read {path}: {e}") from None
+            npz = np.load(io.BytesIO(payload) if payload is not None else where,
+                          allow_pickle=False)
+        except (OSError, ValueError, EOFError) as e:
+            raise EngineError(f"load: cannot read {where}: {e}") from None
         with npz:
             meta = json.loads(str(npz[_SAVE_META]))
             for d in meta["fields"]:
@@ -701,7 +717,7 @@ class Engine:
                     np.copyto(dst, src)
         for data in meta["kernels"]:
             self.op_register({"ir": data})
-        return {}
+        return {"fields": meta["fields"]}, None
 
     @staticmethod
     def _path(op: dict) -> str:
