@@ -11,6 +11,7 @@ import logging
 import sys
 import time
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 
@@ -26,6 +27,9 @@ from .sessions import Live, SessionManager
 from .settings import Settings
 from .worker import SharedBuffer, WorkerGone, WorkerPool, WorkerRegistry, WorkerStats
 
+if TYPE_CHECKING:
+    from .raycluster import RayWorkerPool
+
 log = logging.getLogger("difftape.server")
 
 
@@ -40,16 +44,30 @@ class Service:
         self.metrics = Metrics()
         self.shm_dir = str(settings.shm_dir) if settings.shm_dir else None
         self.registry = WorkerRegistry(settings.workers_dir)
-        self.pool = WorkerPool(settings.engine,
-                               {"cache_dir": str(settings.cache_dir),
-                                "num_threads": settings.worker_threads,
-                                "max_fields": settings.quota_session_fields,
-                                "max_kernels": settings.quota_session_kernels},
-                               spare=settings.spare_workers,
-                               start_timeout=settings.worker_start_timeout_s,
-                               shm_dir=self.shm_dir,
-                               time_limit=settings.kernel_time_limit_s,
-                               registry=self.registry)
+        engine_kwargs = {"cache_dir": str(settings.cache_dir),
+                         "num_threads": settings.worker_threads,
+                         "max_fields": settings.quota_session_fields,
+                         "max_kernels": settings.quota_session_kernels}
+        self.pool: WorkerPool | RayWorkerPool
+        if settings.cluster:
+            # Function-level: Ray is an optional extra, loaded only with a cluster.
+            from .raycluster import RayWorkerPool, connect
+
+            resources = connect(settings.cluster)
+            log.info("sessions run as Ray actors on %s (%s)", settings.cluster,
+                     ", ".join(f"{k} {v:g}" for k, v in sorted(resources.items())
+                               if k in ("CPU", "GPU")))
+            self.pool = RayWorkerPool(
+                settings.engine, {**engine_kwargs, "cache_dir": str(settings.cluster_cache_dir)},
+                spare=settings.spare_workers, start_timeout=settings.worker_start_timeout_s,
+                default_cpus=settings.session_cpus, worker_threads=settings.worker_threads)
+        else:
+            self.pool = WorkerPool(settings.engine, engine_kwargs,
+                                   spare=settings.spare_workers,
+                                   start_timeout=settings.worker_start_timeout_s,
+                                   shm_dir=self.shm_dir,
+                                   time_limit=settings.kernel_time_limit_s,
+                                   registry=self.registry)
         self.sessions = SessionManager(settings, self.db, self.pool, self.metrics)
         self.metrics.sessions = self.sessions
         self.jobs = JobScheduler(settings, self.db, self.sessions, self.metrics)
@@ -63,6 +81,8 @@ class Service:
         self.jobs.start()
         self._tasks.append(asyncio.ensure_future(self._probe()))
         self._tasks.append(asyncio.ensure_future(self._cull_forever()))
+        if self.settings.checkpoint_every:
+            self._tasks.append(asyncio.ensure_future(self._checkpoint_forever()))
 
     @property
     def stopping(self) -> bool:
@@ -93,6 +113,10 @@ class Service:
         await self.sessions.shutdown()
         await self.pool.close()
         self.db.close()
+        if self.settings.cluster:
+            import ray
+
+            ray.shutdown()  # the engine actors this gateway owns end with it
 
     async def _probe(self) -> None:
         """Start a worker once (the spare, if any) so /readyz knows the engine loads."""
@@ -113,6 +137,16 @@ class Service:
                 await self.sessions.cull_idle()
             except Exception:  # noqa: BLE001 - the loop must go on
                 log.exception("culling failed")
+
+    async def _checkpoint_forever(self) -> None:
+        """Save changed sessions' fields every ``checkpoint_every`` seconds at the latest."""
+        every = self.settings.checkpoint_every
+        while True:
+            await asyncio.sleep(max(0.05, min(1.0, every / 4)))
+            try:
+                await self.sessions.checkpoint_due()
+            except Exception:  # noqa: BLE001 - the loop must go on
+                log.exception("checkpointing failed")
 
     # ------------------------------------------------------------------ helpers for routers
     async def refresh_stats(self, live: Live) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from .db import Database, FieldRecord, User
 from .problems import ProblemError, quota, server_stopping, session_lost
 from .settings import Settings
-from .worker import Worker, WorkerGone, WorkerPool
+from .worker import EngineWorker, WorkerGone, WorkerPool
 
 log = logging.getLogger("difftape.server")
 
@@ -38,14 +38,25 @@ class Live:
 
     sid: str
     owner: int
-    worker: Worker | None = None
+    worker: EngineWorker | None = None
     inflight: int = 0
     last_activity: float = field(default_factory=time.time)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # state transitions
+    resources: dict[str, float] | None = None  # what the session asked for (a cluster's)
+    changes: int = 0  # ops that may have changed its fields, counted for checkpoints
+    saved_changes: int = 0  # ``changes`` when the last checkpoint was taken
+    saved_at: float | None = None  # when (time.time()) the last checkpoint was taken
+    dirty_since: float | None = None  # first change after that checkpoint (monotonic)
+
+
+#: Ops that change no field: they do not make a checkpoint due.
+READ_ONLY_OPS = frozenset({"read", "get_item", "get_bytes", "stats", "save"})
 
 
 class SessionManager:
     def __init__(self, settings: Settings, db: Database, pool: WorkerPool, metrics) -> None:
+        """``pool`` is a ``WorkerPool`` (local processes) or a ``RayWorkerPool``: both
+        hand out ``EngineWorker`` handles."""
         self.settings = settings
         self.db = db
         self.pool = pool
@@ -73,9 +84,35 @@ class SessionManager:
         return e
 
     # ------------------------------------------------------------------ create / delete
-    async def create(self, user: User) -> str:
+    def check_resources(self, resources: dict[str, float] | None) -> dict[str, float] | None:
+        """A session's resource request, checked against the server's limits (422 when it
+        exceeds them or cannot be honoured here); None when it asked for nothing."""
+        if not resources:
+            return None
+        cpus, gpus = resources.get("cpus"), resources.get("gpus")
+        if cpus is not None and cpus > self.settings.max_session_cpus:
+            raise ProblemError(422, f"a session may reserve at most "
+                                    f"{self.settings.max_session_cpus:g} CPUs, not {cpus:g}")
+        if gpus:
+            if gpus > self.settings.max_session_gpus:
+                raise ProblemError(422, f"a session may reserve at most "
+                                        f"{self.settings.max_session_gpus:g} GPUs, not {gpus:g}")
+            if gpus > 1 and gpus != int(gpus):
+                raise ProblemError(422, f"GPUs: a fraction of one device (< 1) or whole "
+                                        f"devices, not {gpus:g}")
+            if self.settings.arch != "cuda":
+                raise ProblemError(422, f"this server runs kernels on {self.settings.arch}: a "
+                                        "GPU reserved for the session would sit idle; ask for "
+                                        "CPUs, or use a server run with --arch cuda")
+        self.pool.check(resources)
+        return resources
+
+    async def create(self, user: User, resources: dict[str, float] | None = None) -> str:
+        """Start a session (its engine: a local worker process, or a Ray actor reserving
+        ``resources``); quotas first, then the server-wide worker limit."""
         if self.stopping:
             raise server_stopping()
+        resources = self.check_resources(resources)
         n = self.db.count_live_sessions(user.id) + self._creating.get(user.id, 0)
         if n >= self.settings.quota_sessions:
             raise quota("sessions", f"session quota reached: {n} of "
@@ -84,11 +121,14 @@ class SessionManager:
         try:
             async with self._room:
                 await self._make_room()
-                worker = await self.pool.get()
+                worker = await self.pool.get(resources)
                 sid = "s_" + secrets.token_hex(12)
                 self.db.insert_session(sid, user.id, self.settings.arch, worker.address)
                 e = self._entry(sid, user.id)
                 e.worker = worker
+                e.resources = resources
+                if resources:
+                    self._resources_path(sid).write_text(json.dumps(resources))
         finally:
             self._creating[user.id] -= 1
         return sid
@@ -130,6 +170,19 @@ class SessionManager:
         self.db.drop_kernels(sid)
         if row["saved_path"]:
             Path(row["saved_path"]).unlink(missing_ok=True)
+        self._resources_path(sid).unlink(missing_ok=True)
+
+    def _resources_path(self, sid: str) -> Path:
+        """Where a session's resource request is kept, so that it resumes with the same."""
+        return self.settings.sessions_dir / f"{sid}.resources.json"
+
+    def _resources_of(self, e: Live) -> dict[str, float] | None:
+        if e.resources is None:
+            try:
+                e.resources = json.loads(self._resources_path(e.sid).read_text())
+            except (OSError, ValueError):
+                e.resources = None
+        return e.resources
 
     def _retire(self, e: Live | None) -> None:
         """Move the worker's last reported counters to the retired ones (call it as the
@@ -175,6 +228,11 @@ class SessionManager:
                     raise ProblemError(404, f"no session {sid!r}")
                 if row["state"] == "lost":
                     raise session_lost(f"session {sid} was lost: {row['lost_reason']}")
+                if row["state"] == "culled" and row["lost_reason"]:
+                    # Its engine was lost while no request of its own ran (a checkpoint or
+                    # a cull found it gone): this request is told, the next one resumes it.
+                    self.db.update_session(sid, lost_reason=None)
+                    raise session_lost(f"session {sid} was lost: {row['lost_reason']}")
                 if row["state"] == "culled" or e.worker is None:
                     await self._resume(e, row)
                 e.inflight += 1
@@ -194,17 +252,32 @@ class SessionManager:
             return await self.call_live(e, op, payload)
 
     async def call_live(self, e: Live, op: dict, payload=None):
+        if op.get("op") not in READ_ONLY_OPS:
+            e.changes += 1
+            if e.dirty_since is None:
+                e.dirty_since = time.monotonic()
         try:
             return await e.worker.call(op, payload, timeout=self.settings.kernel_time_limit_s)
         except WorkerGone as g:
-            self._lose(e, g.reason)
-            if g.timeout:
-                raise ProblemError(410, f"session {e.sid} was lost: {g.reason}",
-                                   difftape_error="KernelTimeoutError",
-                                   title="Kernel time limit exceeded") from None
-            raise session_lost(f"session {e.sid} was lost: {g.reason}") from None
+            raise self._gone(e, g) from None
 
-    def _lose(self, e: Live, reason: str) -> None:
+    def _gone(self, e: Live, g: WorkerGone, *, told: bool = True) -> ProblemError:
+        """The 410 for a request whose session's engine was lost (``_lose`` says what
+        becomes of the session). ``told``: the 410 reaches the session's client (not so for
+        the gateway's own saves: its next request is told then)."""
+        resumes = self._lose(e, g.reason)
+        if resumes and told:
+            self.db.update_session(e.sid, lost_reason=None)  # this request is told
+        if g.timeout:
+            return ProblemError(410, f"session {e.sid} was lost: {g.reason}{resumes}",
+                                difftape_error="KernelTimeoutError",
+                                title="Kernel time limit exceeded")
+        return session_lost(f"session {e.sid} was lost: {g.reason}{resumes}")
+
+    def _lose(self, e: Live, reason: str) -> str:
+        """The session's engine is gone: without a checkpoint the session is lost; with one
+        it is marked culled from that checkpoint (so that the next request resumes it, on
+        another node if need be). Returns what the 410 adds about that."""
         if self.live.get(e.sid) is e:
             self.live.pop(e.sid)
             self._retire(e)
@@ -213,11 +286,22 @@ class SessionManager:
             e.worker.kill()
         row = self.db.session(e.sid)
         if row is None or row["state"] == "deleted":
-            return
+            return ""
+        saved = row["saved_path"]
+        if (self.settings.checkpoint_every and saved and not self.stopping
+                and Path(saved).exists()):
+            age = time.time() - (e.saved_at or Path(saved).stat().st_mtime)
+            note = (f"; it resumes on its next request from its fields as saved {age:.1f} s "
+                    f"ago (every change since then is undone)")
+            log.warning("session %s lost its engine: %s%s", e.sid, reason, note)
+            self.db.update_session(e.sid, state="culled", lost_reason=reason + note,
+                                   worker=None)
+            return note
         log.warning("session %s lost: %s", e.sid, reason)
         self.db.update_session(e.sid, state="lost", lost_reason=reason, worker=None,
                                field_bytes=0)
         self.db.drop_fields(e.sid)
+        return ""
 
     # ------------------------------------------------------------------ quotas
     def check_batch_size(self, n: int) -> None:
@@ -313,15 +397,25 @@ class SessionManager:
     async def _resume(self, e: Live, row) -> None:
         async with self._room:
             await self._make_room()
-            worker = await self.pool.get()
+            worker = await self.pool.get(self._resources_of(e))
             e.worker = worker  # counted by the next _make_room, even before it is loaded
+        # A session whose engine was lost comes back from its last checkpoint: kernels
+        # registered after it may name fields it does not have (the client was told, 410).
+        after_loss = bool(self.settings.checkpoint_every)
         try:
             timeout = self.settings.kernel_time_limit_s
             if row["saved_path"]:
-                await worker.call({"op": "load", "path": row["saved_path"]}, timeout=timeout)
+                restored = await worker.load(row["saved_path"], timeout=timeout)
+                self._record_restored(e.sid, row, restored.get("fields", []))
             for k in self.db.kernels_of(e.sid):
-                await worker.call({"op": "register", "ir": json.loads(k["ir"])},
-                                  timeout=timeout)
+                try:
+                    await worker.call({"op": "register", "ir": json.loads(k["ir"])},
+                                      timeout=timeout)
+                except ProblemError as p:
+                    if not after_loss or p.status >= 500:
+                        raise
+                    log.info("session %s: kernel %s not restored: %s", e.sid,
+                             k["kernel_id"], p.detail)
         except (ProblemError, WorkerGone) as err:
             worker.kill()
             e.worker = None
@@ -333,12 +427,34 @@ class SessionManager:
             self.db.update_session(e.sid, state="lost", lost_reason=f"resume failed: {reason}")
             self.live.pop(e.sid, None)
             raise session_lost(f"session {e.sid} could not be resumed: {reason}") from None
-        if row["saved_path"]:
-            Path(row["saved_path"]).unlink(missing_ok=True)
         e.worker = worker
-        # The save is consumed: after a crash the session must not come back with stale data.
-        self.db.update_session(e.sid, state="active", worker=worker.address, saved_path=None)
+        if self.settings.checkpoint_every and row["saved_path"]:
+            # The save is the session's state now: it stays as its first checkpoint.
+            e.changes = e.saved_changes = 0
+            e.saved_at, e.dirty_since = time.time(), None
+            self.db.update_session(e.sid, state="active", worker=worker.address,
+                                   lost_reason=None)
+        else:
+            if row["saved_path"]:
+                Path(row["saved_path"]).unlink(missing_ok=True)
+            # The save is consumed: after a crash the session must not come back with stale
+            # data.
+            self.db.update_session(e.sid, state="active", worker=worker.address,
+                                   saved_path=None, lost_reason=None)
         log.info("session %s resumed on %s", e.sid, worker.address)
+
+    def _record_restored(self, sid: str, row, fields: list[dict]) -> None:
+        """The session's field records (the quota's and the upload shape check's) as the
+        engine restored them: a checkpoint may predate fields the records still list."""
+        records: dict[int, FieldRecord] = {}
+        for d in fields:
+            rec = self.created_record({"dtype": d["dtype"], "shape": d["shape"],
+                                       "element_shape": d["element_shape"]})
+            rec.roles = ["data" if r == "primal" else r for r in d["roles"]]
+            records[int(d["id"])] = rec
+        self.db.drop_fields(sid)
+        total = sum(r.total for r in records.values())
+        self.db.put_fields(sid, records, total - int(row["field_bytes"] or 0))
 
     async def resume(self, user: User, sid: str) -> None:
         async with self.use(user, sid):
@@ -349,7 +465,7 @@ class SessionManager:
         now = now or time.time()
         culled = []
         for e in list(self.live.values()):
-            if e.worker is not None and e.worker.gone is None and not e.worker.proc.is_alive():
+            if e.worker is not None and e.worker.gone is None and not e.worker.alive():
                 if not e.worker.lock.locked():
                     self._lose(e, "the session's worker process died")
                 continue
@@ -365,15 +481,62 @@ class SessionManager:
             self.db.update_session(e.sid, last_activity=e.last_activity)
         return culled
 
-    async def _save_and_stop(self, e: Live) -> None:
-        path = str(self.settings.sessions_dir / f"{e.sid}.npz")
+    def _save_path(self, sid: str) -> str:
+        return str(self.settings.sessions_dir / f"{sid}.npz")
+
+    async def _save(self, e: Live) -> str:
+        """Save the session's fields and kernels where the gateway keeps them (a Ray actor
+        sends them back through the object store); the path. 410 if the engine is gone."""
+        path = self._save_path(e.sid)
         try:
-            await self.call_live(e, {"op": "save", "path": path})
+            await e.worker.save(path, timeout=self.settings.kernel_time_limit_s)
+        except WorkerGone as g:
+            raise self._gone(e, g, told=False) from None
+        return path
+
+    async def checkpoint(self, e: Live) -> bool:
+        """Save a running session that changed since its last checkpoint (``e.lock`` held
+        by the caller, the session idle); True if a checkpoint was taken."""
+        if e.worker is None or e.changes == e.saved_changes:
+            return False
+        changes, started = e.changes, time.time()
+        try:
+            path = await self._save(e)
         except ProblemError as p:
+            log.error("could not checkpoint session %s: %s", e.sid, p.detail)
+            return False
+        e.saved_changes, e.saved_at = changes, started
+        e.dirty_since = None if e.changes == changes else e.dirty_since
+        self.db.update_session(e.sid, saved_path=path)
+        self.metrics.checkpoints.inc()
+        return True
+
+    async def checkpoint_due(self, now: float | None = None) -> list[str]:
+        """Checkpoint every idle session whose first unsaved change is at least
+        ``checkpoint_every`` seconds old (a busy one is checkpointed once its op ends)."""
+        every = self.settings.checkpoint_every
+        if not every or self.stopping:
+            return []
+        now = time.monotonic() if now is None else now
+        done = []
+        for e in list(self.live.values()):
+            if (e.worker is None or e.worker.gone is not None or e.dirty_since is None
+                    or now - e.dirty_since < every or e.worker.lock.locked()
+                    or e.lock.locked()):
+                continue
+            async with e.lock:
+                if e.worker is not None and await self.checkpoint(e):
+                    done.append(e.sid)
+        return done
+
+    async def _save_and_stop(self, e: Live) -> None:
+        try:
+            path = await self._save(e)
+        except ProblemError as p:  # a 410: the session was lost meanwhile (see _lose)
             log.error("could not save session %s: %s", e.sid, p.detail)
             return
         self.db.update_session(e.sid, state="culled", saved_path=path, worker=None,
-                               last_activity=e.last_activity)
+                               last_activity=e.last_activity, lost_reason=None)
         self._retire(e)
         worker, e.worker = e.worker, None
         await self._stop(worker)

@@ -7,6 +7,7 @@ tests (keyword arguments) configure the server the same way, with the same valid
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -82,6 +83,33 @@ class Settings(BaseSettings):
 
     # "module:Class" of the engine run in the workers. An operator setting, never a client's.
     engine: str = "difftape.server.engine:Engine"
+
+    # Run sessions' engines as Ray actors on this cluster instead of local worker processes:
+    # "auto" (the local node's cluster), a GCS address "HOST:PORT", or a Ray client address
+    # "ray://HOST:PORT". None: local worker processes (the default; nothing else changes).
+    cluster: str | None = None
+    # On a cluster, where each node keeps compiled code (its own disk, or a shared directory).
+    cluster_cache_dir: Path = Field(default_factory=lambda: Path(tempfile.gettempdir())
+                                    / "difftape-cache")
+    # CPUs a session's engine actor reserves when its creation asks for none; a session may
+    # ask for up to max_session_cpus / max_session_gpus (fractions share one device).
+    session_cpus: float = Field(1.0, gt=0)
+    max_session_cpus: float = Field(16.0, gt=0)
+    max_session_gpus: float = Field(1.0, ge=0)
+    # A session's fields (and kernels) are saved this many seconds after they changed, at
+    # the latest (while the session is idle; a running operation delays it), so that a
+    # session whose engine dies, or whose node is lost, resumes from that save on another
+    # node: it loses at most this much work. 0: never (the session is lost with its
+    # engine). None: 30 s with a cluster, 0 without one (local workers die only with a bug
+    # or their gateway).
+    checkpoint_interval_s: float | None = Field(None, ge=0)
+
+    @property
+    def checkpoint_every(self) -> float:
+        """The effective checkpoint interval in seconds (0: off)."""
+        if self.checkpoint_interval_s is not None:
+            return self.checkpoint_interval_s
+        return 30.0 if self.cluster else 0.0
 
     # Where the gateway and its workers share memory for large payloads: /dev/shm (or the
     # temp dir without one). When it is full, payloads go through the workers' pipes.

@@ -31,6 +31,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from .problems import ProblemError, engine_problem, server_stopping, session_lost
 
@@ -464,6 +465,33 @@ def _expire(fut: asyncio.Future) -> None:
         fut.set_exception(TimeoutError())
 
 
+class EngineWorker(Protocol):
+    """What the gateway holds for a session's engine: a local worker process (``Worker``) or
+    a Ray actor (``difftape.server.raycluster.RayWorker``). Calls are serialized by ``lock``;
+    ``gone`` is set once the engine is lost (every later call raises it)."""
+
+    lock: asyncio.Lock
+    gone: WorkerGone | None
+    draining: bool
+    current: str | None
+    stats: WorkerStats
+
+    @property
+    def address(self) -> str: ...
+
+    def alive(self) -> bool: ...
+
+    async def call(self, op: dict, payload=None, *, timeout: float) -> tuple[dict, Any]: ...
+
+    async def save(self, path: str, *, timeout: float) -> None: ...
+
+    async def load(self, path: str, *, timeout: float) -> dict: ...
+
+    def kill(self) -> None: ...
+
+    def stop(self, timeout: float = 5.0) -> None: ...
+
+
 class Worker:
     """One engine process; calls are serialized (a session's ops run in order).
 
@@ -497,6 +525,18 @@ class Worker:
     @property
     def address(self) -> str:
         return f"local:{self.pid}"
+
+    def alive(self) -> bool:
+        return self.proc.is_alive()
+
+    async def save(self, path: str, *, timeout: float) -> None:
+        """The session's fields and kernels to ``path`` (the worker shares this disk)."""
+        await self.call({"op": "save", "path": path}, timeout=timeout)
+
+    async def load(self, path: str, *, timeout: float) -> dict:
+        """Restore what ``save`` wrote; ``{"fields": [...]}`` as restored."""
+        result, _ = await self.call({"op": "load", "path": path}, timeout=timeout)
+        return result
 
     def _close_shm(self) -> None:
         if self.shm is not None:
@@ -741,11 +781,20 @@ class WorkerPool:
         except Exception as e:  # noqa: BLE001 - reported through /readyz
             log.error("could not start a spare worker: %s", e)
 
-    async def get(self) -> Worker:
+    def check(self, resources: dict[str, float] | None) -> None:
+        """Sessions of local workers take no resource requests: a request that could not be
+        honoured is refused, not ignored."""
+        if resources:
+            raise ProblemError(422, "this server runs sessions in local worker processes, "
+                                    "which take no 'resources'; run it with --cluster (a Ray "
+                                    "cluster) to place sessions by CPUs and GPUs")
+
+    async def get(self, resources: dict[str, float] | None = None) -> Worker:
         """A ready worker (a spare if one is alive, else a new one)."""
+        self.check(resources)
         while self._ready:
             w = self._ready.pop()
-            if w.proc.is_alive():
+            if w.alive():
                 self._refill_soon()
                 return w
         try:
@@ -764,5 +813,5 @@ class WorkerPool:
         self._ready.clear()
 
 
-__all__ = ["Worker", "WorkerGone", "WorkerPool", "WorkerRegistry", "session_lost",
+__all__ = ["EngineWorker", "Worker", "WorkerGone", "WorkerPool", "WorkerRegistry", "session_lost",
            "worker_main"]
