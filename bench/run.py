@@ -37,6 +37,7 @@ BENCHMARKS = (
     "ad_forward",
     "diffmpm",
     "service_mpm",
+    "service_ray",
 )
 #: Benchmarks that run as cold/warm process pairs over a fresh on-disk cache directory.
 CACHE_BENCHMARKS = frozenset({"compile"})

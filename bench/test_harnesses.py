@@ -246,3 +246,17 @@ def test_suite_end_to_end_detects_each_kind(tmp_path):
     assert [h["test"] for h in a["hangs"]] == ["test_fake.py::test_hang[arch=x64]"]
     assert [c["test"] for c in a["crashes"]] == ["test_fake.py::test_crash[arch=x64]"]
     assert a["totals"]["all"]["taichi_passed"] == 5 and a["totals"]["all"]["passed"] == 2
+
+
+def test_service_ray_runs_at_a_tiny_size():
+    """bench/service_ray.py end to end (a Ray cluster, two gateways) at token sizes: every
+    figure is there and no launch failed."""
+    pytest.importorskip("ray", reason="the Ray extra is not installed")
+    r = subprocess.run([sys.executable, str(BENCH / "service_ray.py"), "--tiny", "--json"],
+                       cwd=BENCH, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert "error" not in out, out.get("traceback")
+    assert out["load"]["errors"] == 0 and out["load"]["clients"] == 2
+    assert out["ratio"] > 0 and out["transfer_ratio"] > 0
+    assert len(out["rows"]) == 10
