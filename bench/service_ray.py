@@ -197,7 +197,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     notes = (f"Ray cluster start {ray_start_s:.1f} s; per-round MPM ratios "
              f"{', '.join(f'{x:.2f}' for x in ratios)}; load average "
              f"{load_avg[0]:.1f}/{load_avg[1]:.1f}/{load_avg[2]:.1f} on {os.cpu_count()} cores; "
-             f"loss local {runs['local'][0]['loss']:.6f} ray {runs['ray'][0]['loss']:.6f}")
+             f"loss local {runs['local'][0]['loss']:.6f} ray {runs['ray'][0]['loss']:.6f}"
+             + (f"; first errors: {load['first_errors']}" if load["errors"] else ""))
     return common.result(NAME, args.backend, seconds=statistics.median(
         r["iteration_s"] for r in runs["ray"]), rows=rows, notes=notes, ratio=ratio,
         ratios=ratios, transfer_ratio=t_ratio, transfer_mib=mb,
