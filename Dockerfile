@@ -46,8 +46,10 @@ COPY server server
 COPY client client
 COPY deploy/image/pip-install.sh /usr/local/bin/pip-install
 # A regular (not editable) install: the package lands in site-packages, /src is left behind.
-# `postgres`: the image can point its gateway at a PostgreSQL database (DIFFTAPE_DATABASE_URL).
-RUN --mount=type=secret,id=pip_ca sh /usr/local/bin/pip-install ".[server,postgres]"
+# `postgres`: the image can point its gateway at a PostgreSQL database (DIFFTAPE_DATABASE_URL);
+# `ray`: its gateway can run sessions on a Ray cluster (--cluster), and it serves as the
+# cluster's node image (deploy/kuberay.yaml).
+RUN --mount=type=secret,id=pip_ca sh /usr/local/bin/pip-install ".[server,postgres,ray]"
 
 FROM ${CUDA_DEVEL_IMAGE} AS build-cuda
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 DEBIAN_FRONTEND=noninteractive
@@ -67,7 +69,7 @@ COPY kernels kernels
 COPY server server
 COPY client client
 COPY deploy/image/pip-install.sh /usr/local/bin/pip-install
-RUN --mount=type=secret,id=pip_ca sh /usr/local/bin/pip-install ".[server,postgres,cuda]"
+RUN --mount=type=secret,id=pip_ca sh /usr/local/bin/pip-install ".[server,postgres,ray,cuda]"
 
 # ---------------------------------------------------------------------------------------------
 # Runtime bases

@@ -38,6 +38,7 @@ BENCHMARKS = (
     "diffmpm",
     "graph",
     "service_mpm",
+    "service_ray",
 )
 #: Benchmarks that run as cold/warm process pairs over a fresh on-disk cache directory.
 CACHE_BENCHMARKS = frozenset({"compile"})

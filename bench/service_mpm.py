@@ -39,7 +39,8 @@ def _free_port() -> int:
 class Server:
     """``python -m difftape.server`` on a free loopback port with a fresh data dir."""
 
-    def __init__(self) -> None:
+    def __init__(self, env: dict[str, str] | None = None) -> None:
+        """``env``: extra DIFFTAPE_* settings (e.g. DIFFTAPE_CLUSTER)."""
         import httpx
 
         from difftape.server.db import Database
@@ -56,7 +57,7 @@ class Server:
         self.log = open(self.data_dir / "server.log", "wb")  # noqa: SIM115
         # No spare workers: a spare started in the background (a Python start-up and an LLVM
         # initialisation) would compete for the CPU with the measurements.
-        env = {**os.environ, "DIFFTAPE_SPARE_WORKERS": "0"}
+        env = {**os.environ, "DIFFTAPE_SPARE_WORKERS": "0", **(env or {})}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "difftape.server", "--port", str(self.port), "--data-dir",
              str(self.data_dir), "--log-level", "warning"],

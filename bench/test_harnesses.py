@@ -261,3 +261,17 @@ def test_graph_benchmark_overhead_graph_runs_every_launch():
     finally:
         ti.reset()
     assert 0 < per_launch < eager
+
+
+def test_service_ray_runs_at_a_tiny_size():
+    """bench/service_ray.py end to end (a Ray cluster, two gateways) at token sizes: every
+    figure is there and no launch failed."""
+    pytest.importorskip("ray", reason="the Ray extra is not installed")
+    r = subprocess.run([sys.executable, str(BENCH / "service_ray.py"), "--tiny", "--json"],
+                       cwd=BENCH, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert "error" not in out, out.get("traceback")
+    assert out["load"]["errors"] == 0 and out["load"]["clients"] == 2
+    assert out["ratio"] > 0 and out["transfer_ratio"] > 0
+    assert len(out["rows"]) == 10

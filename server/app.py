@@ -14,6 +14,7 @@ import secrets
 import sys
 import time
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 
@@ -29,6 +30,9 @@ from .routers import batch, fields, health, jobs, kernels, sessions
 from .sessions import Live, SessionManager
 from .settings import Settings
 from .worker import SharedBuffer, WorkerGone, WorkerPool, WorkerRegistry, WorkerStats
+
+if TYPE_CHECKING:
+    from .raycluster import RayWorkerPool
 
 log = logging.getLogger("difftape.server")
 
@@ -48,16 +52,31 @@ class Service:
         self.metrics = Metrics()
         self.shm_dir = str(settings.shm_dir) if settings.shm_dir else None
         self.registry = WorkerRegistry(settings.workers_dir)
-        self.pool = WorkerPool(settings.engine,
-                               {"cache_dir": str(settings.cache_dir),
-                                "num_threads": settings.worker_threads,
-                                "max_fields": settings.quota_session_fields,
-                                "max_kernels": settings.quota_session_kernels},
-                               spare=settings.spare_workers,
-                               start_timeout=settings.worker_start_timeout_s,
-                               shm_dir=self.shm_dir,
-                               time_limit=settings.kernel_time_limit_s,
-                               registry=self.registry)
+        engine_kwargs = {"cache_dir": str(settings.cache_dir),
+                         "num_threads": settings.worker_threads,
+                         "max_fields": settings.quota_session_fields,
+                         "max_kernels": settings.quota_session_kernels}
+        self.pool: WorkerPool | RayWorkerPool
+        if settings.cluster:
+            # Function-level: Ray is an optional extra, loaded only with a cluster.
+            from .raycluster import RayWorkerPool, connect
+
+            resources = connect(settings.cluster)
+            log.info("sessions run as Ray actors on %s (%s)", settings.cluster,
+                     ", ".join(f"{k} {v:g}" for k, v in sorted(resources.items())
+                               if k in ("CPU", "GPU")))
+            self.pool = RayWorkerPool(
+                settings.engine, {**engine_kwargs, "cache_dir": str(settings.cluster_cache_dir)},
+                spare=settings.spare_workers, start_timeout=settings.worker_start_timeout_s,
+                default_cpus=settings.session_cpus, worker_threads=settings.worker_threads)
+        else:
+            self.pool = WorkerPool(settings.engine, engine_kwargs,
+                                   spare=settings.spare_workers,
+                                   start_timeout=settings.worker_start_timeout_s,
+                                   shm_dir=self.shm_dir,
+                                   time_limit=settings.kernel_time_limit_s,
+                                   registry=self.registry)
+        self.pool.gateway_id = self.gateway_id  # names of Ray actors carry it
         self.sessions = SessionManager(settings, self.db, self.pool, self.metrics)
         self.sessions.gateway_id = self.gateway_id
         self.metrics.sessions = self.sessions
@@ -98,6 +117,7 @@ class Service:
                         " other gateways of its database cannot forward requests to it")
         # What gateways that died held (this data dir's last one's too).
         self.sessions.reap(orphans=True)
+        await self.sessions.reap_engines()
         self.jobs.start()
         self._tasks.append(asyncio.ensure_future(self._probe()))
         self._tasks.append(asyncio.ensure_future(self._cull_forever()))
@@ -124,11 +144,13 @@ class Service:
                     self.sessions.drop_all("this gateway's lease ran out")
                     self.gateway_id = "g_" + secrets.token_hex(8)
                     self.sessions.gateway_id = self.jobs.gateway_id = self.gateway_id
+                    self.pool.gateway_id = self.gateway_id
                     self.db.register_gateway(self.gateway_id, self.settings.advertised_url)
                     os.ftruncate(self._dir_lock, 0)
                     os.pwrite(self._dir_lock, self.gateway_id.encode(), 0)
                     self._renewed()
                 self.sessions.reap()
+                await self.sessions.reap_engines()
             except Exception:  # noqa: BLE001 - the database may come back; keep trying
                 log.exception("renewing the gateway's lease failed")
 
@@ -168,6 +190,10 @@ class Service:
             log.exception("could not record the gateway's stop")
         self.db.close()
         os.close(self._dir_lock)
+        if self.settings.cluster:
+            import ray
+
+            ray.shutdown()  # every session's actor was saved and stopped above
 
     async def _probe(self) -> None:
         """Start a worker once (the spare, if any) so /readyz knows the engine loads."""

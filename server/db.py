@@ -38,6 +38,9 @@ def _token_id() -> str:
     return "tk_" + secrets.token_hex(6)
 
 
+#: Sessions whose engine every gateway reaches by its name (a Ray actor, ``ray:...``).
+_BY_NAME = "substr(COALESCE(worker, ''), 1, 4) = 'ray:'"
+
 #: Why a session is lost when its gateway died with changes it had not saved yet.
 LOST_WITH_GATEWAY = ("the gateway running it stopped (killed or crashed) before its latest "
                      "changes were saved")
@@ -260,8 +263,11 @@ class Database:
         next request on any gateway; brought back from a save older than their last change:
         ``rolled_back``, told to the next request; changed and never saved: ``lost``),
         their unfinished jobs fail with ``problem_json``, their field reservations go, and
-        then their rows. ``orphans`` (at a gateway's start) also settles active sessions and
-        unfinished jobs that name no gateway at all, left by a server of an earlier version.
+        then their rows. Sessions whose engine any gateway reaches by name (a Ray actor,
+        which outlives its gateway) stay active: they only lose their holder, and the next
+        gateway to take them (``adopt_sessions``) goes on with the same engine. ``orphans``
+        (at a gateway's start) also settles active sessions and unfinished jobs that name
+        no gateway at all, left by a server of an earlier version.
         Every gateway runs it at start and with each lease renewal; idempotent. The
         sessions settled."""
         with self.transaction() as tx:
@@ -275,6 +281,8 @@ class Database:
             if orphans:
                 held = f"(gateway IS NULL OR {held})"
             args = tuple(dead)
+            anyhow = held
+            held += f" AND NOT {_BY_NAME}"
             sids = [r["id"] for r in tx.execute(
                 f"SELECT id FROM sessions WHERE {held} AND state = 'active'", args)]
             if sids:
@@ -292,6 +300,9 @@ class Database:
                 # Claimed and not resumed yet, or deleted meanwhile: only the holder goes.
                 tx.execute(f"UPDATE sessions SET gateway = NULL, worker = NULL WHERE {held}",
                            args)
+                tx.execute(f"UPDATE sessions SET gateway = NULL WHERE {anyhow} AND "
+                           f"{_BY_NAME}", args)
+            held = anyhow
             tx.execute(f"UPDATE jobs SET state = 'failed', finished = ?, problem = ? WHERE "
                        f"{held} AND state IN ('queued', 'running')",
                        (time.time(), problem_json, *args))
@@ -301,9 +312,31 @@ class Database:
                            args)
         return sids
 
+    def adopt_sessions(self, gid: str, lease_s: float) -> list[str]:
+        """Take the active sessions whose engine any gateway reaches by name (Ray actors)
+        and that no live gateway holds (theirs died) for ``gid``; their ids."""
+        with self.transaction() as tx:
+            sids = [r["id"] for r in tx.execute(
+                f"SELECT id FROM sessions WHERE state = 'active' AND {_BY_NAME} AND (gateway "
+                "IS NULL OR gateway NOT IN (SELECT id FROM gateways WHERE state = 'live' AND "
+                "heartbeat >= {now} - ?))", (lease_s,))]
+            tx.executemany("UPDATE sessions SET gateway = ?, epoch = epoch + 1 WHERE id = ?",
+                           [(gid, sid) for sid in sids])
+        return sids
+
+    def live_gateways(self, lease_s: float) -> set[str]:
+        return {r["id"] for r in self.execute(
+            "SELECT id FROM gateways WHERE state = 'live' AND heartbeat >= {now} - ?",
+            (lease_s,))}
+
+    def engines_by_name(self) -> set[str]:
+        """The addresses of the engines sessions run on that any gateway reaches by name."""
+        return {r["worker"] for r in self.execute(
+            f"SELECT worker FROM sessions WHERE {_BY_NAME} AND state != 'deleted'")}
+
     # -------------------------------------------------------------- sessions
     def insert_session(self, sid: str, owner: int, arch: str, gateway: str,
-                       limit: int) -> int | None:
+                       limit: int, resources: str | None = None) -> int | None:
         """Insert an active session held by ``gateway`` unless the owner has ``limit`` live
         sessions already (then that count, and nothing inserted): one exclusive
         transaction, so gateways creating sessions at once cannot overrun the quota."""
@@ -314,8 +347,8 @@ class Database:
             if n >= limit:
                 return n
             tx.execute("INSERT INTO sessions (id, owner, arch, state, gateway, created, "
-                       "last_activity) VALUES (?, ?, ?, 'active', ?, ?, ?)",
-                       (sid, owner, arch, gateway, now, now))
+                       "last_activity, resources) VALUES (?, ?, ?, 'active', ?, ?, ?, ?)",
+                       (sid, owner, arch, gateway, now, now, resources))
         return None
 
     def remove_session(self, sid: str) -> None:
@@ -330,9 +363,9 @@ class Database:
         """Where ``owner``'s session ``sid`` runs: ``gateway``, its ``url`` and ``live``
         (1 while that gateway's lease runs); None if there is no such session."""
         rows = self.execute(
-            "SELECT s.gateway, g.url, CASE WHEN g.state = 'live' AND g.heartbeat >= {now} - ? "
-            "THEN 1 ELSE 0 END AS live FROM sessions s LEFT JOIN gateways g ON g.id = "
-            "s.gateway WHERE s.id = ? AND s.owner = ? AND s.state != 'deleted'",
+            "SELECT s.gateway, s.worker, g.url, CASE WHEN g.state = 'live' AND g.heartbeat >= "
+            "{now} - ? THEN 1 ELSE 0 END AS live FROM sessions s LEFT JOIN gateways g ON g.id "
+            "= s.gateway WHERE s.id = ? AND s.owner = ? AND s.state != 'deleted'",
             (lease_s, sid, owner))
         return rows[0] if rows else None
 
@@ -358,9 +391,17 @@ class Database:
     def claim_session(self, sid: str, gateway: str) -> bool:
         """Take a session no gateway holds (saved and stopped), for ``gateway`` to run its
         engine; False if another gateway holds it, or it is lost or deleted."""
-        return self.change("UPDATE sessions SET gateway = ? WHERE id = ? AND state IN "
-                           "('active', 'culled') AND (gateway IS NULL OR gateway = ?)",
-                           (gateway, sid, gateway)) == 1
+        return self.change("UPDATE sessions SET gateway = ?, epoch = epoch + 1 WHERE id = ? "
+                           "AND state IN ('active', 'culled') AND (gateway IS NULL OR "
+                           "gateway = ?)", (gateway, sid, gateway)) == 1
+
+    def take_session(self, sid: str, gateway: str, worker: str) -> bool:
+        """Take an active session whose engine any gateway reaches by name (``worker``, a
+        Ray actor) for ``gateway``, from whichever gateway held it, live or not: its epoch
+        goes up, so the engine refuses the former holder's calls from now on. False if
+        it no longer runs on that engine (culled, lost, deleted, or resumed elsewhere)."""
+        return self.change("UPDATE sessions SET gateway = ?, epoch = epoch + 1 WHERE id = ? "
+                           "AND state = 'active' AND worker = ?", (gateway, sid, worker)) == 1
 
     def count_live_sessions(self, owner: int) -> int:
         return int(self.execute("SELECT COUNT(*) AS n FROM sessions WHERE owner = ? AND state "
@@ -450,6 +491,9 @@ class Database:
 
     def kernels_of(self, sid: str) -> list:
         return self.execute("SELECT kernel_id, ir FROM kernels WHERE session = ?", (sid,))
+
+    def drop_kernel(self, sid: str, kernel_id: str) -> None:
+        self.execute("DELETE FROM kernels WHERE session = ? AND kernel_id = ?", (sid, kernel_id))
 
     def drop_kernels(self, sid: str) -> None:
         self.execute("DELETE FROM kernels WHERE session = ?", (sid,))

@@ -8,6 +8,10 @@ one more hop on the local network, against moving the session (saving and loadin
 fields) each time the load balancer changes its mind. A request for a session no live
 gateway holds is served here: the session resumes in this gateway from its last save.
 
+A session whose engine is a Ray actor (``server/raycluster.py``) is reachable by name from
+every gateway: its requests are never forwarded; the gateway that gets one takes the session
+over (``SessionManager.use``) and calls the actor itself.
+
 Only requests that need the engine are forwarded (``/v1/sessions/{sid}/...`` and a running
 job's ``/v1/jobs/{id}...``); users, lists, session and finished job records are in the
 database every gateway reads. The user's own ``Authorization`` travels with the request, so
@@ -27,6 +31,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .middleware import _problem
 from .problems import request_id
+from .worker import reachable_by_name
 
 log = logging.getLogger("difftape.server")
 
@@ -68,6 +73,8 @@ class ForwardMiddleware:
             if e is not None and e.worker is not None:
                 return None  # the hot path: a session running here costs no statement
             row = svc.db.session_holder(m.group(1), user.id, lease)
+            if row is not None and reachable_by_name(row["worker"]):
+                return None  # a Ray actor: this gateway takes the session, calls it itself
         elif (m := _JOB.match(path)) is not None:
             if (user.id, m.group(1)) in svc.jobs.active:
                 return None

@@ -7,6 +7,7 @@ tests (keyword arguments) configure the server the same way, with the same valid
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -83,6 +84,18 @@ class Settings(BaseSettings):
     # "module:Class" of the engine run in the workers. An operator setting, never a client's.
     engine: str = "difftape.server.engine:Engine"
 
+    # Run sessions' engines as Ray actors on this cluster instead of local worker processes:
+    # "auto" (the local node's cluster), a GCS address "HOST:PORT", or a Ray client address
+    # "ray://HOST:PORT". None: local worker processes (the default; nothing else changes).
+    cluster: str | None = None
+    # On a cluster, where each node keeps compiled code (its own disk, or a shared directory).
+    cluster_cache_dir: Path = Field(default_factory=lambda: Path(tempfile.gettempdir())
+                                    / "difftape-cache")
+    # CPUs a session's engine actor reserves when its creation asks for none; a session may
+    # ask for up to max_session_cpus / max_session_gpus (fractions share one device).
+    session_cpus: float = Field(1.0, gt=0)
+    max_session_cpus: float = Field(16.0, gt=0)
+    max_session_gpus: float = Field(1.0, ge=0)
     # Where the gateway and its workers share memory for large payloads: /dev/shm (or the
     # temp dir without one). When it is full, payloads go through the workers' pipes.
     shm_dir: Path | None = None
@@ -101,10 +114,11 @@ class Settings(BaseSettings):
     # A gateway renews its lease in the database every third of this; one whose lease ran
     # out is dead, and its sessions resume on other gateways from their last save.
     gateway_lease_s: float = Field(30.0, gt=0)
-    # A session's changed fields are saved (the session keeps running) at its first idle
-    # moment once they are this old, so a gateway that is killed loses at most about this
-    # much of a session's work (then told to the session's next request). 0: only saved
-    # when culled or at a graceful stop.
+    # A session's changed fields are saved (checkpointed; the session keeps running) at its
+    # first idle moment once they are this old, so that a session whose engine is lost (a
+    # worker process or Ray actor killed, its node lost, its gateway killed) loses at most
+    # about this much work: it resumes from that save on its next request, on any gateway
+    # and node, and is told so once (410). 0: saved only when culled or at a graceful stop.
     checkpoint_s: float = Field(60.0, ge=0)
 
     @field_validator("arch", mode="before")

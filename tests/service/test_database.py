@@ -228,6 +228,47 @@ def test_a_dead_gateways_sessions_jobs_and_reservations_are_settled(db_target):
     db.close()
 
 
+def test_sessions_on_ray_actors_outlive_their_gateway(db_target):
+    """A session whose engine is a named Ray actor (any gateway reaches it) is taken over by
+    whichever gateway gets its request, the epoch going up each time, and keeps its engine
+    when its gateway dies: the reap leaves it active with no holder (not culled, not lost)
+    and a gateway with a cluster adopts it. Its resources are in its row."""
+    db = Database(db_target)
+    (uid,) = _users(db, "ida")
+    db.register_gateway("g_a", "http://127.0.0.1:1")
+    db.register_gateway("g_b", "http://127.0.0.1:2")
+    actor = "ray:difftape/difftape-g_a-0123"
+    assert db.insert_session("s_ray", uid, "cpu", "g_a", limit=4, resources='{"cpus": 1.5}') \
+        is None
+    db.update_session("s_ray", worker=actor, dirty=1)
+    assert db.session("s_ray")["resources"] == '{"cpus": 1.5}'
+    assert db.session("s_ray")["epoch"] == 0
+    # Taken over from a live gateway (no forwarding for actors): B holds it, epoch 1, and
+    # A's word no longer counts.
+    assert db.take_session("s_ray", "g_b", actor)
+    row = db.session("s_ray")
+    assert (row["gateway"], row["epoch"], row["dirty"]) == ("g_b", 1, 1)
+    assert not db.update_session("s_ray", holder="g_a", dirty=0)
+    assert not db.take_session("s_ray", "g_a", "ray:difftape/another-actor")
+    assert db.engines_by_name() == {actor}
+    # B dies: the reap settles nothing of the actor's session but its holder.
+    time.sleep(1.2)
+    assert db.renew_gateway("g_a")
+    assert db.reap_gateways(1.0, "{}") == []
+    row = db.session("s_ray")
+    assert (row["state"], row["gateway"], row["worker"], row["dirty"]) == \
+        ("active", None, actor, 1)
+    assert db.live_gateways(1.0) == {"g_a"}
+    assert db.adopt_sessions("g_a", 1.0) == ["s_ray"]
+    row = db.session("s_ray")
+    assert (row["gateway"], row["epoch"]) == ("g_a", 2)
+    assert db.adopt_sessions("g_a", 1.0) == []  # held by a live gateway now
+    # Culled (saved and stopped): no longer on that actor, so not taken over.
+    db.update_session("s_ray", holder="g_a", state="culled", worker=None, gateway=None)
+    assert not db.take_session("s_ray", "g_b", actor)
+    db.close()
+
+
 def test_the_gateway_before_on_a_data_dir_is_dead_at_once(db_target):
     """A gateway starting on a data dir names the one that ran there before (its lock on
     the dir was free, so it is gone): its sessions are settled without waiting for its

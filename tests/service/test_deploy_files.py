@@ -481,9 +481,9 @@ def _third_party_imports(folders) -> set[str]:
 
 
 def test_server_extra_installs_what_the_service_imports():
-    """The image installs `.[server,postgres]` (not editable, no dev tools): everything
-    server/ and client/ import must come with those extras, directly or through their
-    dependencies."""
+    """The image installs `.[server,...]` (the extras its CPU build stage names; not editable,
+    no dev tools): everything server/ and client/ import must come with those extras,
+    directly or through their dependencies."""
     pytest.importorskip("fastapi", reason="the `server` extra is not installed")
     from importlib import metadata
 
@@ -493,9 +493,12 @@ def test_server_extra_installs_what_the_service_imports():
     # The first level from pyproject.toml itself (installed metadata may be older), the rest
     # from the installed distributions.
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    (extras,) = re.findall(r'pip-install "\.\[([a-z,]+)\]"\n\nFROM \$\{CUDA_DEVEL_IMAGE\}',
+                           (ROOT / "Dockerfile").read_text())
+    assert "server" in extras.split(",")
     closure, todo = set(), [*project["dependencies"],
-                            *project["optional-dependencies"]["server"],
-                            *project["optional-dependencies"]["postgres"]]
+                            *(r for x in extras.split(",")
+                              for r in project["optional-dependencies"][x])]
     while todo:
         req = Requirement(todo.pop())
         name = canonicalize_name(req.name)
@@ -510,7 +513,7 @@ def test_server_extra_installs_what_the_service_imports():
     for module in sorted(_third_party_imports(["server", "client"])):
         dists = {canonicalize_name(d) for d in provided.get(module, [])}
         assert dists & closure, (f"server/ or client/ imports {module} ({sorted(dists)}), "
-                                 f"which `pip install .[server,postgres]` does not bring")
+                                 f"which `pip install .[{extras}]` does not bring")
 
 
 # ------------------------------------------------------------------------ YAML structure
