@@ -68,7 +68,8 @@ class Service:
             self.pool = RayWorkerPool(
                 settings.engine, {**engine_kwargs, "cache_dir": str(settings.cluster_cache_dir)},
                 spare=settings.spare_workers, start_timeout=settings.worker_start_timeout_s,
-                default_cpus=settings.session_cpus, worker_threads=settings.worker_threads)
+                default_cpus=settings.session_cpus, default_gpus=settings.session_gpus,
+                worker_threads=settings.worker_threads)
         else:
             self.pool = WorkerPool(settings.engine, engine_kwargs,
                                    spare=settings.spare_workers,
@@ -76,7 +77,8 @@ class Service:
                                    shm_dir=self.shm_dir,
                                    time_limit=settings.kernel_time_limit_s,
                                    registry=self.registry)
-        self.pool.gateway_id = self.gateway_id  # names of Ray actors carry it
+        # Names of Ray actors carry them (RayWorkerPool.reap).
+        self.pool.gateway_id, self.pool.instance = self.gateway_id, self.db.instance()
         self.sessions = SessionManager(settings, self.db, self.pool, self.metrics)
         self.sessions.gateway_id = self.gateway_id
         self.metrics.sessions = self.sessions

@@ -324,6 +324,11 @@ class Database:
                            [(gid, sid) for sid in sids])
         return sids
 
+    def instance(self) -> str:
+        """This database's id (hex): every gateway of it reads the same one."""
+        rows = self.execute("SELECT value FROM counters WHERE name = 'instance'")
+        return f"{int(rows[0]['value']):012x}"
+
     def live_gateways(self, lease_s: float) -> set[str]:
         return {r["id"] for r in self.execute(
             "SELECT id FROM gateways WHERE state = 'live' AND heartbeat >= {now} - ?",

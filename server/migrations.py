@@ -161,21 +161,24 @@ SHARED_GATEWAYS = (
     "INSERT INTO counters (name, value) VALUES ('tokens', 0)",
 )
 
-ENGINES_BY_NAME = (
+def _engines_by_name(tx: Transaction) -> None:
     # What a session asked its engine to reserve on a cluster (JSON: {"cpus", "gpus"}), so
     # that it resumes with the same on any gateway; NULL: the defaults.
-    "ALTER TABLE sessions ADD COLUMN resources TEXT",
+    tx.execute("ALTER TABLE sessions ADD COLUMN resources TEXT")
     # How many times a gateway took the session (created, resumed or took it over): an
     # engine every gateway reaches (a Ray actor) refuses calls with an older epoch.
-    "ALTER TABLE sessions ADD COLUMN epoch BIGINT NOT NULL DEFAULT 0",
-)
+    tx.execute("ALTER TABLE sessions ADD COLUMN epoch BIGINT NOT NULL DEFAULT 0")
+    # This database's own id: the names of the Ray actors its gateways start carry it, so
+    # that gateways of another database on the same cluster never take them for their own.
+    tx.execute("INSERT INTO counters (name, value) VALUES ('instance', ?)",
+               (secrets.randbits(47),))
 
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema", INITIAL),
     Migration(2, "tokens table replaces users.token_sha256", _tokens_out_of_users),
     Migration(3, "fields table replaces sessions.fields", _fields_out_of_sessions),
     Migration(4, "gateways sharing one database", SHARED_GATEWAYS),
-    Migration(5, "session resources and epochs (engines on a Ray cluster)", ENGINES_BY_NAME),
+    Migration(5, "session resources and epochs (engines on a Ray cluster)", _engines_by_name),
 )
 
 LATEST = MIGRATIONS[-1].version

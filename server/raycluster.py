@@ -246,12 +246,13 @@ class RayWorkerPool:
     ``WorkerPool`` keeps processes."""
 
     def __init__(self, engine_spec: str, engine_kwargs: dict, spare: int,
-                 start_timeout: float, *, default_cpus: float, worker_threads: int) -> None:
+                 start_timeout: float, *, default_cpus: float, default_gpus: float = 0.0,
+                 worker_threads: int) -> None:
         self.engine_spec = engine_spec
         self.engine_kwargs = engine_kwargs
         self.spare = spare
         self.start_timeout = start_timeout
-        self.default = {"cpus": float(default_cpus), "gpus": 0.0}
+        self.default = {"cpus": float(default_cpus), "gpus": float(default_gpus)}
         self.worker_threads = worker_threads
         self._ready: list[RayWorker] = []
         self._filling: asyncio.Task | None = None
@@ -259,7 +260,8 @@ class RayWorkerPool:
         self.started_ok = False
         self.start_error: str | None = None
         self._actor_cls = None
-        self.gateway_id = "g_"  # this gateway's id, set by the Service
+        self.gateway_id = "g_"  # this gateway's id, and its database's: set by the Service
+        self.instance = "0"
 
     def resources(self, asked: dict[str, float] | None) -> dict[str, float]:
         """The session's resources: what it asked, over the defaults."""
@@ -273,8 +275,9 @@ class RayWorkerPool:
         kwargs = dict(self.engine_kwargs)
         # As many program threads as CPUs reserved: more would take other actors' cores.
         kwargs["num_threads"] = self.worker_threads or max(1, math.floor(cpus))
-        # The starting gateway's id in the name: what ``reap`` needs once that gateway is gone.
-        name = f"difftape-{self.gateway_id}-{secrets.token_hex(8)}"
+        # The database's id and the starting gateway's in the name: what ``reap`` needs once
+        # that gateway is gone (and only for this database's gateways).
+        name = f"difftape-{self.instance}-{self.gateway_id}-{secrets.token_hex(8)}"
         actor = self._actor_cls.options(
             name=name, namespace=NAMESPACE, num_cpus=cpus, num_gpus=resources["gpus"],
             max_restarts=0, max_task_retries=0, scheduling_strategy="SPREAD",
@@ -353,16 +356,18 @@ class RayWorkerPool:
         return RayWorker(actor, name, self.resources(resources))
 
     def reap(self, gateway: str, live_gateways: set[str], in_use: set[str]) -> list[str]:
-        """Kill the engine actors that gateways no longer alive started and that no session
-        names (spares, or a session's start cut short by its gateway's death): detached
-        actors outlive the gateway that started them. The names killed."""
+        """Kill the engine actors that gateways of this database no longer alive started
+        and that no session names (spares, or a session's start cut short by its gateway's
+        death): detached actors outlive the gateway that started them. Actors of another
+        database's gateways on the same cluster are not this one's to judge. The names
+        killed."""
         ray = _ray()
         killed = []
         for a in ray.util.list_named_actors(all_namespaces=True):
             name = a["name"]
-            owner = name.split("-")[1] if name.count("-") >= 2 else None
-            if (a["namespace"] != NAMESPACE or owner is None or owner == gateway
-                    or owner in live_gateways or name in in_use):
+            parts = name.split("-")
+            if (a["namespace"] != NAMESPACE or len(parts) != 4 or parts[1] != self.instance
+                    or parts[2] in (gateway, *live_gateways) or name in in_use):
                 continue
             try:
                 ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)

@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
@@ -94,6 +94,9 @@ class Settings(BaseSettings):
     # CPUs a session's engine actor reserves when its creation asks for none; a session may
     # ask for up to max_session_cpus / max_session_gpus (fractions share one device).
     session_cpus: float = Field(1.0, gt=0)
+    # GPUs (a fraction shares one device) a session's actor reserves when it asks for none:
+    # on a GPU cluster (--arch cuda) every session needs one to run its kernels.
+    session_gpus: float = Field(0.0, ge=0)
     max_session_cpus: float = Field(16.0, gt=0)
     max_session_gpus: float = Field(1.0, ge=0)
     # Where the gateway and its workers share memory for large payloads: /dev/shm (or the
@@ -131,6 +134,15 @@ class Settings(BaseSettings):
                              "itself runs them on 'cpu' or 'cuda': pass --arch cpu or unset "
                              "DIFFTAPE_ARCH for the server")
         return v
+
+    @model_validator(mode="after")
+    def _gpus_need_cuda(self):
+        """A default GPU reservation on a CPU server would hold devices no kernel uses."""
+        if self.session_gpus and self.arch != "cuda":
+            raise ValueError(f"DIFFTAPE_SESSION_GPUS={self.session_gpus:g} reserves GPUs for "
+                             f"sessions whose kernels run on {self.arch}: set --arch cuda, or "
+                             "leave it 0")
+        return self
 
     @field_validator("database_url")
     @classmethod

@@ -7,7 +7,9 @@ connected to it.
 * a node removed while a kernel runs on it: every session it held gets 410
   (SessionLostError), and only those; they resume on the other node from their last
   checkpoint; the other sessions' results are unaffected bit for bit;
-* concurrent clients, each on its own session, with no error.
+* two gateways on one PostgreSQL database reach the same actors by name (no forwarding, no
+  save or load when a session changes gateway, none lost when its gateway is killed);
+* concurrent clients, each on its own session, with no error (``-m bench``).
 
 Ray's start-up costs ~10-20 s on this 2-core machine: one cluster and one gateway serve the
 whole module.
@@ -15,6 +17,7 @@ whole module.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -111,8 +114,17 @@ def _actor_info(server, sid: str) -> dict:
     return ray.get(actor.ready.remote(), timeout=60)
 
 
-@pytest.mark.parametrize("program", [nbody, tape_gradient, kernel_grad, forward_mode,
-                                     array_transfers], ids=lambda p: p.__name__)
+# The same programs run bit for bit through the local-worker gateway in
+# test_client_programs.py; through Ray, three of them (fields and kernels, forward mode,
+# arrays both ways) are in the default run, the rest with ``-m bench`` (each one is ~15 s of
+# this module's ~3 minutes on two cores).
+_THROUGH_THE_CLUSTER_TOO = pytest.mark.bench
+
+
+@pytest.mark.parametrize("program", [
+    nbody, forward_mode, array_transfers,
+    pytest.param(tape_gradient, marks=_THROUGH_THE_CLUSTER_TOO),
+    pytest.param(kernel_grad, marks=_THROUGH_THE_CLUSTER_TOO)], ids=lambda p: p.__name__)
 def test_ray_backed_gateway_is_bit_for_bit_local(ray_server, program):
     truth = run_local(program)
     ti.init(arch=ti.remote, server=ray_server.url, token=ray_server.tokens["alice"])
@@ -133,6 +145,10 @@ def test_sessions_are_named_actors_with_their_resources(ray_server):
                 (worker,) = db.execute("SELECT worker FROM sessions WHERE id = ?",
                                        (sid,)).fetchone()
             assert worker.startswith("ray:difftape/difftape-")
+            with ray_server.db() as db:  # kept in its row: it resumes with the same
+                (res,) = db.execute("SELECT resources FROM sessions WHERE id = ?",
+                                    (sid,)).fetchone()
+            assert json.loads(res) == {"cpus": 1.5}
             name = worker.split("/")[1]
             actors = [a for a in ray.util.list_named_actors(all_namespaces=True)
                       if a["name"] == name]
@@ -233,6 +249,7 @@ def test_a_lost_node_costs_only_its_sessions(ray_server, ray_cluster, kernels):
         num_cpus=2, object_store_memory=80 * 2**20, node_ip_address="127.0.0.1"))
 
 
+@pytest.mark.bench  # bench/service_ray.py measures 20 clients x 200 launches (0 errors)
 def test_concurrent_clients(ray_server, kernels):
     """A small version of bench/service_ray.py's 20 clients x 200 launches."""
     n_clients, n_launches = 4, 25
@@ -258,6 +275,62 @@ def test_concurrent_clients(ray_server, kernels):
         want.append(float(s))
     for got in results:
         np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_two_gateways_reach_the_same_actors(ray_cluster, pg_url, tmp_path, kernels):
+    """Two gateways on one PostgreSQL database and one cluster. A session's actor is reached
+    by name from either: a request through B is served by B itself (not forwarded: B takes
+    the session, the same actor, its epoch goes up), A's next request takes it back, and no
+    request fails or loses a change. SIGKILL the gateway that holds it: the other goes on
+    with the same actor and its fields as they were, though nothing was ever saved
+    (checkpoints off: a session that had to come back from a save would be lost)."""
+    from .test_scale_out import _gateway_id, _row
+
+    settings = {"cluster": ray_cluster.address, "database_url": pg_url,
+                "sessions_dir": tmp_path / "saved", "session_cpus": 0.5, "spare_workers": 0,
+                "worker_threads": 1, "checkpoint_s": 0, "gateway_lease_s": 3,
+                "cluster_cache_dir": tmp_path / "node-cache"}
+    a = start_server(tmp_path / "a", users=("alice",), **settings)
+    b = None
+    try:
+        b = start_server(tmp_path / "b", users=(), tokens=a.tokens, **settings)
+        ca, cb = a.client("alice"), b.client("alice")
+        sid = ca.post("/v1/sessions", json={}).json()["session_id"]
+        ids = setup_session(ca, sid, kernels, "double")
+        x = np.linspace(-1, 2, kernels.n, dtype=np.float32)
+        put(ca, sid, kernels.x.id, x)
+        first = _row(pg_url, sid)
+        assert first["gateway"] == _gateway_id(a) and first["worker"].startswith("ray:")
+        launch(cb, sid, ids["double"])  # through B: B takes it, same actor
+        row = _row(pg_url, sid)
+        assert row["gateway"] == _gateway_id(b) and row["worker"] == first["worker"]
+        assert row["epoch"] > first["epoch"]
+        np.testing.assert_array_equal(get(cb, sid, kernels.y.id), 2 * x)
+        put(ca, sid, kernels.x.id, x + 1)  # A's call is refused by the actor, A takes it back
+        assert _row(pg_url, sid)["gateway"] == _gateway_id(a)
+        np.testing.assert_array_equal(get(cb, sid, kernels.x.id), x + 1)
+        launch(ca, sid, ids["double"])
+        holder = _row(pg_url, sid)
+        assert holder["gateway"] == _gateway_id(a) and holder["saved_path"] is None
+        a.proc.kill()  # the holder dies; its actor does not
+        a.proc.wait()
+        np.testing.assert_array_equal(get(cb, sid, kernels.y.id), 2 * (x + 1))
+        launch(cb, sid, ids["double"])
+        row = _row(pg_url, sid)
+        assert (row["state"], row["gateway"], row["worker"]) == \
+            ("active", _gateway_id(b), first["worker"])
+        name = first["worker"].rpartition("/")[2]
+        assert cb.delete(f"/v1/sessions/{sid}").status_code == 204
+        deadline = time.monotonic() + 30
+        while any(x["name"] == name for x in ray.util.list_named_actors(all_namespaces=True)):
+            assert time.monotonic() < deadline, "the deleted session's actor still runs"
+            time.sleep(0.2)
+        ca.close()
+        cb.close()
+    finally:
+        a.stop()
+        if b is not None:
+            b.stop()
 
 
 # ---------------------------------------------------------------------------- helpers
