@@ -39,8 +39,10 @@ def _free_port() -> int:
 class Server:
     """``python -m difftape.server`` on a free loopback port with a fresh data dir."""
 
-    def __init__(self, env: dict[str, str] | None = None) -> None:
-        """``env``: extra DIFFTAPE_* settings (e.g. DIFFTAPE_CLUSTER)."""
+    def __init__(self, env: dict[str, str] | None = None, users: int = 1) -> None:
+        """``env``: extra DIFFTAPE_* settings (e.g. DIFFTAPE_CLUSTER); ``users``: how many
+        users (``tokens``, one each; ``token`` is the first's). Concurrent clients are
+        several users, as in a lab: one user's sessions are capped by its quota."""
         import httpx
 
         from difftape.server.db import Database
@@ -50,7 +52,9 @@ class Server:
         settings = Settings(data_dir=self.data_dir)
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         db = Database(settings.db_path)
-        self.token = db.create_user("bench")
+        self.tokens = [db.create_user("bench" if i == 0 else f"bench{i}")
+                       for i in range(users)]
+        self.token = self.tokens[0]
         db.close()
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"

@@ -273,5 +273,6 @@ def test_service_ray_runs_at_a_tiny_size():
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert "error" not in out, out.get("traceback")
     assert out["load"]["errors"] == 0 and out["load"]["clients"] == 2
+    assert out["load"]["done"] == 2 * out["load"]["launches"]
     assert out["ratio"] > 0 and out["transfer_ratio"] > 0
-    assert len(out["rows"]) == 10
+    assert len(out["rows"]) == 11
