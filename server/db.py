@@ -378,10 +378,6 @@ class Database:
         return self.execute("SELECT * FROM sessions WHERE owner = ? AND state != 'deleted' "
                             "ORDER BY created", (owner,))
 
-    def sessions_in(self, *states: str) -> list:
-        marks = ",".join("?" * len(states))
-        return self.execute(f"SELECT * FROM sessions WHERE state IN ({marks})", states)
-
     def update_session(self, sid: str, *, holder: str | None = None, **cols) -> bool:
         """Set columns of the session; with ``holder``, only while that gateway holds it
         (a gateway that lost a session, e.g. declared dead while stalled, changes nothing).
