@@ -137,11 +137,15 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _gpus_need_cuda(self):
-        """A default GPU reservation on a CPU server would hold devices no kernel uses."""
+        """A default GPU reservation on a CPU server would hold devices no kernel uses, and
+        without a cluster nothing would reserve it: refused, not ignored."""
         if self.session_gpus and self.arch != "cuda":
             raise ValueError(f"DIFFTAPE_SESSION_GPUS={self.session_gpus:g} reserves GPUs for "
                              f"sessions whose kernels run on {self.arch}: set --arch cuda, or "
                              "leave it 0")
+        if self.session_gpus and not self.cluster:
+            raise ValueError("DIFFTAPE_SESSION_GPUS is what a session's Ray actor reserves: "
+                             "it needs --cluster (local worker processes reserve nothing)")
         return self
 
     @field_validator("database_url")

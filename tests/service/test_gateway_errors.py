@@ -113,8 +113,11 @@ def test_default_gpus_for_sessions_need_a_cuda_server():
     from difftape.server.settings import Settings
 
     with pytest.raises(ValidationError, match="set --arch cuda"):
-        Settings(_env_file=None, session_gpus=0.5)
-    assert Settings(_env_file=None, session_gpus=0.5, arch="cuda").session_gpus == 0.5
+        Settings(_env_file=None, session_gpus=0.5, cluster="auto")
+    with pytest.raises(ValidationError, match="needs --cluster"):
+        Settings(_env_file=None, session_gpus=0.5, arch="cuda")
+    assert Settings(_env_file=None, session_gpus=0.5, arch="cuda",
+                    cluster="auto").session_gpus == 0.5
 
 
 def test_internal_errors_are_problems_too(tmp_path):
