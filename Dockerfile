@@ -46,7 +46,10 @@ COPY server server
 COPY client client
 COPY deploy/image/pip-install.sh /usr/local/bin/pip-install
 # A regular (not editable) install: the package lands in site-packages, /src is left behind.
-RUN --mount=type=secret,id=pip_ca sh /usr/local/bin/pip-install ".[server]"
+# `postgres`: the image can point its gateway at a PostgreSQL database (DIFFTAPE_DATABASE_URL);
+# `ray`: its gateway can run sessions on a Ray cluster (--cluster), and it serves as the
+# cluster's node image (deploy/kuberay.yaml).
+RUN --mount=type=secret,id=pip_ca sh /usr/local/bin/pip-install ".[server,postgres,ray]"
 
 FROM ${CUDA_DEVEL_IMAGE} AS build-cuda
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 DEBIAN_FRONTEND=noninteractive
@@ -66,7 +69,7 @@ COPY kernels kernels
 COPY server server
 COPY client client
 COPY deploy/image/pip-install.sh /usr/local/bin/pip-install
-RUN --mount=type=secret,id=pip_ca sh /usr/local/bin/pip-install ".[server,cuda]"
+RUN --mount=type=secret,id=pip_ca sh /usr/local/bin/pip-install ".[server,postgres,ray,cuda]"
 
 # ---------------------------------------------------------------------------------------------
 # Runtime bases

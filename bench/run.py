@@ -39,6 +39,7 @@ BENCHMARKS = (
     "graph",
     "busy",
     "service_mpm",
+    "service_ray",
 )
 #: Benchmarks that run as cold/warm process pairs over a fresh on-disk cache directory.
 CACHE_BENCHMARKS = frozenset({"compile"})

@@ -39,7 +39,10 @@ def _free_port() -> int:
 class Server:
     """``python -m difftape.server`` on a free loopback port with a fresh data dir."""
 
-    def __init__(self) -> None:
+    def __init__(self, env: dict[str, str] | None = None, users: int = 1) -> None:
+        """``env``: extra DIFFTAPE_* settings (e.g. DIFFTAPE_CLUSTER); ``users``: how many
+        users (``tokens``, one each; ``token`` is the first's). Concurrent clients are
+        several users, as in a lab: one user's sessions are capped by its quota."""
         import httpx
 
         from difftape.server.db import Database
@@ -49,14 +52,16 @@ class Server:
         settings = Settings(data_dir=self.data_dir)
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         db = Database(settings.db_path)
-        self.token = db.create_user("bench")
+        self.tokens = [db.create_user("bench" if i == 0 else f"bench{i}")
+                       for i in range(users)]
+        self.token = self.tokens[0]
         db.close()
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(self.data_dir / "server.log", "wb")  # noqa: SIM115
         # No spare workers: a spare started in the background (a Python start-up and an LLVM
         # initialisation) would compete for the CPU with the measurements.
-        env = {**os.environ, "DIFFTAPE_SPARE_WORKERS": "0"}
+        env = {**os.environ, "DIFFTAPE_SPARE_WORKERS": "0", **(env or {})}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "difftape.server", "--port", str(self.port), "--data-dir",
              str(self.data_dir), "--log-level", "warning"],

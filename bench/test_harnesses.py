@@ -293,3 +293,18 @@ def test_busy_runs_the_same_iterations_on_taichi():
     loss = [float(o["notes"].split("loss=")[1].split(";")[0]) for o in (ours, theirs)]
     assert loss[0] == pytest.approx(loss[1], rel=1e-4)
     assert [r["label"] for r in ours["rows"]] == [r["label"] for r in theirs["rows"]]
+
+
+def test_service_ray_runs_at_a_tiny_size():
+    """bench/service_ray.py end to end (a Ray cluster, two gateways) at token sizes: every
+    figure is there and no launch failed."""
+    pytest.importorskip("ray", reason="the Ray extra is not installed")
+    r = subprocess.run([sys.executable, str(BENCH / "service_ray.py"), "--tiny", "--json"],
+                       cwd=BENCH, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert "error" not in out, out.get("traceback")
+    assert out["load"]["errors"] == 0 and out["load"]["clients"] == 2
+    assert out["load"]["done"] == 2 * out["load"]["launches"]
+    assert out["ratio"] > 0 and out["transfer_ratio"] > 0
+    assert len(out["rows"]) == 11

@@ -60,12 +60,13 @@ class _CliError(Exception):
 def _serve(args: argparse.Namespace) -> int:
     # Flags override DIFFTAPE_* environment variables; unset flags leave them in charge.
     settings = _settings(host=args.host, port=args.port, arch=args.arch,
-                         data_dir=args.data_dir)
+                         data_dir=args.data_dir, cluster=args.cluster)
     # Function-level: the server needs the optional `server` extra (FastAPI, uvicorn, ...).
     from .server.app import serve
 
+    where = f", sessions on the Ray cluster {settings.cluster}" if settings.cluster else ""
     print(f"difftape server on http://{settings.host}:{settings.port} "
-          f"(arch {settings.arch}, data {settings.data_dir})", flush=True)
+          f"(arch {settings.arch}, data {settings.data_dir}{where})", flush=True)
     try:
         serve(settings, log_level=args.log_level, access_log=args.access_log)
     except KeyboardInterrupt:
@@ -79,7 +80,7 @@ def _database(args: argparse.Namespace):
     # Function-level: the server needs the optional `server` extra (FastAPI, uvicorn, ...).
     from .server.db import Database
 
-    return Database(_settings(data_dir=args.data_dir).db_path)
+    return Database(_settings(data_dir=args.data_dir).database)
 
 
 def _token_create(args: argparse.Namespace) -> int:
@@ -177,6 +178,10 @@ def parser() -> argparse.ArgumentParser:
                    help="where kernels run (default cpu; DIFFTAPE_ARCH)")
     s.add_argument("--data-dir", help="database, compiled-code cache and saved sessions "
                                       "(DIFFTAPE_DATA_DIR)")
+    s.add_argument("--cluster", metavar="ADDRESS",
+                   help="run sessions' engines as Ray actors on this cluster: ray://HOST:PORT, "
+                        "HOST:PORT (its GCS) or auto (needs the 'ray' extra; "
+                        "DIFFTAPE_CLUSTER)")
     s.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"],
                    help="uvicorn's log level (default info)")

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import io
 import json
 import numbers
 import os
-import tempfile
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -51,7 +50,7 @@ from difftape.runtime import program
 ROLES = ("primal", "grad", "dual", "grad_dual", "mark")
 VARIANTS = ("primal", "grad", "fwd", "grad_fwd", "fwd_const")
 #: Ops that carry a binary payload: they cannot be part of a ``batch``.
-PAYLOAD_OPS = ("write", "read")
+PAYLOAD_OPS = ("write", "read", "save", "load")
 _SAVE_META = "__difftape_meta__"
 #: Ops a ``sweep`` or ``grad_check`` program may repeat (nothing that creates or reads).
 PROGRAM_OPS = ("launch", "fill", "set_item", "set_bytes", "clear_grads", "clear_duals")
@@ -663,7 +662,7 @@ class Engine:
         for i, sub in enumerate(ops):
             name = sub.get("op") if isinstance(sub, dict) else None
             try:
-                if name in PAYLOAD_OPS or name == "batch" or name in ("save", "load"):
+                if name in PAYLOAD_OPS or name == "batch":
                     raise EngineError(f"batch: op {name!r} cannot be part of a batch")
                 results.append(self.execute(sub)[0])
             except DifftapeError as e:
@@ -858,10 +857,13 @@ class Engine:
         return {"bad": bad}
 
     # ------------------------------------------------------------------ persistence
-    def op_save(self, op: dict) -> dict:
-        """Fields (with companions), ndarrays (with their .grad) and registered kernels to one
-        ``.npz``, so a culled session resumes with its data and its kernel ids intact."""
-        path = Path(self._path(op))
+    def op_save(self, op: dict, payload: None = None) -> tuple[dict, memoryview]:
+        """Fields (with companions), ndarrays (with their .grad) and registered kernels as one
+        ``.npz``, answered as the payload, so a culled or lost session resumes with its data
+        and its kernel ids intact. The gateway writes it where every gateway reaches it: the
+        engine may run on another machine (a Ray actor), whose disk is not the gateway's."""
+        if payload:
+            raise EngineError("op 'save' takes no payload")
         meta = {"fields": [], "ndarrays": [], "kernels": [k.data for k in self.kernels.values()]}
         arrays: dict[str, np.ndarray] = {}
         for fid, f in self.prog.fields.items():
@@ -879,24 +881,22 @@ class Engine:
             if nd.grad is not None:
                 arrays[f"{fid}_grad"] = nd.grad.arr
         arrays[_SAVE_META] = np.array(json.dumps(meta))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".save-", suffix=".npz")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                np.savez(fh, **arrays)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        return {}
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)
+        return {}, buf.getbuffer()
 
-    def op_load(self, op: dict) -> dict:
-        path = self._path(op)
+    def op_load(self, op: dict, payload: bytes | memoryview | None = None
+                ) -> tuple[dict, None]:
+        """The inverse of ``save``, from its ``.npz`` as the payload. Answers
+        ``{"fields": [...]}``, the restored fields as ``create_field`` describes them (with
+        their storage ``roles``), so that the gateway's records match what came back (a
+        save may predate fields the gateway still lists)."""
+        if payload is None:
+            raise EngineError("op 'load' takes the .npz that 'save' answered as its payload")
         try:
-            npz = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as e:
-            raise EngineError(f"load: cannot read {path}: {e}") from None
+            npz = np.load(io.BytesIO(payload), allow_pickle=False)
+        except (OSError, ValueError, EOFError) as e:
+            raise EngineError(f"load: cannot read the saved session: {e}") from None
         with npz:
             meta = json.loads(str(npz[_SAVE_META]))
             for d in meta["fields"]:
@@ -923,14 +923,9 @@ class Engine:
                     np.copyto(dst, src)
         for data in meta["kernels"]:
             self.op_register({"ir": data})
-        return {}
-
-    @staticmethod
-    def _path(op: dict) -> str:
-        path = op.get("path")
-        if not isinstance(path, str) or not path.endswith(".npz"):
-            raise EngineError("save/load: 'path' must be a string ending in .npz")
-        return path
+        ndarrays = [{**d, "ndarray": True, "roles": ["primal", "grad"] if d["needs_grad"]
+                     else ["primal"]} for d in meta.get("ndarrays", [])]
+        return {"fields": meta["fields"] + ndarrays}, None
 
     def op_stats(self, op: dict) -> dict:
         stored = [*self.prog.fields.values(), *self.ndarrays.values()]

@@ -56,18 +56,14 @@ class JobScheduler:
         self.turn: deque[int] = deque()  # users with pending jobs, in round-robin order
         self.active: dict[tuple[int, str], Job] = {}
         self._wake = asyncio.Event()
+        self.gateway_id: str | None = None  # this gateway's, set by the Service
         self._runners: list[asyncio.Task] = []
         self.stopping = False  # a graceful stop began: running jobs stop before their next op
 
     # ------------------------------------------------------------------ life cycle
     def start(self) -> None:
-        for row in self.db.jobs_in("queued", "running"):
-            # Their sessions' workers did not survive the restart.
-            problem = {"type": "about:blank", "title": "Session lost", "status": 410,
-                       "detail": "the server restarted before the job finished",
-                       "difftape_error": "SessionLostError", "kernel": None}
-            self.db.update_job(row["owner"], row["id"], state="failed", finished=time.time(),
-                               problem=json.dumps(problem))
+        # Jobs a stopped gateway left unfinished were failed when it was reaped
+        # (SessionManager.reap): their sessions' workers did not survive it.
         self._runners = [asyncio.ensure_future(self._run_forever())
                          for _ in range(self.settings.job_concurrency)]
 
@@ -100,7 +96,8 @@ class JobScheduler:
             raise quota("job_seconds", f"job time quota used up: {used:.1f} s of "
                                        f"{self.settings.quota_job_seconds:g} s")
         job_id = job_id or "j_" + secrets.token_hex(12)
-        if not self.db.insert_job(user.id, job_id, sid, text, sha, len(ops)):
+        if not self.db.insert_job(user.id, job_id, sid, text, sha, len(ops),
+                                  gateway=self.gateway_id):
             return self.db.job(user.id, job_id), False  # a concurrent identical submission
         job = Job(user, job_id, sid, ops)
         self.active[(user.id, job_id)] = job

@@ -35,6 +35,9 @@ class Metrics:
                             registry=self.registry)
         self.workers_lost = Counter("difftape_workers_lost", "worker processes that died or "
                                     "were killed", registry=self.registry)
+        self.checkpoints = Counter("difftape_session_checkpoints", "sessions' fields saved "
+                                   "so that they survive their engine "
+                                   "(DIFFTAPE_CHECKPOINT_S)", registry=self.registry)
         self.queue_depth = Gauge("difftape_job_queue_depth", "jobs waiting to run",
                                  ["device"], registry=self.registry)
         self.retired = WorkerStats()

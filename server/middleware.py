@@ -225,6 +225,12 @@ class RequestMiddleware:
             await self.app(scope, receive, send)
             return
         rid = secrets.token_hex(8)
+        for k, _ in scope["headers"]:
+            if k == b"x-difftape-forwarded":
+                # Passed on by another gateway (forward.py): one id for both hops' logs.
+                rid = dict(scope["headers"]).get(b"x-request-id", rid.encode()).decode(
+                    "latin-1")[:64]
+                break
         token = request_id.set(rid)
         t0 = time.perf_counter()
         status = 500

@@ -30,8 +30,18 @@ class Strict(BaseModel):
 
 
 # ---------------------------------------------------------------------- sessions
+class SessionResources(Strict):
+    """What a session's engine reserves on a cluster (``difftape serve --cluster``): CPUs
+    and GPUs, a fraction of a GPU (< 1) to share one device with other sessions."""
+
+    cpus: float | None = Field(default=None, gt=0, le=1024)
+    gpus: float | None = Field(default=None, ge=0, le=64)
+
+
 class SessionCreate(Strict):
     """Body of ``POST /v1/sessions`` (optional)."""
+
+    resources: SessionResources | None = None
 
 
 class SessionInfo(BaseModel):

@@ -115,6 +115,13 @@ def server_stopping() -> ProblemError:
                         title="Server stopping", headers={"Retry-After": "5"})
 
 
+def session_moved(sid: str) -> ProblemError:
+    """The session is held by another gateway of the same database that took it just now
+    (the request raced with the move): nothing of it ran, and a retry reaches it."""
+    return ProblemError(503, f"session {sid} has just moved to another gateway; nothing was "
+                             "run, retry", title="Session moved", headers={"Retry-After": "1"})
+
+
 def quota(limit: str, detail: str) -> ProblemError:
     return ProblemError(429, detail, difftape_error="QuotaExceededError",
                         title="Quota exceeded", limit=limit)

@@ -7,10 +7,11 @@ tests (keyword arguments) configure the server the same way, with the same valid
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
@@ -83,11 +84,45 @@ class Settings(BaseSettings):
     # "module:Class" of the engine run in the workers. An operator setting, never a client's.
     engine: str = "difftape.server.engine:Engine"
 
+    # Run sessions' engines as Ray actors on this cluster instead of local worker processes:
+    # "auto" (the local node's cluster), a GCS address "HOST:PORT", or a Ray client address
+    # "ray://HOST:PORT". None: local worker processes (the default; nothing else changes).
+    cluster: str | None = None
+    # On a cluster, where each node keeps compiled code (its own disk, or a shared directory).
+    cluster_cache_dir: Path = Field(default_factory=lambda: Path(tempfile.gettempdir())
+                                    / "difftape-cache")
+    # CPUs a session's engine actor reserves when its creation asks for none; a session may
+    # ask for up to max_session_cpus / max_session_gpus (fractions share one device).
+    session_cpus: float = Field(1.0, gt=0)
+    # GPUs (a fraction shares one device) a session's actor reserves when it asks for none:
+    # on a GPU cluster (--arch cuda) every session needs one to run its kernels.
+    session_gpus: float = Field(0.0, ge=0)
+    max_session_cpus: float = Field(16.0, gt=0)
+    max_session_gpus: float = Field(1.0, ge=0)
     # Where the gateway and its workers share memory for large payloads: /dev/shm (or the
     # temp dir without one). When it is full, payloads go through the workers' pipes.
     shm_dir: Path | None = None
     # One JSON line per request on stderr (user, session, op, status, duration, bytes).
     access_log: bool = True
+
+    # Scale-out (README "Scale out"). The database: SQLite under the data dir unless this
+    # is a postgresql:// URL, which gateways on several machines may share.
+    database_url: str | None = None
+    # Where sessions' saved fields live: a directory every gateway of one database reaches
+    # (a shared file system) when there are several; <data-dir>/sessions by default.
+    sessions_dir: Path | None = None
+    # How other gateways reach this one (requests for the sessions it runs are forwarded
+    # here): http://HOST:PORT from --host/--port unless set (needed with a wildcard bind).
+    gateway_url: str | None = None
+    # A gateway renews its lease in the database every third of this; one whose lease ran
+    # out is dead, and its sessions resume on other gateways from their last save.
+    gateway_lease_s: float = Field(30.0, gt=0)
+    # A session's changed fields are saved (checkpointed; the session keeps running) at its
+    # first idle moment once they are this old, so that a session whose engine is lost (a
+    # worker process or Ray actor killed, its node lost, its gateway killed) loses at most
+    # about this much work: it resumes from that save on its next request, on any gateway
+    # and node, and is told so once (410). 0: saved only when culled or at a graceful stop.
+    checkpoint_s: float = Field(60.0, ge=0)
 
     @field_validator("arch", mode="before")
     @classmethod
@@ -98,6 +133,30 @@ class Settings(BaseSettings):
             raise ValueError("'remote' sends a program's kernels to a server; the server "
                              "itself runs them on 'cpu' or 'cuda': pass --arch cpu or unset "
                              "DIFFTAPE_ARCH for the server")
+        return v
+
+    @model_validator(mode="after")
+    def _gpus_need_cuda(self):
+        """A default GPU reservation on a CPU server would hold devices no kernel uses, and
+        without a cluster nothing would reserve it: refused, not ignored."""
+        if self.session_gpus and self.arch != "cuda":
+            raise ValueError(f"DIFFTAPE_SESSION_GPUS={self.session_gpus:g} reserves GPUs for "
+                             f"sessions whose kernels run on {self.arch}: set --arch cuda, or "
+                             "leave it 0")
+        if self.session_gpus and not self.cluster:
+            raise ValueError("DIFFTAPE_SESSION_GPUS is what a session's Ray actor reserves: "
+                             "it needs --cluster (local worker processes reserve nothing)")
+        return self
+
+    @field_validator("database_url")
+    @classmethod
+    def _postgres_only(cls, v):
+        """A URL the gateway cannot open is refused at start, not at the first request."""
+        if v in (None, ""):
+            return None
+        if not v.startswith(("postgresql://", "postgres://")):
+            raise ValueError("DIFFTAPE_DATABASE_URL must be a postgresql:// URL (leave it "
+                             "unset for the SQLite database under the data dir)")
         return v
 
     @field_validator("allowed_hosts", "allowed_origins", mode="before")
@@ -115,6 +174,12 @@ class Settings(BaseSettings):
         names = list(self.allowed_hosts)
         if self.host not in ("0.0.0.0", "::", "") and self.host not in names:
             names.append(self.host)
+        if self.gateway_url:  # forwarded requests from other gateways name it
+            from urllib.parse import urlsplit
+
+            name = urlsplit(self.gateway_url).hostname
+            if name and name not in names:
+                names.append(name)
         return names
 
     @property
@@ -123,9 +188,9 @@ class Settings(BaseSettings):
         return self.data_dir / "cache"
 
     @property
-    def sessions_dir(self) -> Path:
-        """Fields of culled sessions."""
-        return self.data_dir / "sessions"
+    def saved_dir(self) -> Path:
+        """Saved sessions' fields (culled, checkpointed, or saved at a stop)."""
+        return self.sessions_dir or self.data_dir / "sessions"
 
     @property
     def workers_dir(self) -> Path:
@@ -135,3 +200,19 @@ class Settings(BaseSettings):
     @property
     def db_path(self) -> Path:
         return self.data_dir / "difftape.sqlite3"
+
+    @property
+    def database(self) -> str | Path:
+        """What ``Database`` opens: the PostgreSQL URL, else the SQLite file."""
+        return self.database_url or self.db_path
+
+    @property
+    def advertised_url(self) -> str | None:
+        """This gateway's address for the others (None: a wildcard bind with no
+        ``gateway_url``, which only a single gateway can do without)."""
+        if self.gateway_url:
+            return self.gateway_url.rstrip("/")
+        if self.host in ("0.0.0.0", "::", ""):
+            return None
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"

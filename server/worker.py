@@ -31,6 +31,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from .problems import ProblemError, engine_problem, server_stopping, session_lost
 
@@ -366,6 +367,19 @@ class WorkerGone(Exception):
         self.timeout = timeout
 
 
+def reachable_by_name(address: str | None) -> bool:
+    """Whether every gateway of the database reaches the engine at ``address`` (a named Ray
+    actor, ``ray:...``), not only the gateway that started it (a local worker process): a
+    request for such a session is served by whichever gateway gets it, never forwarded."""
+    return bool(address) and address.startswith("ray:")
+
+
+class WorkerMoved(Exception):
+    """The engine refused the call, which did not run: another gateway of the database took
+    the session over since this one last did (a Ray actor any gateway reaches by name;
+    ``server/raycluster.py``). A local worker process never raises it."""
+
+
 @dataclass
 class WorkerStats:
     """The last stats a worker reported (kept after it stops, for monotonic counters)."""
@@ -464,6 +478,33 @@ def _expire(fut: asyncio.Future) -> None:
         fut.set_exception(TimeoutError())
 
 
+class EngineWorker(Protocol):
+    """What the gateway holds for a session's engine: a local worker process (``Worker``) or
+    a Ray actor (``difftape.server.raycluster.RayWorker``). Calls are serialized by ``lock``;
+    ``gone`` is set once the engine is lost (every later call raises it)."""
+
+    lock: asyncio.Lock
+    gone: WorkerGone | None
+    draining: bool
+    current: str | None
+    stats: WorkerStats
+    # The session's epoch in the database when this gateway last took it: an engine any
+    # gateway reaches (a Ray actor) refuses calls with an older epoch than it has seen
+    # (``WorkerMoved``); a local worker, only ever reached by its own gateway, ignores it.
+    epoch: int
+
+    @property
+    def address(self) -> str: ...
+
+    def alive(self) -> bool: ...
+
+    async def call(self, op: dict, payload=None, *, timeout: float) -> tuple[dict, Any]: ...
+
+    def kill(self) -> None: ...
+
+    def stop(self, timeout: float = 5.0) -> None: ...
+
+
 class Worker:
     """One engine process; calls are serialized (a session's ops run in order).
 
@@ -492,11 +533,15 @@ class Worker:
         self.current: str | None = None  # the op in flight
         self._unread = 0  # replies of cancelled calls still to be read
         self.stats = WorkerStats()
+        self.epoch = 0  # see EngineWorker: only this gateway reaches this process
         self._io = threading.Lock()
 
     @property
     def address(self) -> str:
         return f"local:{self.pid}"
+
+    def alive(self) -> bool:
+        return self.proc.is_alive()
 
     def _close_shm(self) -> None:
         if self.shm is not None:
@@ -741,11 +786,20 @@ class WorkerPool:
         except Exception as e:  # noqa: BLE001 - reported through /readyz
             log.error("could not start a spare worker: %s", e)
 
-    async def get(self) -> Worker:
+    def check(self, resources: dict[str, float] | None) -> None:
+        """Sessions of local workers take no resource requests: a request that could not be
+        honoured is refused, not ignored."""
+        if resources:
+            raise ProblemError(422, "this server runs sessions in local worker processes, "
+                                    "which take no 'resources'; run it with --cluster (a Ray "
+                                    "cluster) to place sessions by CPUs and GPUs")
+
+    async def get(self, resources: dict[str, float] | None = None) -> Worker:
         """A ready worker (a spare if one is alive, else a new one)."""
+        self.check(resources)
         while self._ready:
             w = self._ready.pop()
-            if w.proc.is_alive():
+            if w.alive():
                 self._refill_soon()
                 return w
         try:
@@ -764,5 +818,5 @@ class WorkerPool:
         self._ready.clear()
 
 
-__all__ = ["Worker", "WorkerGone", "WorkerPool", "WorkerRegistry", "session_lost",
-           "worker_main"]
+__all__ = ["EngineWorker", "Worker", "WorkerGone", "WorkerMoved", "WorkerPool", "WorkerRegistry",
+           "reachable_by_name", "session_lost", "worker_main"]

@@ -20,7 +20,7 @@ async def register_kernel(request: Request, user: UserDep, body: KernelRegister,
     """Validate and compile (or load from the shared cache) a kernel's IR. Idempotent: the
     id is the IR's fingerprint. Malformed IR is a 422 naming the problem."""
     svc = service(request)
-    async with svc.sessions.use(user, sid) as live:
+    async with svc.sessions.use(user, sid, changes=False) as live:
         result, _ = await svc.sessions.call_live(live, {"op": "register", "ir": body.ir})
         await svc.refresh_stats(live)
     kid = result.get("kernel_id")

@@ -19,9 +19,12 @@ def _info(row) -> SessionInfo:
 @router.post("", status_code=201, response_model=SessionInfo)
 async def create_session(request: Request, user: UserDep,
                          body: SessionCreate | None = None) -> SessionInfo:
-    """Start a session: a worker process with its own difftape program."""
+    """Start a session: a worker process with its own difftape program (a Ray actor
+    reserving ``resources`` when the server runs on a cluster)."""
     svc = service(request)
-    sid = await svc.sessions.create(user)
+    resources = (body.resources.model_dump(exclude_none=True)
+                 if body is not None and body.resources is not None else None)
+    sid = await svc.sessions.create(user, resources)
     return _info(svc.db.session(sid))
 
 

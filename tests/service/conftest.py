@@ -31,9 +31,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def create_tokens(data_dir: Path, names) -> dict[str, str]:
+def create_tokens(data_dir: Path, names, env: dict | None = None) -> dict[str, str]:
     """``difftape token create NAME`` for each name, in one interpreter (each start costs
-    seconds on a busy machine)."""
+    seconds on a busy machine); ``env``: the server's environment (its database)."""
     names = list(names)
     if not names:
         return {}
@@ -41,7 +41,7 @@ def create_tokens(data_dir: Path, names) -> dict[str, str]:
             "for name in sys.argv[2:]:\n"
             "    assert main(['token', 'create', name, '--data-dir', sys.argv[1]]) == 0\n")
     out = subprocess.run([sys.executable, "-c", code, str(data_dir), *names], check=True,
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=60, env=env)
     tokens = out.stdout.split()
     assert len(tokens) == len(names), out
     return dict(zip(names, tokens, strict=True))
@@ -92,12 +92,12 @@ def start_server(data_dir: Path, users=("alice", "bob"), tokens: dict | None = N
     /readyz says ready (or only /livez with ``wait_ready=False``). ``wrap`` is a command
     that execs the server's command line it is given as arguments (e.g. ``unshare``)."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    tokens = dict(tokens or {})
-    tokens.update(create_tokens(data_dir, [u for u in users if u not in tokens]))
-    port = free_port()
     env = dict(os.environ)
     env.update({f"DIFFTAPE_{k.upper()}": str(v) for k, v in settings.items()})
     env.setdefault("DIFFTAPE_WORKER_THREADS", "2")
+    tokens = dict(tokens or {})
+    tokens.update(create_tokens(data_dir, [u for u in users if u not in tokens], env))
+    port = free_port()
     log_path = data_dir / f"server-{port}.log"
     logf = open(log_path, "wb")  # noqa: SIM115 - lives as long as the server
     proc = subprocess.Popen([*(wrap or []), sys.executable, "-m", "difftape.server", "--port",
@@ -142,6 +142,35 @@ def limited(tmp_path_factory):
                           max_json_bytes=256 << 10)
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A PostgreSQL server for the test session (``pg.py``)."""
+    from . import pg
+
+    why = pg.missing()
+    if why is not None:
+        pytest.skip(why)
+    server = pg.PostgresServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def pg_url(postgres) -> str:
+    """A fresh PostgreSQL database, dropped afterwards."""
+    url = postgres.create_database()
+    yield url
+    postgres.drop_database(url)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_target(request, tmp_path):
+    """What ``Database`` opens, on each backend: an SQLite file, a PostgreSQL database."""
+    if request.param == "sqlite":
+        return tmp_path / "difftape.sqlite3"
+    return request.getfixturevalue("pg_url")
 
 
 @pytest.fixture

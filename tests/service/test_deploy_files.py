@@ -38,10 +38,12 @@ K8S_GPU = DEPLOY / "k8s" / "gpu"
 UNIT = DEPLOY / "systemd" / "difftape.service"
 UNIT_CUDA = DEPLOY / "systemd" / "difftape.service.d" / "cuda.conf"
 SYSUSERS = DEPLOY / "systemd" / "difftape.sysusers"
+RAY = DEPLOY / "ray"
+RAY_SCRIPTS = [RAY / "ray-start.sh", RAY / "slurm.sbatch"]
 
 APP_UID = 10001
 YAML_FILES = [COMPOSE, COMPOSE_GPU, *sorted(K8S_BASE.glob("*.yaml")),
-              *sorted(K8S_GPU.glob("*.yaml"))]
+              *sorted(K8S_GPU.glob("*.yaml")), *sorted(RAY.glob("*.yaml"))]
 
 try:
     import yaml
@@ -353,7 +355,7 @@ def test_dockerignore_keeps_what_the_image_copies():
 def _env_names_everywhere() -> dict[str, set[str]]:
     found: dict[str, set[str]] = {}
     pat = re.compile(r"\b(DIFFTAPE_[A-Z0-9_]+)\b")
-    files = [DOCKERFILE, *YAML_FILES, UNIT, UNIT_CUDA]
+    files = [DOCKERFILE, *YAML_FILES, UNIT, UNIT_CUDA, *RAY_SCRIPTS]
     for p in files:
         for line in p.read_text().splitlines():
             code = line.split("#", 1)[0]
@@ -481,8 +483,9 @@ def _third_party_imports(folders) -> set[str]:
 
 
 def test_server_extra_installs_what_the_service_imports():
-    """The image installs `.[server]` (not editable, no dev tools): everything server/ and
-    client/ import must come with that extra, directly or through its dependencies."""
+    """The image installs `.[server,...]` (the extras its CPU build stage names; not editable,
+    no dev tools): everything server/ and client/ import must come with those extras,
+    directly or through their dependencies."""
     pytest.importorskip("fastapi", reason="the `server` extra is not installed")
     from importlib import metadata
 
@@ -492,8 +495,12 @@ def test_server_extra_installs_what_the_service_imports():
     # The first level from pyproject.toml itself (installed metadata may be older), the rest
     # from the installed distributions.
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    (extras,) = re.findall(r'pip-install "\.\[([a-z,]+)\]"\n\nFROM \$\{CUDA_DEVEL_IMAGE\}',
+                           (ROOT / "Dockerfile").read_text())
+    assert "server" in extras.split(",")
     closure, todo = set(), [*project["dependencies"],
-                            *project["optional-dependencies"]["server"]]
+                            *(r for x in extras.split(",")
+                              for r in project["optional-dependencies"][x])]
     while todo:
         req = Requirement(todo.pop())
         name = canonicalize_name(req.name)
@@ -508,7 +515,7 @@ def test_server_extra_installs_what_the_service_imports():
     for module in sorted(_third_party_imports(["server", "client"])):
         dists = {canonicalize_name(d) for d in provided.get(module, [])}
         assert dists & closure, (f"server/ or client/ imports {module} ({sorted(dists)}), "
-                                 f"which `pip install .[server]` does not bring")
+                                 f"which `pip install .[{extras}]` does not bring")
 
 
 # ------------------------------------------------------------------------ YAML structure
@@ -645,3 +652,71 @@ def test_shutdown_grace_and_shared_memory_fit_the_orchestrators():
                 if s == "Service" and k == "Environment" for e in shlex.split(v))
     assert float(envs["DIFFTAPE_SHUTDOWN_GRACE_S"]) + 10 <= \
         _seconds(unit_value(UNIT, "TimeoutStopSec"))
+
+
+# ------------------------------------------------------------------ Ray cluster (deploy/ray)
+@needs_yaml
+def test_kuberay_cluster_gateways_and_database():
+    """The KubeRay deployment holds together: a RayCluster whose head schedules no engine
+    and whose worker group has GPUs, every Ray pod and gateway on one image (one Python and
+    Ray version across the cluster and its clients), gateways that reach the head's client
+    port with real `difftape serve` flags, share the database (from a Secret) and a
+    ReadWriteMany saved-sessions volume, advertise their pod address, and can overlap."""
+    kust = yaml_docs(RAY / "kustomization.yaml")[0]
+    objs = {}
+    for name in kust["resources"]:
+        assert (RAY / name).exists(), name
+        for d in yaml_docs(RAY / name):
+            objs[(d["kind"], d["metadata"]["name"])] = d
+    ray_cluster = objs[("RayCluster", "difftape-ray")]
+    head = ray_cluster["spec"]["headGroupSpec"]
+    assert head["rayStartParams"]["num-cpus"] == "0"
+    (gpu,) = [g for g in ray_cluster["spec"]["workerGroupSpecs"] if g["groupName"] == "gpu"]
+    (worker,) = gpu["template"]["spec"]["containers"]
+    assert worker["resources"]["limits"]["nvidia.com/gpu"] >= 1
+    assert gpu["maxReplicas"] >= 50
+    head_ports = {p["name"]: p["containerPort"]
+                  for p in head["template"]["spec"]["containers"][0]["ports"]}
+
+    gateway = objs[("Deployment", "difftape-gateway")]
+    spec = gateway["spec"]
+    assert spec["replicas"] >= 2 and spec["strategy"]["type"] == "RollingUpdate"
+    (gw,) = spec["template"]["spec"]["containers"]
+    images = {worker["image"], gw["image"],
+              head["template"]["spec"]["containers"][0]["image"]}
+    assert images == {"difftape:cuda"}, images
+    check_serve_flags(gw["args"], "gateway.yaml args")
+    cluster = option_values(gw["args"])["--cluster"]
+    assert cluster == f"ray://{ray_cluster['metadata']['name']}-head-svc:{head_ports['client']}"
+    env = {e["name"]: e for e in gw["env"]}
+    assert env["DIFFTAPE_DATABASE_URL"]["valueFrom"]["secretKeyRef"]["name"] == "difftape-db"
+    assert env["DIFFTAPE_GATEWAY_URL"]["value"] == "http://$(POD_IP):8000"
+    assert env["DIFFTAPE_ARCH"]["value"] == "cuda" and float(env["DIFFTAPE_SESSION_GPUS"][
+        "value"]) > 0
+    mounts = {m["mountPath"]: m["name"] for m in gw["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["template"]["spec"]["volumes"]}
+    claim = volumes[mounts[env["DIFFTAPE_SESSIONS_DIR"]["value"]]]["persistentVolumeClaim"]
+    pvc = objs[("PersistentVolumeClaim", claim["claimName"])]
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert "emptyDir" in volumes[mounts["/data"]]  # per gateway
+    db = objs[("StatefulSet", "difftape-db")]
+    assert objs[("Service", "difftape-db")]["spec"]["ports"][0]["port"] == 5432
+    pg_env = {e["name"]: e for e in db["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert pg_env["POSTGRES_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "difftape-db"
+
+
+def test_ray_start_recipes():
+    """The bare-machine and Slurm recipes are valid shell, start the head without CPUs for
+    engines, and run gateways as drivers on a cluster node with real `difftape serve`
+    flags."""
+    for script in RAY_SCRIPTS:
+        r = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+        assert r.returncode == 0, (script.name, r.stderr)
+        text = script.read_text()
+        assert "ray start --head" in text and "--num-cpus=0" in text
+        serve = [line for line in text.splitlines() if "difftape serve" in line]
+        assert serve, script.name
+        for line in serve:
+            argv = shlex.split(line.split("exec ", 1)[-1])
+            args = serve_argv(argv[argv.index("difftape"):])
+            assert option_values(args)["--cluster"] == "auto", (script.name, args)

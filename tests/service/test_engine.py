@@ -275,6 +275,9 @@ def test_batch_stops_at_first_error(engine, local):
 
 
 def test_save_load_and_warm_cache(tmp_path, local):
+    """The save comes back as the .npz bytes (the gateway writes them where every gateway
+    reaches them: a Ray actor's node need not share its disk); ``load`` takes them back in a
+    new engine, says which fields it restored, and finds the kernels in the compile cache."""
     cache = tmp_path / "cache"
     e1 = Engine(cache)
     create(e1, local)
@@ -284,21 +287,27 @@ def test_save_load_and_warm_cache(tmp_path, local):
     e1.execute({"op": "fill", "id": local.x.id, "role": "grad_dual", "value": 7})
     kid = register(e1, local, "total")
     before = e1.execute({"op": "launch", "kernel_id": kid, "args": []})[0]["result"]
-    path = str(tmp_path / "sessions" / "s1.npz")
-    e1.execute({"op": "save", "path": path})
+    result, blob = e1.execute({"op": "save"})
     e1.close()
+    assert result == {} and bytes(blob[:2]) == b"PK"  # a zip: the .npz itself
 
     e2 = Engine(cache)  # a new worker: same cache directory, nothing in memory of its own
-    e2.execute({"op": "load", "path": path})
+    restored, _ = e2.execute({"op": "load"}, bytes(blob))
+    assert {d["id"] for d in restored["fields"]} == {local.x.id, local.v.id, local.loss.id}
+    x = next(d for d in restored["fields"] if d["id"] == local.x.id)
+    assert x["dtype"] == "f32" and x["shape"] == [N] and x["roles"][0] == "primal"
+    assert "grad_dual" in x["roles"]
     assert read(e2, local.x).tobytes() == local.data.tobytes()
     assert (read(e2, local.x, "grad_dual") == 7).all()
     assert e2.execute({"op": "launch", "kernel_id": kid, "args": []})[0]["result"] == before
     stats = e2.execute({"op": "stats"})[0]
     assert stats["cache_hits"] == 1 and stats["cache_misses"] == 0
-    with pytest.raises(EngineError):
-        e2.execute({"op": "load", "path": str(tmp_path / "missing.npz")})
-    with pytest.raises(EngineError):
-        e2.execute({"op": "save", "path": str(tmp_path / "x.pkl")})
+    with pytest.raises(EngineError, match="cannot read the saved session"):
+        e2.execute({"op": "load"}, b"not a zip")
+    with pytest.raises(EngineError, match="takes the .npz"):
+        e2.execute({"op": "load"})
+    with pytest.raises(EngineError, match="takes no payload"):
+        e2.execute({"op": "save"}, b"x")
     e2.close()
 
 
@@ -445,13 +454,38 @@ def test_ndarrays_are_saved_and_count_against_the_fields_quota(tmp_path, local):
                    "ndarray": True})
     assert err.value.limit == "fields"
     assert e.execute({"op": "stats"})[0]["field_bytes"] == 2 * 8 + 8
-    e.execute({"op": "save", "path": str(tmp_path / "s.npz")})
+    _, saved = e.execute({"op": "save"})
     e.close()
     e2 = Engine(tmp_path / "cache")
-    e2.execute({"op": "load", "path": str(tmp_path / "s.npz")})
+    restored = e2.execute({"op": "load"}, bytes(saved))[0]["fields"]
+    # what came back, as the gateway records it: the field, then the ndarray with its .grad
+    assert [(d["id"], d.get("ndarray", False)) for d in restored] == [(2, False), (1, True)]
+    assert restored[1]["roles"] == ["primal", "grad"]
     assert e2.execute({"op": "get_bytes", "id": 1})[0]["b64"] == base64.b64encode(
         np.array([0, -3], np.float32).tobytes()).decode()
     assert e2.execute({"op": "get_item", "id": 1, "role": "grad", "index": [0]}
                       )[0]["value"] == 1.5
     assert 1 in e2.ndarrays and 1 not in e2.prog.fields
     e2.close()
+
+
+def test_engine_actor_refuses_calls_of_an_older_epoch(tmp_path, local):
+    """The Ray actor's side of taking a session over (server/raycluster.py; the class runs
+    here as a plain object, without Ray): a call with an epoch older than one it has seen
+    does not run (``moved``), so a gateway that lost the session to another never changes
+    it behind that gateway's back; the newer holder's calls run."""
+    from difftape.server.raycluster import EngineActor
+
+    actor = EngineActor("difftape.server.engine:Engine", {"cache_dir": str(tmp_path / "c")})
+    try:
+        op = {"op": "create_field", "id": local.x.id, "dtype": "f32", "shape": [N],
+              "element_shape": [], "needs_grad": False}
+        assert "ok" in actor.execute(op, None, 0)[0]
+        fill = {"op": "fill", "id": local.x.id, "role": "data", "value": 2.0}
+        assert "ok" in actor.execute(fill, None, 3)[0]  # gateway B took it: epoch 3
+        stale = {"op": "fill", "id": local.x.id, "role": "data", "value": 9.0}
+        assert actor.execute(stale, None, 2) == ({"moved": 3}, None)  # A, before: refused
+        reply, data = actor.execute({"op": "read", "id": local.x.id, "role": "data"}, None, 3)
+        assert "ok" in reply and (np.frombuffer(data, np.float32) == 2.0).all()
+    finally:
+        actor.engine.close()

@@ -1,6 +1,7 @@
 """Every error is problem JSON naming the difftape exception; bad input never crashes."""
 
 import httpx
+import pytest
 
 from .conftest import problem, setup_session
 
@@ -102,6 +103,21 @@ def test_server_binds_loopback_by_default(monkeypatch):
     # Lists from the environment are comma-separated.
     monkeypatch.setenv("DIFFTAPE_ALLOWED_HOSTS", "lab.example, gpu1.example")
     assert Settings().allowed_hosts == ["lab.example", "gpu1.example"]
+
+
+def test_default_gpus_for_sessions_need_a_cuda_server():
+    """DIFFTAPE_SESSION_GPUS (a cluster's GPU worker group) reserves devices for every
+    session: refused at start on a CPU server rather than holding GPUs no kernel uses."""
+    from pydantic import ValidationError
+
+    from difftape.server.settings import Settings
+
+    with pytest.raises(ValidationError, match="set --arch cuda"):
+        Settings(_env_file=None, session_gpus=0.5, cluster="auto")
+    with pytest.raises(ValidationError, match="needs --cluster"):
+        Settings(_env_file=None, session_gpus=0.5, arch="cuda")
+    assert Settings(_env_file=None, session_gpus=0.5, arch="cuda",
+                    cluster="auto").session_gpus == 0.5
 
 
 def test_internal_errors_are_problems_too(tmp_path):

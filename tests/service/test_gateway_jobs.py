@@ -102,7 +102,7 @@ def test_failed_job_result_is_its_problem(alice, session, kernels):
     problem(alice.get(f"/v1/jobs/{job['job_id']}/result"), 422, "IndexOutOfRangeError")
 
 
-def test_fair_share_is_round_robin_over_users(tmp_path):
+def test_fair_share_is_round_robin_over_users(db_target):
     """The scheduler's order: one job per user in turn, each user's jobs in submission
     order, however many one user queued first."""
     import asyncio
@@ -113,7 +113,7 @@ def test_fair_share_is_round_robin_over_users(tmp_path):
     from difftape.server.metrics import Metrics
 
     async def order():
-        db = Database(tmp_path / "db.sqlite3")
+        db = Database(db_target)
         users = {}
         for name in "abc":
             db.create_user(name)

@@ -1,6 +1,7 @@
 """Quotas (429 naming the limit) and idle-session culling with resumable saved fields."""
 
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -102,11 +103,10 @@ def test_idle_session_is_culled_saved_and_resumed(limited, kernels):
             while c.get(f"/v1/sessions/{sid}").json()["state"] != "culled":
                 assert time.monotonic() < deadline, "not culled"
                 time.sleep(0.2)
-            saved = limited.data_dir / "sessions" / f"{sid}.npz"
-            assert saved.exists()
             with limited.db() as db:
-                assert db.execute("SELECT worker FROM sessions WHERE id = ?",
-                                  (sid,)).fetchone()[0] is None
+                worker, saved = db.execute("SELECT worker, saved_path FROM sessions WHERE "
+                                           "id = ?", (sid,)).fetchone()
+            assert worker is None and Path(saved).exists()
             # Resumed by an ordinary request, in a new worker, with data and kernels.
             r = c.post(f"/v1/sessions/{sid}/kernels/{ids['double']}/launch", json={})
             assert r.status_code == 200, r.text
@@ -115,7 +115,12 @@ def test_idle_session_is_culled_saved_and_resumed(limited, kernels):
             np.testing.assert_array_equal(y, 2 * x)
             g = from_npy(c.get(f"/v1/sessions/{sid}/fields/{kernels.x.id}/grad").content)
             np.testing.assert_array_equal(g, -x)
-            assert not saved.exists()  # consumed: a crash cannot resurrect stale data
+            # The save stays (the recovery point) and the database knows it is older than
+            # the launch: a gateway killed now cannot bring stale data back unannounced.
+            with limited.db() as db:
+                (dirty,) = db.execute("SELECT dirty FROM sessions WHERE id = ?",
+                                      (sid,)).fetchone()
+            assert dirty == 1 and Path(saved).exists()
         finally:
             c.delete(f"/v1/sessions/{sid}")
 

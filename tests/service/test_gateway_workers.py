@@ -1,7 +1,10 @@
-"""Worker processes: a killed or overrunning worker loses its own session, nothing else."""
+"""Worker processes: a killed or overrunning worker loses its own session, nothing else; a
+session with a save resumes from it (410 once), one that changed and was never saved is
+lost."""
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -13,8 +16,9 @@ from .conftest import from_npy, npy, problem, setup_session, start_server
 
 
 def test_worker_killed_mid_kernel(service, alice, bob, kernels):
-    """SIGKILL the worker while it runs a kernel: that request and later ones on the
-    session get 410 SessionLostError; other sessions (and users) carry on."""
+    """SIGKILL the worker while it runs a kernel of a session never saved: that request and
+    later ones on the session get 410 SessionLostError; other sessions (and users) carry
+    on."""
     victim = alice.post("/v1/sessions", json={}).json()["session_id"]
     other = bob.post("/v1/sessions", json={}).json()["session_id"]
     try:
@@ -233,3 +237,84 @@ def test_cancelled_call_keeps_replies_paired(tmp_path, kernels):
             await loop.run_in_executor(None, w.stop)
 
     asyncio.run(main())
+
+
+def _row(server, sid: str) -> dict:
+    with server.db() as db:
+        db.row_factory = sqlite3.Row
+        return dict(db.execute("SELECT * FROM sessions WHERE id = ?", (sid,)).fetchone())
+
+
+def _wait_saved(server, sid: str) -> None:
+    deadline = time.monotonic() + 30
+    while _row(server, sid)["dirty"] or not _row(server, sid)["saved_path"]:
+        assert time.monotonic() < deadline, "the session was not checkpointed"
+        time.sleep(0.1)
+
+
+def test_a_lost_worker_resumes_from_the_last_save(tmp_path, kernels):
+    """The same rule as for a Ray actor or a killed gateway: a session whose worker dies is
+    culled from its last checkpoint. The request that meets the dead worker gets 410
+    saying so, and the next one works on the saved fields (the change after the save is
+    undone); a worker found dead while idle makes the next request get that 410, once."""
+    server = start_server(tmp_path / "data", users=("alice",), checkpoint_s=2,
+                          cull_interval_s=0.2)
+    try:
+        with server.client("alice") as c:
+            sid = c.post("/v1/sessions", json={}).json()["session_id"]
+            ids = setup_session(c, sid, kernels, "double", "spin")
+            x = np.linspace(-2, 3, kernels.n, dtype=np.float32)
+            launch = {"ops": [{"op": "launch", "kernel_id": ids["double"]}]}
+
+            def fields() -> tuple[np.ndarray, np.ndarray]:
+                got = [c.get(f"/v1/sessions/{sid}/fields/{f.id}/data") for f in
+                       (kernels.x, kernels.y)]
+                assert all(r.status_code == 200 for r in got), [r.text for r in got]
+                return tuple(from_npy(r.content) for r in got)
+
+            c.put(f"/v1/sessions/{sid}/fields/{kernels.x.id}/data", content=npy(x))
+            assert c.post(f"/v1/sessions/{sid}/batch", json=launch).status_code == 200
+            _wait_saved(server, sid)
+            # Killed under a request (a ~5 s kernel): that request is told, the next works
+            # on the save.
+            c.put(f"/v1/sessions/{sid}/fields/{kernels.x.id}/data", content=npy(x + 1))
+            out = {}
+
+            def spin() -> None:
+                with server.client("alice") as c2:
+                    out["r"] = c2.post(f"/v1/sessions/{sid}/kernels/{ids['spin']}/launch",
+                                       json={"args": [2_000_000_000]})
+
+            t = threading.Thread(target=spin)
+            t.start()
+            time.sleep(1.0)
+            assert t.is_alive(), "the kernel finished before it could be killed"
+            os.kill(server.worker_pid(sid), signal.SIGKILL)
+            t.join(30)
+            body = problem(out["r"], 410, "SessionLostError")
+            assert "resumes on its next request from its fields as saved" in body["detail"]
+            got_x, got_y = fields()
+            np.testing.assert_array_equal(got_x, x)
+            np.testing.assert_array_equal(got_y, 2 * x)
+            assert c.post(f"/v1/sessions/{sid}/batch", json=launch).status_code == 200
+            assert c.get(f"/v1/sessions/{sid}").json()["state"] == "active"
+            # Killed while idle, after an unsaved change: noticed by the gateway; the next
+            # request is told once (nothing of it ran), the one after sees the save.
+            c.put(f"/v1/sessions/{sid}/fields/{kernels.x.id}/data", content=npy(x))
+            _wait_saved(server, sid)
+            c.put(f"/v1/sessions/{sid}/fields/{kernels.x.id}/data", content=npy(x + 2))
+            os.kill(server.worker_pid(sid), signal.SIGKILL)
+            deadline = time.monotonic() + 30
+            while _row(server, sid)["state"] != "culled":
+                assert time.monotonic() < deadline, "the dead worker was not noticed"
+                time.sleep(0.1)
+            body = problem(c.post(f"/v1/sessions/{sid}/batch", json=launch), 410,
+                           "SessionLostError")
+            assert "restored from its fields saved at" in body["detail"]
+            assert "died" in body["detail"]
+            got_x, _ = fields()
+            np.testing.assert_array_equal(got_x, x)
+            assert c.post(f"/v1/sessions/{sid}/batch", json=launch).status_code == 200
+            assert c.delete(f"/v1/sessions/{sid}").status_code == 204
+    finally:
+        server.stop()
