@@ -231,6 +231,7 @@ class LocalTransport:
     as over HTTP, so what works here works over the wire (minus the network)."""
 
     def __init__(self, engine=None, **engine_kwargs: Any) -> None:
+        self._owns_engine = engine is None
         if engine is None:
             from difftape.server.engine import Engine
 
@@ -279,7 +280,10 @@ class LocalTransport:
         return np.frombuffer(data, dtype=np.dtype(dtype)).reshape(shape).copy()
 
     def close(self) -> None:
-        pass
+        """Stop the worker threads of the engine this transport made (one given to it
+        belongs to the caller); it starts them again if used after this."""
+        if self._owns_engine:
+            self.engine.close()
 
 
 def default_server() -> str:

@@ -40,6 +40,7 @@ import string
 import sys
 import threading
 import time
+import weakref
 
 import numpy as np
 
@@ -598,6 +599,16 @@ def _native():
     return engine, worker, run, serial, run_graph, stop
 
 
+def _serve(worker, job: np.ndarray, addr: int, tid: int) -> None:
+    """A worker thread's body: ``job`` (the record at ``addr``) stays alive while it runs."""
+    worker(addr, tid)
+
+
+def _stop_job(stop, job: np.ndarray, addr: int) -> None:
+    """Tell a pool's workers to return (``job``, the record at ``addr``, is kept alive)."""
+    stop(addr)
+
+
 class ThreadPool:
     """The caller (thread 0) and ``num_threads - 1`` workers running chunks of launches."""
 
@@ -626,11 +637,20 @@ class ThreadPool:
         self._job[TS_CALLER:TS_CALLER + 2] = (0, 10_000_000)  # 10 ms
         self._engine, worker, self._run, self._serial, self._run_graph, \
             self._stop = _native()
-        self._workers = [threading.Thread(target=worker, args=(self._job_addr, k + 1),
+        # Each worker thread holds the job record (``_buffer``) until it returns: native code
+        # reads and writes it to the end, so it must outlive a pool dropped or closed while a
+        # worker still sleeps (freed, its memory went to the next NumPy array, which the
+        # waking worker's sleeper count then changed by one ulp).
+        self._workers = [threading.Thread(target=_serve, args=(worker, self._buffer,
+                                                               self._job_addr, k + 1),
                                           daemon=True, name=f"difftape-worker-{k + 1}")
                          for k in range(num_threads - 1)]
         for w in self._workers:
             w.start()
+        # A pool nobody closes (its program dropped without ti.reset(), an in-process engine)
+        # stops its workers when it is collected, instead of leaving them asleep forever.
+        self._finalizer = weakref.finalize(self, _stop_job, self._stop, self._buffer,
+                                           self._job_addr)
 
     def run(self, fn, ctx: int, begin: int, end: int, weight: int = 1,
             address: int = 0) -> None:
@@ -679,6 +699,6 @@ class ThreadPool:
                 "caller_wait_s": int(self._job[CALLER_WAIT_NS]) * 1e-9}
 
     def close(self) -> None:
-        self._stop(self._job_addr)
+        self._finalizer()  # dt_stop, once
         for w in self._workers:
             w.join(timeout=1.0)

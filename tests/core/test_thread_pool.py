@@ -8,8 +8,10 @@ late and parks them mid-chunk, as on a loaded machine.
 
 import ctypes
 import faulthandler
+import gc
 import threading
 import time
+import weakref
 
 import pytest
 
@@ -100,3 +102,79 @@ def test_close_stops_sleeping_workers():
     time.sleep(0.01)  # the workers are asleep
     pool.close()
     assert not any(w.is_alive() for w in pool._workers)
+
+
+def _gone(threads, timeout: float = 10.0) -> bool:
+    for w in threads:
+        w.join(timeout)
+    return not any(w.is_alive() for w in threads)
+
+
+def test_a_dropped_pool_stops_its_workers():
+    """A pool collected without close() (a program nobody reset, an in-process engine)
+    stops its workers. They used to sleep on in its freed job record, waking every 100 ms
+    to change a counter there: the next NumPy array in that memory (a field read back by
+    the client) was one ulp off."""
+    pool = ThreadPool(3)
+    task = TASK(lambda ctx, b, e, tid: None)
+    pool.run(task, 0, 0, 64, 4096)
+    workers = pool._workers
+    del pool
+    gc.collect()
+    assert _gone(workers)
+
+
+def test_workers_keep_the_job_record_alive():
+    """A worker that has not returned when close() stops waiting for it still owns valid
+    memory: the record goes when the last worker returns, not with the pool."""
+    pool = ThreadPool(3)
+    record = weakref.ref(pool._buffer.base if pool._buffer.base is not None
+                         else pool._buffer)
+    workers = pool._workers
+    blocked = threading.Event()
+    gate = threading.Event()
+
+    def hold(ctx, b, e, tid):
+        if tid != 0:
+            blocked.set()
+            gate.wait(10)
+        else:
+            time.sleep(0.05)  # leave chunks to the workers
+
+    task = TASK(hold)
+    caller = threading.Thread(target=pool.run, args=(task, 0, 0, 64, 4096))
+    caller.start()
+    assert blocked.wait(10)  # a worker is inside a chunk
+    pool._finalizer()
+    del pool
+    gc.collect()
+    assert record() is not None  # the busy worker still holds it
+    gate.set()
+    caller.join(10)
+    del caller
+    assert _gone(workers)
+    gc.collect()
+    assert record() is None
+
+
+def test_a_local_transport_stops_its_engine_threads():
+    import difftape as ti
+    from difftape.client import LocalTransport
+
+    before = {t for t in threading.enumerate() if t.name.startswith("difftape-worker")}
+    ti.init(arch=ti.remote, transport=LocalTransport())
+    try:
+        x = ti.field(ti.f32, shape=1 << 16)
+
+        @ti.kernel
+        def fill():
+            for i in x:
+                x[i] = i * 0.5
+
+        fill()
+        assert x[3] == 1.5
+    finally:
+        ti.reset()
+    after = [t for t in threading.enumerate()
+             if t.name.startswith("difftape-worker") and t not in before]
+    assert _gone(after)
