@@ -320,7 +320,7 @@ class Graph:
         except ValueError:  # a value of the whole array's shape: a constant copy
             self.copy(target, np.broadcast_to(_host_value(value, target), arr.shape), None)
             return
-        if not pattern.any():
+        if not pattern.reshape(-1).view(np.uint8).any():  # all bits zero (-0.0 is not)
             self.zero(arr)
             return
         pattern = np.ascontiguousarray(pattern)
