@@ -80,6 +80,7 @@ def error_from_problem(status: int, body: Any) -> DifftapeError:
         err: DifftapeError = cls(detail, kernel=kernel)
     else:
         err = cls(detail)
+        err.kernel = kernel  # e.g. the launch of a replayed graph that failed
     err.status = status
     err.op_index = body.get("index")
     return err

@@ -27,12 +27,13 @@ import itertools
 import weakref
 from collections.abc import Iterator
 from typing import Any
+from weakref import WeakValueDictionary
 
 import numpy as np
 
 from difftape.ad import Tape, _Entry
 from difftape.autodiff.lost import Flow, lost_flow
-from difftape.errors import ArgumentError, DifftapeError, ShapeError
+from difftape.errors import ArgumentError, DifftapeError, GraphError, ShapeError
 from difftape.frontend import builder as _b
 from difftape.frontend.field import Field, _field_ids, _to_python, checked_shape
 from difftape.frontend.kernel import (
@@ -47,11 +48,13 @@ from difftape.frontend.kernel import (
 from difftape.frontend.matrix import Matrix, MatrixType, Vector
 from difftape.frontend.ndarray import Ndarray, _element_value
 from difftape.frontend.struct import StructType
+from difftape.graph import wire
 from difftape.ir import serialize
 from difftape.ir.serialize import from_jsonable
 from difftape.runtime import foreign, program
 
 from .derivatives import Unrecordable, jacobian, newton, second_order
+from .graph import GraphRecording, RemoteGraph
 
 #: Queued ops beyond this many are sent without waiting for a synchronisation point.
 MAX_QUEUE = 4096
@@ -86,12 +89,16 @@ class _Recording:
             raise Unrecordable(f"it runs '{op.get('op')}'")
         self.ops.append(op)
 
+    @staticmethod
+    def refuse(what: str) -> None:
+        raise Unrecordable(f"it needs {what} while it runs")
+
 
 class _RemoteKernel:
     """One registered kernel specialization: its id and how to flatten launch arguments."""
 
     __slots__ = ("kernel", "kid", "data", "spec", "plan", "returns", "return_type", "arrays",
-                 "writes")
+                 "writes", "kinds", "field_ids")
 
     def __init__(self, kernel, kid: str, data: dict, ir, spec: tuple) -> None:
         self.kernel = kernel
@@ -110,6 +117,12 @@ class _RemoteKernel:
             base, path = param_path(p.name)
             plan.append((names.index(base), path, p.dtype.is_float))
         self.plan = plan
+        # How each param is packed into a launch context (CompiledKernel's writer kinds:
+        # "f", "i" or an unsigned width), and the fields the kernel addresses: what a
+        # captured graph's document needs (client/graph.py).
+        self.kinds = ["f" if p.dtype.is_float else "i" if p.dtype.is_signed else p.dtype.bits
+                      for p in ir.params]
+        self.field_ids = frozenset(b.key[1] for b in ir.buffers if b.key[0] == "field")
         self.returns = bool(ir.returns)
         rt = kernel.return_annotation
         self.return_type = rt if isinstance(rt, MatrixType | StructType) else None
@@ -170,7 +183,9 @@ class RemoteRuntime:
         self._flows: dict[tuple, Flow] = {}
         self.closed = False
         self.ops_sent = 0
-        self._recording: _Recording | None = None
+        self._recording: _Recording | GraphRecording | None = None
+        # The program's ti.ndarrays by id (a captured graph describes those it addresses).
+        self.ndarrays: WeakValueDictionary[int, RemoteNdarray] = WeakValueDictionary()
         # Read-ahead (see ``call``): bumped by every op that may change server state.
         self._gen = 0
         self._hot: dict[tuple, None] = {}  # (field id, role), in order of use
@@ -208,7 +223,7 @@ class RemoteRuntime:
             # for the request that runs it; anything else here wants an answer now.
             if any(op.get("op") not in SETUP_OPS
                    for op in self._queue[self._recording.start:]):
-                raise Unrecordable("it reads a value back while it runs")
+                self._recording.refuse("a read of device data")
             return []
         ops, self._queue = self._queue, []
         self.ops_sent += len(ops)
@@ -222,6 +237,11 @@ class RemoteRuntime:
                 if what == "launch":
                     name = self._names.get(op.get("kernel_id"), "?")
                     what = f"launch of kernel '{name}' ({op.get('variant', 'primal')})"
+                elif what in (wire.GRAPH_CREATE, wire.GRAPH_REPLAY):
+                    what = (f"{'upload' if what == wire.GRAPH_CREATE else 'replay'} of "
+                            f"captured graph {op.get('graph_id', '?')[:12]}")
+                    if getattr(e, "kernel", None):
+                        what += f", in its launch of kernel '{e.kernel}'"
                 e.add_note(f"raised on the difftape server by queued op {index + 1} of "
                            f"{len(ops)}: {what}; ops after it were not run")
                 self._after_error(ops, index)
@@ -252,7 +272,7 @@ class RemoteRuntime:
         every iteration). A field read ahead that many times in a row for nothing is no
         longer read ahead."""
         if self._recording is not None:
-            raise Unrecordable("it reads a value back while it runs")
+            self._recording.refuse("a read of device data")
         key = (op["id"], op["role"]) if op.get("op") == "get_bytes" else None
         if key is not None:
             hit = self._ahead.get(key)
@@ -294,12 +314,37 @@ class RemoteRuntime:
         ``discard_results``: kernels that return a value are recorded too (a replay, whose
         results nobody reads), and return None."""
         if self._recording is not None:
-            raise Unrecordable("recordings cannot be nested")
+            self._recording.refuse("a derivative helper (ti.ad.jacobian, hessian, hvp, "
+                                   "newton, Tape(grad_check=...))")
         rec = self._recording = _Recording(discard_results, len(self._queue))
         try:
             yield rec.ops
         finally:
             self._recording = None
+
+    # ------------------------------------------------------------------ graphs
+    def begin_graph(self) -> RemoteGraph:
+        """``ti.graph.capture()`` begins: record the step's ops into a graph."""
+        if self._recording is not None:
+            raise GraphError("ti.graph.capture() blocks cannot be nested (nor opened inside a "
+                             "derivative helper's function)")
+        g = RemoteGraph(self)
+        g._capturing = True
+        self._recording = GraphRecording(g, len(self._queue))
+        return g
+
+    def end_graph(self, graph: RemoteGraph, ok: bool) -> None:
+        """The capture block ended (``ok``: without an exception): make the graph's
+        document; it goes to the server with the first replay."""
+        self._recording = None
+        graph._capturing = False
+        if ok:
+            graph.finish_capture()
+
+    def load_graph(self, doc: dict, mapping: dict, keys: dict) -> RemoteGraph:
+        """``ti.graph.load`` under ``arch=ti.remote``: the document, checked and compiled by
+        the server over this program's fields ``mapping`` (saved id -> field)."""
+        return RemoteGraph.loaded(self, doc, mapping, keys)
 
     def close(self) -> None:
         """End the session (its fields are dropped, as a local ``ti.reset()`` drops them)."""
@@ -342,6 +387,11 @@ class RemoteRuntime:
     def launch(self, kernel, args: tuple, variant: str = "primal", validate: bool = False):
         """Queue one launch; wait only when the kernel returns a value."""
         rk = self._kernel(kernel, args, validate)
+        rec = self._recording
+        if isinstance(rec, GraphRecording):
+            if validate:
+                rec.refuse("ti.ad.Tape(validation=True) (its checks run on the host)")
+            return rec.graph.record_launch(rk, args, variant)
         op = {"op": "launch", "kernel_id": rk.kid, "variant": variant,
               "args": rk.flatten(args)}
         back: list = []
@@ -525,14 +575,14 @@ class RemoteRuntime:
     # ------------------------------------------------------------------ arrays
     def write(self, fid: int, role: str, arr: np.ndarray) -> None:
         if self._recording is not None:
-            raise Unrecordable("it uploads an array while it runs")
+            self._recording.refuse("an upload of an array")
         self._gen += 1
         self.flush()  # earlier launches first: the write must not overtake them
         self.transport.write(self.session_id, fid, role, arr)
 
     def read(self, fid: int, role: str, dtype: np.dtype, shape: tuple) -> np.ndarray:
         if self._recording is not None:
-            raise Unrecordable("it reads an array back while it runs")
+            self._recording.refuse("a read of an array")
         self.flush()
         return self.transport.read(self.session_id, fid, role, dtype, shape)
 
@@ -543,7 +593,7 @@ class RemoteRuntime:
         its own. The operators of ``difftape.interop`` read all their outputs (or all their
         inputs' gradients) this way, so a call costs one round trip, not one per field."""
         if self._recording is not None:
-            raise Unrecordable("it reads arrays back while it runs")
+            self._recording.refuse("a read of arrays")
         small = [f for f in fields if _inline(f.dtype.np, f.shape + f.element_shape)]
         self._queue.extend({"op": "get_bytes", "id": f.id, "role": f.role} for f in small)
         results = self.flush()
@@ -741,6 +791,7 @@ class RemoteNdarray(Ndarray):
         self._program = program.get()
         self.id = next(_field_ids)
         self.role = "primal"
+        self._remote.ndarrays[self.id] = self
         self._remote.queue({"op": "create_field", "ndarray": True, "id": self.id,
                             "dtype": self.dtype.name, "shape": list(self.shape),
                             "element_shape": list(self.element_shape),

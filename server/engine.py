@@ -29,7 +29,7 @@ import numpy as np
 from difftape import types as T
 from difftape.ad.newton import check_options as newton_options
 from difftape.ad.newton import iterate as newton_iterate
-from difftape.errors import ArgumentError, CompileError, DifftapeError, ShapeError
+from difftape.errors import ArgumentError, CompileError, DifftapeError, GraphError, ShapeError
 from difftape.frontend.field import Field
 from difftape.frontend.kernel import (
     CompiledKernel,
@@ -39,6 +39,9 @@ from difftape.frontend.kernel import (
     has_storage,
 )
 from difftape.frontend.ndarray import Ndarray
+from difftape.graph import saved as saved_graphs
+from difftape.graph import wire
+from difftape.graph.core import Graph
 from difftape.ir import serialize
 from difftape.ir.nodes import KernelIR
 from difftape.ir.passes import run_pipeline
@@ -226,6 +229,9 @@ class Engine:
         self.compiled: dict[tuple, CompiledKernel] = {}
         self.epoch = 0  # bumped when a field gains .grad/.dual storage
         self.snapshots: dict[int, dict[int, np.ndarray]] = {}  # Tape(grad_check=...)
+        # Captured graphs (ti.graph.capture() under arch=ti.remote) by content hash: the
+        # native graph and the op that made it (saved with the session, made again on load).
+        self.graphs: dict[str, tuple[Graph, dict]] = {}
         self.launches = 0
         self.cache_hits = 0
         self.cache_misses = 0
@@ -856,6 +862,95 @@ class Engine:
                 np.copyto(fields[i].grad.arr, arr)
         return {"bad": bad}
 
+    # ------------------------------------------------------------------ graphs
+    def op_graph_create(self, op: dict) -> dict:
+        """A graph document (``difftape.graph.wire``): validated and compiled as a saved
+        graph is loaded (``saved.build``), over this session's fields (``fields`` maps the
+        document's field ids to the session's; by default they are the same) and ndarrays,
+        with bounds checks on; kept under its content hash, which ``graph_id`` must be."""
+        doc, fmap = op.get("graph"), op.get("fields")
+        if fmap is not None and (not isinstance(fmap, dict) or not all(
+                isinstance(v, int) for v in fmap.values())):
+            raise EngineError("graph_create: 'fields' maps the graph's field ids to the "
+                              "session's")
+        gid = wire.graph_id({"graph": doc, "fields": fmap})
+        if op.get("graph_id") != gid:
+            raise EngineError("graph_create: 'graph_id' is not the graph's content hash")
+        if gid in self.graphs:
+            return {"graph_id": gid}
+        if len(self.graphs) >= wire.MAX_GRAPHS:
+            raise QuotaExceededError(f"this session holds {len(self.graphs)} graphs, the most a "
+                                     "session may hold", limit="graphs")
+        saved_graphs.check_document(doc)
+        fields = self.prog.fields
+
+        def field_for(fid: int, key: str) -> Field | None:
+            return fields.get(fmap.get(str(fid)) if fmap is not None else fid)
+
+        t0 = time.perf_counter()
+        with _current(self.prog):
+            graph = saved_graphs.build(doc, self.prog, field_for, ndarrays=self.ndarrays,
+                                       checked=True)
+        self.compile_s += time.perf_counter() - t0
+        self.graphs[gid] = (graph, op)
+        return {"graph_id": gid}
+
+    def op_graph_replay(self, op: dict) -> dict:
+        """Replay a graph of this session with ``inputs`` (``difftape.graph.wire``); answers
+        the bytes of the array inputs sent as bytes that the graph writes."""
+        gid = op.get("graph_id")
+        entry = self.graphs.get(gid) if isinstance(gid, str) else None
+        if entry is None:
+            raise EngineError(f"graph_replay: no graph {gid!r:.80} in this session (send it "
+                              "with graph_create first)")
+        graph = entry[0]
+        inputs = op.get("inputs", {})
+        if not isinstance(inputs, dict):
+            raise EngineError("graph_replay: 'inputs' must be an object")
+        sent: list[tuple[str, _Ndarray]] = []
+        for name, v in inputs.items():
+            inp = graph._inputs.get(name)
+            if inp is None:
+                raise GraphError(f"the graph has no input '{name}' (inputs: "
+                                 f"{', '.join(graph._inputs) or 'none'})")
+            graph._bind(inp, self._graph_value(inp, v, sent))
+        with _current(self.prog):
+            graph.replay()
+        self.launches += graph.launches
+        written = sorted(graph.written_inputs)
+        return {"written": written,
+                "arrays": {name: wire.encode_bytes(nd.arr.tobytes()) for name, nd in sent
+                           if name in graph.written_inputs}}
+
+    def _graph_value(self, inp, v: Any, sent: list) -> Any:
+        """An input's value as it travels (``difftape.graph.wire``), as ``Graph`` takes it."""
+        name = inp.name
+        try:
+            if inp.kind == "scalar":
+                return wire.number(v, f"graph input '{name}'")
+            if inp.kind == "matrix":
+                if not isinstance(v, list) or len(v) > 4096:
+                    raise ValueError(f"graph input '{name}': a list of entries expected")
+                return [wire.number(x, f"graph input '{name}'") for x in v]
+            if inp.kind == "field":
+                if not isinstance(v, dict) or not isinstance(v.get("field"), int):
+                    raise ValueError(f"graph input '{name}': {{\"field\": id}} expected")
+                return self._field({"id": v["field"]})
+            if not isinstance(v, dict) or v.get("ndarray") not in self.ndarrays:
+                raise ValueError(f"graph input '{name}': {{\"ndarray\": id}} of an ndarray "
+                                 "of this session expected")
+            nd = self.ndarrays[v["ndarray"]]
+            if "b64" in v:
+                data = wire.decode_bytes(v["b64"], f"graph input '{name}'")
+                if len(data) != nd.arr.nbytes:
+                    raise ShapeError(f"graph input '{name}': {len(data)} bytes for an array "
+                                     f"of {nd.arr.nbytes}")
+                nd.arr.reshape(-1)[:] = np.frombuffer(data, dtype=nd.arr.dtype)
+                sent.append((name, nd))
+            return nd
+        except ValueError as e:
+            raise EngineError(str(e)) from None
+
     # ------------------------------------------------------------------ persistence
     def op_save(self, op: dict, payload: None = None) -> tuple[dict, memoryview]:
         """Fields (with companions), ndarrays (with their .grad) and registered kernels as one
@@ -864,7 +959,8 @@ class Engine:
         engine may run on another machine (a Ray actor), whose disk is not the gateway's."""
         if payload:
             raise EngineError("op 'save' takes no payload")
-        meta = {"fields": [], "ndarrays": [], "kernels": [k.data for k in self.kernels.values()]}
+        meta = {"fields": [], "ndarrays": [], "kernels": [k.data for k in self.kernels.values()],
+                "graphs": [op for _, op in self.graphs.values()]}
         arrays: dict[str, np.ndarray] = {}
         for fid, f in self.prog.fields.items():
             roles = [r for r in ROLES if f.companion(r) is not None]
@@ -923,6 +1019,12 @@ class Engine:
                     np.copyto(dst, src)
         for data in meta["kernels"]:
             self.op_register({"ir": data})
+        for op in meta.get("graphs", []):
+            try:
+                self.op_graph_create(op)
+            except DifftapeError:
+                pass  # over storage the save lacks: dropped, as such kernels are (a replay of
+                # it is refused as unknown)
         ndarrays = [{**d, "ndarray": True, "roles": ["primal", "grad"] if d["needs_grad"]
                      else ["primal"]} for d in meta.get("ndarrays", [])]
         return {"fields": meta["fields"] + ndarrays}, None
@@ -955,6 +1057,8 @@ _HANDLERS = {
     "newton": Engine.op_newton,
     "snapshot": Engine.op_snapshot,
     "grad_check": Engine.op_grad_check,
+    wire.GRAPH_CREATE: Engine.op_graph_create,
+    wire.GRAPH_REPLAY: Engine.op_graph_replay,
     "save": Engine.op_save,
     "load": Engine.op_load,
     "stats": Engine.op_stats,

@@ -10,6 +10,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from difftape.graph import wire
+
 DTypeName = Literal["f16", "f32", "f64", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64"]
 # "data" and "primal" are the same storage; "grad_dual" is x.grad.dual (forward-over-reverse);
 # "mark" holds the read marks of Tape(validation=True) (i8).
@@ -208,10 +210,33 @@ class GradCheckOp(Strict):
     program: Program
 
 
+GraphId = Annotated[str, Field(pattern=wire.GRAPH_ID_PATTERN)]
+
+
+class GraphCreateOp(Strict):
+    """A captured (or saved) graph's document, see ``difftape.graph.wire``; ``graph_id``:
+    its content hash; ``fields``: the document's field ids -> the session's (default: the
+    same)."""
+
+    op: Literal["graph_create"] = wire.GRAPH_CREATE
+    graph_id: GraphId
+    graph: dict[str, Any]
+    fields: dict[str, FieldId] | None = Field(default=None, max_length=100_000)
+
+
+class GraphReplayOp(Strict):
+    """Replay a graph of the session; ``inputs`` by name (``difftape.graph.wire``: numbers,
+    flat lists of entries, ``{"field": id}``, ``{"ndarray": id, "b64"?: bytes}``)."""
+
+    op: Literal["graph_replay"] = wire.GRAPH_REPLAY
+    graph_id: GraphId
+    inputs: dict[str, Any] = Field(default={}, max_length=wire.MAX_INPUTS)
+
+
 BatchOp = Annotated[
     CreateFieldOp | CompanionOp | FillOp | SetItemOp | GetItemOp | GetBytesOp | SetBytesOp
     | RegisterOp | LaunchOp | ClearGradsOp | ClearDualsOp | SeedOp | SweepOp | NewtonOp
-    | SnapshotOp | GradCheckOp,
+    | SnapshotOp | GradCheckOp | GraphCreateOp | GraphReplayOp,
     Field(discriminator="op"),
 ]
 

@@ -100,6 +100,12 @@ class GraphBuilder:
     """Taichi's graph builder: ``dispatch`` kernels, then ``compile()`` the graph."""
 
     def __init__(self) -> None:
+        if program.get().remote is not None:
+            # Its stand-in arrays are local memory; ti.graph.capture() records the same
+            # launches under arch=ti.remote (named inputs by g.input) and replays them there.
+            raise GraphError("ti.graph.GraphBuilder is not available under arch=ti.remote: "
+                             "record the launches with `with ti.graph.capture() as g:` (inputs "
+                             "by g.input(name, value)) and run them with g.run({...})")
         self._graph = Graph()
         self._specs: dict[str, tuple] = {}
         self._values: dict[str, object] = {}  # name -> the placeholder or stand-in array

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from .. import types as T
-from ..errors import ArgumentError, GraphCaptureError, GraphError
+from ..errors import ArgumentError, DifftapeError, GraphCaptureError, GraphError
 from ..frontend.field import Field
 from ..frontend.kernel import (
     _ANY,
@@ -64,9 +64,11 @@ _FLOAT, _INT = "f", "i"  # CompiledKernel's scalar writer kinds (an int: an unsi
 
 
 def user_line() -> str:
-    """``file:line`` of the innermost frame outside difftape: where the user's code is."""
+    """``file:line`` of the innermost frame outside difftape (its package, and its client
+    and server, which an editable install keeps in folders of their own): the user's code."""
     f = sys._getframe(1)
-    while f is not None and os.path.abspath(f.f_code.co_filename).startswith(_PACKAGE):
+    while f is not None and (os.path.abspath(f.f_code.co_filename).startswith(_PACKAGE) or
+                             str(f.f_globals.get("__name__", "")).startswith("difftape.")):
         f = f.f_back
     if f is None:
         return "<unknown>"
@@ -148,19 +150,16 @@ class Graph:
         self._capturing = False
         self.launches = 0  # captured kernel launches
         self.fields: dict[str, Field] = {}  # a loaded graph's fields, by label (saved.py)
+        # Array inputs the graph writes (saved.build: a server sends their bytes back to the
+        # client whose NumPy array the input was).
+        self.written_inputs: set[str] = set()
 
     # ------------------------------------------------------------------ inputs
     def input(self, name: str, value):
         """Declare a named input inside the capture and return what the step should use: the
         field or array itself, or a placeholder for a scalar/vector/matrix (``value``: an
         example value, or a type such as ``ti.f32`` or ``ti.types.vector(3, ti.f32)``)."""
-        if not self._capturing:
-            raise GraphError("g.input() declares an input while the graph is captured: call it "
-                             "inside `with ti.graph.capture() as g:`")
-        if not isinstance(name, str) or not name.isidentifier():
-            raise GraphError(f"a graph input's name must be an identifier, got {name!r}")
-        if name in self._inputs:
-            raise GraphError(f"graph input '{name}' is declared twice")
+        self._declare(name)
         if isinstance(value, Field):
             if value.sparse_terms:
                 raise GraphError(f"graph input '{name}': fields under sparse SNodes cannot be "
@@ -207,6 +206,16 @@ class Graph:
             return ph
         raise GraphError(f"graph input '{name}': expected a number, vector/matrix, type, "
                          f"array or field, got {type(value).__name__}")
+
+    def _declare(self, name) -> None:
+        """Check that input ``name`` may be declared now."""
+        if not self._capturing:
+            raise GraphError("g.input() declares an input while the graph is captured: call it "
+                             "inside `with ti.graph.capture() as g:`")
+        if not isinstance(name, str) or not name.isidentifier():
+            raise GraphError(f"a graph input's name must be an identifier, got {name!r}")
+        if name in self._inputs:
+            raise GraphError(f"graph input '{name}' is declared twice")
 
     def _add_input(self, inp: _Input, value) -> None:
         self._inputs[inp.name] = inp
@@ -320,7 +329,7 @@ class Graph:
         except ValueError:  # a value of the whole array's shape: a constant copy
             self.copy(target, np.broadcast_to(_host_value(value, target), arr.shape), None)
             return
-        if not pattern.any():
+        if not pattern.reshape(-1).view(np.uint8).any():  # all bits zero (-0.0 is not)
             self.zero(arr)
             return
         pattern = np.ascontiguousarray(pattern)
@@ -450,7 +459,11 @@ class Graph:
             lay = inst.layout
             code, value = int(ctx[lay.err_code]), int(ctx[lay.err_value])
             ctx[lay.err_code] = 0
-            raise_error_word(inst.messages, code, value, inst.ir.name)
+            try:
+                raise_error_word(inst.messages, code, value, inst.ir.name)
+            except DifftapeError as e:
+                e.kernel = getattr(e, "kernel", None) or inst.ir.name  # the launch that failed
+                raise
 
     __call__ = replay
 
@@ -623,9 +636,6 @@ class capture:
 
     def __enter__(self) -> Graph:
         prog = program.get()
-        if prog.remote is not None:
-            raise GraphError("ti.graph.capture() under arch=ti.remote is not supported yet: "
-                             "capture and replay locally (arch=ti.cpu)")
         if prog.config.simulate_grid:
             raise GraphError("ti.graph.capture() is not available with simulate_grid: the "
                              "simulated grid launches its tasks from Python")
@@ -638,12 +648,20 @@ class capture:
             raise GraphError("ti.graph.capture() inside a ti.ad.Tape or FwdMode block: put the "
                              "Tape/FwdMode inside the captured step instead")
         self._prog = prog
+        if prog.remote is not None:
+            # arch=ti.remote: the client records the step's engine ops and sends the graph
+            # to the server with its first replay (difftape.client.graph).
+            self.graph = prog.remote.begin_graph()
+            return self.graph
         self.graph._capturing = True
         prog.capture = _Recorder(self.graph, prog)
         return self.graph
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         prog = self._prog
+        if prog.remote is not None:
+            prog.remote.end_graph(self.graph, exc_type is None)
+            return False
         prog.capture = None
         self.graph._capturing = False
         if exc_type is None:

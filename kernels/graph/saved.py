@@ -19,6 +19,11 @@ only the scalar parameters taken from the file; every fill/copy range is checked
 storage. The loaded graph's fields are new fields of the current program (``g.fields``, by
 label), or the caller's own (``load(path, fields={label: field})``, checked alike).
 
+A difftape server builds the graphs clients send it (:mod:`.wire`) with the same code
+(:func:`build`), over its session's fields and ``ti.ndarray`` storage (which a document sent
+to a server may also bind to kernel arguments: ``ndarrays``, a launch's ``arrays``, inputs of
+kind ``array``), with bounds checks on.
+
 Not saved (refused by ``save``): graphs with ndarray arguments or inputs, fields under sparse
 SNodes, kernels with ``print``.
 """
@@ -38,10 +43,12 @@ from ..errors import DifftapeError, GraphError, IRValidationError
 from ..frontend.field import Field, make_field
 from ..frontend.kernel import compile_ir, derive
 from ..frontend.matrix import MatrixType
+from ..frontend.ndarray import Ndarray
 from ..ir import serialize
 from ..ir.passes import run_pipeline
 from ..ir.validate import argument_names, decode_untrusted
 from ..runtime import program
+from . import wire
 from .core import Graph, _Input, register_saver
 
 FORMAT = "difftape-graph"
@@ -179,13 +186,8 @@ def _int(v, lo: int, hi: int, what: str) -> int:
     return v
 
 
-def load(path: str, fields: dict[str, Field] | None = None) -> Graph:
-    """A graph saved by :func:`save`, validated and compiled for the current program. Its
-    fields are new (``g.fields[label]``) unless ``fields`` maps labels to existing ones."""
-    prog = program.get()
-    if prog.remote is not None or prog.config.simulate_grid:
-        raise GraphError("ti.graph.load runs graphs on the local CPU (not under arch=ti.remote "
-                         "or simulate_grid)")
+def read_document(path: str) -> dict:
+    """The JSON document of a saved graph, its header checked (nothing else trusted yet)."""
     try:
         with open(path) as fh:
             doc = json.load(fh)
@@ -193,26 +195,74 @@ def load(path: str, fields: dict[str, Field] | None = None) -> Graph:
         raise _bad(f"{path} is not readable JSON ({e})") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("version") != VERSION:
         raise _bad(f"{path} is not a {FORMAT} file of version {VERSION}")
+    return doc
+
+
+def load(path: str, fields: dict[str, Field] | None = None) -> Graph:
+    """A graph saved by :func:`save`, validated and compiled for the current program. Its
+    fields are new (``g.fields[label]``) unless ``fields`` maps labels to existing ones.
+    Under ``arch=ti.remote`` the fields are made on the server and the document goes there
+    (``difftape.client``), where it is validated and compiled the same way."""
+    prog = program.get()
+    if prog.config.simulate_grid:
+        raise GraphError("ti.graph.load runs graphs on the CPU, not with simulate_grid")
+    doc = read_document(path)
+    check_document(doc)
+    given = fields or {}
+
+    def field_for(fid: int, key: str) -> Field | None:
+        return given.get(key)
+
+    if prog.remote is not None:
+        mapping, manifest = _fields(doc["fields"], field_for, create=True, given=set(given))
+        return prog.remote.load_graph(doc, mapping,
+                                      {fid: m["key"] for fid, m in manifest.items()})
+    return build(doc, prog, field_for, create=True, given=set(given))
+
+
+def check_document(doc) -> None:
+    """The shape of a graph document (before anything in it is used)."""
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("version") != VERSION:
+        raise _bad(f"not a {FORMAT} document of version {VERSION}")
     for key, kind in (("fields", dict), ("kernels", list), ("ops", list), ("inputs", list)):
         if not isinstance(doc.get(key), kind):
             raise _bad(f"'{key}' must be a {kind.__name__}")
+    if not isinstance(doc.get("ndarrays", {}), dict):
+        raise _bad("'ndarrays' must be a dict")
     if len(doc["ops"]) > MAX_OPS:
         raise _bad(f"more than {MAX_OPS} ops")
-    mapping, manifest = _fields(doc["fields"], fields or {})
-    insts = [_kernel(k, n, prog, mapping, manifest) for n, k in enumerate(doc["kernels"])]
+
+
+def build(doc: dict, prog, field_for, *, create: bool = False, given: set | None = None,
+          ndarrays: dict | None = None, checked: bool = False) -> Graph:
+    """The native graph of a document (:func:`check_document` first), for ``prog``.
+
+    ``field_for(id, label)``: the existing field a saved field id stands for, or None (then
+    a new field is made when ``create``, else the document is refused); ``ndarrays``: the
+    ``ti.ndarray`` storage the document's ndarray ids name (a server session's; a saved
+    file has none); ``checked``: kernels compiled with bounds checks (``ir.debug``), as a
+    server compiles every kernel a client sends."""
+    mapping, manifest = _fields(doc["fields"], field_for, create=create, given=given)
+    ndmap = _ndarrays(doc.get("ndarrays", {}), ndarrays or {})
+    insts = [_kernel(k, n, prog, mapping, manifest, checked)
+             for n, k in enumerate(doc["kernels"])]
     g = Graph()
     ctxs: list[np.ndarray | None] = []
     for n, op in enumerate(doc["ops"]):
-        ctxs.append(_op(g, op, n, insts, mapping))
+        ctxs.append(_op(g, op, n, insts, mapping, ndmap))
+    if len(doc["inputs"]) > wire.MAX_INPUTS:
+        raise _bad(f"more than {wire.MAX_INPUTS} inputs")
     for n, spec in enumerate(doc["inputs"]):
-        _input(g, spec, n, ctxs, insts, doc["ops"], mapping)
+        _input(g, spec, n, ctxs, doc["ops"], mapping, ndmap)
     g.fields = {manifest[fid]["key"]: mapping[fid] for fid in mapping}
     g._finish(prog)
     return g
 
 
-def _fields(data: dict, given: dict[str, Field]) -> tuple[dict[int, Field], dict[int, dict]]:
-    """The fields the graph addresses, by saved id: new ones, or the caller's (checked)."""
+def _fields(data: dict, field_for, *, create: bool, given: set | None = None
+            ) -> tuple[dict[int, Field], dict[int, dict]]:
+    """The fields the graph addresses, by saved id: existing ones (``field_for``, checked)
+    or, when ``create``, new ones."""
     mapping: dict[int, Field] = {}
     manifest: dict[int, dict] = {}
     labels: dict[str, int] = {}
@@ -226,15 +276,7 @@ def _fields(data: dict, given: dict[str, Field]) -> tuple[dict[int, Field], dict
             dtype = T.by_name(f.get("dtype"))
         except (ValueError, TypeError):
             raise _bad(f"field {fid}: unknown dtype {f.get('dtype')!r:.40}") from None
-        shape = f.get("shape")
-        esh = f.get("element_shape")
-        if not isinstance(shape, list) or len(shape) > 8 or not isinstance(esh, list) or \
-                len(esh) > 2:
-            raise _bad(f"field {fid}: shape and element_shape must be short lists")
-        shape = tuple(_int(s, 1, (1 << 31) - 1, f"field {fid}'s shape") for s in shape)
-        esh = tuple(_int(s, 1, 64, f"field {fid}'s element shape") for s in esh)
-        if int(np.prod(shape + esh, dtype=np.int64)) > (1 << 31):
-            raise _bad(f"field {fid}: more than 2**31 elements")
+        shape, esh = _shapes(f, f"field {fid}")
         roles = f.get("roles")
         if not isinstance(roles, list) or "primal" not in roles or \
                 not set(roles) <= set(ROLES) or (len(roles) > 1 and not dtype.is_float):
@@ -244,8 +286,10 @@ def _fields(data: dict, given: dict[str, Field]) -> tuple[dict[int, Field], dict
         labels[key_label] = fid
         manifest[fid] = {"dtype": dtype, "shape": shape, "esh": esh, "roles": set(roles),
                          "key": key_label}
-        field = given.get(key_label)
+        field = field_for(fid, key_label)
         if field is None:
+            if not create:
+                raise _bad(f"field {fid} ('{label}') is not a field of this program")
             field = make_field(dtype, shape, name=label, needs_grad="grad" in roles,
                                needs_dual="dual" in roles, element_shape=esh)
             if "grad_dual" in roles:
@@ -253,35 +297,81 @@ def _fields(data: dict, given: dict[str, Field]) -> tuple[dict[int, Field], dict
         elif not isinstance(field, Field) or (field.dtype, field.shape, field.element_shape) \
                 != (dtype, shape, esh) or field.sparse_terms or any(
                     field.companion(r) is None for r in roles):
-            raise GraphError(f"ti.graph.load(fields=...): '{key_label}' must be a dense field "
+            where = "ti.graph.load(fields=...)" if create else "saved graph refused"
+            raise GraphError(f"{where}: '{key_label}' must be a dense field "
                              f"of {dtype}, shape {shape}, element {esh} with storage for "
-                             f"{', '.join(roles)}")
+                             f"{', '.join(sorted(roles))}")
         mapping[fid] = field
-    unknown = set(given) - set(labels)
+    unknown = set(given or ()) - set(labels)
     if unknown:
         raise GraphError(f"ti.graph.load(fields=...): the graph has no field "
                          f"'{sorted(unknown)[0]}' (its fields: {', '.join(labels)})")
     return mapping, manifest
 
 
-def _kernel(data, n: int, prog, mapping: dict[int, Field], manifest: dict[int, dict]):
+def _shapes(f: dict, what: str) -> tuple[tuple, tuple]:
+    shape = f.get("shape")
+    esh = f.get("element_shape")
+    if not isinstance(shape, list) or len(shape) > 8 or not isinstance(esh, list) or \
+            len(esh) > 2:
+        raise _bad(f"{what}: shape and element_shape must be short lists")
+    shape = tuple(_int(s, 1, (1 << 31) - 1, f"{what}'s shape") for s in shape)
+    esh = tuple(_int(s, 1, 64, f"{what}'s element shape") for s in esh)
+    if int(np.prod(shape + esh, dtype=np.int64)) > (1 << 31):
+        raise _bad(f"{what}: more than 2**31 elements")
+    return shape, esh
+
+
+def _ndarrays(data: dict, given: dict) -> dict[int, Ndarray]:
+    """The ``ti.ndarray`` storage the graph binds to kernel arguments, by id: ``given``'s,
+    with the dtype, shapes and ``.grad`` the document describes."""
+    out: dict[int, Ndarray] = {}
+    for key, d in data.items():
+        nid = _int(int(key) if isinstance(key, str) and key.isdigit() else None, 1, 1 << 62,
+                   "an ndarray id")
+        nd = given.get(nid)
+        if nd is None:
+            raise _bad(f"ndarray {nid} is not an ndarray of this program (a saved file "
+                       "cannot hold ndarrays)")
+        if not isinstance(d, dict):
+            raise _bad(f"ndarray {nid} must be described")
+        shape, esh = _shapes(d, f"ndarray {nid}")
+        if (d.get("dtype"), shape, esh, bool(d.get("grad"))) != (
+                nd.dtype.name, tuple(nd.shape), tuple(nd.element_shape), nd.grad is not None):
+            raise _bad(f"ndarray {nid} is not a {d.get('dtype')!r:.10} ndarray of shape "
+                       f"{shape}, element {esh}{' with .grad' if d.get('grad') else ''}")
+        out[nid] = nd
+    return out
+
+
+def _kernel(data, n: int, prog, mapping: dict[int, Field], manifest: dict[int, dict],
+            checked: bool):
     """Kernel ``n``: its IR validated, derived, compiled (from the disk cache if there)."""
     if not isinstance(data, dict) or data.get("variant") not in VARIANTS:
         raise _bad(f"kernel {n}: a variant from {VARIANTS} is needed")
+    grads = data.get("array_grads", [])
+    if not isinstance(grads, list) or not all(isinstance(a, int) for a in grads):
+        raise _bad(f"kernel {n}: 'array_grads' must be a list of argument indices")
     try:
-        ir = decode_untrusted(data.get("ir"))
+        ir = decode_untrusted(data.get("ir"), allow_ndarray=checked)
     except IRValidationError as e:
         raise _bad(f"kernel {n}: {e}") from None
     for b in ir.buffers:
         kind, fid, role = b.key
+        if kind == "ndarray":  # an argument: checked against what each launch binds
+            continue
         m = manifest.get(fid) if kind == "field" else None
         if m is None or role not in m["roles"] or b.dtype != m["dtype"] or \
                 tuple(b.shape) != m["shape"] + m["esh"]:
             raise _bad(f"kernel {n} ('{ir.name}'): buffer '{b.name}' is not one of the graph's "
                        "fields with its dtype and shape")
+    if checked:
+        ir.debug = True  # bounds checks on every access (what a server compiles)
 
     def storage(buf, role: str) -> bool:
         kind, fid, base = buf.key
+        if kind == "ndarray":
+            return role == "grad" and base == "primal" and fid in grads
         name = role if base == "primal" else f"{base}_{role}"
         return kind == "field" and name in manifest[fid]["roles"]
 
@@ -290,12 +380,24 @@ def _kernel(data, n: int, prog, mapping: dict[int, Field], manifest: dict[int, d
         ir.deterministic = data.get("deterministic") is True
         ir.fast_math = data.get("fast_math") is not False
         ir = run_pipeline(ir)
-        return compile_ir(ir, prog, arg_names=argument_names(ir), fields=mapping)
+        inst = compile_ir(ir, prog, arg_names=argument_names(ir), fields=mapping)
     except DifftapeError as e:
         raise _bad(f"kernel {n} ('{ir.name}') does not compile here: {e}") from None
+    inst.array_grads = frozenset(grads)
+    return inst
 
 
-def _storage(mapping: dict[int, Field], fid, role) -> np.ndarray:
+def _storage(mapping: dict[int, Field], ndmap: dict[int, Ndarray], op: dict) -> np.ndarray:
+    """The storage a fill/copy/zero op addresses: ``field`` or ``ndarray`` id, ``role``."""
+    role = op.get("role")
+    if "ndarray" in op:
+        nd = ndmap.get(op["ndarray"]) if isinstance(op["ndarray"], int) else None
+        s = nd if role == "primal" else nd.grad if nd is not None and role == "grad" else None
+        if s is None:
+            raise _bad(f"an op addresses ndarray {op['ndarray']!r:.20} .{role!r:.20}, which is "
+                       "not in the graph")
+        return s.arr
+    fid = op.get("field")
     f = mapping.get(fid) if isinstance(fid, int) else None
     c = f.companion(role) if f is not None and role in ROLES else None
     if c is None:
@@ -303,7 +405,49 @@ def _storage(mapping: dict[int, Field], fid, role) -> np.ndarray:
     return c.arr
 
 
-def _op(g: Graph, op, n: int, insts: list, mapping: dict[int, Field]) -> np.ndarray | None:
+def _bind_arrays(inst, spec, n: int, ndmap: dict[int, Ndarray], ctx: np.ndarray,
+                 keep: list) -> None:
+    """A launch's ``arrays`` (``[{"arg", "id", "grad"}]``, as the engine's ``launch``): the
+    ndarray storage of each ndarray argument, checked against the kernel's buffers for it
+    (dtype, axes, element shape), its pointer and extents written into the context."""
+    if not isinstance(spec, list):
+        raise _bad(f"op {n}: 'arrays' must be a list")
+    bound: dict[int, Ndarray] = {}
+    grads = set()
+    for a in spec:
+        if not isinstance(a, dict) or not isinstance(a.get("arg"), int) or \
+                a.get("id") not in ndmap or a["arg"] in bound:
+            raise _bad(f"op {n}: each of 'arrays' is {{arg, id, grad}} naming one of the "
+                       "graph's ndarrays, once per argument")
+        bound[a["arg"]] = ndmap[a["id"]]
+        if a.get("grad") is True:
+            grads.add(a["arg"])
+    if grads != inst.array_grads:
+        raise _bad(f"op {n}: the .grad of its ndarray arguments is not what kernel "
+                   f"'{inst.ir.name}' was compiled for")
+    for ptr, arg, role, extents in inst.argument_slots()[1]:
+        nd = bound.get(arg)
+        s = None if nd is None else nd if role == "primal" else nd.grad
+        if s is None:
+            raise _bad(f"op {n}: kernel '{inst.ir.name}' needs ndarray argument {arg + 1}"
+                       f"{'' if role == 'primal' else ' with .' + role}")
+        for buf in inst.ir.buffers:
+            if buf.key == ("ndarray", arg, role):
+                esh = tuple(buf.shape[len(buf.shape) - buf.element_ndim:])
+                if buf.dtype != s.dtype or len(buf.shape) != s.arr.ndim or \
+                        esh != tuple(s.element_shape):
+                    raise _bad(f"op {n}: kernel '{inst.ir.name}' takes argument {arg + 1} as "
+                               f"{buf.dtype} of {len(buf.shape)} axes, element {esh}; the "
+                               f"ndarray is {s.dtype} of shape {s.arr.shape}")
+        ctx[ptr] = s.arr.ctypes.data
+        for axis, e in enumerate(extents):
+            if e is not None:
+                ctx[e] = s.arr.shape[axis]
+        keep.append(s.arr)
+
+
+def _op(g: Graph, op, n: int, insts: list, mapping: dict[int, Field],
+        ndmap: dict[int, Ndarray]) -> np.ndarray | None:
     if not isinstance(op, dict):
         raise _bad(f"op {n} must be an object")
     name = op.get("op")
@@ -317,13 +461,14 @@ def _op(g: Graph, op, n: int, insts: list, mapping: dict[int, Field]) -> np.ndar
         ctx = inst.ctx_i64.copy()  # this process's pointers, random state, zeroed error word
         for slot, v in zip(inst.layout.params, params, strict=True):
             ctx[slot] = _int(v, -(1 << 63), (1 << 63) - 1, f"op {n}'s parameter")
+        _bind_arrays(inst, op.get("arrays", []), n, ndmap, ctx, g._keep)
         g._ops.append(("launch", inst, ctx))
         g._keep.append(inst)
         g.launches += 1
         return ctx
     if name not in ("fill", "copy", "zero"):
         raise _bad(f"op {n}: unknown op {name!r:.20}")
-    arr = _storage(mapping, op.get("field"), op.get("role"))
+    arr = _storage(mapping, ndmap, op)
     offset = _int(op.get("offset"), 0, arr.nbytes, f"op {n}'s offset")
     begin = _int(op.get("begin"), 0, arr.nbytes, f"op {n}'s begin")
     end = _int(op.get("end"), begin, arr.nbytes, f"op {n}'s end")
@@ -352,7 +497,7 @@ def _op(g: Graph, op, n: int, insts: list, mapping: dict[int, Field]) -> np.ndar
             src = op.get("source")
             if not isinstance(src, list) or len(src) != 3:
                 raise _bad(f"op {n}: a copy needs data or a source")
-            buf = _storage(mapping, src[0], src[1])
+            buf = _storage(mapping, ndmap, {"field": src[0], "role": src[1]})
             soff = _int(src[2], 0, buf.nbytes, f"op {n}'s source offset")
             if soff + end > buf.nbytes:
                 raise _bad(f"op {n}: the source is too small")
@@ -374,8 +519,52 @@ def _bytes(text, n: int) -> bytes:
         raise _bad(f"op {n}: base64 data expected") from None
 
 
-def _input(g: Graph, spec, n: int, ctxs: list, insts: list, ops: list,
-           mapping: dict[int, Field]) -> None:
+def _bind_storage(g: Graph, inp: _Input, roles: dict[str, np.ndarray], ctxs: list) -> None:
+    """Bind ``inp`` to every place the graph addresses the storage of ``roles``: launch
+    pointers (and, for ndarrays, their extents), fill/copy/zero targets and copy sources.
+    Array inputs written by a launch are noted in ``g.written_inputs``."""
+    addresses = {a.ctypes.data: role for role, a in roles.items()}
+    for op, ctx in zip(g._ops, ctxs, strict=True):
+        if op[0] == "launch":
+            inst = op[1]
+            for slot, arr in inst.field_storage():
+                role = addresses.get(arr.ctypes.data)
+                if role is not None and arr is roles[role]:
+                    inp.slots.append((ctx, slot, role))
+            for ptr, arg, role, extents in inst.argument_slots()[1]:
+                if addresses.get(int(ctx[ptr])) != role:
+                    continue
+                inp.slots.append((ctx, ptr, role))
+                for axis, e in enumerate(extents):
+                    if e is not None:
+                        inp.slots.append((ctx, e, ("extent", axis)))
+                if any(w for s, a, r, _, w in inst._ndarray_slots if (a, r) == (arg, role)):
+                    g.written_inputs.add(inp.name)
+        else:
+            if int(op[2][0]) in addresses:
+                inp.slots.append((op[2], 0, addresses[int(op[2][0])]))
+                if inp.kind == "array":
+                    g.written_inputs.add(inp.name)
+            if op[1] == "copy" and int(op[2][1]) in addresses:
+                inp.slots.append((op[2], 1, addresses[int(op[2][1])]))
+
+
+def parse_dtype(kind: str, dtype, name: str):
+    """The type of a scalar or vector/matrix input as :func:`_dtype_text` wrote it."""
+    try:
+        if kind == "scalar":
+            return None if dtype is None else T.by_name(dtype)
+        if not isinstance(dtype, dict):
+            raise _bad(f"input '{name}': a matrix type is needed")
+        return MatrixType(_int(dtype.get("n"), 1, 64, "n"), _int(dtype.get("m"), 1, 64, "m"),
+                          _int(dtype.get("ndim"), 1, 2, "ndim"),
+                          None if dtype.get("dtype") is None else T.by_name(dtype["dtype"]))
+    except (ValueError, TypeError):
+        raise _bad(f"input '{name}': unknown dtype") from None
+
+
+def _input(g: Graph, spec, n: int, ctxs: list, ops: list, mapping: dict[int, Field],
+           ndmap: dict[int, Ndarray]) -> None:
     if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or \
             not spec["name"].isidentifier() or spec["name"] in g._inputs:
         raise _bad(f"input {n}: a unique identifier name is needed")
@@ -387,38 +576,30 @@ def _input(g: Graph, spec, n: int, ctxs: list, insts: list, ops: list,
         inp = _Input(name, "field", example=f, dtype=f.dtype, element_shape=f.element_shape,
                      shape=f.shape, value=f, has_value=True)
         g._inputs[name] = inp
-        for role in ROLES:
-            c = f.companion(role)
-            if c is None:
-                continue
-            for op, ctx in zip(g._ops, ctxs, strict=True):
-                if op[0] == "launch":
-                    for slot, arr in op[1].field_storage():
-                        if arr is c.arr:
-                            inp.slots.append((ctx, slot, role))
-                elif op[2][0] == c.arr.ctypes.data:
-                    inp.slots.append((op[2], 0, role))
-                elif op[1] == "copy" and op[2][1] == c.arr.ctypes.data:
-                    inp.slots.append((op[2], 1, role))
+        _bind_storage(g, inp, {r: f.companion(r).arr for r in ROLES
+                               if f.companion(r) is not None}, ctxs)
+        return
+    if kind == "array":
+        nd = ndmap.get(spec.get("ndarray"))
+        if nd is None:
+            raise _bad(f"input '{name}': not one of the graph's ndarrays")
+        inp = _Input(name, "array", example=nd, dtype=nd.dtype,
+                     element_shape=tuple(nd.element_shape), shape=nd.arr.shape, value=nd,
+                     has_value=True)
+        g._inputs[name] = inp
+        roles = {"primal": nd.arr}
+        if nd.grad is not None:
+            roles["grad"] = nd.grad.arr
+        _bind_storage(g, inp, roles, ctxs)
         return
     if kind not in ("scalar", "matrix"):
         raise _bad(f"input '{name}': unknown kind {kind!r:.20}")
-    dtype = spec.get("dtype")
-    if kind == "scalar":
-        try:
-            dtype = None if dtype is None else T.by_name(dtype)
-        except (ValueError, TypeError):
-            raise _bad(f"input '{name}': unknown dtype") from None
-    else:
-        if not isinstance(dtype, dict):
-            raise _bad(f"input '{name}': a matrix type is needed")
-        dtype = MatrixType(_int(dtype.get("n"), 1, 64, "n"), _int(dtype.get("m"), 1, 64, "m"),
-                           _int(dtype.get("ndim"), 1, 2, "ndim"),
-                           None if dtype.get("dtype") is None else T.by_name(dtype["dtype"]))
+    dtype = parse_dtype(kind, spec.get("dtype"), name)
     inp = _Input(name, kind, dtype=dtype)
     slots = spec.get("slots")
     if not isinstance(slots, list):
         raise _bad(f"input '{name}': slots must be a list")
+    size = dtype.n * (dtype.m if dtype.ndim == 2 else 1) if kind == "matrix" else 1
     for s in slots:
         if not isinstance(s, list) or len(s) != 4:
             raise _bad(f"input '{name}': a slot is [op, parameter, kind, component]")
@@ -430,7 +611,8 @@ def _input(g: Graph, spec, n: int, ctxs: list, insts: list, ops: list,
         p = _int(s[1], 0, len(inst.layout.params) - 1, "a slot's parameter")
         want = inst.ir.params[p].dtype
         wkind = "f" if want.is_float else "i" if want.is_signed else want.bits
-        if s[2] != wkind or not (s[3] is None or (isinstance(s[3], int) and kind == "matrix")):
+        if s[2] != wkind or not (s[3] is None if kind == "scalar" else
+                                 isinstance(s[3], int) and 0 <= s[3] < size):
             raise _bad(f"input '{name}': a slot's kind does not match the parameter")
         inp.slots.append((ctx, inst.layout.params[p], (wkind, s[3])))
     g._inputs[name] = inp

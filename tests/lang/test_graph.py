@@ -93,6 +93,22 @@ def test_replay_equals_eager_for_launches_fills_and_copies(ti):
 
 
 @difftape_only
+def test_a_fill_with_negative_zero_keeps_its_sign(ti):
+    """-0.0 is all-zero as a number but not as bits: the replay must write -0.0, as the eager
+    fill does (it was recorded as zeroing the memory)."""
+    x = ti.field(ti.f32, shape=4)
+    v = ti.Vector.field(2, ti.f64, shape=3)
+    x.fill(1)
+
+    def step():
+        x.fill(-0.0)
+        v.fill([0.0, -0.0])
+
+    assert_replay_matches_eager(ti, step)
+    assert np.signbit(x.to_numpy()).all() and np.signbit(v.to_numpy()[:, 1]).all()
+
+
+@difftape_only
 def test_named_inputs_take_new_values_without_recapture(ti):
     n = 64
     x = ti.field(ti.f32, shape=n)

@@ -1,0 +1,448 @@
+"""``ti.graph.capture()`` under ``arch=ti.remote`` (issue 20, item 4): the same capture API,
+no user code changes; the graph goes to the server once and each replay is one request that
+replays it natively there. A remote replay must leave every field bit for bit as a local
+replay does (truth: the local runtime with ``check_out_of_bound=True``, what the server
+compiles), over HTTP against the real server and through an in-process engine. Sizes keep
+every parallel loop on one thread (float atomics then add in the same order everywhere).
+"""
+
+import json
+
+import numpy as np
+import pytest
+
+import difftape as ti
+from difftape.client import LocalTransport
+
+from .test_client_programs import run_local, same
+
+
+@pytest.fixture(params=["http", "inproc"])
+def remote(request):
+    kind = request.param
+
+    def run(program):
+        if kind == "http":
+            service = request.getfixturevalue("service")
+            ti.init(arch=ti.remote, server=service.url, token=service.tokens["alice"])
+        else:
+            ti.init(arch=ti.remote, transport=LocalTransport())
+        try:
+            return program()
+        finally:
+            ti.reset()
+
+    run.kind = kind
+    return run
+
+
+def trips(f):
+    before = ti.remote_stats()["round_trips"]
+    f()
+    return ti.remote_stats()["round_trips"] - before
+
+
+# ---------------------------------------------------------------------------- programs
+
+def launches_fills_and_writes():
+    """Launches with scalar and vector inputs, a fill, element writes, a from_numpy."""
+    n = 40
+    x = ti.field(ti.f32, shape=n)
+    y = ti.Vector.field(3, ti.f32, shape=(n, 2))
+    z = ti.field(ti.i32, shape=())
+    w = ti.field(ti.f32, shape=n)
+
+    @ti.kernel
+    def advance(dt: ti.f32, v: ti.types.vector(3, ti.f32), k: ti.i32):
+        for i in x:
+            x[i] = ti.sin(x[i] + dt * i) * 1.5
+        for i, j in y:
+            y[i, j] = y[i, j] * 0.5 + v * x[i]
+        z[None] += k
+
+    x.from_numpy(np.linspace(-1, 1, n).astype(np.float32))
+    with ti.graph.capture() as g:
+        dt = g.input("dt", 0.01)
+        v = g.input("v", ti.types.vector(3, ti.f32))
+        advance(dt, v, 2)
+        w.fill(3.0)
+        x[3] = 7.0
+        y[2, 1] = [1.0, 2.0, 3.0]
+        z.from_numpy(np.array(5, dtype=np.int32))
+    for k in range(3):
+        g.replay(dt=0.01 * (k + 1), v=ti.Vector([1.0, k, -2.0]))
+    g.replay(dt=-0.5)  # v keeps its last value
+    return {"x": x.to_numpy(), "y": y.to_numpy(), "z": z.to_numpy(), "w": w.to_numpy(),
+            "launches": g.launches}
+
+
+def tape_step():
+    """A Tape (forward and reverse launches, gradients cleared, the loss seeded) and a
+    gradient-descent update with the learning rate as an input."""
+    n = 16
+    x = ti.field(ti.f64, shape=n, needs_grad=True)
+    y = ti.field(ti.f64, shape=n, needs_grad=True)
+    loss = ti.field(ti.f64, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def forward(a: ti.f64):
+        for i in x:
+            y[i] = ti.sin(x[i] * a) + x[i] ** 2
+        for i in y:
+            loss[None] += y[i] * y[i]
+
+    @ti.kernel
+    def descend(lr: ti.f64):
+        for i in x:
+            x[i] -= lr * x.grad[i]
+
+    x.from_numpy(np.linspace(-1, 1, n))
+    with ti.graph.capture() as g:
+        lr = g.input("lr", 0.01)
+        with ti.ad.Tape(loss=loss):
+            forward(1.3)
+        descend(lr)
+    losses = []
+    for lr in (0.01, 0.02, 0.005):
+        g.replay(lr=lr)
+        losses.append(loss.to_numpy())
+    return {"x": x.to_numpy(), "grad": x.grad.to_numpy(), "y": y.to_numpy(),
+            "losses": losses}
+
+
+def forward_mode_and_kernel_grad():
+    """``FwdMode`` launches and ``kernel.grad()`` calls, captured together."""
+    n = 12
+    x = ti.field(ti.f32, shape=n, needs_grad=True, needs_dual=True)
+    y = ti.field(ti.f32, shape=n, needs_grad=True, needs_dual=True)
+    loss = ti.field(ti.f32, shape=(), needs_dual=True)
+
+    @ti.kernel
+    def f(a: ti.f32):
+        for i in x:
+            y[i] = ti.exp(ti.sin(x[i]) * a) + x[i] * x[i]
+
+    @ti.kernel
+    def total():
+        for i in y:
+            loss[None] += y[i]
+
+    x.from_numpy(np.linspace(-1, 1, n).astype(np.float32))
+    with ti.graph.capture() as g:
+        a = g.input("a", ti.f32)
+        with ti.ad.FwdMode(loss=loss, param=x, seed=[1.0] * n):
+            f(a)
+            total()
+        y.grad.fill(1.0)
+        f.grad(a)
+    out = {}
+    for a in (1.5, -0.5):
+        g.replay(a=a)
+        out[f"dual{a}"] = loss.dual.to_numpy()
+    out["x_grad"] = x.grad.to_numpy()
+    out["y"] = y.to_numpy()
+    return out
+
+
+def array_and_field_inputs():
+    """NumPy array inputs (bytes each replay; written ones copied back), a ti.ndarray
+    argument, and a field input swapped for another field of its kind."""
+    n = 8
+    a = ti.field(ti.f32, shape=n)
+    b = ti.field(ti.f32, shape=n)
+    out = ti.field(ti.f32, shape=n)
+    nd = ti.ndarray(ti.f32, shape=n)
+
+    @ti.kernel
+    def mix(src: ti.template(), arr: ti.types.ndarray(dtype=ti.f32, ndim=1),
+            res: ti.types.ndarray(dtype=ti.f32, ndim=1), k: ti.i32):
+        for i in range(k):
+            out[i] = 2 * src[i] + arr[i]
+            res[i] = out[i] + 1
+
+    @ti.kernel
+    def bump(q: ti.types.ndarray(dtype=ti.f32, ndim=1)):
+        for i in q:
+            q[i] += 0.5
+
+    a.from_numpy(np.arange(n, dtype=np.float32))
+    b.from_numpy(np.arange(n, dtype=np.float32) + 100)
+    arr = np.ones(n, dtype=np.float32)
+    res = np.zeros(n, dtype=np.float32)
+    with ti.graph.capture() as g:
+        src = g.input("src", a)
+        src.fill(1)
+        mix(src, g.input("arr", arr), g.input("res", res), g.input("k", n))
+        bump(nd)
+    g.replay()
+    first = res.copy()
+    other, res2 = np.full(n, 10, dtype=np.float32), np.zeros(n, dtype=np.float32)
+    g.replay(arr=other, res=res2, src=b, k=5)
+    arr[:] = -1  # the graph reads the array's bytes at each replay
+    g.replay(src=a)
+    return {"first": first, "res2": res2, "res": res, "out": out.to_numpy(),
+            "a": a.to_numpy(), "b": b.to_numpy(), "nd": nd.to_numpy()}
+
+
+@pytest.mark.parametrize("program", [launches_fills_and_writes, tape_step,
+                                     forward_mode_and_kernel_grad, array_and_field_inputs],
+                         ids=lambda p: p.__name__)
+def test_remote_replay_equals_local_replay_bit_for_bit(remote, program):
+    truth = run_local(program)
+    got = remote(program)
+    same(truth, got)
+
+
+def test_local_truth_is_the_eager_step():
+    """The local replays the remote ones are compared with equal the eager step (here for
+    the Tape step: the same descent run without a graph)."""
+    replayed = run_local(tape_step)
+
+    def eager():
+        n = 16
+        x = ti.field(ti.f64, shape=n, needs_grad=True)
+        y = ti.field(ti.f64, shape=n, needs_grad=True)
+        loss = ti.field(ti.f64, shape=(), needs_grad=True)
+
+        @ti.kernel
+        def forward(a: ti.f64):
+            for i in x:
+                y[i] = ti.sin(x[i] * a) + x[i] ** 2
+            for i in y:
+                loss[None] += y[i] * y[i]
+
+        @ti.kernel
+        def descend(lr: ti.f64):
+            for i in x:
+                x[i] -= lr * x.grad[i]
+
+        x.from_numpy(np.linspace(-1, 1, n))
+        losses = []
+        for lr in (0.01, 0.02, 0.005):
+            with ti.ad.Tape(loss=loss):
+                forward(1.3)
+            descend(lr)
+            losses.append(loss.to_numpy())
+        xs = np.linspace(-1, 1, n)  # analytic first gradient, as a sanity check
+        return {"x": x.to_numpy(), "grad": x.grad.to_numpy(), "y": y.to_numpy(),
+                "losses": losses}, xs
+
+    truth, xs = run_local(eager)
+    same(replayed, truth)
+    y0 = np.sin(1.3 * xs) + xs ** 2
+    assert truth["losses"][0] == pytest.approx(np.sum(y0 ** 2), rel=1e-12)
+
+
+# ---------------------------------------------------------------------------- requests
+
+def test_each_replay_is_one_request_and_the_graph_is_sent_once(remote):
+    def program():
+        x = ti.field(ti.f32, shape=16)
+
+        @ti.kernel
+        def inc(a: ti.f32):
+            for i in x:
+                x[i] += a
+
+        @ti.kernel
+        def double():
+            for i in x:
+                x[i] *= 2
+
+        ti.sync()
+        with ti.graph.capture() as g:
+            a = g.input("a", 1.0)
+            for _ in range(20):  # 40 launches
+                inc(a)
+                double()
+        assert trips(lambda: None) == 0
+        cost = [trips(lambda k=k: g.replay(a=float(k))) for k in range(4)]
+        sent = ti.remote_stats()["bytes_sent"]
+        g.replay(a=0.5)
+        small = ti.remote_stats()["bytes_sent"] - sent
+        return cost, small, x.to_numpy()
+
+    cost, small, x = remote(program)
+    assert cost == [1, 1, 1, 1]
+    assert small < 600, small  # a replay's request: the graph's id and the inputs
+    want = np.zeros(16, dtype=np.float32)
+    for a in (0.0, 1.0, 2.0, 3.0, 0.5):
+        for _ in range(20):
+            want = (want + np.float32(a)) * np.float32(2)
+    assert x.tobytes() == want.tobytes()
+
+
+# ---------------------------------------------------------------------------- errors
+
+def test_a_bad_index_in_a_replay_is_the_kernels_error_with_its_line(remote):
+    def program(local):
+        x = ti.field(ti.f32, shape=4)
+
+        @ti.kernel
+        def poke(i: ti.i32):
+            x[i] = 1.0
+
+        with ti.graph.capture() as g:
+            poke(g.input("i", 0))
+        g.replay(i=3)
+        with pytest.raises(ti.IndexOutOfRangeError) as err:
+            g.replay(i=7)
+        g.replay(i=2)  # the graph (and the session) go on
+        e = err.value
+        if not local:
+            with pytest.raises(ti.IndexOutOfRangeError) as eager:
+                poke(7)
+                ti.sync()
+            assert str(eager.value) == str(e)  # what an eager remote launch raises
+            assert e.kernel == "poke" and "kernel 'poke'" in str(e.__notes__)
+        return str(e).splitlines()[0], type(e).__name__, x.to_numpy()
+
+    ti.init(arch=ti.cpu, check_out_of_bound=True)
+    try:
+        local = program(True)
+    finally:
+        ti.reset()
+    got = remote(lambda: program(False))
+    assert got[0] == local[0]  # (a remote kernel's messages carry no source line yet)
+    assert got[1] == local[1] == "IndexOutOfRangeError"
+    same(local[2], got[2])
+
+
+def test_what_a_replay_cannot_repeat_is_refused_naming_the_line(remote):
+    def program():
+        x = ti.field(ti.f32, shape=4)
+
+        @ti.kernel
+        def total() -> ti.f32:
+            s = 0.0
+            for i in x:
+                s += x[i]
+            return s
+
+        @ti.kernel
+        def inc(a: ti.f32):
+            for i in x:
+                x[i] += a
+
+        @ti.kernel
+        def into(arr: ti.types.ndarray(dtype=ti.f32, ndim=1)):
+            for i in x:
+                arr[i] = x[i]
+
+        cases = [lambda g: x[0], lambda g: x.to_numpy(), lambda g: total(),
+                 lambda g: inc(1.0) if x[0] > 0 else None,
+                 lambda g: into(np.zeros(4, dtype=np.float32)),  # not an input
+                 lambda g: inc(g.input("a", 1.0) * 2)]
+        for case in cases:
+            with pytest.raises(ti.GraphCaptureError, match=r"test_client_graphs\.py:\d+"):
+                with ti.graph.capture() as g:
+                    case(g)
+        with ti.graph.capture() as g:  # the program can capture again
+            inc(1.0)
+        g.replay()
+        with pytest.raises(ti.GraphError, match="GraphBuilder is not available"):
+            ti.graph.GraphBuilder()
+        return x.to_numpy()
+
+    np.testing.assert_array_equal(remote(program), np.ones(4))
+
+
+def test_a_graph_of_an_ended_program_is_refused(remote):
+    def program():
+        x = ti.field(ti.f32, shape=4)
+
+        @ti.kernel
+        def inc():
+            for i in x:
+                x[i] += 1
+
+        with ti.graph.capture() as g:
+            inc()
+        g()
+        return g
+
+    g = remote(program)
+    ti.init(arch=ti.remote, transport=LocalTransport())
+    try:
+        with pytest.raises(ti.GraphError, match="capture it again"):
+            g.replay()
+    finally:
+        ti.reset()
+
+
+# ---------------------------------------------------------------------------- saved graphs
+
+def test_a_saved_graph_loads_and_replays_remotely(remote, tmp_path):
+    path = str(tmp_path / "step.json")
+
+    def make():
+        x = ti.field(ti.f32, shape=32, needs_grad=True, name="x")
+        loss = ti.field(ti.f32, shape=(), needs_grad=True, name="loss")
+
+        @ti.kernel
+        def f(a: ti.f32):
+            for i in x:
+                loss[None] += ti.sin(x[i] * a) ** 2
+
+        @ti.kernel
+        def upd(lr: ti.f32):
+            for i in x:
+                x[i] -= lr * x.grad[i]
+
+        with ti.graph.capture() as g:
+            lr = g.input("lr", 0.1)
+            with ti.ad.Tape(loss):
+                f(1.5)
+            upd(lr)
+        g.save(path)
+
+    def use():
+        g = ti.graph.load(path)
+        g.fields["x"].from_numpy(np.linspace(0, 1, 32).astype(np.float32))
+        g.replay()
+        g.replay(lr=0.2)
+        return {k: g.fields[k].to_numpy() for k in ("x", "loss")} | {
+            "g": g.fields["x"].grad.to_numpy()}
+
+    ti.init(arch=ti.cpu, check_out_of_bound=True)
+    try:
+        make()
+        truth = use()
+    finally:
+        ti.reset()
+    got = remote(use)
+    same(truth, got)
+    # tampered documents are refused by the server's validation, as locally
+    doc = json.loads(open(path).read())
+    doc["kernels"][0]["ir"]["buffers"] = []
+    open(path, "w").write(json.dumps(doc))
+    with pytest.raises(ti.GraphError, match="kernel 0"):
+        remote(use)
+
+
+def test_graphs_are_saved_with_the_session():
+    """The engine saves its graphs with the session and makes them again on load."""
+    from difftape.server.engine import Engine
+
+    engine = Engine()
+    ti.init(arch=ti.remote, transport=LocalTransport(engine))
+    try:
+        x = ti.field(ti.f32, shape=8)
+
+        @ti.kernel
+        def inc(a: ti.f32):
+            for i in x:
+                x[i] += a
+
+        with ti.graph.capture() as g:
+            inc(g.input("a", 1.0))
+        g.replay()
+        _, saved = engine.execute({"op": "save"})
+        fresh = Engine()
+        fresh.execute({"op": "load"}, bytes(saved))
+        g.rt.transport.engine = fresh
+        g.replay(a=2.0)
+        np.testing.assert_array_equal(x.to_numpy(), np.full(8, 3.0))
+        assert len(fresh.graphs) == 1
+    finally:
+        ti.reset()
