@@ -189,9 +189,11 @@ class Tape:
     # ------------------------------------------------------------------ visualization
     def visualize(self, path: str) -> list[str]:
         """Write the recorded program as a Graphviz graph: one box per launch (in order), one
-        ellipse per version of each field it reads or writes, edges for the data flow. Writes
-        ``path`` (DOT text) and, when the ``graphviz`` package and its ``dot`` program are
-        installed, the SVG next to it. Returns the files written."""
+        ellipse per version of each field it reads or writes, edges for the data flow.
+        ``path`` ending in ``.svg``: the picture, drawn by Graphviz's ``dot`` program (the
+        DOT text beside it; a ``MediaError`` saying how to install Graphviz when ``dot`` is
+        not installed). Any other ``path``: the DOT text, and the SVG beside it when ``dot``
+        is installed. Returns the files written."""
         return write_graph(tape_dot(self), path)
 
     # ------------------------------------------------------------------ back-propagation
