@@ -19,11 +19,16 @@ from ..errors import DifftapeError, GradientRuleError, KernelRuntimeError
 from ..frontend.field import Field
 from ..frontend.kernel import Kernel
 from ..frontend.ndarray import Ndarray
-from ..runtime import program
+from ..runtime import program, progress
 from .graph import tape_dot, write_graph
 
 __all__ = ["Tape", "clear_all_gradients", "grad_for", "grad_replaced", "no_grad",
            "GradientCheckError"]
+
+
+#: Recordings of at least this many launches show a progress bar while they back-propagate
+#: (when it takes longer than ``progress.DELAY_S``).
+PROGRESS_MIN_LAUNCHES = 64
 
 
 class GradientCheckError(DifftapeError):
@@ -204,11 +209,17 @@ class Tape:
         self._evaluated = True
         if self.loss is not None:
             self.loss.grad.fill(1)
-        for entry in reversed(self.entries):
-            if entry.backward is None:
-                raise DifftapeError(f"'{entry.name}' is decorated with @ti.ad.grad_replaced "
-                                    "but no gradient was registered with @ti.ad.grad_for")
-            entry.backward(*entry.args, **entry.kwargs)
+        # A bar (runtime/progress.py) for long recordings only: it costs a little per launch.
+        with progress.bar(len(self.entries), "Tape backward", unit="launch",
+                          show=None if len(self.entries) >= PROGRESS_MIN_LAUNCHES else False
+                          ) as pb:
+            for entry in reversed(self.entries):
+                if entry.backward is None:
+                    raise DifftapeError(f"'{entry.name}' is decorated with "
+                                        "@ti.ad.grad_replaced but no gradient was registered "
+                                        "with @ti.ad.grad_for")
+                entry.backward(*entry.args, **entry.kwargs)
+                pb.update()
         if self.grad_check:
             self._check_gradients()
 
