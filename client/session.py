@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import json
-import sys
 import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+
+from difftape.runtime import progress as bars
 
 from .transport import HttpTransport, default_server, default_token
 
@@ -159,33 +160,26 @@ class Job:
                     event, data = None, []
 
     def wait(self, timeout: float | None = None, progress: bool | None = None) -> dict:
-        """Block until the job ends; a progress bar on stderr when ``progress`` (default:
-        when stderr is a terminal). Returns the final status."""
-        show = sys.stderr.isatty() if progress is None else progress
+        """Block until the job ends, with a progress bar of its ops (tqdm's: a widget in
+        Jupyter, a text bar in a terminal). ``progress``: None shows one when tqdm is
+        installed and ``DIFFTAPE_PROGRESS`` is not 0 (once the job has run a second); True
+        insists (an error without tqdm); False shows none. Returns the final status."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        try:
+        total = self.last.get("total")
+        with bars.bar(total, f"job {self.job_id}", show=progress, unit="op",
+                      leave=True) as pb:
             for info in self.events():
-                if show:
-                    _bar(info)
+                pb.total = info.get("total", pb.total)
+                pb.update(int(info.get("done", 0)) - pb.n)
+                pb.set_postfix_str(str(info.get("state", "")))
                 if deadline is not None and time.monotonic() > deadline:
                     break
-        finally:
-            if show:
-                sys.stderr.write("\n")
         return self.status()
 
     def result(self) -> list[dict]:
         """The results of a succeeded job; a failed one raises its error (same classes as
         a synchronous batch)."""
         return self.transport.json("GET", f"/v1/jobs/{self.job_id}/result")["results"]
-
-
-def _bar(info: dict) -> None:
-    done, total = int(info.get("done", 0)), max(1, int(info.get("total", 1)))
-    filled = int(30 * done / total)
-    sys.stderr.write(f"\rjob {info.get('job_id', '')[:12]} [{'#' * filled:<30}] "
-                     f"{done}/{total} {info.get('state', '')}   ")
-    sys.stderr.flush()
 
 
 @contextlib.contextmanager

@@ -1,4 +1,5 @@
-"""MkDocs hook: lay out the ``difftape`` package as it is installed, for the API reference.
+"""MkDocs hooks: lay out the ``difftape`` package as it is installed, for the API reference,
+and add the examples' pictures to the site.
 
 The distribution maps three folders onto one import namespace (``kernels/`` is ``difftape``,
 ``client/`` is ``difftape.client``, ``server/`` is ``difftape.server``; see pyproject.toml),
@@ -33,3 +34,14 @@ def on_startup(**kwargs) -> None:
     for name, folder in LAYOUT.items():
         if name:
             os.symlink(root / folder, package / name)
+
+
+def on_files(files, config, **kwargs):
+    """The examples' pictures (``examples/images/``, the README's gallery) are the docs'
+    ``images/`` too: one copy in the repository, shown by both."""
+    from mkdocs.structure.files import File
+
+    for path in sorted((ROOT / "examples" / "images").iterdir()):
+        if path.is_file() and files.get_file_from_path(f"images/{path.name}") is None:
+            files.append(File.generated(config, f"images/{path.name}", abs_src_path=str(path)))
+    return files

@@ -147,8 +147,9 @@ class ImageError(DifftapeError, ValueError, AssertionError):
 
 class MediaError(DifftapeError, RuntimeError):
     """Something a picture needs that this process does not have: a window (difftape draws
-    headless: ``ti.GUI(show_gui=False)``), ffmpeg for MP4 video, or an image file that cannot
-    be read or written. Taichi raises a ``RuntimeError`` for these."""
+    headless: ``ti.GUI(show_gui=False)``), ffmpeg for MP4 video, Graphviz's ``dot`` for
+    ``Tape.visualize``'s SVG, or an image file that cannot be read or written. Taichi raises a
+    ``RuntimeError`` for these."""
 
 
 class GraphError(DifftapeError, RuntimeError):

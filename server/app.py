@@ -26,9 +26,10 @@ from .jobs import JobScheduler
 from .metrics import Metrics
 from .middleware import AuthMiddleware, GuardMiddleware, RequestMiddleware
 from .models import Problem
-from .routers import batch, fields, health, jobs, kernels, sessions
+from .routers import batch, fields, health, jobs, kernels, sessions, status
 from .sessions import Live, SessionManager
 from .settings import Settings
+from .status import CpuSampler
 from .worker import SharedBuffer, WorkerGone, WorkerPool, WorkerRegistry, WorkerStats
 
 if TYPE_CHECKING:
@@ -85,6 +86,8 @@ class Service:
         self.jobs = JobScheduler(settings, self.db, self.sessions, self.metrics)
         self.jobs.gateway_id = self.gateway_id
         self.forward: ForwardMiddleware | None = None  # set by create_app
+        self.started = time.monotonic()  # the status page's uptime
+        self.cpu_sampler = CpuSampler()  # the status page's CPU figures
         self._tasks: list[asyncio.Task] = []
         self._drain: asyncio.Task | None = None
 
@@ -258,7 +261,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.service = service
     problems.install(app)
-    for r in (sessions, fields, kernels, batch, jobs, health):
+    for r in (sessions, fields, kernels, batch, jobs, health, status):
         app.include_router(r.router)
     # Outermost last: request id and access log, then Host/Origin/size, then the token, then
     # forwarding to the gateway that runs the session (server/forward.py), then the batch

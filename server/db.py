@@ -533,3 +533,41 @@ class Database:
         marks = ",".join("?" * len(states))
         return self.execute(f"SELECT * FROM jobs WHERE state IN ({marks}) ORDER BY created",
                             states)
+
+    # -------------------------------------------------------------- the status page
+    _STATUS_SESSION = ("SELECT s.id, s.owner, u.name AS user_name, s.state, s.gateway, s.worker, "
+                       "s.field_bytes, s.created, s.last_activity, s.resources FROM sessions s "
+                       "JOIN users u ON u.id = s.owner WHERE s.state IN ('active', 'culled')")
+    # Never the ops or results: a job's may be megabytes.
+    _STATUS_JOB = ("SELECT j.id, j.owner, u.name AS user_name, j.session, j.state, j.done, "
+                   "j.total, j.created, j.started, j.finished, j.gateway FROM jobs j JOIN "
+                   "users u ON u.id = j.owner WHERE ")
+
+    def status_sessions(self, owner: int | None = None) -> list:
+        """Live sessions (active or culled) of ``owner``, or everyone's, oldest first, with
+        their owner's name."""
+        if owner is None:
+            return self.execute(self._STATUS_SESSION + " ORDER BY s.created")
+        return self.execute(self._STATUS_SESSION + " AND s.owner = ? ORDER BY s.created",
+                            (owner,))
+
+    def status_jobs(self, owner: int | None = None, finished: int = 10) -> list:
+        """Queued and running jobs of ``owner`` (or everyone's), oldest first, then the
+        ``finished`` that ended last, with their owner's name."""
+        mine, args = ("", ()) if owner is None else (" AND j.owner = ?", (owner,))
+        unfinished = self.execute(self._STATUS_JOB + "j.state IN ('queued', 'running')" + mine
+                                  + " ORDER BY j.created", args)
+        ended = self.execute(self._STATUS_JOB + "j.state NOT IN ('queued', 'running')" + mine
+                             + " ORDER BY j.finished DESC LIMIT ?", (*args, finished))
+        return [*unfinished, *ended]
+
+    def usage(self, owner: int | None = None) -> list:
+        """Per user (``owner`` alone, or every user): live sessions, their field bytes and
+        the job seconds used, the figures the quotas limit."""
+        mine, args = ("", ()) if owner is None else (" WHERE u.id = ?", (owner,))
+        return self.execute(
+            "SELECT u.id, u.name, u.job_seconds, (SELECT COUNT(*) FROM sessions s WHERE "
+            "s.owner = u.id AND s.state IN ('active', 'culled')) AS sessions, (SELECT "
+            "COALESCE(SUM(s.field_bytes), 0) FROM sessions s WHERE s.owner = u.id AND s.state "
+            "IN ('active', 'culled')) AS field_bytes FROM users u" + mine + " ORDER BY u.name",
+            args)

@@ -10,6 +10,8 @@ session ids, user names or kernel names (one user must not learn another's sessi
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -51,6 +53,36 @@ class Metrics:
         r.cache_misses += stats.cache_misses
         r.compile_s += stats.compile_s
 
+    def totals(self) -> Totals:
+        """Counters summed over live workers' last stats plus retired ones."""
+        r = self.retired
+        t = Totals(r.launches, r.cache_hits, r.cache_misses, r.compile_s)
+        live = list(self.sessions.live.values()) if self.sessions is not None else []
+        for e in live:
+            if e.worker is None:
+                continue
+            s = e.worker.stats
+            t.launches += s.launches
+            t.cache_hits += s.cache_hits
+            t.cache_misses += s.cache_misses
+            t.compile_s += s.compile_s
+            t.field_bytes += s.field_bytes
+            t.running += 1
+        return t
+
+
+@dataclass
+class Totals:
+    """The workers' counters over the whole server: live workers' last stats plus retired
+    ones (what /metrics and the status page show)."""
+
+    launches: int = 0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    compile_s: float = 0.0
+    field_bytes: int = 0
+    running: int = 0  # sessions with a running worker
+
 
 class _WorkerCollector:
     """Counters summed over live workers' last stats plus retired ones."""
@@ -62,26 +94,14 @@ class _WorkerCollector:
         return []
 
     def collect(self):
-        r = self.m.retired
-        hits, misses, compile_s = r.cache_hits, r.cache_misses, r.compile_s
-        field_bytes = running = 0
-        live = list(self.m.sessions.live.values()) if self.m.sessions is not None else []
-        for e in live:
-            if e.worker is None:
-                continue
-            s = e.worker.stats
-            hits += s.cache_hits
-            misses += s.cache_misses
-            compile_s += s.compile_s
-            field_bytes += s.field_bytes
-            running += 1
+        t = self.m.totals()
         yield CounterMetricFamily("difftape_compile_cache_hits", "compiled-code cache hits",
-                                  value=hits)
+                                  value=t.cache_hits)
         yield CounterMetricFamily("difftape_compile_cache_misses", "kernels compiled by LLVM",
-                                  value=misses)
+                                  value=t.cache_misses)
         yield CounterMetricFamily("difftape_compile_seconds", "time spent compiling kernels",
-                                  value=compile_s)
+                                  value=t.compile_s)
         yield GaugeMetricFamily("difftape_field_bytes", "field memory of the running sessions "
-                                "(all users together)", value=field_bytes)
+                                "(all users together)", value=t.field_bytes)
         yield GaugeMetricFamily("difftape_sessions_running", "sessions with a running worker",
-                                value=running)
+                                value=t.running)

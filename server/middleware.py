@@ -13,6 +13,7 @@ import json
 import logging
 import secrets
 import time
+from http.cookies import CookieError, SimpleCookie
 
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -171,9 +172,29 @@ INVALID_TOKEN = ("invalid token: this server does not know it (revoked, rotated,
                  "made for another server); ask the server's operator for a new one (`difftape "
                  "token create NAME`) and set DIFFTAPE_TOKEN to it")
 
-#: Paths served without a token: the probes and the API's own documentation.
-PUBLIC_PATHS = frozenset({"/livez", "/readyz", "/docs", "/docs/oauth2-redirect", "/redoc",
+#: Paths served without a token: the probes, the API's own documentation, and ``/`` (a
+#: redirect to the status page).
+PUBLIC_PATHS = frozenset({"/", "/livez", "/readyz", "/docs", "/docs/oauth2-redirect", "/redoc",
                           "/openapi.json"})
+#: The status page's paths (routers/status.py). A browser sends no Authorization header, so
+#: these also take the token from the cookie the page's sign-in form sets, and a missing or
+#: invalid token reaches the route, which answers with the sign-in page (401) rather than a
+#: problem body. Only these read the cookie: an API request carrying it is still refused,
+#: so a page on another site cannot act with a signed-in browser's token (CSRF).
+PAGE_PATHS = frozenset({"/status", "/status/login", "/status/logout"})
+TOKEN_COOKIE = "difftape_token"
+
+
+def _cookie(header: str | None, name: str) -> str | None:
+    if not header:
+        return None
+    jar = SimpleCookie()
+    try:
+        jar.load(header)
+    except CookieError:
+        return None
+    morsel = jar.get(name)
+    return morsel.value if morsel is not None else None
 
 
 class AuthMiddleware:
@@ -194,6 +215,14 @@ class AuthMiddleware:
         auth = headers.get("authorization", "")
         scheme, _, token = auth.partition(" ")
         token = token.strip()
+        if scope["path"] in PAGE_PATHS:
+            if scheme.lower() != "bearer" or not token:
+                token = _cookie(headers.get("cookie"), TOKEN_COOKIE) or ""
+            state = scope.setdefault("state", {})
+            state["user"] = self.users(token) if token else None
+            state["token_given"] = bool(token)
+            await self.app(scope, receive, send)
+            return
         if scheme.lower() != "bearer" or not token:
             user, detail = None, MISSING_TOKEN
         else:

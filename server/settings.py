@@ -80,6 +80,10 @@ class Settings(BaseSettings):
     # any (only behind a proxy that checks Host itself).
     allowed_hosts: Annotated[list[str], NoDecode] = ["127.0.0.1", "localhost", "::1"]
     allowed_origins: Annotated[list[str], NoDecode] = []
+    # Users (names, as `difftape token create NAME` made them) whose token shows everyone's
+    # sessions and jobs on the status page (/status); other users see their own and figures
+    # over the whole server without names, as /metrics gives every token.
+    admins: Annotated[list[str], NoDecode] = []
 
     # "module:Class" of the engine run in the workers. An operator setting, never a client's.
     engine: str = "difftape.server.engine:Engine"
@@ -159,7 +163,7 @@ class Settings(BaseSettings):
                              "unset for the SQLite database under the data dir)")
         return v
 
-    @field_validator("allowed_hosts", "allowed_origins", mode="before")
+    @field_validator("allowed_hosts", "allowed_origins", "admins", mode="before")
     @classmethod
     def _split(cls, v):
         """Environment variables give comma-separated lists (``a.example,b.example``)."""

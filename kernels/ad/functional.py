@@ -22,7 +22,7 @@ import numpy as np
 from ..autodiff.lost import LostTracker
 from ..errors import DifftapeError
 from ..frontend.field import Field, root
-from ..runtime import program
+from ..runtime import program, progress
 from .tape import Tape, clear_all_gradients
 
 
@@ -193,25 +193,29 @@ def jacobian(fn: Callable[[], object], inputs: Sequence[Field] | Field,
     if mode == "forward":
         _ensure_duals()
         col = 0
-        for f in ins:
-            for k in range(_size(f)):
-                clear_all_duals()
-                f.dual.from_numpy(_one_hot(f, k))
-                with forward_mode():
-                    fn()
-                jac[:, col] = np.concatenate([_flat(o.dual) for o in outs])
-                col += 1
+        with progress.bar(n_in, "jacobian (forward)", unit="column") as pb:
+            for f in ins:
+                for k in range(_size(f)):
+                    clear_all_duals()
+                    f.dual.from_numpy(_one_hot(f, k))
+                    with forward_mode():
+                        fn()
+                    jac[:, col] = np.concatenate([_flat(o.dual) for o in outs])
+                    col += 1
+                    pb.update()
         clear_all_duals()
     elif mode == "reverse":
         tape = _record(fn)
         row = 0
-        for o in outs:
-            for k in range(_size(o)):
-                clear_all_gradients()
-                o.grad.from_numpy(_one_hot(o, k))
-                _backward(tape)
-                jac[row] = np.concatenate([_flat(f.grad) for f in ins])
-                row += 1
+        with progress.bar(n_out, "jacobian (reverse)", unit="row") as pb:
+            for o in outs:
+                for k in range(_size(o)):
+                    clear_all_gradients()
+                    o.grad.from_numpy(_one_hot(o, k))
+                    _backward(tape)
+                    jac[row] = np.concatenate([_flat(f.grad) for f in ins])
+                    row += 1
+                    pb.update()
     else:
         raise DifftapeError(f"jacobian: mode must be 'auto', 'forward' or 'reverse', got "
                             f"{mode!r}")
@@ -266,13 +270,15 @@ def hessian(fn: Callable[[], object], loss: Field, params: Sequence[Field] | Fie
         if cols is not None:
             return np.ascontiguousarray(cols.T)
     h = np.zeros((n, n), dtype=np.float64)
-    for col in range(n):
-        e = np.zeros(n)
-        e[col] = 1
-        vs, k = [], 0
-        for p in ps:
-            vs.append(e[k:k + _size(p)])
-            k += _size(p)
-        cols = hvp(fn, loss, ps, vs)
-        h[:, col] = np.concatenate([c.reshape(-1) for c in cols])
+    with progress.bar(n, "hessian", unit="column") as pb:
+        for col in range(n):
+            e = np.zeros(n)
+            e[col] = 1
+            vs, k = [], 0
+            for p in ps:
+                vs.append(e[k:k + _size(p)])
+                k += _size(p)
+            cols = hvp(fn, loss, ps, vs)
+            h[:, col] = np.concatenate([c.reshape(-1) for c in cols])
+            pb.update()
     return h

@@ -9,8 +9,10 @@ each launch (the buffers its loads, stores and atomics touch).
 from __future__ import annotations
 
 import os
-import warnings
+import shutil
+import subprocess
 
+from ..errors import MediaError
 from ..frontend.kernel import Kernel
 from ..ir.nodes import walk
 
@@ -82,22 +84,36 @@ def tape_dot(tape) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: How to get Graphviz's ``dot``, said wherever an SVG needs it.
+INSTALL_GRAPHVIZ = ("install Graphviz, whose `dot` program draws the SVG: `apt install graphviz` "
+                    "(Debian/Ubuntu), `brew install graphviz` (macOS) or `conda install -c "
+                    "conda-forge graphviz`")
+
+
 def write_graph(dot: str, path: str) -> list[str]:
-    """Write ``dot`` to ``path`` and, if possible, an SVG rendering beside it."""
-    with open(path, "w", encoding="utf-8") as f:
+    """Write the graph; the files written. A ``path`` ending in ``.svg`` asks for the picture:
+    the DOT text goes beside it (``.dot``) and Graphviz's ``dot`` program draws the SVG, or a
+    :class:`MediaError` says how to install Graphviz (the DOT file is written all the same).
+    Any other ``path`` gets the DOT text, and the SVG beside it (``.svg``) when ``dot`` is
+    installed. ``dot`` runs as a program: no Python binding is needed."""
+    stem = os.path.splitext(path)[0]
+    asked = path.lower().endswith(".svg")
+    dot_path = stem + ".dot" if asked else path
+    svg_path = path if asked else stem + ".svg"
+    with open(dot_path, "w", encoding="utf-8") as f:
         f.write(dot)
-    written = [path]
+    exe = shutil.which("dot")
+    if exe is None:
+        if asked:
+            raise MediaError(f"cannot draw {svg_path}: Graphviz's `dot` program is not on the "
+                             f"PATH; {INSTALL_GRAPHVIZ} (the graph is in {dot_path})")
+        return [dot_path]
     try:
-        import graphviz
-    except ImportError:
-        return written
-    svg = os.path.splitext(path)[0] + ".svg"
-    try:
-        data = graphviz.Source(dot).pipe(format="svg")
-    except Exception as e:  # the package is there but its `dot` program is not
-        warnings.warn(f"difftape: could not render {svg} with graphviz: {e}", stacklevel=3)
-        return written
-    with open(svg, "wb") as f:
-        f.write(data)
-    written.append(svg)
-    return written
+        run = subprocess.run([exe, "-Tsvg", "-o", svg_path, dot_path], capture_output=True,
+                             text=True, timeout=120, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise MediaError(f"Graphviz's `dot` ({exe}) could not draw {svg_path}: {e}") from None
+    if run.returncode != 0:
+        raise MediaError(f"Graphviz's `dot` ({exe}) could not draw {svg_path} (exit "
+                         f"{run.returncode}): {run.stderr.strip()[:2000]}")
+    return [dot_path, svg_path]

@@ -19,11 +19,16 @@ from ..errors import DifftapeError, GradientRuleError, KernelRuntimeError
 from ..frontend.field import Field
 from ..frontend.kernel import Kernel
 from ..frontend.ndarray import Ndarray
-from ..runtime import program
+from ..runtime import program, progress
 from .graph import tape_dot, write_graph
 
 __all__ = ["Tape", "clear_all_gradients", "grad_for", "grad_replaced", "no_grad",
            "GradientCheckError"]
+
+
+#: Recordings of at least this many launches show a progress bar while they back-propagate
+#: (when it takes longer than ``progress.DELAY_S``).
+PROGRESS_MIN_LAUNCHES = 64
 
 
 class GradientCheckError(DifftapeError):
@@ -189,9 +194,11 @@ class Tape:
     # ------------------------------------------------------------------ visualization
     def visualize(self, path: str) -> list[str]:
         """Write the recorded program as a Graphviz graph: one box per launch (in order), one
-        ellipse per version of each field it reads or writes, edges for the data flow. Writes
-        ``path`` (DOT text) and, when the ``graphviz`` package and its ``dot`` program are
-        installed, the SVG next to it. Returns the files written."""
+        ellipse per version of each field it reads or writes, edges for the data flow.
+        ``path`` ending in ``.svg``: the picture, drawn by Graphviz's ``dot`` program (the
+        DOT text beside it; a ``MediaError`` saying how to install Graphviz when ``dot`` is
+        not installed). Any other ``path``: the DOT text, and the SVG beside it when ``dot``
+        is installed. Returns the files written."""
         return write_graph(tape_dot(self), path)
 
     # ------------------------------------------------------------------ back-propagation
@@ -202,11 +209,17 @@ class Tape:
         self._evaluated = True
         if self.loss is not None:
             self.loss.grad.fill(1)
-        for entry in reversed(self.entries):
-            if entry.backward is None:
-                raise DifftapeError(f"'{entry.name}' is decorated with @ti.ad.grad_replaced "
-                                    "but no gradient was registered with @ti.ad.grad_for")
-            entry.backward(*entry.args, **entry.kwargs)
+        # A bar (runtime/progress.py) for long recordings only: it costs a little per launch.
+        with progress.bar(len(self.entries), "Tape backward", unit="launch",
+                          show=None if len(self.entries) >= PROGRESS_MIN_LAUNCHES else False
+                          ) as pb:
+            for entry in reversed(self.entries):
+                if entry.backward is None:
+                    raise DifftapeError(f"'{entry.name}' is decorated with "
+                                        "@ti.ad.grad_replaced but no gradient was registered "
+                                        "with @ti.ad.grad_for")
+                entry.backward(*entry.args, **entry.kwargs)
+                pb.update()
         if self.grad_check:
             self._check_gradients()
 

@@ -5,7 +5,9 @@ gradients, and the other mode. Taichi has none of these APIs, so the module is d
 
 import os
 import runpy
+import shutil
 import sys
+from xml.etree import ElementTree
 
 import numpy as np
 import pytest
@@ -326,7 +328,8 @@ def test_newton_example_converges_in_a_handful_of_iterations(ti):
 
 # ------------------------------------------------------------------------------ visualize
 
-def test_tape_visualize_writes_the_launch_graph(ti, tmp_path):
+def _recorded_tape(ti):
+    """A Tape over square, reduce, square (y is written twice: two versions)."""
     x = ti.field(float, 4, needs_grad=True)
     y = ti.field(float, 4, needs_grad=True)
     L = ti.field(float, (), needs_grad=True)
@@ -345,6 +348,11 @@ def test_tape_visualize_writes_the_launch_graph(ti, tmp_path):
         square()
         reduce()
         square()
+    return tape
+
+
+def test_tape_visualize_writes_the_launch_graph(ti, tmp_path):
+    tape = _recorded_tape(ti)
     files = tape.visualize(str(tmp_path / "tape.dot"))
     dot = (tmp_path / "tape.dot").read_text()
     assert files[0].endswith("tape.dot")
@@ -353,6 +361,39 @@ def test_tape_visualize_writes_the_launch_graph(ti, tmp_path):
                  '"launch 0" -> "y@0"', '"y@0" -> "launch 1"', '"launch 2" -> "y@1"',
                  'label="y (v1)"'):
         assert text in dot, (text, dot)
+    # The SVG beside it exactly when Graphviz's dot is installed.
+    svg = str(tmp_path / "tape.svg")
+    assert files == [str(tmp_path / "tape.dot")] + ([svg] if shutil.which("dot") else [])
+
+
+@pytest.mark.skipif(shutil.which("dot") is None,
+                    reason="Graphviz's dot is not installed (apt-get install graphviz)")
+def test_tape_visualize_draws_svg(ti, tmp_path):
+    """An .svg path is drawn by Graphviz: valid SVG naming every launch, the DOT beside."""
+    tape = _recorded_tape(ti)
+    files = tape.visualize(str(tmp_path / "tape.svg"))
+    assert files == [str(tmp_path / "tape.dot"), str(tmp_path / "tape.svg")]
+    root = ElementTree.parse(tmp_path / "tape.svg").getroot()
+    assert root.tag == "{http://www.w3.org/2000/svg}svg"
+    texts = [t.text for t in root.iter("{http://www.w3.org/2000/svg}text")]
+    for label in ("0: square", "1: reduce", "2: square", "x", "y", "y (v1)", "L"):
+        assert label in texts, (label, texts)
+    # One box per launch: polygons under the three launch nodes.
+    titles = [t.text for t in root.iter("{http://www.w3.org/2000/svg}title")]
+    assert {"launch 0", "launch 1", "launch 2"} <= set(titles)
+
+
+def test_tape_visualize_svg_without_graphviz_says_how_to_install(ti, tmp_path, monkeypatch):
+    """No `dot` on the PATH: an .svg is refused naming the installs; the DOT is written, and a
+    .dot path alone is fine."""
+    tape = _recorded_tape(ti)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(ti.MediaError, match=r"apt install graphviz.*conda install"):
+        tape.visualize(str(tmp_path / "tape.svg"))
+    assert not (tmp_path / "tape.svg").exists()
+    assert (tmp_path / "tape.dot").read_text().startswith("digraph tape {")
+    assert tape.visualize(str(tmp_path / "only.dot")) == [str(tmp_path / "only.dot")]
+    assert not (tmp_path / "only.svg").exists()
 
 
 def test_hvp_through_loop_carried_nonlinear_state(t64):

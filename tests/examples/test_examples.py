@@ -104,3 +104,24 @@ def test_hanging_arch_designs_loads_with_forward_mode(tmp_path):
     assert losses[-1] < 1e-2 * losses[0], losses
     check_gif(tmp_path / "hanging_arch.gif", (160, 160), 5 + 2)  # repeats merge
     check_png(tmp_path / "hanging_arch_loss.png")
+
+
+def test_tape_graph_draws_the_recording(tmp_path):
+    """examples/tape_graph.py (the README's picture): the DOT always; the SVG, valid XML
+    naming every launch, where Graphviz's dot is installed (refused, saying so, where not)."""
+    import shutil
+    from xml.etree import ElementTree
+
+    import difftape as ti
+
+    out = tmp_path / "tape.svg"
+    if shutil.which("dot") is None:
+        with pytest.raises(ti.MediaError, match="apt install graphviz"):
+            run("tape_graph", ["--out", str(out)])
+        assert (tmp_path / "tape.dot").exists()
+        return
+    files = run("tape_graph", ["--steps", "2", "--out", str(out)])
+    assert files == [str(tmp_path / "tape.dot"), str(out)]
+    root = ElementTree.parse(out).getroot()
+    texts = {t.text for t in root.iter("{http://www.w3.org/2000/svg}text")}
+    assert {"0: launch", "1: step", "2: step", "3: distance", "v0", "x (v2)"} <= texts, texts

@@ -3,6 +3,7 @@ against a real server."""
 
 import os
 import signal
+import sys
 import time
 
 import numpy as np
@@ -175,3 +176,33 @@ def test_connection_session_and_job_reprs_say_what_they_are(conn, service):
     job = Job(conn, "j-1", {"state": "running", "done": 3, "total": 10})
     assert repr(job) == "<difftape.client.Job j-1: running, 3 of 10 ops done>"
     assert repr(Job(conn, "j-2")) == "<difftape.client.Job j-2: submitted>"
+
+
+def test_job_wait_shows_progress_with_tqdm(service, conn, capsys, monkeypatch):
+    """Job.wait draws the job's ops as a tqdm bar (a widget in Jupyter, stderr here), none
+    with progress=False; progress=True without tqdm is refused, saying how to install it."""
+    pytest.importorskip("tqdm", reason="pip install tqdm (the test extra)")
+    from difftape.ir import serialize
+    from difftape.runtime import program, progress
+
+    ti.init(arch=ti.remote, server=service.url, token=service.tokens["alice"])
+    try:
+        hits, _data, bump = counter_program()
+        bump(0.0)
+        ti.sync()
+        sess = conn.session(program.get().remote.session_id)
+        kid = serialize.fingerprint(bump.build_ir(program.get(), ()))
+        ops = [{"op": "launch", "kernel_id": kid, "variant": "primal", "args": [1.0]}] * 5
+        capsys.readouterr()
+        assert sess.submit(ops).wait(progress=True)["state"] == "succeeded"
+        err = capsys.readouterr().err
+        assert "job j_" in err and "5/5" in err and "succeeded" in err, err
+        assert sess.submit(ops).wait(progress=False)["state"] == "succeeded"
+        assert capsys.readouterr().err == ""
+        assert hits[None] == 11
+        monkeypatch.setitem(sys.modules, "tqdm.auto", None)
+        assert progress.bar(1, "x").__class__.__name__ == "_NoBar"
+        with pytest.raises(ti.DifftapeError, match="pip install tqdm"):
+            sess.submit(ops).wait(progress=True)
+    finally:
+        ti.reset()
