@@ -478,9 +478,9 @@ class RemoteField(Field):
             self._remote.queue({"op": "companion", "id": self.id, "role": self.role})
 
     @property
-    def arr(self) -> np.ndarray:
+    def storage(self):
         raise DifftapeError(f"{self._label()} lives on the difftape server (arch=ti.remote) "
-                            "and has no local array; use to_numpy() / from_numpy()")
+                            "and has no local storage; use to_numpy() / from_numpy()")
 
     def _index(self, key) -> list[int]:
         """A Python-scope index, checked here exactly as the local field checks it."""

@@ -38,7 +38,7 @@ def clear_all_gradients() -> None:
         return
     for f in list(prog.fields.values()):
         if f.has_grad:
-            prog.zero(f.grad.arr)
+            prog.zero(f.grad.storage)
 
 
 def no_grad(func):
@@ -131,7 +131,7 @@ class Tape:
         if loss is not None:
             if isinstance(loss, Field) and loss.shape == ():
                 label = loss._label()
-            elif isinstance(loss, Ndarray) and loss.arr.size == 1:
+            elif isinstance(loss, Ndarray) and loss.storage.size == 1:
                 label = "the loss ndarray"
             else:
                 raise DifftapeError("ti.ad.Tape(loss): loss must be a 0-D field (shape=()) or a "

@@ -21,6 +21,7 @@ from ..codegen import get_target
 from ..errors import OptionError, UnknownOptionError
 from ..types import DType
 from .simgrid import parse_grid
+from .storage import Allocator, HostAllocator, Storage
 
 
 @dataclass(frozen=True)
@@ -246,6 +247,8 @@ class Program:
         self.fields: dict[int, object] = {}
         self.unplaced: list = []
         self.snode_children: list = []  # ti.root's children (SNode trees of this program)
+        # Where field and ndarray storage lives (runtime/storage.py).
+        self.allocator: Allocator = HostAllocator()
         nthreads = config.cpu_max_num_threads or os.cpu_count() or 1
         self.num_threads = max(1, nthreads)
         self.seed_random(config.random_seed)
@@ -276,12 +279,17 @@ class Program:
             self._pool = ThreadPool(self.num_threads)
         return self._pool
 
-    def zero(self, arr) -> None:
-        """Zero a contiguous array; large ones on all cores (clearing gradients between
-        iterations is memory-bound, and one core cannot saturate memory bandwidth)."""
+    def zero(self, storage: Storage) -> None:
+        """Zero a field's or ndarray's storage; in host memory large ones on all cores
+        (clearing gradients between iterations is memory-bound, and one core cannot saturate
+        memory bandwidth); in device memory with a device memset."""
         if self.capture is not None:  # inside ti.graph.capture(): recorded, not run
-            self.capture.zero(arr)
+            self.capture.zero(storage)
             return
+        if not storage.host:
+            storage.zero()
+            return
+        arr = storage.array
         if arr.nbytes < (1 << 20) or self.num_threads == 1:
             arr.fill(0)
             return
@@ -297,6 +305,7 @@ class Program:
         if self._pool is not None:
             self._pool.close()
             self._pool = None
+        self.allocator.close()
 
 
 _current: Program | None = None

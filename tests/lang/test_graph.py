@@ -25,7 +25,7 @@ def _storage():
         for role in ("primal", "grad", "dual", "grad_dual"):
             c = f.companion(role)
             if c is not None:
-                out[(fid, role)] = c.arr
+                out[(fid, role)] = c.storage.array
     return out
 
 
