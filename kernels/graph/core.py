@@ -622,6 +622,23 @@ def register_saver(save) -> None:
     _saver[:] = [save]
 
 
+def refuse_program(prog, what: str) -> None:
+    """Refuse to build a graph (``what``) under a program whose launches a native replay
+    cannot run: remote, on the simulated grid (tasks launched from Python, storage in
+    simulated device memory where a replay addresses host memory), or profiled."""
+    if prog.remote is not None:
+        raise GraphError(f"{what} under arch=ti.remote is not supported yet: capture and "
+                         "replay locally (arch=ti.cpu)")
+    if prog.config.simulate_grid or not prog.allocator.host:
+        raise GraphError(f"{what} is not available with simulate_grid: the simulated grid "
+                         "launches its tasks from Python and keeps fields and ndarrays in "
+                         "(simulated) device memory, while a graph replays natively over host "
+                         "memory")
+    if prog.config.kernel_profiler:
+        raise GraphError(f"{what} with kernel_profiler=True: a replay times no single "
+                         "launch; profile the eager step instead")
+
+
 class capture:
     """``with ti.graph.capture() as g: step()``: record ``step`` into the graph ``g``
     (nothing runs while capturing); then ``g.replay(**inputs)``."""
@@ -632,15 +649,7 @@ class capture:
 
     def __enter__(self) -> Graph:
         prog = program.get()
-        if prog.remote is not None:
-            raise GraphError("ti.graph.capture() under arch=ti.remote is not supported yet: "
-                             "capture and replay locally (arch=ti.cpu)")
-        if prog.config.simulate_grid:
-            raise GraphError("ti.graph.capture() is not available with simulate_grid: the "
-                             "simulated grid launches its tasks from Python")
-        if prog.config.kernel_profiler:
-            raise GraphError("ti.graph.capture() with kernel_profiler=True: a replay times no "
-                             "single launch; profile the eager step instead")
+        refuse_program(prog, "ti.graph.capture()")
         if prog.capture is not None:
             raise GraphError("ti.graph.capture() blocks cannot be nested")
         if prog.tape is not None or prog.fwd is not None:

@@ -21,7 +21,7 @@ from ..codegen import get_target
 from ..errors import OptionError, UnknownOptionError
 from ..types import DType
 from .simgrid import parse_grid
-from .storage import Allocator, HostAllocator, Storage
+from .storage import Allocator, HostAllocator, SimulatedDeviceAllocator, Storage
 
 
 @dataclass(frozen=True)
@@ -247,8 +247,11 @@ class Program:
         self.fields: dict[int, object] = {}
         self.unplaced: list = []
         self.snode_children: list = []  # ti.root's children (SNode trees of this program)
-        # Where field and ndarray storage lives (runtime/storage.py).
-        self.allocator: Allocator = HostAllocator()
+        # Where field and ndarray storage lives (runtime/storage.py): host memory, or on the
+        # simulated grid separate "device" memory reached only through explicit copies, as a
+        # GPU's would be.
+        self.allocator: Allocator = SimulatedDeviceAllocator() if config.simulate_grid \
+            else HostAllocator()
         nthreads = config.cpu_max_num_threads or os.cpu_count() or 1
         self.num_threads = max(1, nthreads)
         self.seed_random(config.random_seed)

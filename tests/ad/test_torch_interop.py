@@ -153,6 +153,7 @@ def _ndarray_op(ti):
     return operator(lambda: cube(a, b), inputs=[a], outputs=[b], name="cube"), a, b
 
 
+@pytest.mark.host_memory
 def test_ndarray_storage_shares_the_tensors_memory(ti64):
     op, a, b = _ndarray_op(ti64)
     x = torch.rand(N, dtype=torch.float64, requires_grad=True)

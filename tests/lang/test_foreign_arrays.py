@@ -74,6 +74,7 @@ def test_meta_device_tensor_is_refused(ti):
         _double(ti)(x, x)
 
 
+@pytest.mark.host_memory
 def test_field_and_ndarray_export_dlpack_without_copy(ti):
     f = ti.field(ti.f32, shape=4)
     t = torch.from_dlpack(f)
@@ -88,6 +89,7 @@ def test_field_and_ndarray_export_dlpack_without_copy(ti):
     assert tn[1, 2].item() == 5
 
 
+@pytest.mark.host_memory
 def test_from_dlpack_shares_memory_and_element_shape(ti):
     t = torch.zeros(3, 2)
     nd = ti.from_dlpack(t, element_shape=(2,))
