@@ -42,7 +42,7 @@ from ..ir import serialize
 from ..ir.passes import run_pipeline
 from ..ir.validate import argument_names, decode_untrusted
 from ..runtime import program
-from .core import Graph, _Input, register_saver
+from .core import Graph, _Input, host_array, register_saver
 
 FORMAT = "difftape-graph"
 VERSION = 1
@@ -61,7 +61,8 @@ def save(graph: Graph, path: str) -> None:
         for role in ROLES:
             c = f.companion(role)
             if c is not None:
-                storage[c.arr.ctypes.data] = (fid, role, c.arr)
+                arr = host_array(c.storage)
+                storage[arr.ctypes.data] = (fid, role, arr)
     constants = {a.ctypes.data: a for a in graph._keep if isinstance(a, np.ndarray)}
     used: set[int] = set()
 
@@ -300,7 +301,7 @@ def _storage(mapping: dict[int, Field], fid, role) -> np.ndarray:
     c = f.companion(role) if f is not None and role in ROLES else None
     if c is None:
         raise _bad(f"an op addresses field {fid!r:.20} .{role!r:.20}, which is not in the graph")
-    return c.arr
+    return host_array(c.storage)
 
 
 def _op(g: Graph, op, n: int, insts: list, mapping: dict[int, Field]) -> np.ndarray | None:
@@ -393,12 +394,12 @@ def _input(g: Graph, spec, n: int, ctxs: list, insts: list, ops: list,
                 continue
             for op, ctx in zip(g._ops, ctxs, strict=True):
                 if op[0] == "launch":
-                    for slot, arr in op[1].field_storage():
-                        if arr is c.arr:
+                    for slot, st in op[1].field_storage():
+                        if st is c.storage:
                             inp.slots.append((ctx, slot, role))
-                elif op[2][0] == c.arr.ctypes.data:
+                elif op[2][0] == c.storage.address:
                     inp.slots.append((op[2], 0, role))
-                elif op[1] == "copy" and op[2][1] == c.arr.ctypes.data:
+                elif op[1] == "copy" and op[2][1] == c.storage.address:
                     inp.slots.append((op[2], 1, role))
         return
     if kind not in ("scalar", "matrix"):
