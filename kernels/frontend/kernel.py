@@ -14,6 +14,7 @@ import inspect
 import numbers
 import sys
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -610,7 +611,9 @@ class CompiledKernel:
         self.ctx_i64[layout.rng] = prog.rng_state.ctypes.data
         self._ndarray_slots = []
         written = _written_slots(ir)
-        written_fields: list[Storage] = []  # (device memory: what a launch makes stale)
+        # (device memory: what a launch makes stale; weakly, since the fields own their
+        # storage: SNodeTree.destroy() frees it, and this kernel then recompiles)
+        written_fields: list[weakref.ref[Storage]] = []
         for slot, buf in enumerate(ir.buffers):
             if buf.key[0] == "private":  # per-chunk copies the generated code allocates
                 continue
@@ -627,7 +630,7 @@ class CompiledKernel:
                                        f"'{buf.name}'", kernel=ir.name)
                 self.ctx_i64[layout.buffer_ptr[slot]] = storage.storage.address
                 if slot in written:
-                    written_fields.append(storage.storage)
+                    written_fields.append(weakref.ref(storage.storage))
             else:
                 extents = [layout.buffer_extent.get((slot, a)) for a in range(buf.ndim)]
                 self._ndarray_slots.append((slot, buf.key[1], buf.key[2], extents,
@@ -679,8 +682,10 @@ class CompiledKernel:
         try:
             return self._host_launch(args)
         finally:
-            for storage in self._written_fields:
-                storage.device_written()
+            for ref in self._written_fields:
+                storage = ref()
+                if storage is not None:
+                    storage.device_written()
             for _, arg_index, role, _, writes in self._ndarray_slots:
                 if writes:
                     _ndarray_storage(args[arg_index], role).device_written()

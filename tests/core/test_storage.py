@@ -201,3 +201,38 @@ def test_reset_releases_device_memory():
     ti.reset()
     assert prog.allocator.memory.live == 0
     del x  # (its storage's finalizer finds the allocator closed)
+
+
+def test_destroyed_tree_frees_device_memory(sim):
+    """SNodeTree.destroy() frees its fields' device memory, also after kernels used (and
+    wrote) them: a compiled kernel does not keep a field's storage alive. The kernel that
+    used them is refused; the program's other fields keep working."""
+    mem = program.get().allocator.memory
+    y = ti.field(ti.f32, shape=3)
+    fb = ti.FieldsBuilder()
+    x = ti.field(ti.f32, needs_grad=True)
+    fb.dense(ti.i, 1000).place(x)
+    tree = fb.finalize()
+
+    @ti.kernel
+    def fill_x():
+        for i in x:
+            x[i] = i
+            x.grad[i] = 1
+
+    @ti.kernel
+    def fill_y():
+        for i in y:
+            y[i] = 2 * i + 1
+
+    fill_x()
+    fill_y()
+    np.testing.assert_array_equal(x.to_numpy()[:4], [0, 1, 2, 3])
+    before = mem.bytes_in_use
+    tree.destroy()
+    gc.collect()
+    assert mem.bytes_in_use == before - 2 * 1000 * 4  # x and x.grad
+    with pytest.raises(DifftapeError, match="destroyed"):
+        fill_x()
+    fill_y()
+    np.testing.assert_array_equal(y.to_numpy(), [1, 3, 5])
