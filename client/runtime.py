@@ -52,6 +52,7 @@ from difftape.graph import wire
 from difftape.ir import serialize
 from difftape.ir.serialize import from_jsonable
 from difftape.runtime import foreign, program
+from difftape.runtime.storage import Storage
 
 from .derivatives import Unrecordable, jacobian, newton, second_order
 from .graph import GraphRecording, RemoteGraph
@@ -444,8 +445,10 @@ class RemoteRuntime:
                                     "outside this remote program, with a .grad that does not "
                                     "live on the server; make it under arch=ti.remote",
                                     kernel=name)
-            arr = a.arr if isinstance(a, Ndarray) else a
             writes = k in rk.written(self.prog, variant)
+            # (a local ndarray: its host values, writable when the kernel writes them back)
+            arr = (a.storage.write() if writes else a.storage.read()) \
+                if isinstance(a, Ndarray) else a
             if writes and not arr.flags.writeable:
                 raise ArgumentError(f"kernel '{name}' writes argument {k + 1}, but it is "
                                     "read-only (a read-only NumPy array, or a JAX array: "
@@ -689,9 +692,9 @@ class RemoteField(Field):
             self._remote.queue({"op": "companion", "id": self.id, "role": self.role})
 
     @property
-    def arr(self) -> np.ndarray:
+    def storage(self):
         raise DifftapeError(f"{self._label()} lives on the difftape server (arch=ti.remote) "
-                            "and has no local array; use to_numpy() / from_numpy()")
+                            "and has no local storage; use to_numpy() / from_numpy()")
 
     def _index(self, key) -> list[int]:
         """A Python-scope index, checked here exactly as the local field checks it."""
@@ -787,7 +790,7 @@ class RemoteNdarray(Ndarray):
     _remote_doc = ("lives on the difftape server (arch=ti.remote) and has no local array; "
                    "use to_numpy() / from_numpy()")
 
-    def _allocate(self, arr: np.ndarray | None, needs_grad: bool) -> None:
+    def _allocate(self, storage: Storage | None, needs_grad: bool) -> None:
         self._program = program.get()
         self.id = next(_field_ids)
         self.role = "primal"
@@ -820,7 +823,7 @@ class RemoteNdarray(Ndarray):
         return f"ndarray#{self.id}" + (".grad" if self.role == "grad" else "")
 
     @property
-    def arr(self) -> np.ndarray:
+    def storage(self) -> Storage:
         raise DifftapeError(f"{self._label()} {self._remote_doc}")
 
     def _dlpack_array(self) -> np.ndarray:

@@ -362,8 +362,9 @@ class Engine:
     @staticmethod
     def _field_nbytes(f: Field | _Ndarray) -> int:
         if isinstance(f, Ndarray):
-            return f.arr.nbytes * (2 if f.grad is not None else 1)
-        return sum(s.arr.nbytes for s in (f, f.companion("grad"), f.companion("dual"), f.mark)
+            return f.storage.nbytes * (2 if f.grad is not None else 1)
+        return sum(s.storage.nbytes for s in (f, f.companion("grad"), f.companion("dual"),
+                                              f.mark)
                    if s is not None)
 
     def _make_companion(self, f: Field, role: str) -> None:
@@ -393,7 +394,7 @@ class Engine:
 
     def op_write(self, op: dict, payload: bytes | memoryview | None) -> tuple[dict, None]:
         s = self._storage(op)
-        arr = s.arr
+        arr = s.storage
         dtype = _dtype(op.get("dtype", s.dtype.name)).np
         shape = _int_list(op.get("shape", list(arr.shape)), "shape")
         if shape != arr.shape:
@@ -405,7 +406,7 @@ class Engine:
             raise ShapeError(f"write: expected {arr.size * dtype.itemsize} bytes for "
                              f"{shape} {dtype}, got {data.nbytes}")
         src = np.frombuffer(data, dtype=dtype).reshape(shape)
-        np.copyto(arr, src, casting="unsafe")
+        np.copyto(arr.write(), src, casting="unsafe")
         return {}, None
 
     def op_read(self, op: dict, payload: bytes | None) -> tuple[dict, memoryview]:
@@ -413,17 +414,17 @@ class Engine:
             raise EngineError("op 'read' takes no payload")
         s = self._storage(op)
         # A view, not a copy: the worker sends it before it runs the next op.
-        return ({"dtype": s.dtype.name, "shape": list(s.arr.shape)},
-                memoryview(s.arr.reshape(-1).view(np.uint8)))
+        return ({"dtype": s.dtype.name, "shape": list(s.storage.shape)},
+                memoryview(s.storage.read().reshape(-1).view(np.uint8)))
 
     def op_get_bytes(self, op: dict) -> dict:
         """A small field's raw bytes inside a batch's answer (base64): read with the launches
         before it, in one round trip."""
         s = self._storage(op)
-        if s.arr.nbytes > INLINE_BYTES:
-            raise EngineError(f"get_bytes: {s._label()} has {s.arr.nbytes} bytes, more than "
+        if s.storage.nbytes > INLINE_BYTES:
+            raise EngineError(f"get_bytes: {s._label()} has {s.storage.nbytes} bytes, more than "
                               f"{INLINE_BYTES}; read it with 'read'")
-        return {"b64": base64.b64encode(s.arr.tobytes()).decode("ascii")}
+        return {"b64": base64.b64encode(s.storage.read().tobytes()).decode("ascii")}
 
     def op_set_bytes(self, op: dict) -> dict:
         """A small field's raw bytes (its own dtype, C order, base64) inside a batch."""
@@ -435,17 +436,18 @@ class Engine:
             data = base64.b64decode(text, validate=True)
         except ValueError:
             raise EngineError("set_bytes: 'b64' is not valid base64") from None
-        if len(data) != s.arr.nbytes:
-            raise ShapeError(f"set_bytes: {s._label()} has {s.arr.nbytes} bytes, got "
+        if len(data) != s.storage.nbytes:
+            raise ShapeError(f"set_bytes: {s._label()} has {s.storage.nbytes} bytes, got "
                              f"{len(data)}")
-        s.arr.reshape(-1)[:] = np.frombuffer(data, dtype=s.arr.dtype)
+        s.storage.write().reshape(-1)[:] = np.frombuffer(data, dtype=s.storage.dtype)
         return {}
 
     def op_fill(self, op: dict) -> dict:
         s = self._storage(op)
         value = from_jsonable(op.get("value"))
         try:
-            s.arr[...] = np.asarray(value, dtype=s.dtype.np) if isinstance(value, list) else value
+            s.storage.write()[...] = np.asarray(value, dtype=s.dtype.np) \
+                if isinstance(value, list) else value
         except (TypeError, ValueError) as e:
             raise ShapeError(f"fill {s._label()}: {e}") from None
         return {}
@@ -464,7 +466,7 @@ class Engine:
 
     def op_get_item(self, op: dict) -> dict:
         s = self._storage(op)
-        value = s.arr[self._index(s, op)]
+        value = s.storage.read()[self._index(s, op)]
         return {"value": jsonable(value.tolist())}
 
     def op_set_item(self, op: dict) -> dict:
@@ -473,11 +475,12 @@ class Engine:
         value = from_jsonable(op.get("value"))
         try:
             if s.element_shape:
-                s.arr[key] = np.asarray(value, dtype=s.dtype.np).reshape(s.element_shape)
+                s.storage.write()[key] = np.asarray(value, dtype=s.dtype.np).reshape(
+                    s.element_shape)
             else:
                 if not _number(value):
                     raise TypeError(f"expected a number, got {type(value).__name__}")
-                s.arr[key] = value
+                s.storage.write()[key] = value
         except (TypeError, ValueError, OverflowError) as e:
             raise ShapeError(f"{s._label()}[{list(key)}] = ...: {e}") from None
         return {}
@@ -485,7 +488,7 @@ class Engine:
     def op_clear_grads(self, op: dict) -> dict:
         for f in list(self.prog.fields.values()):
             if f.has_grad:
-                self.prog.zero(f.grad.arr)
+                self.prog.zero(f.grad.storage)
         return {}
 
     def op_seed(self, op: dict) -> dict:
@@ -498,7 +501,7 @@ class Engine:
         for f in list(self.prog.fields.values()):
             for d in (f.companion("dual"), f.companion("grad_dual")):
                 if d is not None:
-                    self.prog.zero(d.arr)
+                    self.prog.zero(d.storage)
         return {}
 
     # ------------------------------------------------------------------ kernels
@@ -604,7 +607,7 @@ class Engine:
                                     "no .grad storage", kernel=name)
             for buf in k.arrays[arg]:
                 esh = tuple(buf.shape[len(buf.shape) - buf.element_ndim:])
-                if buf.dtype != nd.dtype or len(buf.shape) != nd.arr.ndim or \
+                if buf.dtype != nd.dtype or len(buf.shape) != nd.storage.ndim or \
                         esh != nd.element_shape:
                     ndim = len(buf.shape) - buf.element_ndim
                     raise ArgumentError(
@@ -709,28 +712,29 @@ class Engine:
         and read the ``read`` storages, flattened. Returns (columns, read scalars) float64."""
         if clear not in ("clear_duals", "clear_grads"):
             raise EngineError("sweep: 'clear' must be 'clear_duals' or 'clear_grads'")
-        sizes = [s.arr.size for s in seeds]
+        sizes = [s.storage.size for s in seeds]
         total = sum(sizes)
         count = total if vectors is None else len(vectors)
         if vectors is not None and vectors.shape[1:] != (total,):
             raise EngineError(f"sweep: each seed vector must have {total} values")
-        columns = np.zeros((count, sum(r.arr.size for r in reads)), dtype=np.float64)
+        columns = np.zeros((count, sum(r.storage.size for r in reads)), dtype=np.float64)
         for c in range(count):
             self.execute({"op": clear})
             if vectors is None:
                 k = c
                 for s, n in zip(seeds, sizes, strict=True):
                     if 0 <= k < n:
-                        s.arr.reshape(-1)[k] = 1  # (cleared: the rest of every seed is 0)
+                        # (cleared: the rest of every seed is 0)
+                        s.storage.write().reshape(-1)[k] = 1
                     k -= n
             else:
                 k = 0
                 for s, n in zip(seeds, sizes, strict=True):
-                    s.arr.reshape(-1)[:] = vectors[c, k:k + n].astype(s.dtype.np)
+                    s.storage.write().reshape(-1)[:] = vectors[c, k:k + n].astype(s.dtype.np)
                     k += n
             self._run_program(program, "sweep")
             if reads:
-                columns[c] = np.concatenate([r.arr.reshape(-1) for r in reads])
+                columns[c] = np.concatenate([r.storage.read().reshape(-1) for r in reads])
         return columns
 
     def op_sweep(self, op: dict) -> dict:
@@ -742,7 +746,7 @@ class Engine:
         reads = self._storages(op.get("read"), "sweep read")
         vectors = op.get("vectors")
         if vectors is not None:
-            total = sum(s.arr.size for s in seeds)
+            total = sum(s.storage.size for s in seeds)
             flat = _f64_from_b64(vectors, "sweep: 'vectors'")
             if total == 0 or flat.size % total:
                 raise EngineError(f"sweep: 'vectors' must hold whole seed vectors of {total} "
@@ -776,8 +780,8 @@ class Engine:
         class Steps:
             def value_and_grad(self) -> tuple[float, np.ndarray]:
                 engine._run_program(programs["value_grad"], "newton")
-                return float(loss.arr.reshape(-1)[0]), np.concatenate(
-                    [g.arr.reshape(-1).astype(np.float64) for g in grads])
+                return float(loss.storage.read().reshape(-1)[0]), np.concatenate(
+                    [g.storage.read().reshape(-1).astype(np.float64) for g in grads])
 
             def hessian(self) -> np.ndarray:
                 cols = engine._sweep("clear_duals", duals, grad_duals, programs["hessian"],
@@ -786,18 +790,20 @@ class Engine:
                 return np.ascontiguousarray(cols.T)
 
             def get(self) -> np.ndarray:
-                return np.concatenate([p.arr.reshape(-1).astype(np.float64) for p in params])
+                return np.concatenate([p.storage.read().reshape(-1).astype(np.float64)
+                                       for p in params])
 
             def set(self, flat: np.ndarray) -> None:
                 k = 0
                 for p in params:
-                    n = p.arr.size
-                    p.arr[...] = flat[k:k + n].astype(p.dtype.np).reshape(p.arr.shape)
+                    n = p.storage.size
+                    p.storage.write()[...] = flat[k:k + n].astype(p.dtype.np).reshape(
+                        p.storage.shape)
                     k += n
 
             def value(self) -> float:
                 engine._run_program(programs["primal"], "newton")
-                return float(loss.arr.reshape(-1)[0])
+                return float(loss.storage.read().reshape(-1)[0])
 
         r = newton_iterate(Steps(), float(tol), max_iter)
         return {"iterations": r.iterations, "loss": jsonable(r.loss),
@@ -810,7 +816,8 @@ class Engine:
             raise EngineError("snapshot: 'key' must be an integer")
         if len(self.snapshots) >= 4:  # a client that never checks must not pile them up
             self.snapshots.pop(next(iter(self.snapshots)))
-        self.snapshots[key] = {fid: f.arr.copy() for fid, f in self.prog.fields.items()}
+        self.snapshots[key] = {fid: f.storage.read().copy()
+                               for fid, f in self.prog.fields.items()}
         return {}
 
     def op_grad_check(self, op: dict) -> dict:
@@ -830,19 +837,19 @@ class Engine:
         if len(labels) != len(checked) or not all(isinstance(x, str) for x in labels):
             raise EngineError("grad_check: 'labels' must name each checked field")
         fields = self.prog.fields
-        after = {i: f.arr.copy() for i, f in fields.items()}
-        grads = {i: f.grad.arr.copy() for i, f in fields.items() if f.has_grad}
+        after = {i: f.storage.read().copy() for i, f in fields.items()}
+        grads = {i: f.grad.storage.read().copy() for i, f in fields.items() if f.has_grad}
         program = op.get("program", [])
 
         def replay(field: Field, idx: tuple, delta: float) -> float:
             for i, arr in snap.items():
                 if i in fields:
-                    np.copyto(fields[i].arr, arr)
+                    np.copyto(fields[i].storage.write(), arr)
             moved = snap[field.id].copy()
             moved[idx] += delta
-            np.copyto(field.arr, moved)
+            np.copyto(field.storage.write(), moved)
             self._run_program(program, "grad_check")
-            return float(loss.arr.reshape(-1)[0])
+            return float(loss.storage.read().reshape(-1)[0])
 
         bad: list[str] = []
         try:
@@ -853,13 +860,13 @@ class Engine:
                     raise EngineError(f"grad_check: {f._label()} was created after the "
                                       "snapshot")
                 bad += finite_difference_check(
-                    label, f.grad.arr.copy(), snap[f.id], f.dtype.bits,
+                    label, f.grad.storage.read().copy(), snap[f.id], f.dtype.bits,
                     lambda idx, delta, f=f: replay(f, idx, delta))
         finally:
             for i, arr in after.items():
-                np.copyto(fields[i].arr, arr)
+                np.copyto(fields[i].storage.write(), arr)
             for i, arr in grads.items():
-                np.copyto(fields[i].grad.arr, arr)
+                np.copyto(fields[i].grad.storage.write(), arr)
         return {"bad": bad}
 
     # ------------------------------------------------------------------ graphs
@@ -919,7 +926,7 @@ class Engine:
         self.launches += graph.launches
         written = sorted(graph.written_inputs)
         return {"written": written,
-                "arrays": {name: wire.encode_bytes(nd.arr.tobytes()) for name, nd in sent
+                "arrays": {name: wire.encode_bytes(nd.storage.read().tobytes()) for name, nd in sent
                            if name in graph.written_inputs}}
 
     def _graph_value(self, inp, v: Any, sent: list) -> Any:
@@ -942,10 +949,11 @@ class Engine:
             nd = self.ndarrays[v["ndarray"]]
             if "b64" in v:
                 data = wire.decode_bytes(v["b64"], f"graph input '{name}'")
-                if len(data) != nd.arr.nbytes:
+                out = nd.storage.write()
+                if len(data) != out.nbytes:
                     raise ShapeError(f"graph input '{name}': {len(data)} bytes for an array "
-                                     f"of {nd.arr.nbytes}")
-                nd.arr.reshape(-1)[:] = np.frombuffer(data, dtype=nd.arr.dtype)
+                                     f"of {out.nbytes}")
+                out.reshape(-1)[:] = np.frombuffer(data, dtype=out.dtype)
                 sent.append((name, nd))
             return nd
         except ValueError as e:
@@ -968,14 +976,14 @@ class Engine:
                                    "element_shape": list(f.element_shape), "name": f.name,
                                    "roles": roles})
             for r in roles:
-                arrays[f"{fid}_{r}"] = f.companion(r).arr
+                arrays[f"{fid}_{r}"] = f.companion(r).storage.read()
         for fid, nd in self.ndarrays.items():
             meta["ndarrays"].append({"id": fid, "dtype": nd.dtype.name, "shape": list(nd.shape),
                                      "element_shape": list(nd.element_shape), "name": nd.name,
                                      "needs_grad": nd.grad is not None})
-            arrays[f"{fid}_primal"] = nd.arr
+            arrays[f"{fid}_primal"] = nd.storage.read()
             if nd.grad is not None:
-                arrays[f"{fid}_grad"] = nd.grad.arr
+                arrays[f"{fid}_grad"] = nd.grad.storage.read()
         arrays[_SAVE_META] = np.array(json.dumps(meta))
         buf = io.BytesIO()
         np.savez(buf, **arrays)
@@ -1003,20 +1011,20 @@ class Engine:
                     self.op_companion({"id": d["id"], "role": r})
                 for r in roles:
                     src = npz[f"{d['id']}_{r}"]
-                    dst = self._storage({"id": d["id"], "role": r}).arr
+                    dst = self._storage({"id": d["id"], "role": r}).storage
                     if src.shape != dst.shape or src.dtype != dst.dtype:
                         raise EngineError(f"load: field {d['id']}.{r} does not match its "
                                           "saved description")
-                    np.copyto(dst, src)
+                    np.copyto(dst.write(), src)
             for d in meta.get("ndarrays", []):
                 self.op_create_field({**d, "ndarray": True})
                 for r in ("primal", "grad") if d["needs_grad"] else ("primal",):
                     src = npz[f"{d['id']}_{r}"]
-                    dst = self._storage({"id": d["id"], "role": r}).arr
+                    dst = self._storage({"id": d["id"], "role": r}).storage
                     if src.shape != dst.shape or src.dtype != dst.dtype:
                         raise EngineError(f"load: ndarray {d['id']}.{r} does not match its "
                                           "saved description")
-                    np.copyto(dst, src)
+                    np.copyto(dst.write(), src)
         for data in meta["kernels"]:
             self.op_register({"ir": data})
         for op in meta.get("graphs", []):

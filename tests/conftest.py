@@ -20,7 +20,9 @@ when the peer is Taichi.
 Simulated GPU grid (``DIFFTAPE_SIMULATE_GPU=1`` or ``=blocks,threads``): every kernel of the
 local programs the tests make is compiled as the CUDA target's code for the host and launched
 over that grid (difftape/runtime/simgrid.py); tests/core/test_simulated_grid_suite.py runs a
-subset of tests/lang and tests/ad this way.
+subset of tests/lang and tests/ad this way. Storage is then simulated device memory
+(difftape/runtime/storage.py): tests marked ``host_memory`` (they share a field's or
+ndarray's host memory, which device storage refuses) are skipped.
 
 PTX check (``DIFFTAPE_CHECK_PTX``): every kernel the tests compile is also compiled for the CUDA
 target and assembled by ``ptxas`` (difftape/codegen/ptx_check.py), also one whose CPU code comes
@@ -144,7 +146,20 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         tr.write_line(f"  PTX FAILED {f}", red=True)
 
 
+def simulated_grid() -> bool:
+    """Whether ``DIFFTAPE_SIMULATE_GPU`` puts this run's programs on the simulated grid."""
+    return PEER == "difftape" and os.environ.get("DIFFTAPE_SIMULATE_GPU", "").strip() not in (
+        "", "0")
+
+
 def pytest_collection_modifyitems(config, items):
+    if simulated_grid():
+        skip = pytest.mark.skip(reason="shares host memory with storage, which is simulated "
+                                       "device memory under DIFFTAPE_SIMULATE_GPU (refused "
+                                       "there, see tests/core/test_storage.py)")
+        for item in items:
+            if "host_memory" in item.keywords:
+                item.add_marker(skip)
     if PEER == "difftape":
         return
     skip = pytest.mark.skip(reason="difftape-specific error types (peer is taichi)")

@@ -54,7 +54,7 @@ def clear_all_duals() -> None:
     for f in list(prog.fields.values()):
         for d in (f.companion("dual"), f.companion("grad_dual")):
             if d is not None:
-                prog.zero(d.arr)
+                prog.zero(d.storage)
 
 
 def _fields(xs) -> list[Field]:

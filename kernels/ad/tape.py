@@ -43,7 +43,7 @@ def clear_all_gradients() -> None:
         return
     for f in list(prog.fields.values()):
         if f.has_grad:
-            prog.zero(f.grad.arr)
+            prog.zero(f.grad.storage)
 
 
 def no_grad(func):

@@ -1,8 +1,10 @@
 """Fields: global arrays that kernels read and write, with optional ``.grad`` and ``.dual``.
 
-Each field owns one C-contiguous NumPy array of shape ``shape + element_shape``. Taichi's
-SNode tree is reduced to what its dense layouts mean: the shape. (AoS vs SoA placement is a
-performance detail; the semantics, including Python-scope indexing, are the same.)
+Each field owns one dense storage of shape ``shape + element_shape`` from the program's
+allocator (``runtime/storage.py``: a NumPy array in host memory, or device memory with a host
+mirror), which Python scope reaches through the storage's sync points (``read``/``write``).
+Taichi's SNode tree is reduced to what its dense layouts mean: the shape. (AoS vs SoA placement
+is a performance detail; the semantics, including Python-scope indexing, are the same.)
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from ..ir.nodes import Buffer
 from ..ir.passes.bounds import OUT_OF_RANGE
 from ..runtime import program
 from ..runtime.foreign import ArrayExchange, array_in
+from ..runtime.storage import Storage
 from . import builder as _b
 from . import matrix as _matrix
 from . import ops
@@ -84,7 +87,7 @@ class Field(ArrayExchange):
         self._grad: Field | None = None
         self._dual: Field | None = None
         self.mark: Field | None = None  # read marks of Tape(validation=True)
-        self._arr: np.ndarray | None = None
+        self._storage: Storage | None = None
         self._shape: tuple[int, ...] | None = None
         self._program = program.get()
         self._container: SNode | None = None  # the SNode it is placed in (primal)
@@ -98,7 +101,8 @@ class Field(ArrayExchange):
     # ------------------------------------------------------------------ allocation
     def _allocate(self, shape) -> None:
         self._shape = shape = checked_shape(shape)
-        self._arr = np.zeros(shape + self.element_shape, dtype=self.dtype.np)
+        self._storage = self._program.allocator.storage(shape + self.element_shape,
+                                                        self.dtype.np)
         if self.role == "primal":
             self._program.fields[self.id] = self
             if self in self._program.unplaced:
@@ -106,7 +110,7 @@ class Field(ArrayExchange):
 
     def _release(self) -> None:
         """Drop the storage (``SNodeTree.destroy()``): the field cannot be used any more."""
-        self._arr = None
+        self._storage = None
         self._destroyed = True
         if self.role == "primal":
             self._program.fields.pop(self.id, None)
@@ -266,24 +270,28 @@ class Field(ArrayExchange):
             idx = tuple(int(key[q]) // d for q, d in imap)
             if lvl.kind == "dynamic":
                 *par, j = idx
-                lvl.activity.arr[tuple(par)] = max(int(lvl.activity.arr[tuple(par)]), j + 1)
+                act = lvl.activity.storage.write()
+                act[tuple(par)] = max(int(act[tuple(par)]), j + 1)
             else:
-                lvl.activity.arr[idx] = 1
+                lvl.activity.storage.write()[idx] = 1
 
     def _np_activate_all(self) -> None:
         for lvl, _ in self.sparse_terms:
-            lvl.activity.arr[...] = 1 if lvl.kind != "dynamic" else lvl.sizes[0]
+            lvl.activity.storage.write()[...] = 1 if lvl.kind != "dynamic" else \
+                lvl.sizes[0]
 
     @property
-    def arr(self) -> np.ndarray:
-        if self._arr is None:
+    def storage(self) -> Storage:
+        """The field's memory (``runtime/storage.py``): kernels address it, Python scope
+        reads and writes it through its sync points."""
+        if self._storage is None:
             if self._destroyed:
                 raise self._destroyed_error()
             if self.role != "primal" and self.primal._shape is not None:
                 raise self._no_storage()
             raise DifftapeError(f"{self._label()} has no shape yet: give shape= or place it "
                                 "with ti.root.dense(...).place(...)")
-        return self._arr
+        return self._storage
 
     # ------------------------------------------------------------------ properties
     @property
@@ -353,11 +361,18 @@ class Field(ArrayExchange):
         if self._program.capture is not None:  # inside ti.graph.capture(): refused
             self._program.capture.read(f"reading {self._label()}[...]")
         key = self._host_index(key)
-        value = self.arr[key]
-        out = _to_python(value, self.element_shape, writable=True)
-        if self.element_shape and self.sparse_terms:
-            out._on_write = lambda: self._np_activate(key)
+        out = _to_python(self.storage.read()[key], self.element_shape,
+                         self._entry_writer(key) if self.element_shape else None)
         return out
+
+    def _entry_writer(self, key: tuple[int, ...]):
+        """How ``x[i][k] = v`` writes entry ``k`` of element ``key`` (at the time of the
+        write, through the storage's sync point)."""
+        def store(k: int, value) -> None:
+            self.storage.write()[key].reshape(-1)[k] = value
+            if self.sparse_terms:  # a write activates the cells along its path
+                self._np_activate(key)
+        return store
 
     def _host_index(self, key: tuple) -> tuple[int, ...]:
         """A Python-scope index (as the user wrote it, from ``offset``) as the index into
@@ -420,10 +435,11 @@ class Field(ArrayExchange):
             return
         if not self.element_shape:
             # Integers wrap around as in Taichi (0xFFFF into an i16 is -1).
-            self.arr[key] = self.dtype.wrap(value) if self.dtype.is_int and isinstance(
-                value, numbers.Integral) else value
+            self.storage.write()[key] = self.dtype.wrap(value) if self.dtype.is_int and \
+                isinstance(value, numbers.Integral) else value
         else:
-            self.arr[key] = np.asarray(value, dtype=self.dtype.np).reshape(self.element_shape)
+            self.storage.write()[key] = np.asarray(value, dtype=self.dtype.np).reshape(
+                self.element_shape)
         if self.sparse_terms:  # a write activates the cells along its path, as in Taichi
             self._np_activate(key)
 
@@ -445,7 +461,7 @@ class Field(ArrayExchange):
         storage is kept zeroed."""
         if self._program.capture is not None:  # inside ti.graph.capture(): refused
             self._program.capture.read(f"{self._label()}.to_numpy()")
-        out = self._numpy_dims(self.arr.copy(), keep_dims)
+        out = self._numpy_dims(self.storage.read().copy(), keep_dims)
         return out.astype(dtype) if dtype is not None else out
 
     @_b.python_scope
@@ -457,9 +473,10 @@ class Field(ArrayExchange):
             return
         active = self._np_active()
         if active is None:
-            np.copyto(self.arr, arr, casting="unsafe")
+            np.copyto(self.storage.write(), arr, casting="unsafe")
         else:  # Taichi writes through a struct-for: the active cells only
-            np.copyto(self.arr, arr, casting="unsafe", where=self._element_mask(active))
+            np.copyto(self.storage.write(), arr, casting="unsafe",
+                      where=self._element_mask(active))
 
     def _numpy_dims(self, out: np.ndarray, keep_dims: bool) -> np.ndarray:
         """Taichi's ``keep_dims``: the size-1 column of an n x 1 matrix field is dropped unless
@@ -500,9 +517,9 @@ class Field(ArrayExchange):
                 return
             active = self._np_active()
             if active is None:
-                self.arr[...] = value
+                self.storage.write()[...] = value
             else:  # as Taichi's fill (a struct-for): the active cells only
-                np.copyto(self.arr, np.asarray(value, dtype=self.dtype.np),
+                np.copyto(self.storage.write(), np.asarray(value, dtype=self.dtype.np),
                           where=self._element_mask(active))
             return
         if bld.loop_stack:
@@ -531,9 +548,9 @@ class Field(ArrayExchange):
             raise TypeError(f"{self._label()}.copy_from() takes a field, got a "
                             f"{type(other).__name__}; use from_numpy() for an array")
         if self._program.capture is not None:  # inside ti.graph.capture(): recorded
-            self._program.capture.copy(self, other.arr, other)
+            self._program.capture.copy(self, other.storage, other)
             return
-        np.copyto(self.arr, other.arr)
+        self.storage.copy_from(other.storage, casting="same_kind")
         if self.sparse_terms:  # Taichi copies over the whole index range: all activated
             self._np_activate_all()
 
@@ -569,7 +586,8 @@ class ScalarFieldView(Field):
     vector/matrix field, sharing its storage. Python scope reads and writes a NumPy view of
     the matrix field's array; kernels address the matrix field's buffer at that entry, so
     derivatives flow into ``m.grad``/``m.dual`` like any access of ``m``. Its ``.grad`` and
-    ``.dual`` are the same entry of ``m.grad``/``m.dual``."""
+    ``.dual`` are the same entry of ``m.grad``/``m.dual``. Its :attr:`storage` is a
+    :class:`ComponentStorage` of the matrix field's."""
 
     def __new__(cls, *args, **kwargs):
         return object.__new__(cls)
@@ -629,9 +647,9 @@ class ScalarFieldView(Field):
         return self._matrix.offset
 
     @property
-    def _arr(self) -> np.ndarray | None:
-        arr = self._matrix._arr
-        return None if arr is None else arr[(Ellipsis,) + self._component]
+    def _storage(self) -> ComponentStorage | None:
+        base = self._matrix._storage
+        return None if base is None else ComponentStorage(base, self._component)
 
     def parent(self, n: int = 1) -> SNode | None:
         return self._matrix.parent(n)
@@ -666,17 +684,51 @@ def _index_error(msg: str):
     return b.error(msg, KernelIndexError) if b else IndexError(msg)
 
 
-def _to_python(value, element_shape, writable: bool = False):
-    """A Python-scope element: a number, or a vector/matrix that (when ``writable``) writes
-    through to the field, so ``v[2][0] = 9`` works as in Taichi."""
+class ComponentStorage:
+    """One entry of every element of a matrix field's storage, for Python scope (the storage
+    of a ``get_scalar_field`` view): views of the matrix storage's host arrays, through its
+    sync points. Kernels never address it (they address the matrix field)."""
+
+    def __init__(self, base: Storage, component: tuple[int, ...]) -> None:
+        self.base = base
+        self.index = (Ellipsis,) + component
+        self.shape = base.shape[:base.ndim - len(component)]
+        self.dtype = base.dtype
+
+    @property
+    def host(self) -> bool:
+        return self.base.host
+
+    @property
+    def array(self) -> np.ndarray:
+        """A (strided) view of the host array (host storage only)."""
+        return self.base.array[self.index]
+
+    def read(self) -> np.ndarray:
+        return self.base.read()[self.index]
+
+    def write(self) -> np.ndarray:
+        return self.base.write()[self.index]
+
+    def zero(self) -> None:
+        self.write()[...] = 0
+
+    def copy_from(self, other, casting: str = "unsafe") -> None:
+        np.copyto(self.write(), other.read(), casting=casting)
+
+
+def _to_python(value, element_shape, store=None):
+    """A Python-scope element: a number, or a vector/matrix. With ``store`` (``store(k, v)``
+    writes entry ``k`` of the element back, see :meth:`Field._entry_writer`) its entry writes
+    go through to the field, so ``v[2][0] = 9`` works as in Taichi."""
     if not element_shape:
         return value.item() if isinstance(value, np.generic) else value
     ndim = len(element_shape)
     n, m = element_shape[0], (element_shape[1] if ndim > 1 else 1)
     out = Matrix._from_entries(value.ravel().tolist(), n, m, ndim)
-    if writable:
+    if store is not None:
         out.__class__ = _element_classes()[ndim]
-        out._view = value
+        out._store = store
     return out
 
 
@@ -686,10 +738,7 @@ def _element_classes():
     if _ELEMENT_CLASSES is None:
         def _assign_entry(self, k: int, value) -> None:
             self.entries[k] = value
-            self._view.reshape(-1)[k] = value
-            on_write = getattr(self, "_on_write", None)
-            if on_write is not None:  # an element of a field under sparse SNodes
-                on_write()
+            self._store(k, value)
 
         _ELEMENT_CLASSES = {
             1: type("FieldVectorElement", (Vector,), {"_assign_entry": _assign_entry}),
@@ -1049,7 +1098,7 @@ class SNode:
             for f in node.fields:
                 out += [c for c in (f, f._grad, f._dual,
                                     f._grad._dual if f._grad is not None else None)
-                        if c is not None and c._arr is not None]
+                        if c is not None and c._storage is not None]
         return out
 
     def place(self, *fields, offset=None) -> SNode:
@@ -1155,9 +1204,9 @@ class SNode:
                                      "kernel use ti.deactivate(snode, I)")
         for node in self._subtree():
             if node.kind in _SPARSE:
-                node.activity.arr[...] = 0
+                node.activity.storage.zero()
                 for f in node.subtree_fields():
-                    f.arr[...] = 0
+                    f.storage.zero()
 
     def lazy_grad(self) -> None:
         """Give every float field a ``.grad`` with the primal's layout."""

@@ -14,6 +14,7 @@ import inspect
 import numbers
 import sys
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -42,6 +43,7 @@ from ..runtime import cache, program
 from ..runtime.foreign import call_with_arrays
 from ..runtime.launch import raise_error_word
 from ..runtime.simgrid import GridKernel
+from ..runtime.storage import DeviceStorage, Storage
 from . import builder as _b
 from .annotations import (
     NdarrayType,
@@ -609,6 +611,9 @@ class CompiledKernel:
         self.ctx_i64[layout.rng] = prog.rng_state.ctypes.data
         self._ndarray_slots = []
         written = _written_slots(ir)
+        # (device memory: what a launch makes stale; weakly, since the fields own their
+        # storage: SNodeTree.destroy() frees it, and this kernel then recompiles)
+        written_fields: list[weakref.ref[Storage]] = []
         for slot, buf in enumerate(ir.buffers):
             if buf.key[0] == "private":  # per-chunk copies the generated code allocates
                 continue
@@ -623,7 +628,9 @@ class CompiledKernel:
                     raise CompileError(f"'{buf.name}' is used but was never allocated: create "
                                        f"the field with needs_{buf.key[2]}=True or place "
                                        f"'{buf.name}'", kernel=ir.name)
-                self.ctx_i64[layout.buffer_ptr[slot]] = storage.arr.ctypes.data
+                self.ctx_i64[layout.buffer_ptr[slot]] = storage.storage.address
+                if slot in written:
+                    written_fields.append(weakref.ref(storage.storage))
             else:
                 extents = [layout.buffer_extent.get((slot, a)) for a in range(buf.ndim)]
                 self._ndarray_slots.append((slot, buf.key[1], buf.key[2], extents,
@@ -645,6 +652,10 @@ class CompiledKernel:
         self._inner_launch = self.launch
         if any(s.op == "print" for t in ir.tasks for b in task_blocks(t) for s in walk(b)):
             self._inner_launch = self.launch = self._printing_launch
+        if not prog.allocator.host:  # storage in device memory: see _device_launch
+            self._written_fields = written_fields
+            self._host_launch = self._inner_launch
+            self._inner_launch = self.launch = self._device_launch
         if prog.config.kernel_profiler:
             self.launch = self._profiled_launch
 
@@ -657,6 +668,61 @@ class CompiledKernel:
             return CompiledKernel.launch(self, args)
         finally:
             _libc().fflush(None)
+
+    def _device_launch(self, args: tuple):
+        """``launch`` when the program's storage is device memory (``runtime/storage.py``):
+        the sync points around a launch. Host writes are uploaded first and NumPy arguments
+        staged into device memory; afterwards (also when the launch raises) what it wrote is
+        marked changed on the device, so host reads download it, and staged arguments it
+        wrote are copied back."""
+        staged = self._stage_arrays(args) if self._ndarray_slots else None
+        if staged is not None:
+            args = staged[0]
+        self.prog.allocator.sync()
+        try:
+            return self._host_launch(args)
+        finally:
+            for ref in self._written_fields:
+                storage = ref()
+                if storage is not None:
+                    storage.device_written()
+            for _, arg_index, role, _, writes in self._ndarray_slots:
+                if writes:
+                    _ndarray_storage(args[arg_index], role).device_written()
+            if staged is not None:
+                for original, storage in staged[1]:
+                    np.copyto(original, storage.read())
+
+    def _stage_arrays(self, args: tuple) -> tuple[tuple, list] | None:
+        """Under device memory: each NumPy array argument replaced by device storage holding
+        a copy, and the (array, storage) pairs to copy back after the launch (those the
+        kernel writes). None when there are none."""
+        out = None
+        back = []
+        done: dict[int, Storage] = {}
+        for _, arg_index, _, _, writes in self._ndarray_slots:
+            a = args[arg_index]
+            if not isinstance(a, np.ndarray):
+                store = a.storage if isinstance(a, Ndarray) else None
+                if store is not None and store.host:
+                    raise ArgumentError(f"kernel '{self.ir.name}': argument {arg_index + 1} "
+                                        "is a ti.ndarray in host memory (made under an earlier "
+                                        "program?) but this program's storage is device "
+                                        "memory: make it again after ti.init",
+                                        kernel=self.ir.name)
+                continue
+            if writes and not a.flags.writeable:
+                self._staged(a, arg_index, writes, None)  # raises: read-only
+            storage = done.get(id(a))
+            if storage is None:
+                storage = done[id(a)] = self.prog.allocator.storage(a.shape, a.dtype)
+                np.copyto(storage.write(), a)
+            if out is None:
+                out = list(args)
+            out[arg_index] = storage
+            if writes:
+                back.append((a, storage))
+        return None if out is None else (tuple(out), back)
 
     def _profiled_launch(self, args: tuple):
         """``launch``, timed into the program's profile (ti.init(kernel_profiler=True))."""
@@ -758,11 +824,15 @@ class CompiledKernel:
         copies = None
         for slot, arg_index, role, extents, writes in self._ndarray_slots:
             arr = _ndarray_storage(args[arg_index], role)
-            flags = arr.flags
-            if not (flags.c_contiguous and flags.aligned) or (writes and not flags.writeable):
-                arr, copies = self._staged(arr, arg_index, writes, copies)
+            if arr.__class__ is DeviceStorage:  # device memory (see _device_launch)
+                ctx_i64[self.layout.buffer_ptr[slot]] = arr.address
+            else:
+                flags = arr.flags
+                if not (flags.c_contiguous and flags.aligned) or \
+                        (writes and not flags.writeable):
+                    arr, copies = self._staged(arr, arg_index, writes, copies)
+                ctx_i64[self.layout.buffer_ptr[slot]] = arr.ctypes.data
             keep.append(arr)
-            ctx_i64[self.layout.buffer_ptr[slot]] = arr.ctypes.data
             for axis, s in enumerate(extents):
                 if s is not None:
                     ctx_i64[s] = arr.shape[axis]
@@ -779,13 +849,13 @@ class CompiledKernel:
                   for slot, arg_index, role, extents, _ in self._ndarray_slots]
         return scalars, arrays
 
-    def field_storage(self) -> list[tuple[int, np.ndarray]]:
-        """``(pointer slot, array)`` of each field storage the kernel addresses."""
+    def field_storage(self) -> list[tuple[int, Storage]]:
+        """``(pointer slot, storage)`` of each field storage the kernel addresses."""
         out = []
         for slot, buf in enumerate(self.ir.buffers):
             if buf.key[0] == "field":
                 f = self.fields[buf.key[1]]
-                out.append((self.layout.buffer_ptr[slot], f.companion(buf.key[2]).arr))
+                out.append((self.layout.buffer_ptr[slot], f.companion(buf.key[2]).storage))
         return out
 
     def _matrix_entries(self, v, arg_index: int) -> list:
@@ -983,13 +1053,18 @@ def arg_component(v, path: tuple):
     return v
 
 
-def _ndarray_storage(a, role: str) -> np.ndarray:
-    if isinstance(a, Ndarray):
-        a = a if role == "primal" else getattr(a, role)
-        return a.arr
+def _ndarray_storage(a, role: str) -> np.ndarray | Storage:
+    """What a launch addresses for an array argument: a NumPy array (the argument itself,
+    or the array of host storage), or device storage (``runtime/storage.py``)."""
     if isinstance(a, np.ndarray):
         return a
-    return a._triplets.arr  # a SparseMatrixBuilder (checked by _ndarray_desc)
+    if isinstance(a, Ndarray):
+        s = (a if role == "primal" else getattr(a, role)).storage
+    elif isinstance(a, Storage):  # a NumPy argument staged in device memory (_device_launch)
+        s = a
+    else:
+        s = a._triplets.storage  # a SparseMatrixBuilder (checked by _ndarray_desc)
+    return s.array if s.host else s
 
 
 def _ndarray_desc(kernel: str, name: str, ann: NdarrayType, a) -> tuple:
@@ -1009,7 +1084,7 @@ def _ndarray_desc(kernel: str, name: str, ann: NdarrayType, a) -> tuple:
         return (store.dtype, 1, (), False, "unsafe")
     want = ann.dtype
     if isinstance(a, Ndarray):
-        # (its shape, not its .arr: a remote ndarray's storage is on the server)
+        # (its shape, not its .storage: a remote ndarray's storage is on the server)
         axes, dtype, esh = len(a.shape) + len(a.element_shape), a.dtype, a.element_shape
         if isinstance(want, MatrixType):
             if not _element_matches(want, esh, dtype):

@@ -6,7 +6,8 @@ kernel's writes are visible in the caller's array.
 
 Three classes mirror Taichi's: :class:`ScalarNdarray`, :class:`VectorNdarray` and
 :class:`MatrixNdarray`, all :class:`Ndarray`; ``ti.ndarray(dtype, shape)`` picks one from the
-dtype. Each owns one C-contiguous NumPy array of shape ``shape + element_shape``.
+dtype. Each owns one dense storage of shape ``shape + element_shape`` from the program's
+allocator (``runtime/storage.py``), which Python scope reaches through its sync points.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 from ..errors import DifftapeError, KernelRuntimeError, ShapeError
 from ..runtime import program
 from ..runtime.foreign import ArrayExchange, array_in, as_numpy
+from ..runtime.storage import HostStorage, Storage
 from ..types import from_numpy as dtype_of
 from . import matrix as _matrix
 from .builder import python_scope
@@ -27,7 +29,7 @@ from .ops import resolve_dtype
 
 
 class Ndarray(ArrayExchange):
-    """A NumPy-backed array with an element shape (scalar, vector or matrix elements)."""
+    """An array with an element shape (scalar, vector or matrix elements)."""
 
     # What a kernel that uses one of the Python-scope methods below should do instead.
     _python_scope_hint = ("ndarrays cannot be captured by a kernel: pass the ndarray as an "
@@ -39,7 +41,7 @@ class Ndarray(ArrayExchange):
         return object.__new__(remote.ndarray_class(cls) if remote is not None else cls)
 
     def __init__(self, dtype, shape, element_shape=(), needs_grad: bool = False,
-                 _arr: np.ndarray | None = None) -> None:
+                 _storage: Storage | None = None) -> None:
         if isinstance(dtype, MatrixType):
             element_shape = dtype.element_shape
             dtype = dtype.scalar_dtype
@@ -50,14 +52,26 @@ class Ndarray(ArrayExchange):
             raise KernelRuntimeError(f"{self.dtype} is not supported for ndarray with "
                                      "`needs_grad=True`: only float ndarrays have gradients")
         self.grad: Ndarray | None = None
-        self._allocate(_arr, needs_grad)
+        self._allocate(_storage, needs_grad)
 
-    def _allocate(self, arr: np.ndarray | None, needs_grad: bool) -> None:
-        """Give it storage: ``arr`` (memory it shares) or zeros, and a ``.grad``."""
-        self.arr = arr if arr is not None else np.zeros(self.shape + self.element_shape,
-                                                        dtype=self.dtype.np)
+    def _allocate(self, storage: Storage | None, needs_grad: bool) -> None:
+        """Give it storage: ``storage`` (memory it shares) or new zeroed storage from the
+        program's allocator, and a ``.grad``."""
+        self.storage: Storage = storage if storage is not None else \
+            program.get().allocator.storage(self.shape + self.element_shape, self.dtype.np)
         if needs_grad:
             self.grad = type(self)._like(self)
+
+    def _bind_host_array(self, arr: np.ndarray) -> bool:
+        """Use ``arr`` (C-contiguous, of this ndarray's full shape and dtype) as the storage:
+        shared, not copied, when storage is host memory (True; interop points an ndarray at a
+        tensor's buffer this way); copied in when it is device memory (False: the caller
+        copies results back with ``to_numpy``)."""
+        if self.storage.host:
+            self.storage = HostStorage(arr)
+            return True
+        np.copyto(self.storage.write(), arr)
+        return False
 
     @property
     def has_grad(self) -> bool:
@@ -116,7 +130,15 @@ class Ndarray(ArrayExchange):
     def __getitem__(self, key):
         # Vector/matrix elements write through: nd[i][j] = v changes the ndarray.
         _capture_read("reading an ndarray element")
-        return _to_python(self.arr[self._norm_key(key)], self.element_shape, writable=True)
+        key = self._norm_key(key)
+        return _to_python(self.storage.read()[key], self.element_shape,
+                          self._entry_writer(key) if self.element_shape else None)
+
+    def _entry_writer(self, key: tuple[int, ...]):
+        """How ``nd[i][k] = v`` writes entry ``k`` of element ``key``."""
+        def store(k: int, value) -> None:
+            self.storage.write()[key].reshape(-1)[k] = value
+        return store
 
     @python_scope
     def __setitem__(self, key, value) -> None:
@@ -125,27 +147,27 @@ class Ndarray(ArrayExchange):
         if capture is not None:  # inside ti.graph.capture(): recorded
             capture.write_element(self, key, value)
             return
-        self.arr[key] = _element_value(value, self.element_shape)
+        self.storage.write()[key] = _element_value(value, self.element_shape)
 
     # ------------------------------------------------------------------ bulk access
     @python_scope
     def to_numpy(self) -> np.ndarray:
         _capture_read("ndarray.to_numpy()")
-        return self.arr.copy()
+        return self.storage.read().copy()
 
     @python_scope
     def from_numpy(self, arr) -> None:
         source = arr
         arr = array_in(arr)
-        if arr.shape != self.arr.shape:
-            raise ShapeError(f"from_numpy: the ndarray has shape {self.arr.shape} (shape "
+        if arr.shape != self.storage.shape:
+            raise ShapeError(f"from_numpy: the ndarray has shape {self.storage.shape} (shape "
                              f"{self.shape}, element {self.element_shape}), the array has "
                              f"{arr.shape}")
         capture = program.get().capture
         if capture is not None:  # inside ti.graph.capture(): recorded
             capture.copy(self, arr, source)
             return
-        np.copyto(self.arr, arr, casting="unsafe")
+        np.copyto(self.storage.write(), arr, casting="unsafe")
 
     @python_scope
     def fill(self, value) -> None:
@@ -154,19 +176,20 @@ class Ndarray(ArrayExchange):
         if capture is not None:  # inside ti.graph.capture(): recorded
             capture.fill(self, value)
             return
-        self.arr[...] = _element_value(value, self.element_shape)
+        self.storage.write()[...] = _element_value(value, self.element_shape)
 
     @python_scope
     def copy_from(self, other: Ndarray) -> None:
         if not isinstance(other, Ndarray):
             raise TypeError(f"copy_from takes an ndarray, got {type(other).__name__}")
-        if other.arr.shape != self.arr.shape:
-            raise ShapeError(f"copy_from: shapes differ: {self.arr.shape} vs {other.arr.shape}")
+        if other.storage.shape != self.storage.shape:
+            raise ShapeError(f"copy_from: shapes differ: {self.storage.shape} vs "
+                             f"{other.storage.shape}")
         capture = program.get().capture
         if capture is not None:  # inside ti.graph.capture(): recorded
-            capture.copy(self, other.arr, other)
+            capture.copy(self, other.storage, other)
             return
-        np.copyto(self.arr, other.arr, casting="unsafe")
+        self.storage.copy_from(other.storage)
 
     def __deepcopy__(self, memo=None) -> Ndarray:
         out = type(self)._like(self)
@@ -264,8 +287,14 @@ def from_dlpack(obj, element_shape: tuple[int, ...] = ()):
     """``ti.from_dlpack(t)``: a ``ti.ndarray`` over the memory of ``t`` (a tensor, a JAX
     array, anything exporting DLPack or the array interface), without copying: writes on
     either side are seen by the other. Its trailing axes ``element_shape`` become the
-    element (vector/matrix) shape. The array must be C-contiguous (``t.contiguous()``)."""
+    element (vector/matrix) shape. The array must be C-contiguous (``t.contiguous()``).
+    Refused when the program's storage is device memory (it would not share)."""
     arr = as_numpy(obj, "ti.from_dlpack's argument")
+    if not program.get().allocator.host:
+        raise DifftapeError("ti.from_dlpack shares the array's host memory, but this "
+                            "program's storage is device memory (simulate_grid / "
+                            "DIFFTAPE_SIMULATE_GPU): make a ti.ndarray and copy the array in "
+                            "with from_numpy()")
     if not arr.flags.c_contiguous:
         raise DifftapeError("ti.from_dlpack: the array is not C-contiguous (a strided view); "
                             "a ti.ndarray is dense: pass t.contiguous() (a copy)")
@@ -278,5 +307,6 @@ def from_dlpack(obj, element_shape: tuple[int, ...] = ()):
     except TypeError as e:
         raise DifftapeError(f"ti.from_dlpack: {e}") from None
     out = object.__new__((ScalarNdarray, VectorNdarray, MatrixNdarray)[len(esh)])
-    Ndarray.__init__(out, dtype, arr.shape[:arr.ndim - len(esh)], esh, _arr=arr)
+    Ndarray.__init__(out, dtype, arr.shape[:arr.ndim - len(esh)], esh,
+                     _storage=HostStorage(arr))
     return out

@@ -40,7 +40,7 @@ def active_mask(node: SNode, shape: tuple[int, ...]) -> np.ndarray:
         for q, d in imap:
             ax = np.arange(shape[q]) // d
             idx.append(ax.reshape([-1 if k == q else 1 for k in range(len(shape))]))
-        act = lvl.activity.arr
+        act = lvl.activity.storage.read()
         if lvl.kind == "dynamic":
             *par, j = idx
             cond = j < (act[tuple(par)] if par else act[()])

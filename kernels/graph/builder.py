@@ -21,7 +21,7 @@ from ..frontend.matrix import MatrixType
 from ..frontend.ndarray import Ndarray
 from ..frontend.ops import resolve_dtype
 from ..runtime import program
-from .core import Graph, Placeholder, _Input, _Recorder
+from .core import Graph, Placeholder, _Input, _Recorder, host_array, refuse_program
 
 
 class ArgKind(enum.Enum):
@@ -106,6 +106,7 @@ class GraphBuilder:
             raise GraphError("ti.graph.GraphBuilder is not available under arch=ti.remote: "
                              "record the launches with `with ti.graph.capture() as g:` (inputs "
                              "by g.input(name, value)) and run them with g.run({...})")
+        refuse_program(program.get(), "ti.graph.GraphBuilder()")
         self._graph = Graph()
         self._specs: dict[str, tuple] = {}
         self._values: dict[str, object] = {}  # name -> the placeholder or stand-in array
@@ -172,7 +173,7 @@ class GraphBuilder:
             inp = _Input(arg.name, "array", example=stand_in, dtype=arg.dtype,
                          element_shape=arg.element_shape, shape=None, ndim=arg.ndim)
             g._inputs[arg.name] = inp
-            g._storage[id(stand_in.arr)] = (arg.name, "primal")
+            g._storage[id(host_array(stand_in.storage))] = (arg.name, "primal")
             value = stand_in
         else:
             kind = "matrix" if arg.tag == ArgKind.MATRIX else "scalar"

@@ -56,11 +56,18 @@ from ..runtime import graph as native
 from ..runtime import program
 from ..runtime.launch import raise_error_word
 from ..runtime.parallel import ThreadPool
+from ..runtime.storage import shared_array
 
 assert (_ANY, _SERIAL, _ORDERED) == (native.ANY, native.SERIAL_SCHEDULE, native.ORDERED)
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _FLOAT, _INT = "f", "i"  # CompiledKernel's scalar writer kinds (an int: an unsigned width)
+
+
+def host_array(storage) -> np.ndarray:
+    """The host array of a field's or ndarray's storage (``runtime/storage.py``): a graph's
+    records address host memory, which it replays natively (device storage is refused)."""
+    return shared_array(storage, "ti.graph")
 
 
 def user_line() -> str:
@@ -170,10 +177,10 @@ class Graph:
             for role in ("primal", "grad", "dual", "grad_dual"):
                 comp = value.companion(role)
                 if comp is not None:
-                    self._storage[id(comp.arr)] = (name, role)
+                    self._storage[id(host_array(comp.storage))] = (name, role)
             return value
         if isinstance(value, Ndarray | np.ndarray):
-            arr = value.arr if isinstance(value, Ndarray) else value
+            arr = host_array(value.storage) if isinstance(value, Ndarray) else value
             esh = value.element_shape if isinstance(value, Ndarray) else ()
             dtype = value.dtype if isinstance(value, Ndarray) else T.from_numpy(value.dtype)
             inp = _Input(name, "array", example=value, dtype=dtype, element_shape=esh,
@@ -181,7 +188,7 @@ class Graph:
             self._add_input(inp, value)
             self._storage[id(arr)] = (name, "primal")
             if isinstance(value, Ndarray) and value.grad is not None:
-                self._storage[id(value.grad.arr)] = (name, "grad")
+                self._storage[id(host_array(value.grad.storage))] = (name, "grad")
             return value
         if isinstance(value, T.DType | MatrixType):
             ph = Placeholder(name, value, self)
@@ -256,8 +263,8 @@ class Graph:
                 self._bind_scalar(ph, ctx, slot, kind, comp, inst)
         for ptr, arg_index, role, extents in arrays:
             a = args[arg_index]
-            arr = a.arr if isinstance(a, Ndarray) and role == "primal" else (
-                getattr(a, role).arr if isinstance(a, Ndarray) else a)
+            arr = host_array((a if role == "primal" else getattr(a, role)).storage) \
+                if isinstance(a, Ndarray) else a
             bound = self._storage.get(id(arr))
             if bound is None:
                 self._keep.append(arr)
@@ -267,8 +274,8 @@ class Graph:
             for axis, s in enumerate(extents):
                 if s is not None:
                     inp.slots.append((ctx, s, ("extent", axis)))
-        for slot, arr in inst.field_storage():
-            bound = self._storage.get(id(arr))
+        for slot, storage in inst.field_storage():
+            bound = self._storage.get(id(host_array(storage)))
             if bound is not None:
                 self._inputs[bound[0]].slots.append((ctx, slot, bound[1]))
         self._ops.append(("launch", inst, ctx))
@@ -314,14 +321,15 @@ class Graph:
         self._ops.append(("op", name, ctx, begin, end))
 
     def zero(self, arr: np.ndarray) -> None:
-        """``Program.zero`` (clearing gradients) inside the capture."""
+        """``Program.zero`` (clearing gradients) inside the capture (``arr``: the storage's
+        host array)."""
         self._record_op("zero", arr, 0, arr.nbytes, what="clearing an array")
 
     def fill(self, target: Field | Ndarray, value) -> None:
         """``x.fill(value)`` in Python scope inside the capture."""
         what = f"{_label(target)}.fill()"
         self._dense(target, what)
-        arr = target.arr
+        arr = host_array(target.storage)
         esh = target.element_shape
         pattern = np.empty(esh, dtype=arr.dtype)
         try:
@@ -339,14 +347,17 @@ class Graph:
 
     def copy(self, target: Field | Ndarray, source: np.ndarray, origin) -> None:
         """``from_numpy``/``copy_from`` inside the capture: a copy of the source's memory
-        when it is device storage or an input, else of its value now (a constant)."""
+        when it is device storage or an input, else of its value now (a constant).
+        ``source``: an array, or (``copy_from``) the source's storage."""
+        if not isinstance(source, np.ndarray):
+            source = host_array(source)
         method = "copy_from" if isinstance(origin, Field | Ndarray) else "from_numpy"
         what = f"{_label(target)}.{method}()"
         self._dense(target, what)
         if isinstance(origin, Field) and origin.sparse_terms:
             raise GraphCaptureError(f"{what}: the source is under a sparse SNode (at "
                                     f"{user_line()}); copy it in a kernel")
-        arr = target.arr
+        arr = host_array(target.storage)
         live = isinstance(origin, Field | Ndarray) or id(source) in self._storage
         if live and (source.dtype != arr.dtype or source.shape != arr.shape):
             raise GraphCaptureError(f"{what}: graph input '{self._storage[id(source)][0]}' "
@@ -360,7 +371,7 @@ class Graph:
         """``x[i] = v`` in Python scope inside the capture: the element's bytes, constant."""
         what = f"writing {_label(target)}[...]"
         self._dense(target, what)
-        arr = target.arr
+        arr = host_array(target.storage)
         esh = target.element_shape
         elem = np.empty(esh, dtype=arr.dtype)
         v = _host_value(value, target)
@@ -496,7 +507,7 @@ class Graph:
         elif inp.kind == "field":
             self._check_field(inp, value)
             for ctx, slot, role in inp.slots:
-                ctx[slot] = value.companion(role).arr.ctypes.data
+                ctx[slot] = host_array(value.companion(role).storage).ctypes.data
         else:
             arrs = self._check_array(inp, value)
             for ctx, slot, how in inp.slots:
@@ -525,9 +536,9 @@ class Graph:
 
     def _check_array(self, inp: _Input, value) -> dict[str, np.ndarray]:
         if isinstance(value, Ndarray):
-            arrs = {"primal": value.arr}
+            arrs = {"primal": host_array(value.storage)}
             if value.grad is not None:
-                arrs["grad"] = value.grad.arr
+                arrs["grad"] = host_array(value.grad.storage)
             esh, dtype = value.element_shape, value.dtype
         elif isinstance(value, np.ndarray):
             arrs = {"primal": value}
@@ -626,6 +637,21 @@ def register_saver(save) -> None:
     _saver[:] = [save]
 
 
+def refuse_program(prog, what: str) -> None:
+    """Refuse to build a graph (``what``) under a program whose launches a native replay
+    cannot run: on the simulated grid (tasks launched from Python, storage in simulated
+    device memory where a replay addresses host memory), or profiled. (Under arch=ti.remote
+    the client records the graph and the server replays it: client/graph.py.)"""
+    if prog.config.simulate_grid or not prog.allocator.host:
+        raise GraphError(f"{what} is not available with simulate_grid: the simulated grid "
+                         "launches its tasks from Python and keeps fields and ndarrays in "
+                         "(simulated) device memory, while a graph replays natively over host "
+                         "memory")
+    if prog.config.kernel_profiler:
+        raise GraphError(f"{what} with kernel_profiler=True: a replay times no single "
+                         "launch; profile the eager step instead")
+
+
 class capture:
     """``with ti.graph.capture() as g: step()``: record ``step`` into the graph ``g``
     (nothing runs while capturing); then ``g.replay(**inputs)``."""
@@ -636,12 +662,7 @@ class capture:
 
     def __enter__(self) -> Graph:
         prog = program.get()
-        if prog.config.simulate_grid:
-            raise GraphError("ti.graph.capture() is not available with simulate_grid: the "
-                             "simulated grid launches its tasks from Python")
-        if prog.config.kernel_profiler:
-            raise GraphError("ti.graph.capture() with kernel_profiler=True: a replay times no "
-                             "single launch; profile the eager step instead")
+        refuse_program(prog, "ti.graph.capture()")
         if prog.capture is not None:
             raise GraphError("ti.graph.capture() blocks cannot be nested")
         if prog.tape is not None or prog.fwd is not None:
@@ -685,13 +706,13 @@ class _Recorder:
                                     "validate the eager step instead")
         self.graph._record_launch(inst, args)
 
-    def zero(self, arr: np.ndarray) -> None:
-        self.graph.zero(arr)
+    def zero(self, storage) -> None:
+        self.graph.zero(host_array(storage))
 
     def fill(self, target, value) -> None:
         self.graph.fill(target, value)
 
-    def copy(self, target, source: np.ndarray, origin) -> None:
+    def copy(self, target, source, origin) -> None:
         self.graph.copy(target, source, origin)
 
     def write_element(self, target, key: tuple, value) -> None:

@@ -49,7 +49,7 @@ from ..ir.passes import run_pipeline
 from ..ir.validate import argument_names, decode_untrusted
 from ..runtime import program
 from . import wire
-from .core import Graph, _Input, register_saver
+from .core import Graph, _Input, host_array, register_saver
 
 FORMAT = "difftape-graph"
 VERSION = 1
@@ -68,7 +68,8 @@ def save(graph: Graph, path: str) -> None:
         for role in ROLES:
             c = f.companion(role)
             if c is not None:
-                storage[c.arr.ctypes.data] = (fid, role, c.arr)
+                arr = host_array(c.storage)
+                storage[arr.ctypes.data] = (fid, role, arr)
     constants = {a.ctypes.data: a for a in graph._keep if isinstance(a, np.ndarray)}
     used: set[int] = set()
 
@@ -396,13 +397,13 @@ def _storage(mapping: dict[int, Field], ndmap: dict[int, Ndarray], op: dict) -> 
         if s is None:
             raise _bad(f"an op addresses ndarray {op['ndarray']!r:.20} .{role!r:.20}, which is "
                        "not in the graph")
-        return s.arr
+        return host_array(s.storage)
     fid = op.get("field")
     f = mapping.get(fid) if isinstance(fid, int) else None
     c = f.companion(role) if f is not None and role in ROLES else None
     if c is None:
         raise _bad(f"an op addresses field {fid!r:.20} .{role!r:.20}, which is not in the graph")
-    return c.arr
+    return host_array(c.storage)
 
 
 def _bind_arrays(inst, spec, n: int, ndmap: dict[int, Ndarray], ctx: np.ndarray,
@@ -431,19 +432,20 @@ def _bind_arrays(inst, spec, n: int, ndmap: dict[int, Ndarray], ctx: np.ndarray,
         if s is None:
             raise _bad(f"op {n}: kernel '{inst.ir.name}' needs ndarray argument {arg + 1}"
                        f"{'' if role == 'primal' else ' with .' + role}")
+        arr = host_array(s.storage)
         for buf in inst.ir.buffers:
             if buf.key == ("ndarray", arg, role):
                 esh = tuple(buf.shape[len(buf.shape) - buf.element_ndim:])
-                if buf.dtype != s.dtype or len(buf.shape) != s.arr.ndim or \
+                if buf.dtype != s.dtype or len(buf.shape) != arr.ndim or \
                         esh != tuple(s.element_shape):
                     raise _bad(f"op {n}: kernel '{inst.ir.name}' takes argument {arg + 1} as "
                                f"{buf.dtype} of {len(buf.shape)} axes, element {esh}; the "
-                               f"ndarray is {s.dtype} of shape {s.arr.shape}")
-        ctx[ptr] = s.arr.ctypes.data
+                               f"ndarray is {s.dtype} of shape {arr.shape}")
+        ctx[ptr] = arr.ctypes.data
         for axis, e in enumerate(extents):
             if e is not None:
-                ctx[e] = s.arr.shape[axis]
-        keep.append(s.arr)
+                ctx[e] = arr.shape[axis]
+        keep.append(arr)
 
 
 def _op(g: Graph, op, n: int, insts: list, mapping: dict[int, Field],
@@ -527,7 +529,8 @@ def _bind_storage(g: Graph, inp: _Input, roles: dict[str, np.ndarray], ctxs: lis
     for op, ctx in zip(g._ops, ctxs, strict=True):
         if op[0] == "launch":
             inst = op[1]
-            for slot, arr in inst.field_storage():
+            for slot, st in inst.field_storage():
+                arr = host_array(st)
                 role = addresses.get(arr.ctypes.data)
                 if role is not None and arr is roles[role]:
                     inp.slots.append((ctx, slot, role))
@@ -576,7 +579,7 @@ def _input(g: Graph, spec, n: int, ctxs: list, ops: list, mapping: dict[int, Fie
         inp = _Input(name, "field", example=f, dtype=f.dtype, element_shape=f.element_shape,
                      shape=f.shape, value=f, has_value=True)
         g._inputs[name] = inp
-        _bind_storage(g, inp, {r: f.companion(r).arr for r in ROLES
+        _bind_storage(g, inp, {r: host_array(f.companion(r).storage) for r in ROLES
                                if f.companion(r) is not None}, ctxs)
         return
     if kind == "array":
@@ -584,12 +587,12 @@ def _input(g: Graph, spec, n: int, ctxs: list, ops: list, mapping: dict[int, Fie
         if nd is None:
             raise _bad(f"input '{name}': not one of the graph's ndarrays")
         inp = _Input(name, "array", example=nd, dtype=nd.dtype,
-                     element_shape=tuple(nd.element_shape), shape=nd.arr.shape, value=nd,
+                     element_shape=tuple(nd.element_shape), shape=tuple(nd.storage.shape), value=nd,
                      has_value=True)
         g._inputs[name] = inp
-        roles = {"primal": nd.arr}
+        roles = {"primal": host_array(nd.storage)}
         if nd.grad is not None:
-            roles["grad"] = nd.grad.arr
+            roles["grad"] = host_array(nd.grad.storage)
         _bind_storage(g, inp, roles, ctxs)
         return
     if kind not in ("scalar", "matrix"):

@@ -5,9 +5,11 @@ to second order (forward-over-reverse), on NumPy arrays that the bridges share w
 tensors.
 
 Storage and copies. A declared ``ti.ndarray`` is re-pointed at the caller's memory for each
-call (its ``.arr`` becomes a view of the input tensor; an output's becomes the new output
-tensor's buffer): no copy. A field owns its storage, so a declared field is copied into
-(inputs) or out of (outputs) once per call. An input that is not C-contiguous is copied once.
+call (its storage becomes the input tensor's memory; an output's becomes the new output
+tensor's buffer): no copy, when the program's storage is host memory (``runtime/storage.py``;
+in device memory it is copied in and out, as a field is). A field owns its storage, so a
+declared field is copied into (inputs) or out of (outputs) once per call. An input that is not
+C-contiguous is copied once.
 
 Gradients. Adjoint storage is difftape's own (the ``.grad`` of the declared fields and
 ndarrays, and fresh arrays for ndarray inputs), never the caller's tensors' ``.grad``; the
@@ -144,14 +146,15 @@ class DiffProgram:
                 # the adjoint of a store zeroes the output's adjoint.
                 buf = self._cotangents.get(id(s))
                 if buf is None or buf.shape != u.shape:
-                    buf = self._cotangents[id(s)] = np.empty(u.shape, s.arr.dtype)
+                    buf = self._cotangents[id(s)] = np.empty(u.shape, s.storage.dtype)
                 np.copyto(buf, u)
-                s.grad.arr = buf
+                s.grad._bind_host_array(buf)
             else:
                 s.grad.from_numpy(u)
         _backward(tape)
         grads = _values([s.grad for s in self.inputs if self._copied(s)], copy=True)
-        return [grads.pop(0) if self._copied(s) else s.grad.arr for s in self.inputs]
+        return [grads.pop(0) if self._copied(s) else _ndarray_result(s.grad)
+                for s in self.inputs]
 
     # ------------------------------------------------------------------ forward mode
     def jvp(self, xs: Sequence[np.ndarray], ts: Sequence[np.ndarray | None]
@@ -216,7 +219,7 @@ class DiffProgram:
             if self._copied(s):
                 s.from_numpy(x)
             else:
-                s.arr = x if x.flags.c_contiguous else np.ascontiguousarray(x)
+                s._bind_host_array(x if x.flags.c_contiguous else np.ascontiguousarray(x))
 
     def _bind_outputs(self, out: Sequence[np.ndarray] | None) -> list[np.ndarray]:
         outs = []
@@ -226,7 +229,7 @@ class DiffProgram:
                 s.fill(0)
             else:
                 a[...] = 0
-                s.arr = a
+                s._bind_host_array(a)  # (device memory: copied back by _copy_field_outputs)
             outs.append(a)
         return outs
 
@@ -238,6 +241,9 @@ class DiffProgram:
         values = _values([self.outputs[k] for k in at] + list(extra), copy=False)
         for k, v in zip(at, values, strict=False):
             np.copyto(outs[k], v)
+        for k, s in enumerate(self.outputs):
+            if not self._copied(s) and not s.storage.host:  # copied in, so copied out
+                np.copyto(outs[k], s.storage.read())
         return [np.array(v) for v in values[len(at):]]
 
     def _checked(self, x: np.ndarray, s, what: str) -> np.ndarray:
@@ -257,11 +263,11 @@ class DiffProgram:
 
     def _zero_grad(self, a: Ndarray) -> None:
         """Zero an ndarray's adjoint: locally a fresh array (an earlier call's gradient was
-        handed out without a copy), remotely a queued fill."""
+        handed out without a copy; in device memory, zeroed there), remotely a queued fill."""
         if self._remote:
             a.grad.fill(0)
         else:
-            a.grad.arr = np.zeros_like(a.grad.arr)
+            a.grad._bind_host_array(np.zeros(a.grad.storage.shape, a.grad.storage.dtype))
 
     def _need_fields(self, what: str) -> None:
         if any(isinstance(s, Ndarray) for s in self.inputs + self.outputs):
@@ -285,7 +291,13 @@ def _values(fields: Sequence[Field], copy: bool) -> list[np.ndarray]:
     remote = program.get().remote
     if remote is not None:
         return remote.read_fields(list(fields))
-    return [np.array(f.arr) if copy else f.arr for f in fields]
+    return [np.array(f.storage.read()) if copy else f.storage.read() for f in fields]
+
+
+def _ndarray_result(a: Ndarray) -> np.ndarray:
+    """An ndarray's values for the caller: its host array itself (host memory: the array
+    bound for this call), a copy from device memory."""
+    return a.storage.array if a.storage.host else a.storage.read().copy()
 
 
 def _full_shape(s) -> tuple[int, ...]:

@@ -174,7 +174,7 @@ def call(fn: Callable, inputs: Sequence, outputs: Sequence, params: Params | Non
     if prog.remote is not None:
         raise DifftapeError("difftape.interop.jax.call runs JAX locally; it is not supported "
                             "with arch=ti.remote")
-    ins = [jnp.asarray(np.array(s.arr)) for s in inputs]
+    ins = [jnp.asarray(np.array(s.storage.read())) for s in inputs]
     lead = (params.value,) if params is not None else ()
     tape = prog.tape
     recording = tape is not None and not tape._suspended
@@ -182,7 +182,7 @@ def call(fn: Callable, inputs: Sequence, outputs: Sequence, params: Params | Non
         if recording:
             raise DifftapeError("difftape.interop.jax.call: second order (a Tape under "
                                 "forward mode) is not supported through JAX calls")
-        tangents = [jnp.asarray(np.array(s.dual.arr)) if isinstance(s, Field) and
+        tangents = [jnp.asarray(np.array(s.dual.storage.read())) if isinstance(s, Field) and
                     s.has_dual else jnp.zeros_like(x) for s, x in zip(inputs, ins,
                                                                                strict=True)]
         lead_t = tuple(jax.tree_util.tree_map(jnp.zeros_like, v) for v in lead)
@@ -190,7 +190,7 @@ def call(fn: Callable, inputs: Sequence, outputs: Sequence, params: Params | Non
         _write(_as_tuple(outs), outputs)
         for s, t in zip(outputs, _as_tuple(touts), strict=True):
             if isinstance(s, Field) and s.has_dual:
-                s.dual.arr[...] = np.asarray(t)
+                s.dual.storage.write()[...] = np.asarray(t)
         return
     if not recording:
         _write(_as_tuple(fn(*lead, *ins)), outputs)
@@ -199,19 +199,20 @@ def call(fn: Callable, inputs: Sequence, outputs: Sequence, params: Params | Non
     _write(_as_tuple(outs), outputs)
 
     def backward() -> None:
-        us = tuple(jnp.asarray(np.array(s.grad.arr)) for s in outputs)
+        us = tuple(jnp.asarray(np.array(s.grad.storage.read())) for s in outputs)
         cts = vjp_fn(us if isinstance(outs, tuple | list) else us[0])
         for s in outputs:
-            s.grad.arr[...] = 0
+            s.grad.storage.write()[...] = 0
         if params is not None:
             params.grad = jax.tree_util.tree_map(jnp.add, params.grad, cts[0])
             cts = cts[1:]
         for s, c in zip(inputs, cts, strict=True):
             if getattr(s, "grad", None) is not None and jnp.issubdtype(c.dtype, jnp.floating):
-                s.grad.arr[...] += np.asarray(c)
+                s.grad.storage.write()[...] += np.asarray(c)
 
     def forward() -> None:  # a replay (Tape grad_check): the values only
-        _write(_as_tuple(fn(*lead, *[jnp.asarray(np.array(s.arr)) for s in inputs])), outputs)
+        ins = [jnp.asarray(np.array(s.storage.read())) for s in inputs]
+        _write(_as_tuple(fn(*lead, *ins)), outputs)
 
     forward.__name__ = getattr(fn, "__name__", "jax_call")
     tape.record_custom(forward, backward, (), {})
@@ -226,10 +227,10 @@ def _write(outs: Sequence, outputs: Sequence) -> None:
         raise DifftapeError(f"difftape.interop.jax.call: the function returned {len(outs)} "
                             f"array(s) for {len(outputs)} output(s)")
     for k, (o, s) in enumerate(zip(outs, outputs, strict=True)):
-        dst = s.arr
+        dst = s.storage
         if tuple(jnp.shape(o)) != dst.shape or jnp.result_type(o) != dst.dtype:
             raise DifftapeError(f"difftape.interop.jax.call: output {k} is "
                                 f"{tuple(jnp.shape(o))} {jnp.result_type(o)}; the storage it "
                                 f"goes to has shape {dst.shape} and dtype {dst.dtype} (no "
                                 "silent casts)")
-        dst[...] = np.asarray(o)
+        dst.write()[...] = np.asarray(o)

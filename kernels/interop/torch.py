@@ -252,7 +252,7 @@ def call(fn: Callable, inputs: Sequence, outputs: Sequence) -> None:
     if prog.remote is not None:
         raise DifftapeError("difftape.interop.torch.call runs PyTorch locally; it is not "
                             "supported with arch=ti.remote")
-    ins = [torch.from_numpy(np.array(s.arr)) for s in inputs]
+    ins = [torch.from_numpy(np.array(s.storage.read())) for s in inputs]
     tape = prog.tape
     recording = tape is not None and not tape._suspended
     if prog.fwd is not None:
@@ -268,23 +268,23 @@ def call(fn: Callable, inputs: Sequence, outputs: Sequence) -> None:
     else:
         with torch.no_grad():
             outs = _as_tuple(fn(*ins))
-    _write(outs, outputs, "arr")
+    _write(outs, outputs)
     if recording:
         def backward() -> None:
-            us = [torch.from_numpy(np.array(s.grad.arr)) for s in outputs]
+            us = [torch.from_numpy(np.array(s.grad.storage.read())) for s in outputs]
             pairs = [(o, u) for o, u in zip(outs, us, strict=True) if o.requires_grad]
             if pairs:
                 torch.autograd.backward([o for o, _ in pairs], [u for _, u in pairs])
             for s in outputs:
-                s.grad.arr[...] = 0
+                s.grad.storage.write()[...] = 0
             for s, t in zip(inputs, ins, strict=True):
                 if t.grad is not None and s.has_grad:
-                    s.grad.arr[...] += t.grad.numpy()
+                    s.grad.storage.write()[...] += t.grad.numpy()
 
         def forward() -> None:  # a replay (Tape grad_check): the values only
             with torch.no_grad():
-                _write(_as_tuple(fn(*[torch.from_numpy(np.array(s.arr)) for s in inputs])),
-                       outputs, "arr")
+                again = [torch.from_numpy(np.array(s.storage.read())) for s in inputs]
+                _write(_as_tuple(fn(*again)), outputs)
 
         forward.__name__ = getattr(fn, "__name__", type(fn).__name__)
         tape.record_custom(forward, backward, (), {})
@@ -299,30 +299,31 @@ def _call_forward_mode(fn: Callable, ins: list, inputs: Sequence, outputs: Seque
             # ndarrays have no tangents
             dual = s.dual if isinstance(s, Field) and s.has_dual else None
             if dual is not None and t.is_floating_point():
-                t = fwAD.make_dual(t, torch.from_numpy(np.array(dual.arr)))
+                t = fwAD.make_dual(t, torch.from_numpy(np.array(dual.storage.read())))
             duals.append(t)
         outs = _as_tuple(fn(*duals))
         unpacked = [fwAD.unpack_dual(o) for o in outs]
-    _write([u.primal for u in unpacked], outputs, "arr")
+    _write([u.primal for u in unpacked], outputs)
     for s, u in zip(outputs, unpacked, strict=True):
         dual = s.dual if isinstance(s, Field) and s.has_dual else None
         if dual is not None:
             if u.tangent is None:
-                dual.arr[...] = 0
+                dual.storage.write()[...] = 0
             else:
-                dual.arr[...] = u.tangent.detach().numpy().reshape(dual.arr.shape)
+                dual.storage.write()[...] = u.tangent.detach().numpy().reshape(
+                    dual.storage.shape)
 
 
 def _as_tuple(out) -> tuple:
     return tuple(out) if isinstance(out, tuple | list) else (out,)
 
 
-def _write(outs: Sequence, outputs: Sequence, attr: str) -> None:
+def _write(outs: Sequence, outputs: Sequence) -> None:
     if len(outs) != len(outputs):
         raise DifftapeError(f"difftape.interop.torch.call: the function returned {len(outs)} "
                             f"tensor(s) for {len(outputs)} output(s)")
     for k, (o, s) in enumerate(zip(outs, outputs, strict=True)):
-        dst = getattr(s, attr)
+        dst = s.storage
         if not isinstance(o, torch.Tensor) or tuple(o.shape) != dst.shape or \
                 o.dtype != _torch_dtype(dst.dtype):
             what = f"{tuple(o.shape)} {o.dtype}" if isinstance(o, torch.Tensor) \
@@ -330,4 +331,4 @@ def _write(outs: Sequence, outputs: Sequence, attr: str) -> None:
             raise DifftapeError(f"difftape.interop.torch.call: output {k} is {what}; the "
                                 f"storage it goes to has shape {dst.shape} and dtype "
                                 f"{dst.dtype} (no silent casts)")
-        dst[...] = o.detach().numpy()
+        dst.write()[...] = o.detach().numpy()

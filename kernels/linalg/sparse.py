@@ -105,12 +105,12 @@ class SparseMatrixBuilder:
         self._format = _storage_format(storage_format)
         self._triplets = ndarray(_INDEX_DTYPE[self.dtype.name],
                                  TRIPLET_HEADER + 3 * self.max_num_triplets)
-        arr = self._triplets.arr
+        arr = self._triplets.storage.write()
         arr[1], arr[2] = self.num_rows, self.num_cols
 
     def _entries(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Rows, columns and values of the triplets appended so far (views)."""
-        arr = self._triplets.arr
+        arr = self._triplets.storage.read()
         count = int(arr[0])
         if count > self.max_num_triplets:
             raise SolverError(f"this SparseMatrixBuilder overflowed: {count} triplets were "
@@ -140,7 +140,7 @@ class SparseMatrixBuilder:
         mat = sp.coo_matrix((vals.astype(dt.np), (rows, cols)),
                             shape=(self.num_rows, self.num_cols)).asformat(self._format)
         mat.sum_duplicates()
-        self._triplets.arr[0] = 0
+        self._triplets.storage.write()[0] = 0
         return SparseMatrix._wrap(mat, dt, self.storage_format)
 
 
@@ -244,9 +244,9 @@ class SparseMatrix:
                                  f"and {other.shape} in A @ B")
             return self._result(self.matrix @ other.matrix)
         if isinstance(other, Ndarray):
-            x = self._vector(other.arr, other.element_shape)
+            x = self._vector(other.storage.read(), other.element_shape)
             out = ndarray(other.dtype, self.n)
-            out.arr[...] = self.matrix @ x
+            out.storage.write()[...] = self.matrix @ x
             return out
         if isinstance(other, Field):
             return self.matrix @ self._vector(other.to_numpy(), other.element_shape)
@@ -301,7 +301,7 @@ class SparseMatrix:
             raise ArgumentError("Sparse matrix only supports building from [ti.ndarray, "
                                 f"ti.Vector.ndarray, ti.Matrix.ndarray], got "
                                 f"{type(arr).__name__}")
-        flat = arr.arr.reshape(-1)
+        flat = arr.storage.read().reshape(-1)
         if flat.size % 3:
             raise ShapeError(f"The number of ndarray elements must have a length that is "
                              f"divisible by 3, got {flat.size}")
@@ -329,7 +329,7 @@ class SparseMatrix:
 def _rhs(b, n: int, dtype: T.DType) -> np.ndarray:
     """A right-hand side (field, ndarray, NumPy array) as a vector of ``dtype``."""
     if isinstance(b, Ndarray | Field):
-        arr, esh = (b.arr, b.element_shape) if isinstance(b, Ndarray) else \
+        arr, esh = (b.storage.read(), b.element_shape) if isinstance(b, Ndarray) else \
             (b.to_numpy(), b.element_shape)
     elif isinstance(b, np.ndarray):
         arr, esh = b, ()
@@ -434,7 +434,7 @@ class SparseSolver:
         x = self._lu.solve(_rhs(b, self.matrix.n, self.dtype))
         if isinstance(b, Ndarray):
             out = ndarray(b.dtype, self.matrix.m)
-            out.arr[...] = x
+            out.storage.write()[...] = x
             return out
         return x
 

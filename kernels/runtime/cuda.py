@@ -10,15 +10,19 @@ What is here (and what is not yet):
   and compute capability read from the device, and the PTX architecture for it (``sm_XY``,
   what ``codegen/cuda.py`` compiles for).
 - :class:`DeviceAllocator`: device memory for field and ndarray storage with its bookkeeping
-  (bytes in use, peak, live allocations), zeroed on allocation, host <-> device copies, and
-  device-to-device copies (the overflow rerun's snapshots). It holds no policy: which host
-  array a launch mirrors where is the launcher's.
+  (bytes in use, peak, live allocations), zeroed on allocation, host <-> device copies,
+  memset, and device-to-device copies (the overflow rerun's snapshots). It holds no policy:
+  ``runtime/storage.py``'s ``DeviceMemoryAllocator`` (``cuda_allocator``) makes field and
+  ndarray storage from it and keeps the host mirrors coherent at its sync points, as it does
+  for the simulated device memory CI runs on.
 - :func:`load_module`: our PTX loaded with ``cuModuleLoadData`` (pycuda's
   ``module_from_buffer``), the entry points by name.
 
 Not yet: launching compiled kernels from ``ti.init(arch=ti.cuda)`` (the launch context in
-device memory, the simulated grid's rerun protocol with device snapshots, device-resident
-fields). Until then ``ti.init(arch=ti.cuda)`` runs on the CPU and says so (program.py).
+device memory, the simulated grid's rerun protocol with device snapshots; field storage
+already comes from the program's allocator, so device-resident fields are those of
+``runtime/storage.py``'s ``cuda_allocator``). Until then ``ti.init(arch=ti.cuda)`` runs on
+the CPU and says so (program.py).
 tests/gpu drives what is here on a real device.
 """
 
@@ -148,6 +152,12 @@ class DeviceAllocator:
         """Copy the block at ``address`` into a C-contiguous host array (synchronous)."""
         self._check_fits(address, host)
         self.drv.memcpy_dtoh(host, address)
+
+    def memset(self, address: int, value: int, nbytes: int) -> None:
+        """Set ``nbytes`` bytes at ``address`` to ``value`` (clearing a gradient)."""
+        if nbytes > self.size(address):
+            raise ValueError(f"memset of {nbytes} bytes exceeds a block")
+        self.drv.memset_d8(address, value, nbytes)
 
     def copy(self, dst: int, src: int, nbytes: int) -> None:
         """Device to device (a snapshot of what an overflowing task writes)."""

@@ -22,6 +22,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..errors import ArgumentError, DifftapeError
+from .storage import shared_array
 
 _DLPACK_CPU = 1
 _DEVICE_NAMES = {2: "CUDA", 3: "CUDA host", 4: "OpenCL", 7: "Vulkan", 8: "Metal", 10: "ROCm",
@@ -112,7 +113,8 @@ class ArrayExchange:
     """
 
     def _dlpack_array(self) -> np.ndarray:
-        return self.arr
+        # Host storage is shared; device storage has no host memory to share.
+        return shared_array(self.storage, "__dlpack__")
 
     def __dlpack__(self, *args, **kwargs):
         return self._dlpack_array().__dlpack__(*args, **kwargs)

@@ -22,6 +22,7 @@ from ..errors import OptionError, UnknownOptionError
 from ..types import DType
 from . import log
 from .simgrid import parse_grid
+from .storage import Allocator, HostAllocator, SimulatedDeviceAllocator, Storage
 
 
 @dataclass(frozen=True)
@@ -274,6 +275,11 @@ class Program:
         self.fields: dict[int, object] = {}
         self.unplaced: list = []
         self.snode_children: list = []  # ti.root's children (SNode trees of this program)
+        # Where field and ndarray storage lives (runtime/storage.py): host memory, or on the
+        # simulated grid separate "device" memory reached only through explicit copies, as a
+        # GPU's would be.
+        self.allocator: Allocator = SimulatedDeviceAllocator() if config.simulate_grid \
+            else HostAllocator()
         nthreads = config.cpu_max_num_threads or os.cpu_count() or 1
         self.num_threads = max(1, nthreads)
         self.seed_random(config.random_seed)
@@ -309,12 +315,17 @@ class Program:
             self._pool = ThreadPool(self.num_threads)
         return self._pool
 
-    def zero(self, arr) -> None:
-        """Zero a contiguous array; large ones on all cores (clearing gradients between
-        iterations is memory-bound, and one core cannot saturate memory bandwidth)."""
+    def zero(self, storage: Storage) -> None:
+        """Zero a field's or ndarray's storage; in host memory large ones on all cores
+        (clearing gradients between iterations is memory-bound, and one core cannot saturate
+        memory bandwidth); in device memory with a device memset."""
         if self.capture is not None:  # inside ti.graph.capture(): recorded, not run
-            self.capture.zero(arr)
+            self.capture.zero(storage)
             return
+        if not storage.host:
+            storage.zero()
+            return
+        arr = storage.array
         if arr.nbytes < (1 << 20) or self.num_threads == 1:
             arr.fill(0)
             return
@@ -330,6 +341,7 @@ class Program:
         if self._pool is not None:
             self._pool.close()
             self._pool = None
+        self.allocator.close()
 
 
 _current: Program | None = None

@@ -151,6 +151,37 @@ def test_allocator_bookkeeping_zeroes_and_checks_sizes():
     assert mem.live == 0 and mem.bytes_in_use == 0 and sorted(drv.freed) == sorted([a, b])
 
 
+def test_field_storage_in_cuda_memory_syncs_at_the_explicit_points():
+    """runtime/storage.py's allocator over the CUDA DeviceAllocator: host writes reach the
+    device at sync(), a device write is downloaded on the next read, clears and copies are
+    device-side, and dropped storage is freed."""
+    from difftape.runtime.storage import DeviceStorage, cuda_allocator
+
+    drv = _Driver()
+    alloc = cuda_allocator(drv)
+    a = alloc.storage((2, 3), np.float32)
+    b = alloc.storage((2, 3), np.float32)
+    assert isinstance(a, DeviceStorage) and a.address in drv.memory
+    a.write()[1, 2] = 5.0
+    assert bytes(drv.memory[a.address]) == bytes(24)  # not uploaded before the sync point
+    alloc.sync()
+    assert np.frombuffer(bytes(drv.memory[a.address]), np.float32)[5] == 5.0
+    drv.memory[a.address][0:4] = np.float32(7).tobytes()  # "a kernel" writes element 0
+    a.device_written()
+    np.testing.assert_array_equal(a.read(), [[7, 0, 0], [0, 0, 5]])
+    b.copy_from(a)  # device to device
+    a.zero()
+    np.testing.assert_array_equal(a.read(), 0)
+    np.testing.assert_array_equal(b.read(), [[7, 0, 0], [0, 0, 5]])
+    with pytest.raises(ValueError, match="read-only"):
+        b.read()[0, 0] = 1  # a read view is not a way to write
+    address = b.address
+    del b
+    assert address in drv.freed and alloc.memory.live == 1
+    alloc.close()
+    assert alloc.memory.live == 0
+
+
 @pytest.mark.parametrize("arch", ["cuda", "gpu"])
 def test_init_cuda_without_a_device_warns_why_and_runs_on_the_cpu(monkeypatch, arch):
     _hide_pycuda(monkeypatch, ModuleNotFoundError("No module named 'pycuda'", name="pycuda"))

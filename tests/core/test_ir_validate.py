@@ -1001,7 +1001,7 @@ def _launch_args(ir):
     for buf in ir.buffers:
         f = fields.get(buf.key[1])
         f = f if f is None or buf.key[2] == "primal" else getattr(f, buf.key[2], None)
-        if f is None or f.dtype != buf.dtype or f.arr.shape != buf.shape:
+        if f is None or f.dtype != buf.dtype or f.storage.shape != buf.shape:
             return None
     stack = [(ir.body, 1)]
     while stack:

@@ -3,9 +3,11 @@
 ``DIFFTAPE_SIMULATE_GPU=blocks,threads`` makes every local program's kernels compile as the
 CUDA target's code for the host and launch over that grid (runtime/simgrid.py): grid-stride
 loops, serial and deterministic tasks on thread 0, per-thread stacks from a pool with its
-overflow rerun, the error word, per-thread random states. All of tests/lang and tests/ad pass
-that way (README, *Status*); CI runs a representative subset here, on an uneven grid (3
-blocks of 7 threads), in a subprocess so the variable applies from the first ``ti.init``.
+overflow rerun, the error word, per-thread random states; fields and ndarrays live in
+simulated device memory (runtime/storage.py), reached from Python scope only through explicit
+copies. All of tests/lang and tests/ad pass that way (README, *Status*); CI runs a
+representative subset here, on an uneven grid (3 blocks of 7 threads), in a subprocess so the
+variable applies from the first ``ti.init``.
 """
 
 import os
@@ -19,9 +21,11 @@ pytestmark = pytest.mark.difftape_only
 
 ROOT = Path(__file__).resolve().parents[2]
 #: control flow and loops (stacks in the adjoints), atomics and random numbers, scatter
-#: privatization, the Tape; ~50 s on a busy 2-core machine with a cold cache
+#: privatization, the Tape, sparse activity written by kernels and by Python scope (storage
+#: synced both ways); ~70 s on a busy 2-core machine with a cold cache
 SUBSET = ["tests/lang/test_loops.py", "tests/lang/test_random_atomics.py",
-          "tests/lang/test_scatter.py", "tests/ad/test_control.py", "tests/ad/test_tape.py"]
+          "tests/lang/test_scatter.py", "tests/lang/test_sparse.py", "tests/ad/test_control.py",
+          "tests/ad/test_tape.py"]
 GRID = "3,7"
 
 

@@ -74,6 +74,7 @@ def test_meta_device_tensor_is_refused(ti):
         _double(ti)(x, x)
 
 
+@pytest.mark.host_memory
 def test_field_and_ndarray_export_dlpack_without_copy(ti):
     f = ti.field(ti.f32, shape=4)
     t = torch.from_dlpack(f)
@@ -83,16 +84,17 @@ def test_field_and_ndarray_export_dlpack_without_copy(ti):
     assert t[1].item() == 3
     nd = ti.ndarray(ti.f32, shape=(2, 3))
     tn = torch.from_dlpack(nd)
-    assert tn.data_ptr() == nd.arr.ctypes.data
+    assert tn.data_ptr() == nd.storage.address
     nd[1, 2] = 5
     assert tn[1, 2].item() == 5
 
 
+@pytest.mark.host_memory
 def test_from_dlpack_shares_memory_and_element_shape(ti):
     t = torch.zeros(3, 2)
     nd = ti.from_dlpack(t, element_shape=(2,))
     assert isinstance(nd, ti.VectorNdarray) and nd.shape == (3,) and nd.n == 2
-    assert nd.arr.ctypes.data == t.data_ptr()
+    assert nd.storage.address == t.data_ptr()
 
     @ti.kernel
     def fill(v: ti.types.ndarray(dtype=ti.math.vec2)):

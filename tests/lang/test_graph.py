@@ -5,10 +5,14 @@ refuse what a replay could not repeat (host reads, other shapes) with an error n
 The ``GraphBuilder`` tests are Taichi's API and also run on Taichi 1.7.4
 (``DIFFTAPE_TEST_PEER=taichi``); ``ti.graph.capture()`` is difftape's (``difftape_only``).
 The Tape / FwdMode / ``kernel.grad`` programs captured here are in tests/ad/test_graph_ad.py.
+A replay addresses host memory (``host_memory``: skipped on the simulated grid, which refuses
+graphs; tests/core/test_storage.py checks the refusal).
 """
 
 import numpy as np
 import pytest
+
+pytestmark = pytest.mark.host_memory
 
 difftape_only = pytest.mark.difftape_only
 
@@ -25,7 +29,7 @@ def _storage():
         for role in ("primal", "grad", "dual", "grad_dual"):
             c = f.companion(role)
             if c is not None:
-                out[(fid, role)] = c.arr
+                out[(fid, role)] = c.storage.array
     return out
 
 

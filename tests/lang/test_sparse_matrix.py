@@ -96,7 +96,7 @@ def test_builder_overflow_is_refused(ti):
         fill(B)
     with pytest.raises(ti.SolverError, match="overflowed"):
         B.build()
-    storage = B._triplets.arr
+    storage = B._triplets.storage.read()
     assert storage.shape == (3 + 3 * 10,)  # nothing was written past the 10 triplets
 
 

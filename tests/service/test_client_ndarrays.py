@@ -324,6 +324,39 @@ def test_tensors_as_arguments(remote):
     same(run_local(program), remote(program))
 
 
+def test_local_ndarray_over_host_memory_as_argument(remote):
+    """A ti.ndarray over host memory (ti.from_dlpack: local storage, even under arch=ti.remote)
+    passed to a kernel: its values are uploaded with the launch; a kernel that writes it writes
+    them back into that memory, a kernel that only reads it leaves it alone."""
+
+    def program():
+        @ti.kernel
+        def scale(a: ti.types.ndarray()):
+            for i in a:
+                a[i] = a[i] * 2.0 + i
+
+        @ti.kernel
+        def total(a: ti.types.ndarray()) -> ti.f32:
+            r = 0.0
+            for i in range(a.shape[0]):
+                r += a[i]
+            return r
+
+        base = np.linspace(-1, 1, 6, dtype=np.float32)
+        nd = ti.from_dlpack(base)
+        before = float(total(nd))
+        scale(nd)
+        return {"before": before, "after": float(total(nd)), "base": base.copy()}
+
+    x = np.linspace(-1, 1, 6, dtype=np.float32)
+    want = x * np.float32(2) + np.arange(6, dtype=np.float32)
+    got = remote(program)
+    np.testing.assert_array_equal(got["base"], want)
+    assert got["before"] == pytest.approx(float(x.sum()), abs=1e-6)
+    assert got["after"] == pytest.approx(float(want.sum()), rel=1e-6)
+    same(run_local(program), got)
+
+
 # ---------------------------------------------------------------------------- refusals
 
 def test_refusals_match_local_ones(remote):

@@ -1,0 +1,344 @@
+"""Where field and ndarray storage lives: the program's allocator and the storage interface.
+
+Every field (and each ``.grad``/``.dual``/read-mark companion) and every ``ti.ndarray`` owns
+one :class:`Storage`, made by the program's allocator (``Program.allocator``). Kernels address
+it by :attr:`Storage.address`; Python-scope code (element access, ``fill``, ``to_numpy``/
+``from_numpy``, the Tape, interop, the server's engine) never touches the memory behind that
+address directly: it goes through the storage's explicit sync points.
+
+- :meth:`Storage.read`: the current values as a host array, downloaded first if a launch
+  changed them. Only read it (under device memory it is a read-only view).
+- :meth:`Storage.write`: the current values as a host array the caller is about to modify;
+  the storage is marked dirty and uploaded at the next sync point (:meth:`Allocator.sync`,
+  called before every launch and device-side operation). It downloads first even for a
+  caller that replaces every element: an assignment that fails half-way must not upload a
+  stale mirror.
+- :meth:`Storage.device_written`: a launch (or a device-side operation) changed the device
+  copy; the host copy is stale until the next ``read``/``write``.
+- :meth:`Storage.zero`, :meth:`Storage.copy_from`: device-side clears and copies.
+
+Three allocators:
+
+- :class:`HostAllocator` (``ti.cpu``): the storage *is* one C-contiguous NumPy array
+  (:attr:`HostStorage.array`), and ``address`` is its data pointer: the sync points cost
+  nothing and kernels, Python scope, DLPack exports and ``ti.graph`` share the same memory.
+- :class:`DeviceMemoryAllocator` over a device's memory: blocks of device memory plus host
+  mirrors kept coherent at the sync points. ``runtime/cuda.py``'s ``DeviceAllocator`` is such
+  a memory (:func:`cuda_allocator`), for the CUDA launcher.
+- :class:`SimulatedDeviceAllocator` (``simulate_grid`` / ``DIFFTAPE_SIMULATE_GPU=1``): the
+  same, over :class:`SimulatedDeviceMemory`, blocks of separate host memory that kernels on
+  the simulated grid address. Host mirrors are *poisoned* whenever they are stale (NaN in
+  float storage, ``0xA5`` bytes in integer storage) and handed out read-only for reading, so
+  Python-scope code that skips a sync point computes a wrong answer (or fails) in CI instead
+  of silently working on the CPU and failing on a GPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import weakref
+from typing import Any
+
+import numpy as np
+
+from ..errors import DifftapeError
+from .cuda import DeviceAllocator
+
+#: the byte a stale host mirror of integer storage is filled with (simulated device memory)
+POISON_BYTE = 0xA5
+
+
+class Storage:
+    """The interface of one field's or ndarray's memory (see the module doc). ``shape`` is
+    ``shape + element_shape``; ``dtype`` a NumPy dtype."""
+
+    __slots__ = ("shape", "dtype", "__weakref__")
+    #: whether host code may address the memory itself (host storage: ``array`` exists)
+    host = False
+
+    def __init__(self, shape: tuple[int, ...], dtype: np.dtype) -> None:
+        self.shape = tuple(shape)
+        self.dtype = np.dtype(dtype)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    @property
+    def address(self) -> int:  # pragma: no cover - every subclass defines it
+        raise NotImplementedError
+
+    def read(self) -> np.ndarray:  # pragma: no cover
+        raise NotImplementedError
+
+    def write(self) -> np.ndarray:  # pragma: no cover
+        raise NotImplementedError
+
+    def device_written(self) -> None:
+        """A launch or device-side operation changed the memory (nothing to do on the host)."""
+
+    def zero(self) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def copy_from(self, other: Storage, casting: str = "unsafe") -> None:
+        """``self[...] = other[...]`` (same shape; the dtype converted as NumPy's ``copyto``
+        does with ``casting``)."""
+        np.copyto(self.write(), other.read(), casting=casting)
+
+
+class HostStorage(Storage):
+    """Storage in host memory: one C-contiguous NumPy array (``array``), shared by kernels
+    and Python scope, so every sync point is free."""
+
+    __slots__ = ("array", "_address")
+    host = True
+
+    def __init__(self, array: np.ndarray) -> None:
+        super().__init__(array.shape, array.dtype)
+        self.array = array
+        self._address = array.ctypes.data
+
+    @property
+    def address(self) -> int:
+        return self._address
+
+    def read(self) -> np.ndarray:
+        return self.array
+
+    def write(self) -> np.ndarray:
+        return self.array
+
+    def zero(self) -> None:
+        self.array.fill(0)
+
+    def copy_from(self, other: Storage, casting: str = "unsafe") -> None:
+        np.copyto(self.array, other.read(), casting=casting)
+
+
+class Allocator:
+    """Makes the storage of one program's fields and ndarrays."""
+
+    #: host allocators give :class:`HostStorage` (kernels address host memory)
+    host = False
+
+    def storage(self, shape: tuple[int, ...], dtype: np.dtype) -> Storage:  # pragma: no cover
+        """New zeroed storage of ``shape`` (``shape + element_shape``) and ``dtype``."""
+        raise NotImplementedError
+
+    def sync(self) -> None:
+        """Upload every host write not yet uploaded (before launches and device operations)."""
+
+    def close(self) -> None:
+        """Release everything (the program ends)."""
+
+
+class HostAllocator(Allocator):
+    """Host memory: NumPy arrays, as the CPU target has always used."""
+
+    host = True
+
+    def storage(self, shape: tuple[int, ...], dtype: np.dtype) -> HostStorage:
+        return HostStorage(np.zeros(shape, dtype=dtype))
+
+    @staticmethod
+    def wrap(array: np.ndarray) -> HostStorage:
+        """Storage over an existing C-contiguous array (``ti.from_dlpack``, interop), shared,
+        not copied."""
+        return HostStorage(array)
+
+
+class SimulatedDeviceMemory:
+    """Device memory for the simulated grid: each block is separate host memory (its own
+    NumPy buffer) that only the simulated kernels address; the host reaches it through
+    ``upload``/``download``/``copy``/``memset`` only. The interface is that of
+    ``runtime/cuda.py``'s ``DeviceAllocator``."""
+
+    def __init__(self) -> None:
+        self._blocks: dict[int, np.ndarray] = {}
+        self.bytes_in_use = 0
+        self.peak = 0
+
+    def alloc(self, nbytes: int) -> int:
+        block = np.zeros(max(1, int(nbytes)), np.uint8)
+        address = block.ctypes.data
+        self._blocks[address] = block
+        self.bytes_in_use += block.nbytes
+        self.peak = max(self.peak, self.bytes_in_use)
+        return address
+
+    def free(self, address: int) -> None:
+        self.bytes_in_use -= self._blocks.pop(address).nbytes
+
+    def size(self, address: int) -> int:
+        return self._blocks[address].nbytes
+
+    @property
+    def live(self) -> int:
+        return len(self._blocks)
+
+    def upload(self, address: int, host: np.ndarray) -> None:
+        self._check(address, host)
+        ctypes.memmove(address, host.ctypes.data, host.nbytes)
+
+    def download(self, host: np.ndarray, address: int) -> None:
+        self._check(address, host)
+        ctypes.memmove(host.ctypes.data, address, host.nbytes)
+
+    def copy(self, dst: int, src: int, nbytes: int) -> None:
+        if nbytes > min(self.size(dst), self.size(src)):
+            raise ValueError(f"copy of {nbytes} bytes exceeds a block")
+        ctypes.memmove(dst, src, nbytes)
+
+    def memset(self, address: int, value: int, nbytes: int) -> None:
+        if nbytes > self.size(address):
+            raise ValueError(f"memset of {nbytes} bytes exceeds a block")
+        ctypes.memset(address, value, nbytes)
+
+    def _check(self, address: int, host: np.ndarray) -> None:
+        if not host.flags.c_contiguous:
+            raise ValueError("host array must be C-contiguous")
+        if host.nbytes > self.size(address):
+            raise ValueError(f"{host.nbytes} bytes do not fit a block of {self.size(address)}")
+
+    def close(self) -> None:
+        self._blocks.clear()
+        self.bytes_in_use = 0
+
+
+class DeviceStorage(Storage):
+    """A block of device memory and its host mirror. ``_stale``: the device copy is newer
+    (a launch wrote it); ``_dirty``: the mirror is newer (Python scope wrote it; uploaded at
+    the next :meth:`DeviceMemoryAllocator.sync`). Never both: sync runs before every launch."""
+
+    __slots__ = ("_owner", "_address", "_mirror", "_readonly", "_stale", "_dirty",
+                 "_finalizer")
+
+    def __init__(self, owner: DeviceMemoryAllocator, shape: tuple[int, ...],
+                 dtype: np.dtype) -> None:
+        super().__init__(shape, dtype)
+        self._owner = owner
+        self._address = owner.memory.alloc(self.nbytes)  # zeroed
+        self._mirror = np.zeros(self.shape, self.dtype)
+        self._readonly = self._mirror.view()
+        self._readonly.flags.writeable = False
+        self._stale = False
+        self._dirty = False
+        self._finalizer = weakref.finalize(self, owner._release, self._address)
+
+    @property
+    def address(self) -> int:
+        return self._address
+
+    def _download(self) -> None:
+        if self._stale:
+            self._owner.memory.download(self._mirror, self._address)
+            self._stale = False
+
+    def read(self) -> np.ndarray:
+        if self._stale:
+            self._download()
+        return self._readonly
+
+    def write(self) -> np.ndarray:
+        if self._stale:
+            self._download()
+        if not self._dirty:
+            self._dirty = True
+            self._owner._dirty.append(self)
+        return self._mirror
+
+    def upload(self) -> None:
+        if self._dirty:
+            self._owner.memory.upload(self._address, self._mirror)
+            self._dirty = False
+
+    def device_written(self) -> None:
+        self._stale = True
+        if self._owner.poison:
+            _poison(self._mirror)
+
+    def zero(self) -> None:
+        self._owner.sync()
+        self._owner.memory.memset(self._address, 0, self.nbytes)
+        self.device_written()
+
+    def copy_from(self, other: Storage, casting: str = "unsafe") -> None:
+        if not isinstance(other, DeviceStorage) or other._owner is not self._owner or \
+                other.dtype != self.dtype or other.shape != self.shape:
+            super().copy_from(other, casting)
+            return
+        self._owner.sync()
+        self._owner.memory.copy(self._address, other._address, self.nbytes)
+        self.device_written()
+
+
+def _poison(mirror: np.ndarray) -> None:
+    """Make a stale host mirror obviously wrong: NaN floats, 0xA5 bytes otherwise."""
+    if mirror.dtype.kind == "f":
+        mirror.fill(np.nan)
+    else:
+        mirror.reshape(-1).view(np.uint8).fill(POISON_BYTE)
+
+
+class DeviceMemoryAllocator(Allocator):
+    """Storage in a device's memory (``memory``: ``alloc``, ``free``, ``upload``,
+    ``download``, ``copy``, ``memset``, as ``runtime/cuda.py``'s ``DeviceAllocator``), with
+    host mirrors synchronised at the sync points. ``poison``: fill stale mirrors with
+    garbage (the simulated device, where a missed sync must show)."""
+
+    def __init__(self, memory: Any, poison: bool = False) -> None:
+        self.memory = memory
+        self.poison = poison
+        self._dirty: list[DeviceStorage] = []
+        self._closed = False
+
+    def storage(self, shape: tuple[int, ...], dtype: np.dtype) -> DeviceStorage:
+        return DeviceStorage(self, shape, dtype)
+
+    def sync(self) -> None:
+        if self._dirty:
+            dirty, self._dirty = self._dirty, []
+            for s in dirty:
+                s.upload()
+
+    def _release(self, address: int) -> None:
+        if not self._closed:
+            self.memory.free(address)
+
+    def close(self) -> None:
+        self._dirty = []
+        self._closed = True
+        self.memory.close()
+
+
+class SimulatedDeviceAllocator(DeviceMemoryAllocator):
+    """Device memory for the simulated grid: :class:`SimulatedDeviceMemory`, with poisoned
+    stale mirrors (see the module doc)."""
+
+    def __init__(self) -> None:
+        super().__init__(SimulatedDeviceMemory(), poison=True)
+
+
+def cuda_allocator(drv: Any) -> DeviceMemoryAllocator:
+    """Storage in CUDA device memory through ``runtime/cuda.py``'s ``DeviceAllocator``
+    (``drv``: ``pycuda.driver``), for the CUDA launcher."""
+    return DeviceMemoryAllocator(DeviceAllocator(drv))
+
+
+def shared_array(storage: Storage, what: str) -> np.ndarray:
+    """The host array behind ``storage`` for code that shares its memory rather than copying
+    it (DLPack exports, zero-copy interop, ``ti.graph``'s native replay); refused for device
+    storage, which has no host memory to share."""
+    if storage.host:
+        return storage.array
+    raise DifftapeError(f"{what}: the storage is in device memory (simulate_grid / "
+                        "DIFFTAPE_SIMULATE_GPU, or a GPU), which host code cannot share; copy "
+                        "it with to_numpy()/from_numpy()")
