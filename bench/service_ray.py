@@ -2,14 +2,18 @@
 loopback: a Ray-backed gateway against the local-worker gateway and the local runtime.
 
 Starts Ray's own multi-node test cluster on this machine (``ray.cluster_utils.Cluster``: a
-head without CPUs and two worker nodes, each its own raylet) and two gateways (one with
-local worker processes, one whose sessions are Ray actors), then measures in the same run:
+head with one CPU and two worker nodes, each its own raylet) and three gateways (one with
+local worker processes, two whose sessions are Ray actors; every gateway is a driver on the
+head), then measures in the same run:
 
 * **MPM**: one diffmpm optimisation iteration (``bench/diffmpm.py``, ~380 launches as one
   batch) through the Ray-backed gateway vs the same iteration run locally; median over
   rounds of the per-round ratio (bar: <= 1.4x);
 * **transfer**: a 4 MiB f32 field upload + download through the client, Ray-backed gateway
-  vs local-worker gateway (bar: <= 2x);
+  vs local-worker gateway (bar: <= 2x), with the session's actor on the gateway's node (its
+  sessions ask 0.1 CPU: they go there while it has room, and share its object store) and,
+  for comparison, on another node (a gateway whose sessions ask 1.5 CPUs, more than the
+  head has: every payload is copied between raylets);
 * **load**: N concurrent clients (threads, one session each) x M launches of a small kernel
   through the Ray-backed gateway, raw HTTP: errors (bar: 0), p50/p99 latency, launches/s.
 
@@ -41,13 +45,20 @@ NAME = "service_ray"
 STORE = 100 * 2**20  # object store per node
 
 
+#: CPUs of the head, the gateways' node: room for ten 0.1-CPU sessions, none of 1.5 CPUs.
+HEAD_CPUS = 1
+#: What a session of the across-nodes gateway asks: more than the head has.
+REMOTE_SESSION_CPUS = 1.5
+
+
 def start_cluster(cpus_per_node: int):
-    """Ray's test cluster: a head without CPUs (it is never lost) and two worker nodes."""
+    """Ray's test cluster: a head with ``HEAD_CPUS`` (where the gateways run) and two worker
+    nodes."""
     import ray
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 0, "object_store_memory": STORE, "include_dashboard": False,
+        "num_cpus": HEAD_CPUS, "object_store_memory": STORE, "include_dashboard": False,
         "node_ip_address": "127.0.0.1"})
     for _ in range(2):
         cluster.add_node(num_cpus=cpus_per_node, object_store_memory=STORE,
@@ -146,7 +157,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.perf_counter()
     cluster = start_cluster(cpus_per_node=max(2, args.clients))
     ray_start_s = time.perf_counter() - t0
-    local_gw = ray_gw = None
+    local_gw = ray_gw = remote_gw = None
     runs: dict[str, list[dict]] = {"local": [], "ray": []}
     try:
         local_gw = Server()
@@ -155,6 +166,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ray_gw = Server(users=args.clients, env={"DIFFTAPE_CLUSTER": cluster.address,
                              "DIFFTAPE_SESSION_CPUS": "0.1",
                              "DIFFTAPE_WORKER_THREADS": "1" if args.tiny else "0"})
+        remote_gw = Server(env={"DIFFTAPE_CLUSTER": cluster.address,
+                                "DIFFTAPE_SESSION_CPUS": str(REMOTE_SESSION_CPUS),
+                                "DIFFTAPE_WORKER_THREADS": "1"})
         for _ in range(max(1, args.rounds)):
             for mode in runs:
                 if mode == "ray":
@@ -165,13 +179,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 ti.reset()
         n = 1024 if args.tiny else TRANSFER_FLOATS
         transfer = {}
-        for mode, gw in (("local_worker", local_gw), ("ray", ray_gw)):
+        for mode, gw in (("local_worker", local_gw), ("ray", ray_gw),
+                         ("ray_across_nodes", remote_gw)):
             ti.init(arch=ti.remote, server=gw.url, token=gw.token)
             transfer[mode] = _transfer(ti, args.transfer_repeat, n)
             ti.reset()
         load = _load(ray_gw, args.clients, args.launches)
     finally:
-        for gw in (local_gw, ray_gw):
+        for gw in (local_gw, ray_gw, remote_gw):
             if gw is not None:
                 gw.stop()
         ray.shutdown()
@@ -180,6 +195,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               for r, lo in zip(runs["ray"], runs["local"], strict=True)]
     ratio = statistics.median(ratios)
     t_ratio = transfer["ray"].median / transfer["local_worker"].median
+    t_across = transfer["ray_across_nodes"].median / transfer["local_worker"].median
     mb = n * 4 / 2**20
     load_avg = os.getloadavg()
     rows = [
@@ -190,9 +206,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         {"label": f"{NAME}: ratio Ray/local (bar 1.4)", "value": ratio, "unit": "x"},
         {"label": f"{NAME}: {mb:g} MiB up+down, local-worker gateway", "value":
          transfer["local_worker"].median * 1e3, "unit": "ms"},
-        {"label": f"{NAME}: {mb:g} MiB up+down, Ray-backed gateway", "value":
-         transfer["ray"].median * 1e3, "unit": "ms"},
+        {"label": f"{NAME}: {mb:g} MiB up+down, Ray-backed gateway, actor on its node",
+         "value": transfer["ray"].median * 1e3, "unit": "ms"},
         {"label": f"{NAME}: transfer ratio Ray/local-worker (bar 2)", "value": t_ratio,
+         "unit": "x"},
+        {"label": f"{NAME}: {mb:g} MiB up+down, Ray-backed gateway, actor on another node",
+         "value": transfer["ray_across_nodes"].median * 1e3, "unit": "ms"},
+        {"label": f"{NAME}: transfer ratio across nodes/local-worker", "value": t_across,
          "unit": "x"},
         {"label": f"{NAME}: {args.clients} clients x {args.launches} launches, errors",
          "value": load["errors"], "unit": ""},
@@ -208,10 +228,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
              + (f"; first errors: {load['first_errors']}" if load["errors"] else ""))
     return common.result(NAME, args.backend, seconds=statistics.median(
         r["iteration_s"] for r in runs["ray"]), rows=rows, notes=notes, ratio=ratio,
-        ratios=ratios, transfer_ratio=t_ratio, transfer_mib=mb,
-        transfer_local_worker_s=transfer["local_worker"].median,
-        transfer_ray_s=transfer["ray"].median, load=load, ray_start_s=ray_start_s,
-        loadavg=list(load_avg))
+        ratios=ratios, transfer_ratio=t_ratio, transfer_across_nodes_ratio=t_across,
+        transfer_mib=mb, transfer_local_worker_s=transfer["local_worker"].median,
+        transfer_ray_s=transfer["ray"].median,
+        transfer_ray_across_nodes_s=transfer["ray_across_nodes"].median, load=load,
+        ray_start_s=ray_start_s, loadavg=list(load_avg))
 
 
 if __name__ == "__main__":

@@ -296,7 +296,7 @@ def test_busy_runs_the_same_iterations_on_taichi():
 
 
 def test_service_ray_runs_at_a_tiny_size():
-    """bench/service_ray.py end to end (a Ray cluster, two gateways) at token sizes: every
+    """bench/service_ray.py end to end (a Ray cluster, three gateways) at token sizes: every
     figure is there and no launch failed."""
     pytest.importorskip("ray", reason="the Ray extra is not installed")
     r = subprocess.run([sys.executable, str(BENCH / "service_ray.py"), "--tiny", "--json"],
@@ -307,4 +307,5 @@ def test_service_ray_runs_at_a_tiny_size():
     assert out["load"]["errors"] == 0 and out["load"]["clients"] == 2
     assert out["load"]["done"] == 2 * out["load"]["launches"]
     assert out["ratio"] > 0 and out["transfer_ratio"] > 0
-    assert len(out["rows"]) == 11
+    assert out["transfer_across_nodes_ratio"] > 0
+    assert len(out["rows"]) == 13

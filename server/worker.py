@@ -31,7 +31,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from .problems import ProblemError, engine_problem, server_stopping, session_lost
 
@@ -478,34 +478,79 @@ def _expire(fut: asyncio.Future) -> None:
         fut.set_exception(TimeoutError())
 
 
-class EngineWorker(Protocol):
+class EngineWorker:
     """What the gateway holds for a session's engine: a local worker process (``Worker``) or
     a Ray actor (``difftape.server.raycluster.RayWorker``). Calls are serialized by ``lock``;
-    ``gone`` is set once the engine is lost (every later call raises it)."""
+    ``gone`` is set once the engine is lost (every later call raises it). The rules both
+    follow (which ops run, how a reply or an overrun ends) are here, once; the two differ
+    only in how an op reaches the engine."""
 
-    lock: asyncio.Lock
-    gone: WorkerGone | None
-    draining: bool
-    current: str | None
-    stats: WorkerStats
-    # The session's epoch in the database when this gateway last took it: an engine any
-    # gateway reaches (a Ray actor) refuses calls with an older epoch than it has seen
-    # (``WorkerMoved``); a local worker, only ever reached by its own gateway, ignores it.
-    epoch: int
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.gone: WorkerGone | None = None
+        self.draining = False  # the server is stopping: only a save may still run
+        self.current: str | None = None  # the op in flight
+        self.stats = WorkerStats()
+        # The session's epoch in the database when this gateway last took it: an engine any
+        # gateway reaches (a Ray actor) refuses calls with an older epoch than it has seen
+        # (``WorkerMoved``); a local worker, only ever reached by its own gateway, ignores it.
+        self.epoch = 0
 
     @property
-    def address(self) -> str: ...
+    def address(self) -> str:
+        raise NotImplementedError
 
-    def alive(self) -> bool: ...
+    def alive(self) -> bool:
+        raise NotImplementedError
 
-    async def call(self, op: dict, payload=None, *, timeout: float) -> tuple[dict, Any]: ...
+    def wait_ready(self, timeout: float) -> None:
+        """Block until the engine is built (blocking; run in a thread)."""
+        raise NotImplementedError
 
-    def kill(self) -> None: ...
+    async def call(self, op: dict, payload=None, *, timeout: float) -> tuple[dict, Any]:
+        """Run one engine op: ``(result, payload)``; ProblemError for engine errors,
+        WorkerGone once the engine is lost (or the op ran past ``timeout``)."""
+        raise NotImplementedError
 
-    def stop(self, timeout: float = 5.0) -> None: ...
+    def kill(self) -> None:
+        """Stop the engine now; a call in flight gets WorkerGone."""
+        raise NotImplementedError
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Take the last counters and stop the engine (blocking)."""
+        raise NotImplementedError
+
+    def _admit(self, op: dict) -> None:
+        """Whether ``op`` may run now (called holding ``lock``): not on a lost engine, and
+        nothing but a save while the server stops."""
+        if self.gone is not None:
+            raise self.gone
+        if self.draining and op.get("op") != "save":
+            raise server_stopping()
+
+    def _overran(self, timeout: float, what: str) -> WorkerGone:
+        """The op ran past the kernel time limit: the engine (``what``) is stopped and the
+        session lost, with that reason."""
+        self.gone = WorkerGone(f"the operation ran longer than the kernel time limit "
+                               f"({timeout:g} s); its {what} was stopped", timeout=True)
+        self.kill()
+        return self.gone
+
+    @staticmethod
+    def _answer(reply: dict, payload) -> tuple[dict, Any]:
+        """The engine's reply (``{"ok": result}`` or ``{"error": ...}``) as ``call``
+        returns it."""
+        if "error" in reply:
+            raise engine_problem(reply["error"])
+        return reply["ok"], payload
+
+    def _keep_stats(self, final: Any) -> None:
+        """Keep the engine's last ``stats`` reply (sent as it stops) as the final counters."""
+        if isinstance(final, dict) and "cache_misses" in final:
+            self.stats = WorkerStats.from_reply(final)
 
 
-class Worker:
+class Worker(EngineWorker):
     """One engine process; calls are serialized (a session's ops run in order).
 
     Construct it on the event loop's thread (the main thread): the worker's parent-death
@@ -514,6 +559,7 @@ class Worker:
     def __init__(self, engine_spec: str, engine_kwargs: dict, *, shm_dir: str | None = None,
                  time_limit: float | None = None,
                  registry: WorkerRegistry | None = None) -> None:
+        super().__init__()
         self._conn, child = _ctx.Pipe(duplex=True)
         self._shm_path: str | None = SharedBuffer.create(shm_dir)
         self.shm = SharedBuffer(self._shm_path) if self._shm_path else None
@@ -527,13 +573,7 @@ class Worker:
         self.registry = registry
         if registry is not None:
             registry.add(self.pid)
-        self.lock = asyncio.Lock()
-        self.gone: WorkerGone | None = None
-        self.draining = False  # the server is stopping: only a save may still run
-        self.current: str | None = None  # the op in flight
         self._unread = 0  # replies of cancelled calls still to be read
-        self.stats = WorkerStats()
-        self.epoch = 0  # see EngineWorker: only this gateway reaches this process
         self._io = threading.Lock()
 
     @property
@@ -557,7 +597,6 @@ class Worker:
             self._shm_path = None
 
     def wait_ready(self, timeout: float) -> None:
-        """Block until the engine is built (blocking; run in a thread)."""
         try:
             msg, _ = self._exchange(None, None, timeout)
         finally:
@@ -587,11 +626,7 @@ class Worker:
                 if not self.proc.is_alive():
                     raise self._died()
                 if time.monotonic() >= deadline:
-                    self.kill()
-                    self.gone = WorkerGone(
-                        f"the operation ran longer than the kernel time limit "
-                        f"({timeout:g} s); its worker was stopped", timeout=True)
-                    raise self.gone
+                    raise self._overran(timeout, "worker")
             return _recv(self._conn, self.shm)
         except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
             raise self._died() from None
@@ -619,11 +654,7 @@ class Worker:
         try:
             await ready
         except TimeoutError:
-            self.gone = WorkerGone(
-                f"the operation ran longer than the kernel time limit "
-                f"({timeout:g} s); its worker was stopped", timeout=True)
-            self.kill()
-            raise self.gone from None
+            raise self._overran(timeout, "worker") from None
         finally:
             timer.cancel()
             loop.remove_reader(fd)
@@ -660,10 +691,7 @@ class Worker:
         2-core machine cost more than the op). The worker reads requests as they come and
         writes replies whole, so these reads and writes do not wait on it for long."""
         async with self.lock:
-            if self.gone is not None:
-                raise self.gone
-            if self.draining and op.get("op") != "save":
-                raise server_stopping()
+            self._admit(op)
             sent = False
             try:
                 # A call cancelled while its op ran left that op's reply in the pipe: read
@@ -690,9 +718,7 @@ class Worker:
                     self._unread += 1  # cancelled between request and reply
                 if self.gone is not None:
                     self._close_channel()
-        if "error" in msg:
-            raise engine_problem(msg["error"])
-        return msg["ok"], out
+        return self._answer(msg, out)
 
     def kill(self) -> None:
         """Stop the process now. The pipe and the mapping are closed here only if no call
@@ -728,9 +754,7 @@ class Worker:
                 with self._io:
                     _send(self._conn, {"op": "_shutdown"}, None)
                     if self._conn.poll(timeout):
-                        msg, _ = _recv(self._conn)
-                        if isinstance(msg.get("ok"), dict) and "cache_misses" in msg["ok"]:
-                            self.stats = WorkerStats.from_reply(msg["ok"])
+                        self._keep_stats(_recv(self._conn)[0].get("ok"))
             except (EOFError, OSError, ValueError):
                 pass
             self.proc.join(timeout=timeout)
@@ -738,32 +762,45 @@ class Worker:
         self.kill()
 
 
-class WorkerPool:
-    """Starts workers, keeping ``spare`` started and initialised ones ready."""
+class EnginePool:
+    """What both pools share: ``spare`` ready engines of the default resources, topped up in
+    the background whenever one is taken, and the start state /readyz reports. A pool
+    says how it starts one engine (``_spawn``) and which resources it takes (``resources``,
+    ``check``); the local one (``WorkerPool``) and the Ray one
+    (``difftape.server.raycluster.RayWorkerPool``)."""
+
+    #: What the log calls one engine.
+    kind = "worker"
 
     def __init__(self, engine_spec: str, engine_kwargs: dict, spare: int,
-                 start_timeout: float, *, shm_dir: str | None = None,
-                 time_limit: float | None = None, registry: WorkerRegistry | None = None
-                 ) -> None:
+                 start_timeout: float) -> None:
         self.engine_spec = engine_spec
         self.engine_kwargs = engine_kwargs
-        self.shm_dir = shm_dir
-        self.time_limit = time_limit
-        self.registry = registry
         self.spare = spare
         self.start_timeout = start_timeout
-        self._ready: list[Worker] = []
+        self.default: dict[str, float] = {}  # the resources of a spare
+        self._ready: list[EngineWorker] = []
         self._filling: asyncio.Task | None = None
         self._fill_lock = asyncio.Lock()
         self.started_ok = False
         self.start_error: str | None = None
 
-    async def _start(self) -> Worker:
+    def check(self, asked: dict[str, float] | None) -> None:
+        """A 422 ProblemError when sessions asking ``asked`` could never be placed."""
+        raise NotImplementedError
+
+    def resources(self, asked: dict[str, float] | None) -> dict[str, float]:
+        """The session's resources: what it asked, over the defaults."""
+        return {**self.default, **(asked or {})}
+
+    def _spawn(self, resources: dict[str, float]) -> EngineWorker:
+        """Start one engine (on the event loop's thread); ``_start`` waits for it."""
+        raise NotImplementedError
+
+    async def _start(self, resources: dict[str, float]) -> EngineWorker:
         loop = asyncio.get_running_loop()
         try:
-            # Started here, on the loop's thread (see Worker); the wait runs in a thread.
-            w = Worker(self.engine_spec, self.engine_kwargs, shm_dir=self.shm_dir,
-                       time_limit=self.time_limit, registry=self.registry)
+            w = self._spawn(resources)
             await loop.run_in_executor(_executor, w.wait_ready, self.start_timeout)
         except Exception as e:
             self.start_error = str(e)
@@ -774,7 +811,7 @@ class WorkerPool:
     async def fill(self) -> None:
         async with self._fill_lock:  # the start-up probe and a refill must not both start one
             while len(self._ready) < self.spare:
-                self._ready.append(await self._start())
+                self._ready.append(await self._start(self.default))
 
     def _refill_soon(self) -> None:
         if self.spare and (self._filling is None or self._filling.done()):
@@ -784,29 +821,23 @@ class WorkerPool:
         try:
             await self.fill()
         except Exception as e:  # noqa: BLE001 - reported through /readyz
-            log.error("could not start a spare worker: %s", e)
+            log.error("could not start a spare %s: %s", self.kind, e)
 
-    def check(self, resources: dict[str, float] | None) -> None:
-        """Sessions of local workers take no resource requests: a request that could not be
-        honoured is refused, not ignored."""
-        if resources:
-            raise ProblemError(422, "this server runs sessions in local worker processes, "
-                                    "which take no 'resources'; run it with --cluster (a Ray "
-                                    "cluster) to place sessions by CPUs and GPUs")
-
-    async def get(self, resources: dict[str, float] | None = None) -> Worker:
-        """A ready worker (a spare if one is alive, else a new one)."""
-        self.check(resources)
-        while self._ready:
-            w = self._ready.pop()
-            if w.alive():
-                self._refill_soon()
-                return w
+    async def get(self, resources: dict[str, float] | None = None) -> EngineWorker:
+        """A ready engine with these resources (a spare, if one of the default is alive)."""
+        res = self.resources(resources)
+        if res == self.default:
+            while self._ready:
+                w = self._ready.pop()
+                if w.alive():
+                    self._refill_soon()
+                    return w
         try:
-            w = await self._start()
+            w = await self._start(res)
         except Exception as e:
             raise ProblemError(503, f"could not start a worker: {e}") from e
-        self._refill_soon()
+        if res == self.default:
+            self._refill_soon()
         return w
 
     async def close(self) -> None:
@@ -818,5 +849,35 @@ class WorkerPool:
         self._ready.clear()
 
 
-__all__ = ["EngineWorker", "Worker", "WorkerGone", "WorkerMoved", "WorkerPool", "WorkerRegistry",
-           "reachable_by_name", "session_lost", "worker_main"]
+class WorkerPool(EnginePool):
+    """Local worker processes (``Worker``), on this gateway's machine."""
+
+    def __init__(self, engine_spec: str, engine_kwargs: dict, spare: int,
+                 start_timeout: float, *, shm_dir: str | None = None,
+                 time_limit: float | None = None, registry: WorkerRegistry | None = None
+                 ) -> None:
+        super().__init__(engine_spec, engine_kwargs, spare, start_timeout)
+        self.shm_dir = shm_dir
+        self.time_limit = time_limit
+        self.registry = registry
+
+    def _spawn(self, resources: dict[str, float]) -> Worker:
+        # Started here, on the loop's thread (see Worker); ``_start`` waits in a thread.
+        return Worker(self.engine_spec, self.engine_kwargs, shm_dir=self.shm_dir,
+                      time_limit=self.time_limit, registry=self.registry)
+
+    def check(self, resources: dict[str, float] | None) -> None:
+        """Sessions of local workers take no resource requests: a request that could not be
+        honoured is refused, not ignored."""
+        if resources:
+            raise ProblemError(422, "this server runs sessions in local worker processes, "
+                                    "which take no 'resources'; run it with --cluster (a Ray "
+                                    "cluster) to place sessions by CPUs and GPUs")
+
+    def resources(self, asked: dict[str, float] | None) -> dict[str, float]:
+        self.check(asked)
+        return {}
+
+
+__all__ = ["EnginePool", "EngineWorker", "Worker", "WorkerGone", "WorkerMoved", "WorkerPool",
+           "WorkerRegistry", "reachable_by_name", "session_lost", "worker_main"]

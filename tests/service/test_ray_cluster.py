@@ -114,6 +114,49 @@ def _actor_info(server, sid: str) -> dict:
     return ray.get(actor.ready.remote(), timeout=60)
 
 
+def test_sessions_go_to_the_gateways_node_while_it_has_room(ray_cluster, tmp_path):
+    """A session's actor on the gateway's node shares its object store (field data through
+    shared memory, not copied between raylets): sessions go there while it has room, spill
+    to another node when it is full (not wait for room), and spread over the cluster when
+    the gateway's node could never hold them (a head with no CPUs). The pool is this test
+    process's, a driver on the head, told to treat an engine node as its own, as a gateway
+    started on that node would (``own_node``). First in the module: the cluster is empty."""
+    import asyncio
+
+    from difftape.server.raycluster import RayWorkerPool, own_node
+
+    head = own_node()
+    near, other = (n.node_id for n in ray_cluster.engine_nodes)
+    assert head not in (near, other)  # this driver runs on the head
+    pool = RayWorkerPool("difftape.server.engine:Engine",
+                         {"cache_dir": str(tmp_path / "cache")}, spare=0, start_timeout=120,
+                         default_cpus=0.5, worker_threads=1)
+    assert pool.home == head and pool.placement(pool.default) == "SPREAD"  # 0 CPUs there
+    pool.home = near
+    started = []
+
+    async def start(cpus: float):
+        w = await pool.get({"cpus": cpus})
+        started.append(w)
+        return w.node
+
+    async def scenario() -> list[str]:
+        # 2 CPUs on each engine node: two half-CPU sessions fit on the gateway's (SPREAD
+        # would put them on two nodes); then 1.5 CPUs no longer do (1 left): the other node.
+        nodes = [await start(0.5), await start(0.5), await start(1.5)]
+        pool.home = head  # a node that cannot hold any: spread, not a wait for room
+        nodes.append(await start(0.5))
+        return nodes
+
+    try:
+        nodes = asyncio.run(scenario())
+    finally:
+        for w in started:
+            w.stop()
+    assert nodes[:3] == [near, near, other]
+    assert nodes[3] in (near, other)
+
+
 # The same programs run bit for bit through the local-worker gateway in
 # test_client_programs.py; through Ray, three of them (fields and kernels, forward mode,
 # arrays both ways) are in the default run, the rest with ``-m bench`` (each one is ~15 s of
