@@ -559,15 +559,53 @@ class FunctionTransformer:
         self.eval(node.value)
 
     def build_Assign(self, node: ast.Assign) -> None:
+        if self._is_static_call(node.value):
+            value = self.eval(node.value)
+            for target in node.targets:
+                self._static_bind(target, value)
+            return
         # Python evaluates the whole right-hand side before storing anything, so `a, b = b, a`
         # swaps: the places on the right are loaded now, before any target is written.
         value = _materialize(self.eval(node.value))
         for target in node.targets:
             self.assign(target, value)
 
+    def _is_static_call(self, node: ast.expr) -> bool:
+        """Is ``node`` a call of ``ti.static(...)`` (a static assignment's right side)?"""
+        return isinstance(node, ast.Call) and self.eval(node.func) is static
+
+    def _static_bind(self, target: ast.expr, value) -> None:
+        """``a = ti.static(v)``: as in Taichi, ``a`` names the compile-time value ``v`` itself
+        (no kernel variable), in the current block; ``a, b = ti.static(x, y)`` binds each."""
+        self._at(target)
+        if isinstance(target, ast.Tuple | ast.List):
+            items = value.entries if isinstance(value, Matrix) and value.ndim == 1 else value
+            if not isinstance(items, list | tuple) or len(items) != len(target.elts):
+                raise self.bld.error(f"cannot unpack this ti.static(...) value into "
+                                     f"{len(target.elts)} names", KernelSyntaxError)
+            for t, v in zip(target.elts, items, strict=True):
+                self._static_bind(t, v)
+            return
+        if not isinstance(target, ast.Name):
+            raise self.bld.error(
+                "Static assign cannot be used on elements in arrays (or attributes): "
+                "`x = ti.static(v)` binds a name to a compile-time value; to store into an "
+                "element, assign it without ti.static", KernelSyntaxError)
+        self._check_not_kernel_arg(target.id, self._find_var(target.id))
+        if target.id in self.scopes[-1]:
+            raise self.bld.error(
+                f"Recreating variables is not allowed: '{target.id}' already exists in this "
+                f"block, and `{target.id} = ti.static(...)` would make a new compile-time name "
+                "(as in Taichi); use another name", KernelSyntaxError)
+        self.scopes[-1][target.id] = value
+
     def build_AnnAssign(self, node: ast.AnnAssign) -> None:
         if node.value is None:
             raise self.bld.error("a declaration needs a value: `x: ti.f32 = 0.0`")
+        if self._is_static_call(node.value):
+            raise self.bld.error("Static assign cannot be used on annotated assignment: a "
+                                 "ti.static(...) value has no kernel type; drop the annotation "
+                                 "or the ti.static", KernelSyntaxError)
         ann = self.eval(node.annotation)
         value = self.eval(node.value)
         if isinstance(node.target, ast.Name) and self._find_var(node.target.id) is not None:
@@ -653,6 +691,25 @@ class FunctionTransformer:
             if isinstance(var, Ref | Matrix | Struct) and is_place(var):
                 self._store(f"'{target.id}'", var, value)
                 return
+            if var is not None and target.id not in self.scopes[-1]:
+                # A name of an enclosing block that holds a compile-time value (a number or
+                # field from ti.static, a list, a func's template argument): a new binding
+                # here would end with this block, so after it the name would silently hold
+                # the old value again.
+                raise self.bld.error(
+                    f"Variable '{target.id}' cannot be assigned here: it holds a compile-time "
+                    f"{type(var).__name__} bound outside this if/for block, and a new binding "
+                    "would last only until the block ends (blocks scope names, as in Taichi); "
+                    f"use a new name, or make '{target.id}' a kernel variable (e.g. "
+                    f"`{target.id} = 0` without ti.static) before the block", KernelSyntaxError)
+            if isinstance(value, np.ndarray) and value.ndim > 0:
+                raise self.bld.error(
+                    "Only 0-dimensional numpy array can be used to initialize a scalar "
+                    f"expression: '{target.id}' would be a kernel variable, and a NumPy array "
+                    f"of shape {value.shape} is not a kernel value; use its entries where "
+                    "needed (a constant index gives a compile-time number), make a "
+                    "ti.Vector/ti.Matrix of it, or pass it as a ti.types.ndarray() argument",
+                    KernelTypeError)
             if isinstance(value, Value | Matrix | Struct) or ops._is_number(value):
                 self.scopes[-1][target.id] = self.new_variable(value)
             elif type(value) is list:
@@ -748,12 +805,15 @@ class FunctionTransformer:
         if not isinstance(cond, Value):
             if isinstance(cond, Matrix):
                 raise self.bld.error("an `if` condition must be a scalar; use .any()/.all()")
-            plain = not (isinstance(node.test, ast.Call) and
-                         self.eval(node.test.func) is static)
+            plain = not self._is_static_call(node.test)
             self.plain_if_depth += plain
+            # The body taken is a block of its own, as every body is (in Taichi too): the
+            # names it makes end with it, whether or not the condition is ti.static.
+            self.scopes.append({})
             try:
                 self.run_body(node.body if cond else node.orelse)  # compile-time condition
             finally:
+                self.scopes.pop()
                 self.plain_if_depth -= plain
             return
         c = ops.to_condition(cond)
@@ -881,7 +941,7 @@ class FunctionTransformer:
         if isinstance(it, ast.Call):
             fn = self.eval(it.func)
             if fn is static:
-                self._static_for(node, self.eval(it.args[0]))
+                self._static_for(node, self.eval(it))
                 return
             if fn is builtins.range:
                 args = [self.eval(a) for a in it.args]
@@ -1356,6 +1416,10 @@ class FunctionTransformer:
         fn = self.eval(node.func)
         args = []
         in_static = fn is static
+        if in_static and self.static_scope:
+            raise self._at(node).error("'ti.static' cannot be nested: the outer ti.static(...) "
+                                       "already evaluates its whole argument at compile time; "
+                                       "drop the inner one", KernelSyntaxError)
         self.static_scope += in_static
         try:
             for a in node.args:
