@@ -219,7 +219,7 @@ def test_constant_index_out_of_a_local_vector_is_an_error(ti):
     @ti.kernel
     def matrix_row() -> ti.f32:
         m = ti.Matrix([[1.0, 2.0], [3.0, 4.0]])
-        r = m[2]
+        r = m[2, :]  # (m[2] is refused for its one index, as in Taichi)
         return r[0]
 
     @ti.kernel
