@@ -45,6 +45,7 @@ from .annotations import (
     SparseMatrixBuilderType,
     Template,
     _resolve_annotation,
+    ndarray_mismatch,
     signature_text,
     template,
 )
@@ -312,6 +313,7 @@ class FunctionTransformer:
         # the enclosing loops with `break`; the statements after the construct that contained
         # it run only while the flag is clear (see _settle).
         self.return_annotation: Any = None  # the func's parsed `->` annotation, or None
+        self.real = False  # a @ti.real_func (its returns must be annotated)
         self.entry: tuple | None = None  # where the return slots go once they are needed
         self.slots: _ReturnSlots | None = None
         self.runtime_depth = 0  # runtime if/loop bodies of this function we are inside
@@ -460,9 +462,25 @@ class FunctionTransformer:
         if slots.value is not None:
             store(slots.value, value)
 
+    def _check_struct_return(self, value, ann: StructType) -> None:
+        """A kernel or real func annotated to return a struct type returns a struct of that
+        type (as Taichi requires), not one of another type converted member by member: a
+        struct with other member types (an int radius for a float one) is most likely the
+        wrong struct."""
+        if not (isinstance(value, Struct) and value._type is ann):
+            got = (f"a struct of type {value._type!r}" if isinstance(value, Struct) and
+                   value._type is not None else f"a {type(value).__name__}")
+            what = "kernel" if self.is_kernel else "real func"
+            raise self.bld.error(
+                f"Return (type={got}) cannot be converted into required type {ann!r}: "
+                f"{what} '{self.name}' is annotated to return that struct type; return a "
+                "value made by it (e.g. `return T(a=..., b=...)` for `-> T`)", KernelTypeError)
+
     def _convert_return(self, value, ann):
         """The returned value as the annotation says: cast to its dtype, shape checked."""
         value = _as_value(value)
+        if self.real and isinstance(ann, StructType):
+            self._check_struct_return(value, ann)
         if isinstance(ann, tuple):
             if not isinstance(value, tuple) or len(value) != len(ann):
                 got = f"{len(value)} values" if isinstance(value, tuple) else "one value"
@@ -476,6 +494,11 @@ class FunctionTransformer:
         if has_value and ann is not None:
             value = self._convert_return(value, ann)
         elif has_value:
+            if self.real:
+                raise self.bld.error(
+                    "A function with a return value must be annotated with a return type, e.g. "
+                    f"def func() -> ti.f32: @ti.real_func '{self.name}' returns a value but "
+                    "has no return annotation", KernelSyntaxError)
             value = _loaded(value)
         elif ann is not None:
             raise self.bld.error(f"func '{self.name}' is annotated to return a value; this "
@@ -911,6 +934,7 @@ class FunctionTransformer:
                                  "add e.g. `-> ti.f32`")
         ann = self.bld.return_annotation
         if isinstance(ann, StructType):
+            self._check_struct_return(_as_value(value), ann)
             value = _convert_to_annotation(self.bld, _as_value(value), ann,
                                            f"the return value of kernel '{self.name}'")
         values = value._leaves() if isinstance(value, Struct) else \
@@ -1782,9 +1806,9 @@ def _annotation_kind(ann, where: str) -> str:
     if isinstance(ann, T.DType) or ann in (int, float) or (
             isinstance(ann, type) and issubclass(ann, np.generic)):
         return "scalar"
-    raise CompileError(f"unsupported annotation {ann!r} of {where}: use a dtype (ti.f32, "
-                       "float), a vector/matrix or struct type, ti.template() or "
-                       "ti.types.ndarray()")
+    raise KernelSyntaxError(f"Invalid type annotation {ann!r} of {where}: use a dtype "
+                            "(ti.f32, float), a vector/matrix or struct type, ti.template() or "
+                            "ti.types.ndarray()")
 
 
 def _func_annotations(fn) -> tuple[dict[str, Any], Any]:
@@ -1833,6 +1857,13 @@ def _bind_param(bld: _b.Builder, tr: FunctionTransformer, name: str, value, ann)
         if not isinstance(value, NdarrayArg):
             raise bld.error(f"{what} is annotated ti.types.ndarray() but got a "
                             f"{type(value).__name__}; pass an ndarray argument of the kernel")
+        buf = value.buf
+        why = ndarray_mismatch(ann, buf.dtype, value.field_ndim,
+                               tuple(buf.shape[value.field_ndim:]))
+        if why is not None:  # the func's code would index the array as it is not
+            raise bld.error(f"Invalid value for argument {name} - {why}: {what} is annotated "
+                            f"{ann!r}; pass an array of that kind, or loosen the annotation",
+                            KernelTypeError)
         return value
     if kind in ("scalar", "matrix", "struct"):
         return tr.new_variable(_convert_to_annotation(bld, _as_value(value), ann, what))
@@ -1867,10 +1898,7 @@ def inline_func(bld: _b.Builder, fn, args: list, kwargs: dict):
     """Inline a ``@ti.func`` call: a fresh scope whose parameters are copies of the arguments
     (template parameters bind the object itself)."""
     parsed = parse_function(fn.pyfunc)
-    try:
-        params, ret = _func_annotations(fn)
-    except CompileError as e:
-        raise bld.error(e.bare_message) from None
+    params, ret = _func_annotations(fn)  # checked when the func was defined
     try:
         bound = fn.signature.bind(*args, **kwargs)
     except TypeError as e:
@@ -1886,6 +1914,7 @@ def inline_func(bld: _b.Builder, fn, args: list, kwargs: dict):
     saved_loc = bld.loc
     tr = FunctionTransformer(bld, parsed, fn.pyfunc.__name__, is_kernel=False)
     tr.return_annotation = ret
+    tr.real = fn.real
     for name, value in bound.arguments.items():
         tr.scopes[0][name] = _bind_param(bld, tr, name, value, params[name])
     if len(bld.loop_stack) > 64:
@@ -1979,15 +2008,42 @@ class Func:
     """A ``@ti.func``: inlined at every call site inside a kernel (so it may take and return
     vectors, matrices and tuples, and be specialized by its arguments for free)."""
 
-    def __init__(self, pyfunc) -> None:
+    def __init__(self, pyfunc, *, real: bool = False) -> None:
         self.pyfunc = pyfunc
         self.signature = inspect.signature(pyfunc)
         # Defined in a class body (a method of a @ti.dataclass or @ti.data_oriented class):
         # its unannotated first parameter (`self`) is the object itself, as in Taichi.
         self.classfunc = defined_in_class(pyfunc)
+        # @ti.real_func: Taichi compiles it once, apart from its callers, so its parameters and
+        # (if it returns a value) its return must be annotated. difftape inlines it like any
+        # func, but asks the same of it, so that a program difftape runs also runs on Taichi.
+        self.real = real
         self.__name__ = pyfunc.__name__
         self.__doc__ = pyfunc.__doc__
         self.__wrapped__ = pyfunc
+        self._check_signature()
+
+    def _check_signature(self) -> None:
+        """Check the annotations when the func is defined, as Taichi does: each must be one
+        a func takes (a string must name something defined by now), and a real func's
+        parameters must all have one."""
+        try:
+            if self.real:
+                for i, p in enumerate(self.signature.parameters.values()):
+                    if p.annotation is inspect.Parameter.empty and not (
+                            i == 0 and self.classfunc):
+                        raise KernelSyntaxError(
+                            f"Taichi function `{self.__name__}` parameter `{p.name}` must be "
+                            f"type annotated: a @ti.real_func takes typed values (e.g. "
+                            f"`{p.name}: ti.f32`); use @ti.func for a func specialized by its "
+                            "arguments")
+            _func_annotations(self)
+        except CompileError as e:  # name the line of the `def`
+            code = self.pyfunc.__code__
+            line = code.co_firstlineno
+            raise type(e)(e.bare_message, file=code.co_filename, line=line,
+                          source_line=linecache.getline(code.co_filename, line) or None) \
+                from None
 
     def __call__(self, *args, **kwargs):
         bld = _b.current()
