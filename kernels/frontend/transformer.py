@@ -74,6 +74,7 @@ class ParsedFunction:
     file: str
     globals: dict
     closure: dict
+    indent: int = 0  # columns the AST's offsets lack (source dedented before parsing)
 
 
 _parse_cache: dict[Any, ParsedFunction] = {}
@@ -126,7 +127,10 @@ def parse_function(fn) -> ParsedFunction:
             raise CompileError(f"cannot read the source of '{fn.__name__}' ({e}); difftape "
                                "compiles kernels from their source, so define them in a "
                                "file") from None
-        mod = ast.parse(textwrap.dedent("".join(lines)))
+        dedented = textwrap.dedent("".join(lines))
+        indent = len(lines[0]) - len(lines[0].lstrip()) - (
+            len(dedented) - len(dedented.lstrip()))
+        mod = ast.parse(dedented)
         ast.increment_lineno(mod, start - 1)
         tree = next(n for n in mod.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef))
     closure = {}
@@ -136,9 +140,35 @@ def parse_function(fn) -> ParsedFunction:
                 closure[name] = cell.cell_contents
             except ValueError:
                 pass
-    parsed = ParsedFunction(tree, file, fn.__globals__, closure)
+    parsed = ParsedFunction(tree, file, fn.__globals__, closure,
+                            indent if module is None or tree is None else 0)
     _parse_cache[fn] = parsed
     return parsed
+
+
+def source_frame(parsed: ParsedFunction, name: str, node: ast.AST) -> str:
+    """One location of a compile error in Taichi's layout: ``File "f.py", line 7, in foo:``,
+    then the lines of ``node`` as written (tabs as 4 spaces; a loop or ``if``: its header)
+    with carets under it. (Taichi also wraps them at 80 columns, which splits a long line
+    with carets between its pieces; difftape keeps each line whole.)"""
+    file = parsed.file
+    first = node.lineno
+    end_line = getattr(node, "end_lineno", None) or first
+    last = end_line
+    if isinstance(node, ast.For | ast.While | ast.If | ast.With) and node.body:
+        last = max(node.body[0].lineno - 1, first)
+    out = [f'File "{file}", line {first}, in {name}:\n']
+    for n in range(first, last + 1):
+        raw = linecache.getline(file, n).rstrip("\n")
+        text = raw.expandtabs(4)
+        lo, hi = len(text) - len(text.lstrip()), len(text.rstrip())
+
+        start = (len(raw[:node.col_offset + parsed.indent].expandtabs(4)) if n == first
+                 else lo)
+        end = (len(raw[:node.end_col_offset + parsed.indent].expandtabs(4))
+               if n == end_line and node.end_col_offset else hi)
+        out.append(f"{text}\n{' ' * start}{'^' * max(end - start, 0)}\n")
+    return "".join(out)
 
 
 # --------------------------------------------------------------------------- loop helpers
@@ -555,16 +585,26 @@ class FunctionTransformer:
     def stmt(self, node: ast.stmt) -> None:
         self._at(node)
         method = getattr(self, "build_" + type(node).__name__, None)
-        if method is None:
-            raise self.bld.error(f'Unsupported node "{type(node).__name__}": these statements '
-                                 "are not supported in difftape kernels", KernelSyntaxError)
         try:
+            if method is None:
+                raise self.bld.error(f'Unsupported node "{type(node).__name__}": these '
+                                     "statements are not supported in difftape kernels",
+                                     KernelSyntaxError)
             method(node)
-        except CompileError:
+        except CompileError as e:
+            self._locate(e, node)
             raise
         except Exception as e:  # user Python run at compile time failed: report the line
             self._at(node)
-            raise self.bld.error(f"{type(e).__name__}: {e}", compile_error_class(e)) from e
+            error = self.bld.error(f"{type(e).__name__}: {e}", compile_error_class(e))
+            self._locate(error, node)
+            raise error from e
+
+    def _locate(self, error: CompileError, node: ast.AST) -> None:
+        """Give ``error`` the location of ``node``, the innermost statement or expression of
+        this function being built when it failed (a func's caller adds the call's)."""
+        if error.frame_owner is not self and hasattr(node, "lineno"):
+            error.add_frame(source_frame(self.parsed, self.name, node), self)
 
     def build_FunctionDef(self, node: ast.FunctionDef) -> None:
         where = "ti.kernel" if self.is_kernel else "ti.func"
@@ -1115,12 +1155,16 @@ class FunctionTransformer:
     # ------------------------------------------------------------------ expressions
     def eval(self, node: ast.expr):
         method = getattr(self, "expr_" + type(node).__name__, None)
-        if method is None:
-            self._at(node)
-            raise self.bld.error(f'Unsupported node "{type(node).__name__}": these '
-                                 "expressions are not supported in difftape kernels",
-                                 KernelSyntaxError)
-        return method(node)
+        try:
+            if method is None:
+                self._at(node)
+                raise self.bld.error(f'Unsupported node "{type(node).__name__}": these '
+                                     "expressions are not supported in difftape kernels",
+                                     KernelSyntaxError)
+            return method(node)
+        except CompileError as e:
+            self._locate(e, node)
+            raise
 
     def expr_Slice(self, node: ast.Slice):
         """``a:b:c`` in a subscript: compile-time bounds (the slice's shape is the value's)."""
