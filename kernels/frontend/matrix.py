@@ -20,7 +20,7 @@ from ..errors import KernelIndexError, KernelRuntimeError, KernelSyntaxError, Ke
 from ..ir.passes.bounds import OUT_OF_RANGE
 from . import builder as _b
 from . import ops
-from .values import Ref, Value
+from .values import LocalRef, Ref, Value
 
 #: Field and ndarray constructors (field.py, ndarray.py, which build on matrices) for
 #: ``ti.Vector.field`` & co.: those modules register them when they load (:func:`register_storage`).
@@ -190,6 +190,17 @@ class Matrix:
         k = self._flat_index(index)
         if _static(k):
             self._assign_entry(int(k), value)
+            return
+        bld = _b.current()
+        if bld is not None and all(isinstance(e, LocalRef) for e in self.entries) and \
+                bld.is_reduction_target(self.entries[0].alloca):
+            # A kernel-level vector written from a parallel loop (`ret[i] = i` for i in
+            # range(n)): each iteration stores only the entry it indexes; the guarded rewrite
+            # of every entry below would race with the other iterations' writes.
+            for slot, e in enumerate(self.entries):
+                with bld.block() as store:
+                    e.store(value)
+                bld.emit("if", None, (ops.binary("eq", k, slot).stmt,), None, (store, []))
             return
         for slot in range(len(self.entries)):  # dynamic index: guarded write to every entry
             self._assign_entry(slot, ops.select(ops.binary("eq", k, slot), value,

@@ -583,3 +583,20 @@ def test_a_vector_has_no_transpose(ti):
                        r"`a.outer_product\(b\)` instead."):
         transposed()
     np.testing.assert_array_equal(outer().to_numpy(), np.outer([1, 2], [3, 4]))
+
+
+def test_a_kernel_vector_written_by_index_in_a_parallel_loop(ti):
+    """`ret[i] = i` for i in a parallel loop (Taichi's test_ret_4k): each iteration writes its
+    own entry; none may undo another's (a guarded rewrite of every entry once raced)."""
+    n = 1024
+    vec = ti.types.vector(n, ti.i32)
+
+    @ti.kernel
+    def fill() -> vec:
+        ret = vec(0)
+        for i in range(n):
+            ret[i] = i
+        return ret
+
+    for _ in range(200):
+        np.testing.assert_array_equal(fill().to_numpy(), np.arange(n))
