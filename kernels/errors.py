@@ -29,9 +29,27 @@ class CompileError(DifftapeError):
         self.file = file
         self.line = line
         self.source_line = source_line
+        # Where the compiler was when it failed, outermost first (the kernel's line, then each
+        # func call down to the failing expression), as Taichi lays them out: 'File "f.py",
+        # line 7, in foo:', the source, carets under the expression. Added by the frontend
+        # (see add_frame) as the error leaves each function it is building.
+        self.frames: list[str] = []
+        self.frame_owner: object = None
         super().__init__(self._render())
 
+    def add_frame(self, frame: str, owner: object) -> None:
+        """Put ``frame`` (a rendered source location) before the others; ``owner`` (the
+        function being built there) adds no second one for an enclosing expression."""
+        self.frames.insert(0, frame)
+        self.frame_owner = owner
+        text = self._render()
+        self.args = (text,)
+        if isinstance(self, SyntaxError):
+            self.msg = text  # what SyntaxError's str() shows
+
     def _render(self) -> str:
+        if self.frames:
+            return "\n" + "".join(self.frames) + self.bare_message
         where = []
         if self.kernel:
             where.append(f"in kernel '{self.kernel}'")

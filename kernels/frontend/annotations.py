@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import inspect
 
-from ..errors import ArgumentError, CompileError
+from .. import types as T
+from ..errors import ArgumentError, KernelSyntaxError
 from .matrix import MatrixType, matrix, vector
+from .ops import resolve_dtype
 
 BOUNDARIES = ("unsafe", "clamp")
 
@@ -73,6 +75,43 @@ class NdarrayType:
 
 
 
+def _element_matches(want: MatrixType, esh: tuple, dtype: T.DType | None) -> bool:
+    """Does an element of shape ``esh`` (and scalar type ``dtype``, when given) fit ``want``?
+    None sizes in ``want`` (``ti.types.vector()``) match any size."""
+    sizes = (want.n,) if want.ndim == 1 else (want.n, want.m)
+    if len(esh) != len(sizes) or any(s is not None and s != e for s, e in zip(sizes, esh,
+                                                                               strict=True)):
+        return False
+    return dtype is None or want.dtype is None or resolve_dtype(want.dtype) == dtype
+
+
+def _element_text(want: MatrixType) -> str:
+    size = lambda k: "any" if k is None else str(k)  # noqa: E731
+    dt = "" if want.dtype is None else f" of {resolve_dtype(want.dtype)}"
+    if want.ndim == 1:
+        return f"{size(want.n)}-vector{dt}"
+    return f"{size(want.n)}x{size(want.m)} matrix{dt}"
+
+
+def ndarray_mismatch(ann: NdarrayType, dtype: T.DType, ndim: int, esh: tuple) -> str | None:
+    """What in an array of ``ndim`` axes of elements of shape ``esh`` and scalar type ``dtype``
+    does not fit ``ann`` (None: it fits), in Taichi's words ("Invalid value for argument ...")
+    first. The one check of ndarrays a func is given (kernels check theirs at launch)."""
+    want = ann.dtype
+    got = (f"{esh[0]}-vector elements of {dtype}" if len(esh) == 1 else
+           f"{esh[0]}x{esh[1]} matrix elements of {dtype}" if esh else f"{dtype} elements")
+    if isinstance(want, MatrixType):
+        if not _element_matches(want, esh, dtype):
+            return (f"required element type: {_element_text(want)}, but an ndarray of {got} "
+                    "is provided")
+    elif want is not None and (esh or resolve_dtype(want) != dtype):
+        return (f"required element type: {resolve_dtype(want)}, but an ndarray of {got} is "
+                "provided")
+    if ann.ndim is not None and ann.ndim != ndim:
+        return f"required ndim={ann.ndim}, but an ndarray with {ndim} dimension(s) is provided"
+    return None
+
+
 class SparseMatrixBuilderType(NdarrayType):
     """``ti.types.sparse_matrix_builder()``: a ``ti.linalg.SparseMatrixBuilder`` argument.
 
@@ -133,8 +172,10 @@ def _resolve_annotation(ann, fn):
         try:
             ann = eval(ann, fn.__globals__)  # noqa: S307 - the user's own annotation text
         except Exception as e:
-            raise CompileError(f"cannot evaluate annotation {ann!r} of '{fn.__name__}': {e}") \
-                from None
+            raise KernelSyntaxError(
+                f"Invalid type annotation {ann!r} of '{fn.__name__}': it cannot be evaluated "
+                f"({e}); an annotation must name a type defined before the kernel or func "
+                "(ti.f32, a ti.types.vector/struct type, ti.template() ...)") from None
     if ann is None:
         return None
     if isinstance(ann, type) and issubclass(ann, NdarrayType):

@@ -49,6 +49,8 @@ from .annotations import (
     NdarrayType,
     SparseMatrixBuilderType,
     Template,
+    _element_matches,
+    _element_text,
     _resolve_annotation,
     signature_text,
 )
@@ -1114,9 +1116,13 @@ def _ndarray_desc(kernel: str, name: str, ann: NdarrayType, a) -> tuple:
             # Taichi: the trailing axes of a NumPy array are the element's (its dtype wins).
             edim = want.ndim
             if arr.ndim < edim + (ann.ndim or 0):
+                taichi = ("" if ann.ndim is None else
+                          f" (Invalid value for argument {name} - required array has "
+                          f"ndim={ann.ndim} element_dim={edim}, array with {arr.ndim} "
+                          "dimensions is provided)")
                 raise refuse(f"must have {_element_text(want)} elements"
                              f"{'' if ann.ndim is None else f' in {ann.ndim} dimension(s)'}: "
-                             f"the array has only {arr.ndim} axes (shape {arr.shape})")
+                             f"the array has only {arr.ndim} axes (shape {arr.shape}){taichi}")
             esh = arr.shape[arr.ndim - edim:]
             if not _element_matches(want, esh, None):
                 raise refuse(f"must have {_element_text(want)} elements (Invalid value for "
@@ -1167,24 +1173,6 @@ def _ndarray_kind(ann: NdarrayType, a) -> tuple | None:
 
 def _resolve(dtype) -> T.DType:
     return resolve_dtype(dtype)
-
-
-def _element_matches(want: MatrixType, esh: tuple, dtype: T.DType | None) -> bool:
-    """Does an element of shape ``esh`` (and scalar type ``dtype``, when given) fit ``want``?
-    None sizes in ``want`` (``ti.types.vector()``) match any size."""
-    sizes = (want.n,) if want.ndim == 1 else (want.n, want.m)
-    if len(esh) != len(sizes) or any(s is not None and s != e for s, e in zip(sizes, esh,
-                                                                               strict=True)):
-        return False
-    return dtype is None or want.dtype is None or _resolve(want.dtype) == dtype
-
-
-def _element_text(want: MatrixType) -> str:
-    size = lambda k: "any" if k is None else str(k)
-    dt = "" if want.dtype is None else f" of {_resolve(want.dtype)}"
-    if want.ndim == 1:
-        return f"{size(want.n)}-vector{dt}"
-    return f"{size(want.n)}x{size(want.m)} matrix{dt}"
 
 
 def _scalar_dtype(ann, cfg):

@@ -20,7 +20,7 @@ from ..errors import KernelIndexError, KernelRuntimeError, KernelSyntaxError, Ke
 from ..ir.passes.bounds import OUT_OF_RANGE
 from . import builder as _b
 from . import ops
-from .values import Ref, Value
+from .values import LocalRef, Ref, Value
 
 #: Field and ndarray constructors (field.py, ndarray.py, which build on matrices) for
 #: ``ti.Vector.field`` & co.: those modules register them when they load (:func:`register_storage`).
@@ -124,11 +124,11 @@ class Matrix:
                 raise ops._err(f"Expected 1 indices, got {len(index)}: a vector takes one "
                                "index", KernelIndexError)
             return self._checked(index[0], self.n, "")
-        if len(index) == 1:
-            return index[0]  # row access handled by caller
         if len(index) != 2:
+            # As Taichi: one index of a matrix is refused rather than read as a row (a matrix
+            # entry is m[i, j]); a row is the slice m[i, :].
             raise ops._err(f"Expected 2 indices, got {len(index)}: a matrix takes two "
-                           "indices (or one, for a row)", KernelIndexError)
+                           "indices, m[i, j] (row i is m[i, :])", KernelIndexError)
         i = self._checked(index[0], self.n, " (row)")
         j = self._checked(index[1], self.m, " (column)")
         if _static(i) and _static(j):
@@ -168,12 +168,6 @@ class Matrix:
             picks, shape = sliced
             return self._slice_result([self[p if self.ndim == 2 else p[0]] for p in picks],
                                       shape)
-        if self.ndim == 2 and not (isinstance(index, tuple) and len(index) != 1):
-            i = self._checked(index[0] if isinstance(index, tuple) else index, self.n, " (row)")
-            if _static(i):
-                return self._row(i)
-            rows = [self._row(r) for r in range(self.n)]
-            return _dynamic_pick(rows, i)
         k = self._flat_index(index)
         if _static(k):
             return self.entries[k]
@@ -193,15 +187,20 @@ class Matrix:
             for p, v in zip(picks, values, strict=True):
                 self[p if self.ndim == 2 else p[0]] = v
             return
-        if self.ndim == 2 and not (isinstance(index, tuple) and len(index) != 1):
-            i = self._checked(index[0] if isinstance(index, tuple) else index, self.n, " (row)")
-            row = value.entries if isinstance(value, Matrix) else list(value)
-            for j in range(self.m):
-                self[i, j] = row[j]
-            return
         k = self._flat_index(index)
         if _static(k):
             self._assign_entry(int(k), value)
+            return
+        bld = _b.current()
+        if bld is not None and all(isinstance(e, LocalRef) for e in self.entries) and \
+                bld.is_reduction_target(self.entries[0].alloca):
+            # A kernel-level vector written from a parallel loop (`ret[i] = i` for i in
+            # range(n)): each iteration stores only the entry it indexes; the guarded rewrite
+            # of every entry below would race with the other iterations' writes.
+            for slot, e in enumerate(self.entries):
+                with bld.block() as store:
+                    e.store(value)
+                bld.emit("if", None, (ops.binary("eq", k, slot).stmt,), None, (store, []))
             return
         for slot in range(len(self.entries)):  # dynamic index: guarded write to every entry
             self._assign_entry(slot, ops.select(ops.binary("eq", k, slot), value,
@@ -417,7 +416,10 @@ class Matrix:
     # ------------------------------------------------------------------ linear algebra
     def transpose(self) -> Matrix:
         if self.ndim == 1:
-            return Matrix._from_entries(self.entries, 1, self.n, 2)
+            # As Taichi: a vector is not a column matrix, so it has no transpose (a 1xn row
+            # here would make `a @ b.transpose()` a shape error rather than the outer product).
+            raise ops._err("`transpose()` cannot apply to a vector. If you want something like "
+                           "`a @ b.transpose()`, write `a.outer_product(b)` instead.")
         return Matrix._from_entries([self.entries[i * self.m + j] for j in range(self.m)
                                      for i in range(self.n)], self.m, self.n, 2)
 

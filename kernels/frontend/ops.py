@@ -171,11 +171,43 @@ def construct(dtype: DType, *args, **kwargs):
         b = _b.current()
         raise b.error(msg, KernelSyntaxError) if b is not None else TypeError(msg)
     x = args[0]
+    b = _b.current()
+    if b is not None:
+        x = _check_annotated_literal(b, dtype, x)
     if (isinstance(x, numbers.Integral) and not isinstance(x, bool | np.generic)
-            and _b.current() is not None and not _int_fits(int(x), dtype)):
-        raise _b.require().error(f"integer literal {int(x)} exceeded the range of specified "
-                                 f"dtype {dtype}, the type it is given here", KernelTypeError)
+            and b is not None and not _int_fits(int(x), dtype)):
+        raise b.error(f"integer literal {int(x)} exceeded the range of specified "
+                      f"dtype {dtype}, the type it is given here", KernelTypeError)
     return cast(x, dtype)
+
+
+def _check_annotated_literal(b: _b.Builder, dtype: DType, x):
+    """``ti.f32(x)`` in a kernel, as Taichi reads it: a kernel value is cast, but a Python
+    number is a *literal annotated* with the type, which must be of its kind (``ti.i32(0.5)``
+    would truncate without a word; ``ti.cast`` says so). Vectors/matrices/structs are
+    refused (``ti.cast`` converts them entrywise), and a 0-d NumPy array is its number."""
+    if isinstance(x, np.ndarray):
+        if x.ndim:
+            raise b.error("Only 0-dimensional numpy array can be used to initialize a scalar "
+                          f"expression; got shape {x.shape}", KernelTypeError)
+        x = x[()]
+    if isinstance(x, Value):
+        return x
+    if not _is_number(x):  # a vector/matrix, struct, list ...
+        raise b.error("A primitive type cannot decorate an expression with a compound type: "
+                      f"{dtype}(x) takes a scalar, got a {type(x).__name__}; convert a "
+                      f"vector/matrix entrywise with ti.cast(x, ti.{dtype})", KernelSyntaxError)
+    if isinstance(x, bool | np.bool_):
+        return x
+    if isinstance(x, numbers.Integral) and dtype.is_float:
+        raise b.error("Integer literals must be annotated with a integer type. For type "
+                      f"casting, use `ti.cast`: write {float(x)!r} for a {dtype} literal, or "
+                      f"ti.cast(x, ti.{dtype})", KernelTypeError)
+    if not isinstance(x, numbers.Integral) and not dtype.is_float:
+        raise b.error("Floating-point literals must be annotated with a floating-point type. "
+                      f"For type casting, use `ti.cast`: ti.cast({x!r}, ti.{dtype}) truncates "
+                      "toward zero", KernelTypeError)
+    return x
 
 
 def resolve_dtype(dtype) -> DType:
@@ -431,8 +463,11 @@ def unary(op: str, x):
     rule = OPS[op].types  # the op table's type rule
     if rule == "float" and e.dtype.is_int:
         e = _cast_expr(e, bld.default_fp)
-    if rule == "round" and e.dtype.is_int:
-        return e
+    if rule == "real" and e.dtype.is_int:
+        # As Taichi: rounding an integer is a no-op and a trigonometric function of one is
+        # most likely a missing cast, so both are refused rather than guessed at.
+        raise bld.error(f"'{op}' takes real inputs only, however '{e.dtype}' is provided; "
+                        f"convert it first, e.g. ti.{op}(ti.cast(x, ti.f32))", KernelTypeError)
     if op == "logical_not":
         return Expr(bld.emit("logical_not", T.i32, (to_condition(e).stmt,)))
     if op == "bit_not" and e.dtype.is_float:

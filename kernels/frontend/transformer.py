@@ -45,6 +45,7 @@ from .annotations import (
     SparseMatrixBuilderType,
     Template,
     _resolve_annotation,
+    ndarray_mismatch,
     signature_text,
     template,
 )
@@ -73,6 +74,7 @@ class ParsedFunction:
     file: str
     globals: dict
     closure: dict
+    indent: int = 0  # columns the AST's offsets lack (source dedented before parsing)
 
 
 _parse_cache: dict[Any, ParsedFunction] = {}
@@ -125,7 +127,10 @@ def parse_function(fn) -> ParsedFunction:
             raise CompileError(f"cannot read the source of '{fn.__name__}' ({e}); difftape "
                                "compiles kernels from their source, so define them in a "
                                "file") from None
-        mod = ast.parse(textwrap.dedent("".join(lines)))
+        dedented = textwrap.dedent("".join(lines))
+        indent = len(lines[0]) - len(lines[0].lstrip()) - (
+            len(dedented) - len(dedented.lstrip()))
+        mod = ast.parse(dedented)
         ast.increment_lineno(mod, start - 1)
         tree = next(n for n in mod.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef))
     closure = {}
@@ -135,9 +140,35 @@ def parse_function(fn) -> ParsedFunction:
                 closure[name] = cell.cell_contents
             except ValueError:
                 pass
-    parsed = ParsedFunction(tree, file, fn.__globals__, closure)
+    parsed = ParsedFunction(tree, file, fn.__globals__, closure,
+                            indent if module is None or tree is None else 0)
     _parse_cache[fn] = parsed
     return parsed
+
+
+def source_frame(parsed: ParsedFunction, name: str, node: ast.AST) -> str:
+    """One location of a compile error in Taichi's layout: ``File "f.py", line 7, in foo:``,
+    then the lines of ``node`` as written (tabs as 4 spaces; a loop or ``if``: its header)
+    with carets under it. (Taichi also wraps them at 80 columns, which splits a long line
+    with carets between its pieces; difftape keeps each line whole.)"""
+    file = parsed.file
+    first = node.lineno
+    end_line = getattr(node, "end_lineno", None) or first
+    last = end_line
+    if isinstance(node, ast.For | ast.While | ast.If | ast.With) and node.body:
+        last = max(node.body[0].lineno - 1, first)
+    out = [f'File "{file}", line {first}, in {name}:\n']
+    for n in range(first, last + 1):
+        raw = linecache.getline(file, n).rstrip("\n")
+        text = raw.expandtabs(4)
+        lo, hi = len(text) - len(text.lstrip()), len(text.rstrip())
+
+        start = (len(raw[:node.col_offset + parsed.indent].expandtabs(4)) if n == first
+                 else lo)
+        end = (len(raw[:node.end_col_offset + parsed.indent].expandtabs(4))
+               if n == end_line and node.end_col_offset else hi)
+        out.append(f"{text}\n{' ' * start}{'^' * max(end - start, 0)}\n")
+    return "".join(out)
 
 
 # --------------------------------------------------------------------------- loop helpers
@@ -312,6 +343,7 @@ class FunctionTransformer:
         # the enclosing loops with `break`; the statements after the construct that contained
         # it run only while the flag is clear (see _settle).
         self.return_annotation: Any = None  # the func's parsed `->` annotation, or None
+        self.real = False  # a @ti.real_func (its returns must be annotated)
         self.entry: tuple | None = None  # where the return slots go once they are needed
         self.slots: _ReturnSlots | None = None
         self.runtime_depth = 0  # runtime if/loop bodies of this function we are inside
@@ -460,9 +492,25 @@ class FunctionTransformer:
         if slots.value is not None:
             store(slots.value, value)
 
+    def _check_struct_return(self, value, ann: StructType) -> None:
+        """A kernel or real func annotated to return a struct type returns a struct of that
+        type (as Taichi requires), not one of another type converted member by member: a
+        struct with other member types (an int radius for a float one) is most likely the
+        wrong struct."""
+        if not (isinstance(value, Struct) and value._type is ann):
+            got = (f"a struct of type {value._type!r}" if isinstance(value, Struct) and
+                   value._type is not None else f"a {type(value).__name__}")
+            what = "kernel" if self.is_kernel else "real func"
+            raise self.bld.error(
+                f"Return (type={got}) cannot be converted into required type {ann!r}: "
+                f"{what} '{self.name}' is annotated to return that struct type; return a "
+                "value made by it (e.g. `return T(a=..., b=...)` for `-> T`)", KernelTypeError)
+
     def _convert_return(self, value, ann):
         """The returned value as the annotation says: cast to its dtype, shape checked."""
         value = _as_value(value)
+        if self.real and isinstance(ann, StructType):
+            self._check_struct_return(value, ann)
         if isinstance(ann, tuple):
             if not isinstance(value, tuple) or len(value) != len(ann):
                 got = f"{len(value)} values" if isinstance(value, tuple) else "one value"
@@ -476,6 +524,11 @@ class FunctionTransformer:
         if has_value and ann is not None:
             value = self._convert_return(value, ann)
         elif has_value:
+            if self.real:
+                raise self.bld.error(
+                    "A function with a return value must be annotated with a return type, e.g. "
+                    f"def func() -> ti.f32: @ti.real_func '{self.name}' returns a value but "
+                    "has no return annotation", KernelSyntaxError)
             value = _loaded(value)
         elif ann is not None:
             raise self.bld.error(f"func '{self.name}' is annotated to return a value; this "
@@ -532,16 +585,26 @@ class FunctionTransformer:
     def stmt(self, node: ast.stmt) -> None:
         self._at(node)
         method = getattr(self, "build_" + type(node).__name__, None)
-        if method is None:
-            raise self.bld.error(f'Unsupported node "{type(node).__name__}": these statements '
-                                 "are not supported in difftape kernels", KernelSyntaxError)
         try:
+            if method is None:
+                raise self.bld.error(f'Unsupported node "{type(node).__name__}": these '
+                                     "statements are not supported in difftape kernels",
+                                     KernelSyntaxError)
             method(node)
-        except CompileError:
+        except CompileError as e:
+            self._locate(e, node)
             raise
         except Exception as e:  # user Python run at compile time failed: report the line
             self._at(node)
-            raise self.bld.error(f"{type(e).__name__}: {e}", compile_error_class(e)) from e
+            error = self.bld.error(f"{type(e).__name__}: {e}", compile_error_class(e))
+            self._locate(error, node)
+            raise error from e
+
+    def _locate(self, error: CompileError, node: ast.AST) -> None:
+        """Give ``error`` the location of ``node``, the innermost statement or expression of
+        this function being built when it failed (a func's caller adds the call's)."""
+        if error.frame_owner is not self and hasattr(node, "lineno"):
+            error.add_frame(source_frame(self.parsed, self.name, node), self)
 
     def build_FunctionDef(self, node: ast.FunctionDef) -> None:
         where = "ti.kernel" if self.is_kernel else "ti.func"
@@ -559,15 +622,53 @@ class FunctionTransformer:
         self.eval(node.value)
 
     def build_Assign(self, node: ast.Assign) -> None:
+        if self._is_static_call(node.value):
+            value = self.eval(node.value)
+            for target in node.targets:
+                self._static_bind(target, value)
+            return
         # Python evaluates the whole right-hand side before storing anything, so `a, b = b, a`
         # swaps: the places on the right are loaded now, before any target is written.
         value = _materialize(self.eval(node.value))
         for target in node.targets:
             self.assign(target, value)
 
+    def _is_static_call(self, node: ast.expr) -> bool:
+        """Is ``node`` a call of ``ti.static(...)`` (a static assignment's right side)?"""
+        return isinstance(node, ast.Call) and self.eval(node.func) is static
+
+    def _static_bind(self, target: ast.expr, value) -> None:
+        """``a = ti.static(v)``: as in Taichi, ``a`` names the compile-time value ``v`` itself
+        (no kernel variable), in the current block; ``a, b = ti.static(x, y)`` binds each."""
+        self._at(target)
+        if isinstance(target, ast.Tuple | ast.List):
+            items = value.entries if isinstance(value, Matrix) and value.ndim == 1 else value
+            if not isinstance(items, list | tuple) or len(items) != len(target.elts):
+                raise self.bld.error(f"cannot unpack this ti.static(...) value into "
+                                     f"{len(target.elts)} names", KernelSyntaxError)
+            for t, v in zip(target.elts, items, strict=True):
+                self._static_bind(t, v)
+            return
+        if not isinstance(target, ast.Name):
+            raise self.bld.error(
+                "Static assign cannot be used on elements in arrays (or attributes): "
+                "`x = ti.static(v)` binds a name to a compile-time value; to store into an "
+                "element, assign it without ti.static", KernelSyntaxError)
+        self._check_not_kernel_arg(target.id, self._find_var(target.id))
+        if target.id in self.scopes[-1]:
+            raise self.bld.error(
+                f"Recreating variables is not allowed: '{target.id}' already exists in this "
+                f"block, and `{target.id} = ti.static(...)` would make a new compile-time name "
+                "(as in Taichi); use another name", KernelSyntaxError)
+        self.scopes[-1][target.id] = value
+
     def build_AnnAssign(self, node: ast.AnnAssign) -> None:
         if node.value is None:
             raise self.bld.error("a declaration needs a value: `x: ti.f32 = 0.0`")
+        if self._is_static_call(node.value):
+            raise self.bld.error("Static assign cannot be used on annotated assignment: a "
+                                 "ti.static(...) value has no kernel type; drop the annotation "
+                                 "or the ti.static", KernelSyntaxError)
         ann = self.eval(node.annotation)
         value = self.eval(node.value)
         if isinstance(node.target, ast.Name) and self._find_var(node.target.id) is not None:
@@ -653,6 +754,25 @@ class FunctionTransformer:
             if isinstance(var, Ref | Matrix | Struct) and is_place(var):
                 self._store(f"'{target.id}'", var, value)
                 return
+            if var is not None and target.id not in self.scopes[-1]:
+                # A name of an enclosing block that holds a compile-time value (a number or
+                # field from ti.static, a list, a func's template argument): a new binding
+                # here would end with this block, so after it the name would silently hold
+                # the old value again.
+                raise self.bld.error(
+                    f"Variable '{target.id}' cannot be assigned here: it holds a compile-time "
+                    f"{type(var).__name__} bound outside this if/for block, and a new binding "
+                    "would last only until the block ends (blocks scope names, as in Taichi); "
+                    f"use a new name, or make '{target.id}' a kernel variable (e.g. "
+                    f"`{target.id} = 0` without ti.static) before the block", KernelSyntaxError)
+            if isinstance(value, np.ndarray) and value.ndim > 0:
+                raise self.bld.error(
+                    "Only 0-dimensional numpy array can be used to initialize a scalar "
+                    f"expression: '{target.id}' would be a kernel variable, and a NumPy array "
+                    f"of shape {value.shape} is not a kernel value; use its entries where "
+                    "needed (a constant index gives a compile-time number), make a "
+                    "ti.Vector/ti.Matrix of it, or pass it as a ti.types.ndarray() argument",
+                    KernelTypeError)
             if isinstance(value, Value | Matrix | Struct) or ops._is_number(value):
                 self.scopes[-1][target.id] = self.new_variable(value)
             elif type(value) is list:
@@ -748,12 +868,15 @@ class FunctionTransformer:
         if not isinstance(cond, Value):
             if isinstance(cond, Matrix):
                 raise self.bld.error("an `if` condition must be a scalar; use .any()/.all()")
-            plain = not (isinstance(node.test, ast.Call) and
-                         self.eval(node.test.func) is static)
+            plain = not self._is_static_call(node.test)
             self.plain_if_depth += plain
+            # The body taken is a block of its own, as every body is (in Taichi too): the
+            # names it makes end with it, whether or not the condition is ti.static.
+            self.scopes.append({})
             try:
                 self.run_body(node.body if cond else node.orelse)  # compile-time condition
             finally:
+                self.scopes.pop()
                 self.plain_if_depth -= plain
             return
         c = ops.to_condition(cond)
@@ -851,6 +974,7 @@ class FunctionTransformer:
                                  "add e.g. `-> ti.f32`")
         ann = self.bld.return_annotation
         if isinstance(ann, StructType):
+            self._check_struct_return(_as_value(value), ann)
             value = _convert_to_annotation(self.bld, _as_value(value), ann,
                                            f"the return value of kernel '{self.name}'")
         values = value._leaves() if isinstance(value, Struct) else \
@@ -881,7 +1005,7 @@ class FunctionTransformer:
         if isinstance(it, ast.Call):
             fn = self.eval(it.func)
             if fn is static:
-                self._static_for(node, self.eval(it.args[0]))
+                self._static_for(node, self.eval(it))
                 return
             if fn is builtins.range:
                 args = [self.eval(a) for a in it.args]
@@ -1031,12 +1155,16 @@ class FunctionTransformer:
     # ------------------------------------------------------------------ expressions
     def eval(self, node: ast.expr):
         method = getattr(self, "expr_" + type(node).__name__, None)
-        if method is None:
-            self._at(node)
-            raise self.bld.error(f'Unsupported node "{type(node).__name__}": these '
-                                 "expressions are not supported in difftape kernels",
-                                 KernelSyntaxError)
-        return method(node)
+        try:
+            if method is None:
+                self._at(node)
+                raise self.bld.error(f'Unsupported node "{type(node).__name__}": these '
+                                     "expressions are not supported in difftape kernels",
+                                     KernelSyntaxError)
+            return method(node)
+        except CompileError as e:
+            self._locate(e, node)
+            raise
 
     def expr_Slice(self, node: ast.Slice):
         """``a:b:c`` in a subscript: compile-time bounds (the slice's shape is the value's)."""
@@ -1356,6 +1484,10 @@ class FunctionTransformer:
         fn = self.eval(node.func)
         args = []
         in_static = fn is static
+        if in_static and self.static_scope:
+            raise self._at(node).error("'ti.static' cannot be nested: the outer ti.static(...) "
+                                       "already evaluates its whole argument at compile time; "
+                                       "drop the inner one", KernelSyntaxError)
         self.static_scope += in_static
         try:
             for a in node.args:
@@ -1718,9 +1850,9 @@ def _annotation_kind(ann, where: str) -> str:
     if isinstance(ann, T.DType) or ann in (int, float) or (
             isinstance(ann, type) and issubclass(ann, np.generic)):
         return "scalar"
-    raise CompileError(f"unsupported annotation {ann!r} of {where}: use a dtype (ti.f32, "
-                       "float), a vector/matrix or struct type, ti.template() or "
-                       "ti.types.ndarray()")
+    raise KernelSyntaxError(f"Invalid type annotation {ann!r} of {where}: use a dtype "
+                            "(ti.f32, float), a vector/matrix or struct type, ti.template() or "
+                            "ti.types.ndarray()")
 
 
 def _func_annotations(fn) -> tuple[dict[str, Any], Any]:
@@ -1769,6 +1901,13 @@ def _bind_param(bld: _b.Builder, tr: FunctionTransformer, name: str, value, ann)
         if not isinstance(value, NdarrayArg):
             raise bld.error(f"{what} is annotated ti.types.ndarray() but got a "
                             f"{type(value).__name__}; pass an ndarray argument of the kernel")
+        buf = value.buf
+        why = ndarray_mismatch(ann, buf.dtype, value.field_ndim,
+                               tuple(buf.shape[value.field_ndim:]))
+        if why is not None:  # the func's code would index the array as it is not
+            raise bld.error(f"Invalid value for argument {name} - {why}: {what} is annotated "
+                            f"{ann!r}; pass an array of that kind, or loosen the annotation",
+                            KernelTypeError)
         return value
     if kind in ("scalar", "matrix", "struct"):
         return tr.new_variable(_convert_to_annotation(bld, _as_value(value), ann, what))
@@ -1803,10 +1942,7 @@ def inline_func(bld: _b.Builder, fn, args: list, kwargs: dict):
     """Inline a ``@ti.func`` call: a fresh scope whose parameters are copies of the arguments
     (template parameters bind the object itself)."""
     parsed = parse_function(fn.pyfunc)
-    try:
-        params, ret = _func_annotations(fn)
-    except CompileError as e:
-        raise bld.error(e.bare_message) from None
+    params, ret = _func_annotations(fn)  # checked when the func was defined
     try:
         bound = fn.signature.bind(*args, **kwargs)
     except TypeError as e:
@@ -1822,6 +1958,7 @@ def inline_func(bld: _b.Builder, fn, args: list, kwargs: dict):
     saved_loc = bld.loc
     tr = FunctionTransformer(bld, parsed, fn.pyfunc.__name__, is_kernel=False)
     tr.return_annotation = ret
+    tr.real = fn.real
     for name, value in bound.arguments.items():
         tr.scopes[0][name] = _bind_param(bld, tr, name, value, params[name])
     if len(bld.loop_stack) > 64:
@@ -1915,15 +2052,42 @@ class Func:
     """A ``@ti.func``: inlined at every call site inside a kernel (so it may take and return
     vectors, matrices and tuples, and be specialized by its arguments for free)."""
 
-    def __init__(self, pyfunc) -> None:
+    def __init__(self, pyfunc, *, real: bool = False) -> None:
         self.pyfunc = pyfunc
         self.signature = inspect.signature(pyfunc)
         # Defined in a class body (a method of a @ti.dataclass or @ti.data_oriented class):
         # its unannotated first parameter (`self`) is the object itself, as in Taichi.
         self.classfunc = defined_in_class(pyfunc)
+        # @ti.real_func: Taichi compiles it once, apart from its callers, so its parameters and
+        # (if it returns a value) its return must be annotated. difftape inlines it like any
+        # func, but asks the same of it, so that a program difftape runs also runs on Taichi.
+        self.real = real
         self.__name__ = pyfunc.__name__
         self.__doc__ = pyfunc.__doc__
         self.__wrapped__ = pyfunc
+        self._check_signature()
+
+    def _check_signature(self) -> None:
+        """Check the annotations when the func is defined, as Taichi does: each must be one
+        a func takes (a string must name something defined by now), and a real func's
+        parameters must all have one."""
+        try:
+            if self.real:
+                for i, p in enumerate(self.signature.parameters.values()):
+                    if p.annotation is inspect.Parameter.empty and not (
+                            i == 0 and self.classfunc):
+                        raise KernelSyntaxError(
+                            f"Taichi function `{self.__name__}` parameter `{p.name}` must be "
+                            f"type annotated: a @ti.real_func takes typed values (e.g. "
+                            f"`{p.name}: ti.f32`); use @ti.func for a func specialized by its "
+                            "arguments")
+            _func_annotations(self)
+        except CompileError as e:  # name the line of the `def`
+            code = self.pyfunc.__code__
+            line = code.co_firstlineno
+            raise type(e)(e.bare_message, file=code.co_filename, line=line,
+                          source_line=linecache.getline(code.co_filename, line) or None) \
+                from None
 
     def __call__(self, *args, **kwargs):
         bld = _b.current()

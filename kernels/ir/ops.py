@@ -292,7 +292,7 @@ def _cmp(fn):
 TYPE_RULES = {
     "same": "one operand; the result has its type",
     "float": "one float operand, same result type (the frontend casts ints to default_fp)",
-    "round": "one float operand, same result type (the frontend leaves ints unchanged)",
+    "real": "one float operand, same result type (the frontend refuses ints, as Taichi does)",
     "int": "one integer operand, same result type",
     "cond": "one integer condition; the result is i32",
     "arith": "two operands and the result of one type",
@@ -339,8 +339,8 @@ def _structural(kind: str, nargs: int | None, pure: bool, nblocks: int = 0) -> O
                   lower=dict.fromkeys(_ANY, "stmt"))
 
 
-def _unary_float(fn, derivative, lower, risky=False, py=None) -> OpInfo:
-    return OpInfo("unary", 1, True, types="float", evaluate=_np(fn), py=py,
+def _unary_float(fn, derivative, lower, risky=False, py=None, types="float") -> OpInfo:
+    return OpInfo("unary", 1, True, types=types, evaluate=_np(fn), py=py,
                   derivative=derivative, lower={"f": lower}, risky=risky)
 
 
@@ -402,21 +402,23 @@ OPS: dict[str, OpInfo] = {
     "abs": OpInfo("unary", 1, True, types="same", evaluate=_py(abs), py=abs, derivative=_d_abs,
                   lower={"f": "intrinsic:fabs", "i": "method:iabs", "u": "method:identity"},
                   moves=True),
-    "sin": _unary_float(np.sin, lambda e, y, a: [e.un("cos", a)], "libm:sin", py=math.sin),
+    # Trigonometric functions and rounding refuse integers (types="real"), as in Taichi.
+    "sin": _unary_float(np.sin, lambda e, y, a: [e.un("cos", a)], "libm:sin", py=math.sin,
+                        types="real"),
     "cos": _unary_float(np.cos, lambda e, y, a: [e.un("neg", e.un("sin", a))], "libm:cos",
-                        py=math.cos),
+                        py=math.cos, types="real"),
     "tan": _unary_float(np.tan, lambda e, y, a: [e.bin("add", e.const(1, y.dtype),
                                                         e.bin("mul", y, y))],
-                        "libm:tan", risky=True, py=math.tan),
+                        "libm:tan", risky=True, py=math.tan, types="real"),
     "asin": _unary_float(np.arcsin, lambda e, y, a: [e.un("rsqrt", _one_minus_sq(e, a))],
-                         "libm:asin", risky=True, py=math.asin),
+                         "libm:asin", risky=True, py=math.asin, types="real"),
     "acos": _unary_float(np.arccos,
                          lambda e, y, a: [e.un("neg", e.un("rsqrt", _one_minus_sq(e, a)))],
-                         "libm:acos", risky=True, py=math.acos),
+                         "libm:acos", risky=True, py=math.acos, types="real"),
     "atan": _unary_float(np.arctan, lambda e, y, a: [_recip(e, e.bin(
-        "add", e.const(1, y.dtype), e.bin("mul", a, a)))], "libm:atan", py=math.atan),
+        "add", e.const(1, y.dtype), e.bin("mul", a, a)))], "libm:atan", py=math.atan, types="real"),
     "tanh": _unary_float(np.tanh, lambda e, y, a: [_one_minus_sq(e, y)], "libm:tanh",
-                         py=math.tanh),
+                         py=math.tanh, types="real"),
     "exp": _unary_float(np.exp, lambda e, y, a: [y], "libm:exp", risky=True, py=math.exp),
     "log": _unary_float(np.log, lambda e, y, a: [_recip(e, a)], "libm:log", risky=True,
                         py=math.log),
@@ -426,11 +428,11 @@ OPS: dict[str, OpInfo] = {
                           lambda e, y, a: [Scaled(e.bin("mul", y, e.bin("mul", y, y)), -0.5)],
                           "method:rsqrt", risky=True, py=lambda x: 1.0 / math.sqrt(x)),
     # Rounding: piecewise constant, a zero derivative (as Taichi gives floor).
-    "floor": OpInfo("unary", 1, True, types="round", evaluate=_np(np.floor), py=math.floor,
+    "floor": OpInfo("unary", 1, True, types="real", evaluate=_np(np.floor), py=math.floor,
                     derivative=NO_DERIVATIVE, lower={"f": "intrinsic:floor"}),
-    "ceil": OpInfo("unary", 1, True, types="round", evaluate=_np(np.ceil), py=math.ceil,
+    "ceil": OpInfo("unary", 1, True, types="real", evaluate=_np(np.ceil), py=math.ceil,
                    derivative=NO_DERIVATIVE, lower={"f": "intrinsic:ceil"}),
-    "round": OpInfo("unary", 1, True, types="round",
+    "round": OpInfo("unary", 1, True, types="real",
                     evaluate=lambda xs, src, dst: _round_half_away(xs[0]),
                     py=_round_half_away, derivative=NO_DERIVATIVE,
                     lower={"f": "intrinsic:round"}),

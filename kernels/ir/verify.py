@@ -267,10 +267,10 @@ class _Checker:
             self.cond(s, a[0], "a select condition")
             if a[1].dtype != t or a[2].dtype != t:
                 raise self.fail(s, f"select of {a[1].dtype} and {a[2].dtype} gives {t}")
-        elif rule in ("same", "float", "round", "int"):
+        elif rule in ("same", "float", "real", "int"):
             if a[0].dtype != t:
                 raise self.fail(s, f"op '{op}' of {a[0].dtype} gives {a[0].dtype}, not {t}")
-            if rule in ("float", "round") and not t.is_float:
+            if rule in ("float", "real") and not t.is_float:
                 raise self.fail(s, f"op '{op}' needs a float operand, not {t}")
             if rule == "int" and not t.is_int:
                 raise self.fail(s, f"{op} needs an integer operand, not {t}")

@@ -457,29 +457,20 @@ def polar_decompose3d(A, dt):
     return U, 0.5 * (P + P.transpose())
 
 
-@func
-def svd(A, dt):
-    """Public ``ti.svd(A, dt)``: dispatch on the (compile-time) size of ``A``."""
-    U = Matrix.identity(dt, A.n)
-    S = Matrix.zero(dt, A.n, A.n)
-    V = Matrix.identity(dt, A.n)
-    if static(A.n == 2):
-        U, S, V = svd2d(A, dt)
-    else:
-        U, S, V = svd3d(A, dt)
-    return U, S, V
+def svd(A, dt=None):
+    """Public ``ti.svd(A, dt)``: dispatch on the (compile-time) size of ``A``, which must be
+    2x2 or 3x3."""
+    n = _square(A, "ti.svd", (2, 3))
+    dt = _float_dtype(dt, "ti.svd")
+    return svd2d(A, dt) if n == 2 else svd3d(A, dt)
 
 
-@func
-def polar_decompose(A, dt):
-    """Public ``ti.polar_decompose(A, dt)``: dispatch on the (compile-time) size of ``A``."""
-    U = Matrix.identity(dt, A.n)
-    P = Matrix.zero(dt, A.n, A.n)
-    if static(A.n == 2):
-        U, P = polar_decompose2d(A, dt)
-    else:
-        U, P = polar_decompose3d(A, dt)
-    return U, P
+def polar_decompose(A, dt=None):
+    """Public ``ti.polar_decompose(A, dt)``: dispatch on the (compile-time) size of ``A``,
+    which must be 2x2 or 3x3."""
+    n = _square(A, "ti.polar_decompose", (2, 3))
+    dt = _float_dtype(dt, "ti.polar_decompose")
+    return polar_decompose2d(A, dt) if n == 2 else polar_decompose3d(A, dt)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -511,16 +502,26 @@ def _float_dtype(dt, name: str):
     return dt
 
 
+#: Taichi's name of each routine in its size errors ("Polar decomposition only supports 2D and
+#: 3D matrices."), which programs written for Taichi may match.
+_TAICHI_NAMES = {"ti.svd": "SVD", "ti.polar_decompose": "Polar decomposition",
+                 "ti.solve": "Solver", "ti.sym_eig": "Symmetric eigen solver",
+                 "ti.eig": "Eigen solver"}
+
+
 def _square(A, name: str, sizes: tuple[int, ...]) -> int:
-    """The size of the square matrix ``A``; anything else is a compile error naming ``name``."""
-    if not isinstance(A, Matrix) or A.ndim != 2 or A.n != A.m:
-        what = (f"a {A.n}-vector" if isinstance(A, Matrix) and A.ndim == 1 else
-                f"a {A.n}x{A.m} matrix" if isinstance(A, Matrix) else type(A).__name__)
-        raise ops._err(f"{name} takes a square matrix, got {what}")
-    if A.n not in sizes:
-        raise ops._err(f"{name} supports {' and '.join(f'{k}x{k}' for k in sizes)} matrices "
-                       f"(as Taichi), got {A.n}x{A.n}")
-    return A.n
+    """The size of the square matrix ``A``; anything else is a compile error naming ``name``
+    in Taichi's words (what sizes it supports) and ours (what it got)."""
+    if isinstance(A, Matrix) and A.ndim == 2 and A.n == A.m and A.n in sizes:
+        return A.n
+    n, m = getattr(A, "n", None), getattr(A, "m", None)
+    kind = "matrix" if isinstance(A, Matrix) else type(A).__name__
+    what = (f"a {A.n}-vector" if isinstance(A, Matrix) and A.ndim == 1 else
+            f"a {n}x{m} {kind}" if isinstance(n, int) and isinstance(m, int) else f"a {kind}")
+    hint = "" if isinstance(A, Matrix) else " (pass a matrix value, e.g. x[i] of a field x)"
+    raise ops._err(f"{_TAICHI_NAMES[name]} only supports "
+                   f"{' and '.join(f'{k}D' for k in sizes)} matrices. {name} takes a "
+                   f"{' or '.join(f'{k}x{k}' for k in sizes)} matrix, got {what}{hint}")
 
 
 def _call_site() -> tuple[str, int] | None:

@@ -224,6 +224,40 @@ OPTIONS: dict[str, Option] = {
 _warned: set[str] = set()
 
 
+@dataclass(frozen=True)
+class SpecialConfig:
+    """What ``ti.init(_test_mode=True, ...)`` returns: the settings Taichi keeps apart from its
+    compile configuration (its ``_SpecialConfig``), as this call's arguments and the
+    ``TI_<NAME>`` environment variables give them. Taichi's own tests read them back this way;
+    only ``log_level`` acts in difftape (see :data:`OPTIONS` for the others)."""
+
+    log_level: str = log.DEFAULT
+    gdb_trigger: bool = False
+    short_circuit_operators: bool = True
+    print_full_traceback: bool = False
+    unrolling_limit: int = 32
+
+
+def _special_config(options: dict) -> SpecialConfig:
+    """The :class:`SpecialConfig` of ``ti.init``'s (checked) options: a value given there,
+    else the environment's ``TI_<NAME>`` (flags ``0``/``1``), else Taichi's default."""
+    values: dict = {}
+    for name, f in SpecialConfig.__dataclass_fields__.items():
+        if name in options:
+            values[name] = options[name]
+            continue
+        var = "TI_" + name.upper()
+        raw = os.environ.get(var, "").strip()
+        if not raw:
+            continue
+        try:
+            values[name] = (bool(int(raw)) if f.type == "bool" else int(raw) if f.type == "int"
+                            else log.level_name(raw))
+        except (ValueError, OptionError) as e:
+            raise OptionError(f"{var}={raw!r}: {e}") from None
+    return SpecialConfig(**values)
+
+
 def options_from_environment(given: dict) -> dict:
     """The options Taichi programs set through the environment: ``TI_<OPTION>`` (e.g.
     ``TI_DEBUG=1``, ``TI_LOG_LEVEL=warn``) for each option difftape acts on that ``ti.init``
@@ -367,10 +401,15 @@ def get() -> Program:
     return _current
 
 
-def init(arch: Arch | None = None, default_fp=None, default_ip=None, **options) -> None:
+def init(arch: Arch | None = None, default_fp=None, default_ip=None, _test_mode: bool = False,
+         **options) -> SpecialConfig | None:
     """``ti.init``: start a fresh program with this configuration (fields and kernels of the
     previous one are dropped). The keywords are Taichi's; :data:`OPTIONS` says what each does
-    here. Unknown keywords raise ``KeyError`` (:class:`~difftape.errors.UnknownOptionError`)."""
+    here. Unknown keywords raise ``KeyError`` (:class:`~difftape.errors.UnknownOptionError`).
+
+    ``_test_mode=True`` is Taichi's way of checking the arguments alone: they are checked as
+    always, the previous program is dropped, but no program starts and nothing is applied (not
+    even the logging level); the :class:`SpecialConfig` they give is returned."""
     global _current
     unknown = [k for k in options if k not in OPTIONS]
     if "default_up" in options:
@@ -439,6 +478,9 @@ def init(arch: Arch | None = None, default_fp=None, default_ip=None, **options) 
         warnings.warn(f"difftape: {source} runs this program here; ti.init's "
                       f"{', '.join(k + '=' for k in remote_opts)} are not used", stacklevel=2)
         remote_opts = {}
+    if _test_mode:
+        reset()
+        return _special_config({**options, **settings})
     reset()
     if arch in (cuda, gpu):  # also TI_ARCH=cuda
         # As Taichi does when it finds no device: the CPU, with a warning that says why.
@@ -463,12 +505,13 @@ def init(arch: Arch | None = None, default_fp=None, default_ip=None, **options) 
         prog = Program(cfg)
         attach(prog, **remote_opts)
         _current = prog
-        return
+        return None
     _current = Program(cfg)
     # Load LLVM and set up the CPU target now rather than inside the first kernel call, so
     # a kernel's first call costs only its own compile (or cache load).
     get_target().warm_up()
     _ = _current.pool  # start the worker threads now, not in the first parallel launch
+    return None
 
 
 def _no_gpu_reason() -> str:

@@ -35,7 +35,7 @@ from difftape.runtime import program
 
 pytestmark = pytest.mark.difftape_only
 
-FLOAT_RULES = {"float": "f", "round": "f", "farith": "f"}
+FLOAT_RULES = {"float": "f", "real": "f", "farith": "f"}
 INT_RULES = {"int", "cond", "bits", "shift", "logical", "overflow"}
 
 

@@ -224,9 +224,11 @@ bad(0.5)
 ```
 
 ```output
-KernelTypeError: index into 'x' must be an integer, ...
-  in kernel 'bad', ...:22
+KernelTypeError:
+File "...", line 22, in bad:
     x[i] = 1.0
+    ^^^^^^^^^^
+index into 'x' must be an integer, ...
 ```
 """
 

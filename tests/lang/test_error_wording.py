@@ -264,3 +264,48 @@ def test_kernel_arguments_are_immutable(ti):
         return b
 
     assert copies(5) == 6
+
+
+def _frame(line_no: int, name: str, carets: str) -> str:
+    """Taichi's layout of one location of this file: its line as written, carets under it."""
+    import linecache
+
+    text = linecache.getline(__file__, line_no).rstrip("\n")
+    col = len(text) - len(text.lstrip())
+    return f'File "{__file__}", line {line_no}, in {name}:\n{text}\n{" " * col}{carets}\n'
+
+
+def test_compile_errors_are_laid_out_as_taichis(ti):
+    """As Taichi: the kernel's line, then each func call down to the failing expression, each
+    with carets under the expression, then the message."""
+    import inspect
+
+    @ti.func
+    def baz():
+        t()  # noqa: F821
+
+    @ti.func
+    def bar():
+        baz()
+
+    @ti.kernel
+    def foo():
+        bar()
+
+    @ti.kernel
+    def stepped():
+        for _i in range(1, 2, 3):
+            pass
+
+    with pytest.raises(ti.TaichiNameError) as e:
+        foo()
+    first = inspect.getsourcelines(baz)[1]
+    want = "\n" + (_frame(first + 10, "foo", "^" * 5) + _frame(first + 6, "bar", "^" * 5) +
+                   _frame(first + 2, "baz", "^")) + 'Name "t" is not defined'
+    assert e.value.args[0][:len(want)] == want
+    with pytest.raises(ti.TaichiCompilationError) as e:
+        stepped()
+    line = inspect.getsourcelines(stepped)[1] + 2
+    want = "\n" + _frame(line, "stepped", "^" * len("for _i in range(1, 2, 3):")) + \
+        "Range should have 1 or 2 arguments, found 3"
+    assert e.value.args[0][:len(want)] == want

@@ -347,3 +347,98 @@ def test_arithmetic_on_a_global_numpy_array_is_numpys(ti):
     cells()
     i, j, k = np.indices((2, 3, 1))
     np.testing.assert_array_equal(out.to_numpy(), (i * 3 + j) * 1 + k + 6)
+
+
+def test_static_assignment_binds_a_compile_time_name(ti):
+    """`n = ti.static(v)` names v itself (no kernel variable), as in Taichi: it drives
+    ti.static loops, indexes a NumPy array at compile time, and can name a field."""
+    table = (5, 7, 11)
+    x = ti.field(ti.i32, shape=4)
+
+    @ti.kernel
+    def fill():
+        n = ti.static(3)
+        arr = ti.static(table)
+        f = ti.static(x)
+        a, b = ti.static(100, 1000)
+        for k in ti.static(range(n)):
+            f[k] = arr[k] * a + b
+        f[n] = n
+
+    fill()
+    np.testing.assert_array_equal(x.to_numpy(), [*(np.array(table) * 100 + 1000), 3])
+
+
+@pytest.mark.parametrize("body, message", [
+    ("a = 1\n    a = ti.static(2)", "Recreating variables is not allowed"),
+    ("a = ti.static([1, 2, 3])\n    a[0] = ti.static(2)",
+     "Static assign cannot be used on elements in arrays"),
+    ("for i in ti.static(ti.static(range(1))):\n        pass", "'ti.static' cannot be nested"),
+])
+def test_static_assignment_misuse_is_refused(ti, tmp_path, body, message):
+    """As Taichi refuses them: a static binding of a name the block already has, of an
+    element, and ti.static inside ti.static."""
+    path = tmp_path / "static_misuse.py"
+    path.write_text(f"@ti.kernel\ndef k():\n    {body}\n")
+    namespace = {"ti": ti}
+    exec(compile(path.read_text(), str(path), "exec"), namespace)
+    with pytest.raises(ti.TaichiSyntaxError, match=message):
+        namespace["k"]()
+
+
+def test_names_made_in_a_compile_time_if_end_with_it(ti):
+    """Every if body is a block (as in Taichi): a name it makes is gone after it, with a
+    Python-constant or ti.static condition as with a runtime one."""
+    @ti.kernel
+    def plain():
+        if True:
+            a = 0
+        else:
+            a = 1
+        print(a)
+
+    @ti.kernel
+    def static_if():
+        if ti.static(True):
+            b = 2
+        print(b)
+
+    for kernel in (plain, static_if):
+        with pytest.raises(ti.TaichiNameError, match="is not defined"):
+            kernel()
+
+
+def test_assigning_a_compile_time_name_of_an_enclosing_block_is_refused(ti):
+    """`a = ti.static(2)` then `a = 5` inside a runtime if: a new binding there would end with
+    the if (after it `a` would be 2 again): refused, as Taichi refuses it."""
+    x = ti.field(ti.i32, shape=())
+
+    @ti.kernel
+    def k():
+        a = ti.static(2)
+        if x[None] > 0:
+            a = 5
+        x[None] = a
+
+    with pytest.raises(ti.TaichiSyntaxError, match="cannot be assigned"):
+        k()
+
+
+def test_numpy_array_as_a_kernel_variable_is_refused(ti):
+    """`a = np.array([1])` in a kernel: not a kernel value (Taichi refuses it too); a 0-d array
+    is a number."""
+    out = ti.field(ti.f64, shape=())
+
+    @ti.kernel
+    def bad():
+        a = np.array([1])  # noqa: F841
+
+    @ti.kernel
+    def zero_d():
+        a = np.array(2.5)
+        out[None] = a
+
+    with pytest.raises(ti.TaichiTypeError, match="Only 0-dimensional numpy array"):
+        bad()
+    zero_d()
+    assert out[None] == 2.5

@@ -377,3 +377,36 @@ def test_check_out_of_bound_checks_indices_without_debug():
         poke(4, 0)
     assert x.to_numpy().tolist() == [0, 0, 0, 1]
     ti.reset()
+
+
+def test_init_test_mode_checks_and_returns_the_special_settings(ti, monkeypatch):
+    """ti.init(_test_mode=True, ...) (Taichi's argument check): the options are checked and
+    returned, from the arguments or TI_<NAME>, and not applied (the logging level stays)."""
+    monkeypatch.delenv("TI_LOG_LEVEL", raising=False)
+    monkeypatch.delenv("TI_GDB_TRIGGER", raising=False)
+    ti.set_logging_level("info")
+    cfg = ti.init(_test_mode=True)
+    assert (cfg.log_level, cfg.gdb_trigger, cfg.short_circuit_operators,
+            cfg.print_full_traceback, cfg.unrolling_limit) == ("info", False, True, False, 32)
+    cfg = ti.init(_test_mode=True, log_level="error", gdb_trigger=True)
+    assert (cfg.log_level, cfg.gdb_trigger) == ("error", True)
+    assert ti.is_logging_effective("info")  # not applied
+    monkeypatch.setenv("TI_LOG_LEVEL", "warn")
+    monkeypatch.setenv("TI_GDB_TRIGGER", "1")
+    cfg = ti.init(_test_mode=True)
+    assert (cfg.log_level, cfg.gdb_trigger) == ("warn", True)
+    assert ti.init(_test_mode=True, log_level="debug").log_level == "debug"  # argument wins
+    with pytest.raises(KeyError, match="foo_bar"):
+        ti.init(_test_mode=True, debug=True, foo_bar=233)
+    monkeypatch.delenv("TI_LOG_LEVEL")
+    monkeypatch.delenv("TI_GDB_TRIGGER")
+    ti.init(arch=ti.cpu)  # a real program again
+    x = ti.field(ti.i32, shape=3)
+
+    @ti.kernel
+    def fill():
+        for i in x:
+            x[i] = i * 2
+
+    fill()
+    np.testing.assert_array_equal(x.to_numpy(), [0, 2, 4])

@@ -544,3 +544,51 @@ def test_func_calls_that_do_not_fit_the_parameters_are_refused_by_name(ti):
         with pytest.raises(ti.TaichiSyntaxError, match=msg):
             k()
     assert fits() == 321
+
+
+def test_real_func_needs_annotations(ti):
+    """@ti.real_func, as Taichi checks it: every parameter annotated (when defined), a return
+    annotation when it returns a value (when compiled); annotated, it computes as a func."""
+    with pytest.raises(ti.TaichiSyntaxError, match="parameter `a` must be type annotated"):
+        @ti.real_func
+        def untyped(a, b: ti.i32) -> ti.i32:
+            return a + b
+
+    @ti.real_func
+    def no_return_type(a: ti.i32, b: ti.i32):
+        return a + b
+
+    @ti.real_func
+    def add(a: ti.i32, b: ti.f32) -> ti.f32:
+        return a + b
+
+    @ti.kernel
+    def run_untyped_return():
+        no_return_type(30, 2)
+
+    @ti.kernel
+    def run() -> ti.f32:
+        return add(30, 2.5)
+
+    with pytest.raises(ti.TaichiSyntaxError, match="return value must be annotated"):
+        run_untyped_return()
+    assert run() == 32.5
+
+
+def test_func_annotation_is_checked_when_the_func_is_defined(ti):
+    """An annotation that names nothing (or is no type) is refused at the `def`, as Taichi
+    does, not at the first call."""
+    with pytest.raises(ti.TaichiSyntaxError, match="Invalid type annotation"):
+        @ti.func
+        def func(x: "foo"):  # noqa: F821
+            print(x)
+
+    with pytest.raises(ti.TaichiSyntaxError, match="Invalid type annotation"):
+        @ti.func
+        def func2(x: 3):
+            print(x)
+
+    with pytest.raises(ti.TaichiSyntaxError, match="annotation"):
+        @ti.kernel
+        def kernel(x: "bar"):  # noqa: F821
+            print(x)

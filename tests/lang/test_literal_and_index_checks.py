@@ -86,6 +86,80 @@ def test_a_primitive_type_takes_exactly_one_value(ti):
     assert one() == 7
 
 
+def test_a_primitive_type_annotates_a_literal_of_its_kind(ti):
+    """ti.f32(x) of a Python number annotates a literal (as in Taichi): an int literal given a
+    float type, or a float literal an int type, is refused (ti.cast converts); a kernel value
+    is cast; a vector is refused; a NumPy array only when it is not 0-d."""
+    N = 3
+
+    @ti.kernel
+    def float_as_i32():
+        a = ti.i32(0.0)  # noqa: F841
+
+    @ti.kernel
+    def int_as_f32():
+        a = ti.f32(0)  # noqa: F841
+
+    @ti.kernel
+    def global_int_as_f32() -> ti.f32:
+        return ti.f32(N)
+
+    @ti.kernel
+    def vector():
+        a = ti.Vector([1])
+        b = ti.f16(a)  # noqa: F841
+
+    @ti.kernel
+    def array_1d() -> ti.f32:
+        return ti.f32(np.array([2.0]))
+
+    @ti.kernel
+    def fine() -> ti.types.vector(4, ti.f64):
+        i = 7
+        x = 2.75
+        return ti.Vector([ti.f64(i), ti.i32(x), ti.f64(1.5), ti.f64(np.array(0.25))],
+                         dt=ti.f64)
+
+    with pytest.raises(ti.TaichiTypeError, match="Floating-point literals must be annotated "
+                       "with a floating-point type. For type casting, use `ti.cast`"):
+        float_as_i32()
+    for k in (int_as_f32, global_int_as_f32):
+        with pytest.raises(ti.TaichiTypeError, match="Integer literals must be annotated with "
+                           "a integer type. For type casting, use `ti.cast`"):
+            k()
+    with pytest.raises(ti.TaichiSyntaxError, match="A primitive type cannot decorate an "
+                       "expression with a compound type"):
+        vector()
+    with pytest.raises(ti.TaichiTypeError, match="Only 0-dimensional numpy array"):
+        array_1d()
+    np.testing.assert_array_equal(fine().to_numpy(), [7.0, 2.0, 1.5, 0.25])
+
+
+def test_rounding_and_trigonometry_of_integers_are_refused(ti):
+    """As Taichi: floor/ceil/round and sin/cos/tan/asin/acos/tanh take real inputs only (an
+    integer is most likely a missing cast); sqrt/exp/log of one work in default_fp."""
+    @ti.kernel
+    def floor_int() -> ti.f32:
+        a = 1
+        return ti.floor(a)
+
+    @ti.kernel
+    def sin_int() -> ti.f32:
+        a = 1
+        return ti.sin(a)
+
+    @ti.kernel
+    def fine() -> ti.types.vector(3, ti.f32):
+        a = 4
+        return ti.Vector([ti.sqrt(a), ti.floor(2.5), ti.sin(ti.cast(a, ti.f32))])
+
+    with pytest.raises(ti.TaichiTypeError, match="'floor' takes real inputs only"):
+        floor_int()
+    with pytest.raises(ti.TaichiTypeError, match="'sin' takes real inputs only"):
+        sin_int()
+    np.testing.assert_allclose(fine().to_numpy(), [2.0, 2.0, np.sin(4.0)], rtol=1e-6)
+
+
 def test_int_literals_in_range_keep_their_value(ti):
     u8f = ti.field(ti.u8, shape=2)
 
@@ -145,7 +219,7 @@ def test_constant_index_out_of_a_local_vector_is_an_error(ti):
     @ti.kernel
     def matrix_row() -> ti.f32:
         m = ti.Matrix([[1.0, 2.0], [3.0, 4.0]])
-        r = m[2]
+        r = m[2, :]  # (m[2] is refused for its one index, as in Taichi)
         return r[0]
 
     @ti.kernel

@@ -526,3 +526,77 @@ def test_trace_of_a_non_square_matrix_is_refused_in_a_kernel(ti):
     with pytest.raises(ti.TaichiCompilationError,
                        match=r"expected a square matrix, got shape \(3, 2\)"):
         failed()
+
+
+def test_a_matrix_takes_two_indices(ti):
+    """As Taichi: m[i] of a matrix (also a matrix field's element or a struct member) is
+    refused instead of read as a row; v[i, j] of a vector too. The row is m[i, :]."""
+    f = ti.Matrix.field(3, 3, ti.f32, shape=())
+    s = ti.Struct.field({"v": ti.types.vector(3, ti.f32), "m": ti.types.matrix(3, 3, ti.f32)},
+                        shape=())
+
+    @ti.kernel
+    def local_row():
+        m = ti.Matrix([[1, 2, 3], [4, 5, 6]])
+        print(m[0])
+
+    @ti.kernel
+    def field_row():
+        print(f[None][0])
+
+    @ti.kernel
+    def member_row():
+        print(s[None].m[0])
+
+    @ti.kernel
+    def vector_two():
+        v = ti.Vector([1, 2, 3, 4])
+        print(v[0, 0])
+
+    @ti.kernel
+    def row_slice() -> ti.types.vector(3, ti.i32):
+        m = ti.Matrix([[1, 2, 3], [4, 5, 6]])
+        return m[1, :]
+
+    for k in (local_row, field_row, member_row):
+        with pytest.raises(IndexError, match=r"Expected 2 indices, got 1"):
+            k()
+    with pytest.raises(IndexError, match=r"Expected 1 indices, got 2"):
+        vector_two()
+    np.testing.assert_array_equal(row_slice().to_numpy(), [4, 5, 6])
+
+
+def test_a_vector_has_no_transpose(ti):
+    """As Taichi: v.transpose() is refused, naming outer_product, which gives a @ b^T."""
+    @ti.kernel
+    def transposed():
+        x = ti.Vector([1, 2])
+        y = ti.Vector([3, 4])
+        z = x @ y.transpose()  # noqa: F841
+
+    @ti.kernel
+    def outer() -> ti.types.matrix(2, 2, ti.i32):
+        return ti.Vector([1, 2]).outer_product(ti.Vector([3, 4]))
+
+    with pytest.raises(ti.TaichiCompilationError, match=r"`transpose\(\)` cannot apply to a "
+                       r"vector. If you want something like `a @ b.transpose\(\)`, write "
+                       r"`a.outer_product\(b\)` instead."):
+        transposed()
+    np.testing.assert_array_equal(outer().to_numpy(), np.outer([1, 2], [3, 4]))
+
+
+def test_a_kernel_vector_written_by_index_in_a_parallel_loop(ti):
+    """`ret[i] = i` for i in a parallel loop (Taichi's test_ret_4k): each iteration writes its
+    own entry; none may undo another's (a guarded rewrite of every entry once raced)."""
+    n = 1024
+    vec = ti.types.vector(n, ti.i32)
+
+    @ti.kernel
+    def fill() -> vec:
+        ret = vec(0)
+        for i in range(n):
+            ret[i] = i
+        return ret
+
+    for _ in range(200):
+        np.testing.assert_array_equal(fill().to_numpy(), np.arange(n))

@@ -29,7 +29,8 @@ def test_matrix_annotation_checks_numpy_trailing_axes(ti):
 
     with pytest.raises(MISMATCH, match="a"):
         identity(np.zeros((2, 4, 3, 2), np.float32))  # 3x2 elements: 12 floats too few
-    with pytest.raises(MISMATCH):
+    with pytest.raises(MISMATCH, match=r"Invalid value for argument a - required array has "
+                       r"ndim=2 element_dim=2, array with 3 dimensions is provided"):
         identity(np.zeros((2, 4, 3), np.float32))  # too few axes for 2 dims of 3x3
     with pytest.raises(MISMATCH):
         identity(np.zeros((2, 3, 3), np.float32))  # ndim=1 of 3x3 elements
@@ -554,3 +555,39 @@ def test_needs_grad_true_annotation_requires_a_gradient(ti):
     with pytest.raises(ValueError, match="needs_grad"):
         use(ti.ndarray(ti.f32, 3))
     use(ti.ndarray(ti.f32, 3, needs_grad=True))
+
+
+def test_func_ndarray_parameter_is_checked_against_its_annotation(ti):
+    """A func's ndarray annotation (element type, ndim) is checked against the array it is
+    given, as Taichi checks it ("Invalid value for argument ..."), not ignored."""
+    @ti.func
+    def fill(a: ti.types.ndarray(dtype=ti.math.vec3, ndim=1)):
+        a[0] = [100, 200, 300]
+
+    @ti.func
+    def fill_vec2(a: ti.types.ndarray(dtype=ti.math.vec2, ndim=1)):
+        a[0] = [100, 100]
+
+    @ti.func
+    def fill_2d(a: ti.types.ndarray(ndim=2)):
+        a[0, 0] = [1, 1, 1]
+
+    @ti.kernel
+    def good(x: ti.types.ndarray(ndim=1)):
+        fill(x)
+
+    @ti.kernel
+    def wrong_element(x: ti.types.ndarray(ndim=1)):
+        fill_vec2(x)
+
+    @ti.kernel
+    def wrong_ndim(x: ti.types.ndarray(ndim=1)):
+        fill_2d(x)
+
+    arr = ti.ndarray(ti.math.vec3, shape=4)
+    good(arr)
+    np.testing.assert_array_equal(arr.to_numpy()[0], [100, 200, 300])
+    with pytest.raises(ti.TaichiCompilationError, match="Invalid value for argument a"):
+        wrong_element(arr)
+    with pytest.raises(ti.TaichiCompilationError):  # Taichi: when it is indexed
+        wrong_ndim(arr)

@@ -95,7 +95,7 @@ def test_solve_sizes_are_checked(ti):
     def four():
         ti.solve(ti.Matrix.identity(float, 4), ti.Vector([1.0, 2.0, 3.0, 4.0]))
 
-    with pytest.raises(ti.CompileError, match="2x2 and 3x3"):
+    with pytest.raises(ti.CompileError, match="Solver only supports 2D and 3D matrices"):
         four()
 
     @ti.kernel
@@ -245,3 +245,24 @@ def test_eig2x2_edge_cases(ti, fp):
     # and upper-triangular ones whose first column of A - mu I is zero.
     _check_eig2x2(ti, fp, [[[2.0, 0.0], [0.0, 2.0]], [[1.0, 1.0], [0.0, 1.0]],
                            [[3.0, 1.0], [0.0, 1.0]], [[-1.0, 2.0], [0.0, 0.5]]])
+
+
+def test_decomposition_sizes_are_checked_in_taichis_words(ti):
+    """ti.polar_decompose / ti.svd of anything but a 2x2 or 3x3 matrix (here a 1x1 matrix
+    field passed whole, and a 4x4 matrix) are refused with Taichi's message."""
+    m = ti.Matrix.field(1, 1, ti.f32)
+    ti.root.place(m)
+
+    @ti.kernel
+    def polar_of_a_field():
+        ti.polar_decompose(m, ti.f32)
+
+    @ti.kernel
+    def svd4():
+        ti.svd(ti.Matrix.identity(ti.f32, 4), ti.f32)
+
+    with pytest.raises(ti.TaichiCompilationError,
+                       match="Polar decomposition only supports 2D and 3D matrices."):
+        polar_of_a_field()
+    with pytest.raises(ti.TaichiCompilationError, match="SVD only supports 2D and 3D matrices."):
+        svd4()

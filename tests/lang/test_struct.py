@@ -306,3 +306,32 @@ def test_argpack_argument_must_be_a_pack_of_its_type(ti):
     with pytest.raises(ti.ArgumentError, match="no value for member"):
         pack_t(a=1)
     assert total(pack_t(a=1, b=2.5)) == 3.5
+
+
+def test_kernel_returns_a_struct_of_its_annotated_type(ti):
+    """As Taichi: a kernel annotated `-> sphere` returns a sphere, not a struct of another
+    type converted member by member (other shapes, or an int radius for a float one)."""
+    sphere = ti.types.struct(center=ti.math.vec3, radius=float)
+    circle = ti.types.struct(center=ti.math.vec2, radius=float)
+    int_sphere = ti.types.struct(center=ti.math.vec3, radius=int)
+
+    @ti.kernel
+    def from_circle() -> sphere:
+        return circle(center=ti.math.vec2([1, 2]), radius=2)
+
+    @ti.kernel
+    def from_int_sphere() -> sphere:
+        return int_sphere(center=ti.math.vec3([1, 2, 3]), radius=2)
+
+    @ti.kernel
+    def fine() -> sphere:
+        s = sphere(center=ti.math.vec3([1, 2, 3]), radius=2.5)
+        s.radius *= 2
+        return s
+
+    for k in (from_circle, from_int_sphere):
+        with pytest.raises(ti.TaichiCompilationError):
+            k()
+    got = fine()
+    np.testing.assert_array_equal(got.center.to_numpy(), [1, 2, 3])
+    assert got.radius == 5.0
