@@ -640,9 +640,10 @@ class ThreadPool:
     """The caller (thread 0) and ``num_threads - 1`` workers running chunks of launches."""
 
     #: A range is cut into about this many chunks per thread (fewer when that would make
-    #: chunks smaller than ``MIN_CHUNK_WORK``): a late worker still finds chunks to take. Not
-    #: more: neighbouring chunks of a scatter (particles to grid) write the same cache lines,
-    #: and threads on neighbouring chunks fight over them (8 per thread: MPM 25 % slower).
+    #: chunks smaller than ``MIN_CHUNK_WORK``): a late worker still finds chunks to take. In
+    #: index order more chunks made scatters slower (threads on neighbouring chunks wrote the
+    #: same cache lines); with the lane order of ``@chunks`` 8 per thread measured the same
+    #: as 4, quiet or beside a busy process, within the noise of a loaded machine.
     CHUNKS_PER_THREAD = 4
     #: The least work (iterations x statements, as ``Task.weight`` counts) worth a chunk: a
     #: claim costs two atomic operations on a shared line and an indirect call.
