@@ -41,7 +41,7 @@ from ..ir.nodes import Block, Buffer, KernelIR, Stmt, walk
 from ..ir.ops import OPS
 from ..ir.passes.dce import eliminate_blocks
 from ..types import i32
-from .rules import Emitter, no_rule_message, partials, scale
+from .rules import ADD_IDENTITY, Emitter, no_rule_message, partials, scale
 from .structure import (
     activity,
     feeds_selection,
@@ -341,12 +341,15 @@ class ReverseAD:
 
     # ------------------------------------------------------------------ adjoint storage
     def adj_alloca(self, scope: _Scope, s: Stmt) -> Stmt:
-        """The local holding ``s``'s adjoint (declared, zeroed, in the scope owning ``s``)."""
+        """The local holding ``s``'s adjoint (declared, zeroed, in the scope owning ``s``).
+        Zeroed with ``-0.0`` (:data:`.rules.ADD_IDENTITY`): the first contribution added to
+        it then folds away, and an adjoint only ever meets additions (into other adjoints and
+        ``.grad``) and multiplications, where the sign of a zero changes no nonzero result."""
         owner = scope.owner(s)
         a = owner.adj.get(s)
         if a is None:
             a = Stmt("alloca", s.dtype, loc=s.loc)
-            zero = Stmt("const", s.dtype, (), 0.0, loc=s.loc)
+            zero = Stmt("const", s.dtype, (), ADD_IDENTITY, loc=s.loc)
             owner.decls += [a, zero, Stmt("local_store", None, (a, zero), loc=s.loc)]
             owner.adj[s] = a
         return a
@@ -391,7 +394,7 @@ class ReverseAD:
                 guard = s in self.risky
                 for a, p in zip(s.args, ps, strict=True):
                     if a in self.active:
-                        self.accumulate(scope, a, scale(e, p, g, guard), e)
+                        self.accumulate(scope, a, scale(e, p, g, guard, ADD_IDENTITY), e)
             elif op == "local_load":
                 self.accumulate(scope, s.args[0], self.adj_value(scope, s, e), e)
             elif op == "local_store":
@@ -403,7 +406,7 @@ class ReverseAD:
                                      "a field")
                 adj = self.adj_alloca(scope, a)
                 g = e.emit("local_load", a.dtype, (adj,))
-                e.emit("local_store", None, (adj, e.const(0, a.dtype)))
+                e.emit("local_store", None, (adj, e.const(ADD_IDENTITY, a.dtype)))
                 self.accumulate(scope, v, g, e)
             elif op == "load":
                 g = self.adj_value(scope, s, e)

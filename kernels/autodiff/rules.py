@@ -27,8 +27,8 @@ from ..ir.nodes import Block, Stmt
 from ..ir.ops import MINUS_ONE, NO_DERIVATIVE, ONE, OPS, STRUCTURAL, Partial, Scaled, Where
 from ..types import DType, i32
 
-__all__ = ["MINUS_ONE", "NO_DERIVATIVE", "ONE", "RISKY", "STRUCTURAL", "Emitter", "Partial",
-           "Scaled", "Where", "no_rule_message", "partials", "scale"]
+__all__ = ["ADD_IDENTITY", "MINUS_ONE", "NO_DERIVATIVE", "ONE", "RISKY", "STRUCTURAL", "Emitter",
+           "Partial", "Scaled", "Where", "no_rule_message", "partials", "scale"]
 
 
 class Emitter:
@@ -81,14 +81,23 @@ def no_rule_message(op: str, mode: str) -> str:
             "ti.stop_grad(...), or mark the kernel @ti.ad.no_grad")
 
 
+#: The zero that sums start from and zero contributions are: ``a + -0.0 == a`` for every
+#: ``a``, bit for bit, so LLVM deletes such adds without fast-math flags, where ``a + 0.0``
+#: must stay (it turns ``-0.0`` into ``+0.0``). An adjoint kernel's sums of contributions
+#: would otherwise keep long chains of additions of zero (p2g.grad of the MPM benchmark:
+#: 281 of its 426 additions).
+ADD_IDENTITY = -0.0
+
 #: Ops whose value (or whose partial) can be infinite or NaN for finite operands.
 RISKY = frozenset(name for name, info in OPS.items() if info.risky)
 
 
-def scale(e: Emitter, p: Partial, g: Stmt, guard: bool = True) -> Stmt | None:
+def scale(e: Emitter, p: Partial, g: Stmt, guard: bool = True,
+          zero: float = 0.0) -> Stmt | None:
     """``p * g``: the contribution of a seed ``g`` through partial ``p`` (None if zero).
     ``guard``: the partial may be infinite or NaN (see :data:`RISKY`), so a zero seed must give
-    exactly zero rather than ``0 * inf``."""
+    exactly zero rather than ``0 * inf``. ``zero``: the value of a zero contribution; reverse
+    mode, which only ever adds contributions into adjoints, passes :data:`ADD_IDENTITY`."""
     if p is None:
         return None
     if p == ONE:
@@ -98,11 +107,11 @@ def scale(e: Emitter, p: Partial, g: Stmt, guard: bool = True) -> Stmt | None:
     if isinstance(p, Scaled):
         p = e.bin("mul", e.const(p.factor, p.value.dtype), p.value)
     if isinstance(p, Where):
-        zero = e.const(0, g.dtype)
-        return e.select(p.cond, g, zero) if p.when else e.select(p.cond, zero, g)
+        z = e.const(zero, g.dtype)
+        return e.select(p.cond, g, z) if p.when else e.select(p.cond, z, g)
     # A zero seed gives a zero contribution even where the partial is infinite or NaN: the
     # branch a select did not take is computed too, and 0 * inf must not poison the gradient.
     if not guard:
         return e.bin("mul", g, e.cast(p, g.dtype))
-    zero = e.const(0, g.dtype)
-    return e.select(e.cmp("eq", g, zero), zero, e.bin("mul", g, e.cast(p, g.dtype)))
+    z = e.const(zero, g.dtype)
+    return e.select(e.cmp("eq", g, z), z, e.bin("mul", g, e.cast(p, g.dtype)))

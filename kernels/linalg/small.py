@@ -96,8 +96,8 @@ def _ortho_tol(dt):
     return tol
 
 
-_SCALE_EXPONENTS_F32 = (64, 32, 16, 8, 4, 2, 1)
-_SCALE_EXPONENTS_F64 = (512, 256, 128) + _SCALE_EXPONENTS_F32
+# IEEE layouts by width: the integer type of the same width, mantissa bits, exponent bias.
+_FLOAT_BITS = {16: (T.i16, 10, 15), 32: (T.i32, 23, 127), 64: (T.i64, 52, 1023)}
 
 
 @func
@@ -105,23 +105,21 @@ def _pow2_scale(m, dt):
     """A power of two ``c`` with ``m / c`` in ``[0.5, 2)`` (``c = 1`` when ``m == 0``).
 
     Inputs are divided by ``c`` before decomposing, so squares of entries can neither overflow
-    nor underflow and the absolute thresholds below act as relative ones.  ``c`` is built by
-    a binary search on the exponent using only comparisons and constant factors, so (unlike
-    ``c = m``) it is exact in floating point and carries no derivative: the decompositions
-    are homogeneous, so treating ``c`` as a constant still gives the true derivative, without
-    ``1 / m^2`` intermediates that would overflow in the reverse pass for tiny inputs.
+    nor underflow and the absolute thresholds below act as relative ones.  ``c`` is made from
+    the exponent bits of ``m`` (``m >= 0``): ``2^E`` for ``m = f 2^E`` with ``E >= 0`` and
+    ``2^(E + 1)`` for ``E < 0``, ``f`` in ``[1, 2)``.  It is exact in floating point and
+    carries no derivative: the decompositions are homogeneous, so treating ``c`` as a constant
+    still gives the true derivative, without ``1 / m^2`` intermediates that would overflow in
+    the reverse pass for tiny inputs.  (A binary search on the exponent with comparisons and
+    constant factors gave the same ``c`` for every normal ``m``, but as 14 dependent steps it
+    was 40 % of an MPM particle-to-grid kernel.)  A subnormal ``m`` gets the smallest normal
+    power of two (``m / c`` below 0.5 then, but its inverse is finite).
     """
     one = ops.cast(1.0, dt)
-    c = one
-    mm = m
-    # Exponents 512, 256, 128 only exist in f64; 64 ... 1 in both.
-    for e in static(_SCALE_EXPONENTS_F64 if dt == T.f64 else _SCALE_EXPONENTS_F32):
-        if mm >= static(2.0 ** e):
-            mm = mm * static(2.0 ** -e)
-            c = c * static(2.0 ** e)
-        if mm < static(2.0 ** -e):
-            mm = mm * static(2.0 ** e)
-            c = c * static(2.0 ** -e)
+    ity, mant, bias = static(_FLOAT_BITS[dt.bits])
+    e = ops.cast(ops.bit_cast(m, ity) >> ops.cast(mant, ity), T.i32)  # biased exponent
+    e = ops.min(e + ops.select(e < bias, 1, 0), 2 * bias)  # zero/subnormal: 1; inf/nan: max
+    c = ops.bit_cast(ops.cast(e, ity) << ops.cast(mant, ity), dt)
     return ops.select(m > 0.0, c, one)
 
 

@@ -60,7 +60,8 @@ WORKER_SPIN_LONG_NS, WORKER_CALM_NS = 35, 36  # the spin budget on a quiet machi
 # long after losing its core a worker keeps to the short one (line 4)
 TS_WORKER, TS_CALLER = 28, 30  # struct timespec {sec, nsec}: futex timeouts (a safety net)
 CALLER_SLEEPS, LAUNCHES, CALLER_WAIT_NS = 32, 33, 34  # line 4: the caller's counters
-SLOTS = 40
+LANES = 40  # line 5: the job's claim order (see @chunks), read-mostly
+SLOTS = 48
 
 #: Spin budgets. A worker spins this long after a job before it sleeps: launches in a loop
 #: come back to back, tens of microseconds apart, and waking a sleeper costs a system call
@@ -112,6 +113,12 @@ entry:
 $SLEEP_WAKE
 
 ; Claim and run chunks of job %gen until none is left (or a newer job replaced it).
+; Claims are numbered in order; with L lanes (L > 1) claim k runs chunk
+; (k / L) + (k % L) q + min(k % L, r) of the n = q L + r chunks: the range is cut into L
+; lanes of consecutive chunks and successive claims go to different lanes, so chunks that
+; run at the same time are about n / L chunks apart. (In index order, a thread that started
+; a chunk late ran just behind the next chunk's thread, and two threads scattering into the
+; same grid nodes fought over those cache lines: MPM's p2g 2x slower than alone.)
 define internal void @chunks(ptr %job, i64 %gen, i32 %tid) {
 entry:
   %nextp = call ptr @slot(ptr %job, i64 $NEXT)
@@ -123,6 +130,7 @@ entry:
   %fnp = call ptr @slot(ptr %job, i64 $FN)
   %ctxp = call ptr @slot(ptr %job, i64 $CTX)
   %totp = call ptr @slot(ptr %job, i64 $TOTAL)
+  %lanesp = call ptr @slot(ptr %job, i64 $LANES)
   %tag = shl i64 %gen, 32
   br label %claim
 claim:
@@ -134,11 +142,26 @@ try:
   %begin = load atomic i64, ptr %bp monotonic, align 8
   %end = load atomic i64, ptr %ep monotonic, align 8
   %chunk = load atomic i64, ptr %cp monotonic, align 8
+  %ntot = load atomic i64, ptr %totp monotonic, align 8
+  %lanes = load atomic i64, ptr %lanesp monotonic, align 8
   %k = and i64 %cur, 4294967295
-  %b0 = mul i64 %k, %chunk
+  %more = icmp slt i64 %k, %ntot
+  br i1 %more, label %order, label %done
+order:
+  %spread = icmp sgt i64 %lanes, 1
+  %nl = select i1 %spread, i64 %lanes, i64 1
+  %lane = urem i64 %k, %nl
+  %pos = udiv i64 %k, %nl
+  %q = udiv i64 %ntot, %nl
+  %rm = urem i64 %ntot, %nl
+  %lq = mul i64 %lane, %q
+  %few = icmp ult i64 %lane, %rm
+  %extra = select i1 %few, i64 %lane, i64 %rm
+  %start = add i64 %lq, %extra
+  %c = add i64 %pos, %start
+  %b0 = mul i64 %c, %chunk
   %b = add i64 %begin, %b0
-  %more = icmp slt i64 %b, %end
-  br i1 %more, label %cas, label %done
+  br label %cas
 cas:
   %nk = add i64 %cur, 1
   %r = cmpxchg ptr %nextp, i64 %cur, i64 %nk seq_cst seq_cst
@@ -272,7 +295,7 @@ exit:
 }
 
 define void @dt_run(ptr %job, i64 %fn, i64 %ctx, i64 %begin, i64 %end, i64 %chunk,
-                    i64 %total) {
+                    i64 %total, i64 %lanes) {
 entry:
   %genp = call ptr @slot(ptr %job, i64 $GEN)
   %nextp = call ptr @slot(ptr %job, i64 $NEXT)
@@ -300,6 +323,8 @@ entry:
   store atomic i64 %chunk, ptr %cp monotonic, align 8
   %totp = call ptr @slot(ptr %job, i64 $TOTAL)
   store atomic i64 %total, ptr %totp monotonic, align 8
+  %lanesp = call ptr @slot(ptr %job, i64 $LANES)
+  store atomic i64 %lanes, ptr %lanesp monotonic, align 8
   store atomic i64 0, ptr %finp seq_cst, align 8
   %tag = shl i64 %g1, 32
   store atomic i64 %tag, ptr %nextp seq_cst, align 8
@@ -453,7 +478,8 @@ ord_pool:
   %t1a = add i64 %cnt, %chunk
   %t1b = sub i64 %t1a, 1
   %tot1 = sdiv i64 %t1b, %chunk
-  call void @dt_run(ptr %job, i64 %fni, i64 %ctxi, i64 %b, i64 %e, i64 %chunk, i64 %tot1)
+  call void @dt_run(ptr %job, i64 %fni, i64 %ctxi, i64 %b, i64 %e, i64 %chunk, i64 %tot1,
+                    i64 1)
   br label %check
 ord_serial:
   call void @dt_serial(i64 %fni, i64 %ctxi, i64 %b, i64 %e, i64 %chunk)
@@ -483,7 +509,8 @@ pool_go:
   %t2a = add i64 %cnt, %pchunk
   %t2b = sub i64 %t2a, 1
   %tot2 = sdiv i64 %t2b, %pchunk
-  call void @dt_run(ptr %job, i64 %fni, i64 %ctxi, i64 %b, i64 %e, i64 %pchunk, i64 %tot2)
+  call void @dt_run(ptr %job, i64 %fni, i64 %ctxi, i64 %b, i64 %e, i64 %pchunk, i64 %tot2,
+                    i64 %nth)
   br label %check
 inline_run:
   call void %fn(ptr %ctx, i64 %b, i64 %e, i32 0)
@@ -560,7 +587,7 @@ def _native_source(triple: str) -> str:
         WORKER_GAP_NS=WORKER_GAP_NS, WORKER_SPIN_LONG_NS=WORKER_SPIN_LONG_NS,
         WORKER_CALM_NS=WORKER_CALM_NS, TS_WORKER=TS_WORKER,
         TS_CALLER=TS_CALLER, CALLER_SLEEPS=CALLER_SLEEPS, LAUNCHES=LAUNCHES,
-        CALLER_WAIT_NS=CALLER_WAIT_NS,
+        CALLER_WAIT_NS=CALLER_WAIT_NS, LANES=LANES,
         CLOCK_MONOTONIC=time.CLOCK_MONOTONIC, SYS_FUTEX=futex or 0)
     if not triple.startswith(("x86_64", "i686", "i386")):  # no `pause` elsewhere
         source = source.replace("declare void @llvm.x86.sse2.pause()\n", "").replace(
@@ -590,7 +617,7 @@ def _native():
     worker = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64)(names["dt_worker"])
     run = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                            ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-                           ctypes.c_int64)(names["dt_run"])
+                           ctypes.c_int64, ctypes.c_int64)(names["dt_run"])
     serial = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                               ctypes.c_int64, ctypes.c_int64)(names["dt_serial"])
     run_graph = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
@@ -613,9 +640,10 @@ class ThreadPool:
     """The caller (thread 0) and ``num_threads - 1`` workers running chunks of launches."""
 
     #: A range is cut into about this many chunks per thread (fewer when that would make
-    #: chunks smaller than ``MIN_CHUNK_WORK``): a late worker still finds chunks to take. Not
-    #: more: neighbouring chunks of a scatter (particles to grid) write the same cache lines,
-    #: and threads on neighbouring chunks fight over them (8 per thread: MPM 25 % slower).
+    #: chunks smaller than ``MIN_CHUNK_WORK``): a late worker still finds chunks to take. In
+    #: index order more chunks made scatters slower (threads on neighbouring chunks wrote the
+    #: same cache lines); with the lane order of ``@chunks`` 8 per thread measured the same
+    #: as 4, quiet or beside a busy process, within the noise of a loaded machine.
     CHUNKS_PER_THREAD = 4
     #: The least work (iterations x statements, as ``Task.weight`` counts) worth a chunk: a
     #: claim costs two atomic operations on a shared line and an indirect call.
@@ -667,7 +695,8 @@ class ThreadPool:
             fn(ctx, begin, end, 0)
             return
         addr = address or ctypes.cast(fn, ctypes.c_void_p).value
-        self._run(self._job_addr, addr, ctx, begin, end, chunk, -(-n // chunk))
+        self._run(self._job_addr, addr, ctx, begin, end, chunk, -(-n // chunk),
+                  self.num_threads)
 
     def run_chunks(self, fn, ctx: int, begin: int, end: int, chunk: int,
                    threaded: bool = True, address: int = 0) -> None:
@@ -677,7 +706,10 @@ class ThreadPool:
         the calling thread. With ``address`` (the entry point), ``fn`` may be None."""
         addr = address or ctypes.cast(fn, ctypes.c_void_p).value
         if threaded and self.num_threads > 1:
-            self._run(self._job_addr, addr, ctx, begin, end, chunk, -(-(end - begin) // chunk))
+            # Claimed in index order (one lane): an ordered task's chunk waits for the
+            # previous one's commit, which must already be claimed.
+            self._run(self._job_addr, addr, ctx, begin, end, chunk, -(-(end - begin) // chunk),
+                      1)
         else:
             self._serial(addr, ctx, begin, end, chunk)
 

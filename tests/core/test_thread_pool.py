@@ -60,6 +60,37 @@ def test_run_chunks_keeps_its_chunk_boundaries(pool, spinner, watchdog):
         assert sorted(seen) == [(b, min(b + 7, 10 + n)) for b in range(10, 10 + n, 7)]
 
 
+def test_successive_claims_run_distant_chunks(watchdog):
+    """Chunks that run at the same time are far apart in the range: claim k + 1 is half the
+    range after claim k on two threads. In index order, threads scattering into a grid
+    (MPM's particle-to-grid) ran on neighbouring chunks and fought over the same cache
+    lines. The first chunk waits until another chunk has started (whoever runs it): that
+    one is the second claim, whether the worker showed up or the first thread came back."""
+    pool = ThreadPool(2)
+    seen = []
+    started = threading.Event()
+
+    def body(ctx, b, e, tid):
+        seen.append(b)
+        if len(seen) == 1:
+            started.wait(2.0)
+        else:
+            started.set()
+
+    task = TASK(body)
+    try:
+        for n in (800, 801, 1000):
+            seen.clear()
+            started.clear()
+            pool.run(task, 0, 0, n, 1 << 12)  # chunks of ceil(n / 8)
+            chunk = -(-n // 8)
+            chunks = -(-n // chunk)
+            assert seen[:2] == [0, chunk * -(-chunks // 2)]  # the second half's first
+            assert sorted(seen) == list(range(0, n, chunk))
+    finally:
+        pool.close()
+
+
 def test_a_waiting_caller_gives_its_core_away():
     """A worker holds a chunk for 0.2 s (as when the OS parks it behind another process):
     the caller runs every other chunk, then sleeps until the held one is done instead of

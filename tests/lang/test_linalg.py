@@ -174,3 +174,56 @@ def test_svd_and_polar_decompose_extreme_scales(ti, fp, n):
     np.testing.assert_allclose(
         np.abs(np.diagonal(s, axis1=1, axis2=2)) / scale[:, :, 0], want_sv, atol=atol
     )
+
+
+@pytest.mark.difftape_only  # the internal scale of difftape's decompositions
+def test_decomposition_scale_is_the_power_of_two_near_the_largest_entry(ti, fp, npfp):
+    from difftape.linalg.small import _pow2_scale
+
+    info = np.finfo(npfp)
+    exps = np.arange(info.minexp, info.maxexp)
+    below_two = np.nextafter(npfp(2), npfp(0))
+    m = np.concatenate([np.ldexp(npfp(f), exps) for f in (1.0, 1.5, below_two)])
+    m = np.concatenate([m, [0.0, info.smallest_subnormal, info.tiny / 3]]).astype(npfp)
+    M = ti.field(fp, shape=len(m))
+    C = ti.field(fp, shape=len(m))
+
+    @ti.kernel
+    def scale():
+        for i in M:
+            C[i] = _pow2_scale(M[i], fp)
+
+    M.from_numpy(m)
+    scale()
+    c = C.to_numpy()
+    mant, e = np.frexp(c)
+    assert (mant == 0.5).all()  # powers of two
+    normal = m >= info.tiny
+    q = m[normal] / c[normal]
+    assert ((q >= 0.5) & (q < 2)).all()
+    # 2^E for m = f 2^E with E >= 0, 2^(E + 1) below 1 (the binary search it replaced)
+    big_e = np.frexp(m[normal])[1] - 1
+    want = np.ldexp(npfp(1), big_e + (big_e < 0))
+    np.testing.assert_array_equal(c[normal], want.astype(npfp))
+    assert c[m == 0] == 1.0
+    np.testing.assert_array_equal(c[(m > 0) & ~normal], info.tiny)  # finite 1 / c
+
+
+@pytest.mark.difftape_only  # Taichi 1.7.4 returns NaN for these
+@pytest.mark.parametrize("n", [2, 3])
+def test_svd_and_polar_decompose_subnormal_entries(ti, fp, npfp, n):
+    # The largest entry is subnormal: the result is finite, with orthogonal factors (the
+    # scale was once 0 there, and everything NaN). Subnormal results flush to zero, as
+    # kernels compute in Taichi's flush-to-zero mode, so S and P are only bounded here.
+    tiny = np.finfo(npfp).tiny
+    rng = np.random.default_rng(n)
+    a = rng.uniform(-1.0, 1.0, (4, n, n)) * tiny / 4
+    a[0] = np.eye(n) * tiny / 8
+    a, (u, s, v, r, p) = _decompose_batch(ti, a, n)
+    assert (np.abs(a).max(axis=(1, 2)) < tiny).all() and (a != 0).any()
+    assert all(np.isfinite(x).all() for x in (u, s, v, r, p))
+    eye = np.broadcast_to(np.eye(n), a.shape)
+    atol = 2e-6 if fp == ti.f32 else 1e-13
+    for q in (u, v, r):
+        np.testing.assert_allclose(q @ _t(q), eye, atol=atol)
+    assert np.abs(s).max() <= 2 * tiny and np.abs(p).max() <= 2 * tiny
