@@ -565,3 +565,24 @@ def test_compile_time_list_entry_replaced_in_a_runtime_if_is_refused(ti):
 
     pick_static()
     assert x[1] == 0.0 and y[1] == 2.0
+
+
+@pytest.mark.difftape_only  # Taichi 1.7.4 folds x + 0.0 to x: -0.0 + 0.0 gives -0.0 there
+def test_adding_zero_keeps_ieee_signed_zeros(ti):
+    """``x + 0.0`` is not ``x`` when x is -0.0 (IEEE: +0.0, as NumPy); ``x + -0.0`` and
+    ``x - 0.0`` are. Constant folding used to drop all three (Python's -0.0 == 0)."""
+    x = ti.field(ti.f32, shape=4)
+
+    @ti.kernel
+    def k():
+        x[0] = x[0] + 0.0
+        x[1] = x[1] - 0.0
+        x[2] = x[2] + -0.0
+        x[3] = 0.0 + x[3]
+
+    x.from_numpy(np.full(4, -0.0, np.float32))
+    k()
+    got = x.to_numpy()
+    want = np.array([np.float32(-0.0) + np.float32(0.0), np.float32(-0.0) - np.float32(0.0),
+                     np.float32(-0.0) + np.float32(-0.0), np.float32(0.0) + np.float32(-0.0)])
+    assert np.array_equal(np.signbit(got), np.signbit(want)), (got, want)

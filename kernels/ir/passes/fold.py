@@ -2,11 +2,14 @@
 
 Folds operations on constants with the op table's evaluators (:func:`..ops.evaluate`, which
 rounds and wraps to the result type, so f32 folds round like f32 code), removes identities
-(x+0, x*1, casts to the same type), and resolves ``if``/``select`` on constant conditions.
+(x+0 for integers, x + -0.0 and x - 0.0 for floats, x*1, casts to the same type), and
+resolves ``if``/``select`` on constant conditions.
 Runs in place on a freshly built IR.
 """
 
 from __future__ import annotations
+
+import math
 
 from ..nodes import Block, KernelIR, Stmt
 from ..ops import OPS, evaluate
@@ -24,17 +27,27 @@ def _is_const(s: Stmt, value) -> bool:
     return s.op == "const" and s.attr == value
 
 
+def _is_identity_zero(s: Stmt, sign: float) -> bool:
+    """``s`` is a zero that leaves every operand as it is: any integer zero; for floats only
+    the zero of sign ``sign`` (``x + -0.0`` and ``x - +0.0`` are ``x``, but ``-0.0 + 0.0`` is
+    ``+0.0``, so ``x + 0.0`` is not ``x``; Python's ``-0.0 == 0`` hides the difference)."""
+    if not _is_const(s, 0):
+        return False
+    return not (s.dtype is not None and s.dtype.is_float) or \
+        math.copysign(1.0, s.attr) == sign
+
+
 def _simplify(s: Stmt) -> Stmt | None:
     """An existing statement equal to ``s``, or None."""
     if s.op == "cast" and s.args[0].dtype == s.dtype:
         return s.args[0]
     if s.op in ("add", "bit_or", "bit_xor"):
         a, b = s.args
-        if _is_const(b, 0):
+        if _is_identity_zero(b, -1.0):
             return a
-        if _is_const(a, 0):
+        if _is_identity_zero(a, -1.0):
             return b
-    if s.op == "sub" and _is_const(s.args[1], 0):
+    if s.op == "sub" and _is_identity_zero(s.args[1], 1.0):
         return s.args[0]
     if s.op == "mul":
         a, b = s.args
