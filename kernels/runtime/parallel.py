@@ -98,6 +98,15 @@ entry:
   ret ptr %p
 }
 
+; ceil(a / b) for a >= 0, b > 0: chunk sizes and counts, as the Python launcher's -(-a // b)
+define internal i64 @cdiv(i64 %a, i64 %b) alwaysinline {
+entry:
+  %a1 = add i64 %a, %b
+  %a2 = sub i64 %a1, 1
+  %q = sdiv i64 %a2, %b
+  ret i64 %q
+}
+
 define internal i64 @now() {
 entry:
   %ts = alloca [2 x i64], align 8
@@ -460,12 +469,8 @@ nonempty:
   %ordered = icmp eq i64 %sched, 2
   br i1 %ordered, label %ord, label %unord
 ord:
-  %c1a = add i64 %cnt, %detc
-  %c1b = sub i64 %c1a, 1
-  %c1 = sdiv i64 %c1b, %detc
-  %c2a = add i64 %minw, %w
-  %c2b = sub i64 %c2a, 1
-  %c2 = sdiv i64 %c2b, %w
+  %c1 = call i64 @cdiv(i64 %cnt, i64 %detc)
+  %c2 = call i64 @cdiv(i64 %minw, i64 %w)
   %cgt = icmp sgt i64 %c1, %c2
   %chunk = select i1 %cgt, i64 %c1, i64 %c2
   %whole = icmp sge i64 %chunk, %cnt
@@ -475,9 +480,7 @@ ord_split:
   %thr = and i1 %big, %multi
   br i1 %thr, label %ord_pool, label %ord_serial
 ord_pool:
-  %t1a = add i64 %cnt, %chunk
-  %t1b = sub i64 %t1a, 1
-  %tot1 = sdiv i64 %t1b, %chunk
+  %tot1 = call i64 @cdiv(i64 %cnt, i64 %chunk)
   call void @dt_run(ptr %job, i64 %fni, i64 %ctxi, i64 %b, i64 %e, i64 %chunk, i64 %tot1,
                     i64 1)
   br label %check
@@ -495,20 +498,14 @@ unord:
   br i1 %s3, label %inline_run, label %pool
 pool:
   %slots = mul i64 %nth, %cpt
-  %q1 = add i64 %cnt, %slots
-  %q2 = sub i64 %q1, 1
-  %q = sdiv i64 %q2, %slots
-  %m1 = add i64 %pminw, %w
-  %m2 = sub i64 %m1, 1
-  %m = sdiv i64 %m2, %w
+  %q = call i64 @cdiv(i64 %cnt, i64 %slots)
+  %m = call i64 @cdiv(i64 %pminw, i64 %w)
   %qgt = icmp sgt i64 %q, %m
   %pchunk = select i1 %qgt, i64 %q, i64 %m
   %pwhole = icmp sge i64 %pchunk, %cnt
   br i1 %pwhole, label %inline_run, label %pool_go
 pool_go:
-  %t2a = add i64 %cnt, %pchunk
-  %t2b = sub i64 %t2a, 1
-  %tot2 = sdiv i64 %t2b, %pchunk
+  %tot2 = call i64 @cdiv(i64 %cnt, i64 %pchunk)
   call void @dt_run(ptr %job, i64 %fni, i64 %ctxi, i64 %b, i64 %e, i64 %pchunk, i64 %tot2,
                     i64 %nth)
   br label %check
