@@ -10,6 +10,24 @@ aliases of the classes with the same meaning.
 
 from __future__ import annotations
 
+import os
+import sys
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+
+
+def user_line() -> str:
+    """``file:line`` of the innermost frame outside difftape (its package, and its client
+    and server, which an editable install keeps in folders of their own): the user's code,
+    for messages that point there (a graph's capture, a field declared and never placed)."""
+    f = sys._getframe(1)
+    while f is not None and (os.path.abspath(f.f_code.co_filename).startswith(_PACKAGE) or
+                             str(f.f_globals.get("__name__", "")).startswith("difftape.")):
+        f = f.f_back
+    if f is None:
+        return "<unknown>"
+    return f"{f.f_code.co_filename}:{f.f_lineno}"
+
 
 class DifftapeError(Exception):
     """Base class of all difftape errors."""

@@ -26,6 +26,7 @@ from ..errors import (
     KernelSyntaxError,
     KernelTypeError,
     ShapeError,
+    user_line,
 )
 from ..ir.nodes import Buffer
 from ..ir.passes.bounds import OUT_OF_RANGE
@@ -96,6 +97,7 @@ class Field(ArrayExchange):
         if shape is not None:
             self._allocate(shape)
         elif role == "primal":
+            self._declared = user_line()
             self._program.unplaced.append(self)
 
     # ------------------------------------------------------------------ allocation
@@ -115,11 +117,15 @@ class Field(ArrayExchange):
         if self.role == "primal":
             self._program.fields.pop(self.id, None)
 
-    def _make_companion(self, role: str, allocate: bool = True) -> Field:
+    def _make_companion(self, role: str, allocate: bool = True, needed: bool = False
+                        ) -> Field:
         """``self.<role>``, made if missing. ``allocate``: give it storage now if this field
-        has its shape (``needs_grad``, ``lazy_grad``); otherwise it gets storage when placed
-        (or when its primal is). On a ``.grad`` field, ``dual`` makes ``x.grad.dual`` (the
-        tangent of the gradient: Hessian-vector products land there)."""
+        has its shape (``lazy_grad``, ``needs_grad`` with a shape); otherwise it gets storage
+        when its primal is placed. ``needed`` (``needs_grad``/``needs_dual`` without a shape,
+        as Taichi): it gets storage only when placed itself (``place(x, x.grad)``, or
+        ``place(x.grad)`` in an SNode of its own), and kernels refuse to launch until then.
+        On a ``.grad`` field, ``dual`` makes ``x.grad.dual`` (the tangent of the gradient:
+        Hessian-vector products land there)."""
         if not self.dtype.is_float:
             raise KernelRuntimeError(
                 f"{self.dtype} is not supported for field with `needs_grad=True` or "
@@ -134,9 +140,22 @@ class Field(ArrayExchange):
                 self._grad = f
             else:
                 self._dual = f
-        if allocate and self._shape is not None and f._shape is None:
-            f._allocate_companion(self._shape)
+        if allocate and f._shape is None:
+            if self._shape is not None:
+                f._allocate_companion(self._shape)
+            elif needed:
+                if f not in self._program.unplaced:
+                    f._declared = self._declared
+                    self._program.unplaced.append(f)
+            else:
+                f._follows = True
         return f
+
+    #: Where a field declared without a shape was declared (``file:line``), for the refusal
+    #: of a launch while it is not placed (its ``.grad``/``.dual``: the primal's).
+    _declared = "<unknown>"
+    #: A companion that gets storage when its primal is placed (``lazy_grad`` before then).
+    _follows = False
 
     def _allocate_companion(self, shape: tuple[int, ...]) -> None:
         """Give a ``.grad``/``.dual`` its storage. Derivative variants of kernels compiled
@@ -144,6 +163,8 @@ class Field(ArrayExchange):
         rebuild."""
         self._allocate(shape)
         self._program.storage_epoch += 1
+        if self in self._program.unplaced:
+            self._program.unplaced.remove(self)
 
     # As in Taichi, a float field always has a .grad and a .dual (a field object to place:
     # ``ti.root.dense(ti.i, n).place(x, x.grad)``, or ``place(x)`` and later, in another
@@ -907,14 +928,49 @@ def make_field(dtype, shape=None, order=None, name: str = "", offset=None, needs
         dtype = dtype.scalar_dtype
     offset = offset if offset and any(offset) else None
     f = Field(dtype, None if offset else shape, element_shape, name)
+    # Without a shape, Taichi leaves placing x.grad/x.dual to the program (refused at launch
+    # until it does); with one (here placed below when there is an offset) they come with x.
     if needs_grad:
-        f._make_companion("grad")
+        f._make_companion("grad", needed=shape is None)
     if needs_dual:
-        f._make_companion("dual")
+        f._make_companion("dual", needed=shape is None)
     if offset:
         shape = (shape,) if isinstance(shape, numbers.Integral) else tuple(shape)
         root.dense(axes(*range(len(shape))), shape).place(f, offset=offset)
     return f
+
+
+_BAR = "=" * 44 + "\n"
+
+
+def refuse_unplaced(prog, kernel: str) -> None:
+    """Refuse to launch ``kernel`` while ``prog.unplaced`` holds fields: declared without a
+    shape and never placed, or the ``.grad``/``.dual`` of a ``needs_grad``/``needs_dual``
+    field that was not placed (Taichi's checks when it materializes the fields at a launch,
+    with its wording; the message names where each field was declared and how to fix it).
+    Kernels call this only while the list is not empty."""
+    primals = [f for f in prog.unplaced if f.role == "primal"]
+    if primals:
+        raise KernelRuntimeError(
+            f"These field(s) are not placed:\n{_BAR}"
+            + "".join(f"  {f._label()}, declared at {f._declared}\n" for f in primals)
+            + f"{_BAR}Please consider specifying a shape for them. E.g.,\n\n"
+            "  x = ti.field(float, shape=(2, 3))\n\n"
+            f"or place them before kernel '{kernel}' is launched: "
+            "ti.root.dense(ti.i, n).place(x)")
+    for role in ("grad", "dual"):
+        comps = [f for f in prog.unplaced if f.role == role]
+        if comps:
+            raise KernelRuntimeError(
+                f"These field(s) requrie `needs_{role}=True`, however their {role} field(s) "
+                f"are not placed:\n{_BAR}"
+                + "".join(f"  {f._label()} (of {f.primal._label()}, declared at "
+                          f"{f._declared})\n" for f in comps)
+                + f"{_BAR}Please consider place the {role} field(s) before kernel "
+                f"'{kernel}' is launched, beside the field or in an SNode of the same shape. "
+                f"E.g.,\n\n  ti.root.dense(ti.i, n).place(x, x.{role})\n\n  "
+                f"ti.root.dense(ti.i, n).place(x.{role})\n\n Or specify a shape for the "
+                f"field(s). E.g.,\n\n  x = ti.field(float, shape=(2, 3), needs_{role}=True)")
 
 
 def _offset_tuple(offset) -> tuple[int, ...]:
@@ -1130,12 +1186,14 @@ class SNode:
                 if f._shape is not None:
                     if f.role != "primal" and f._shape == shape and \
                             f.primal._container is self:
-                        continue  # place(x, x.grad): the companion follows its primal
+                        continue  # place(x, x.grad) after lazy_grad(): already there
                     raise DifftapeError(f"{f._label()} is already placed")
-                if f.role != "primal":
-                    self._place_companion(f, shape, offset)
-                else:
+                if f.role == "primal":
                     self._place_primal(f, shape, offset)
+                elif f.primal._container is self:
+                    f._allocate_companion(shape)  # place(x, x.grad): beside its primal
+                else:
+                    self._place_companion(f, shape, offset)
             else:
                 raise TypeError(f"place() takes fields, got {type(f).__name__}")
         return self
@@ -1146,8 +1204,8 @@ class SNode:
         f._allocate(shape)
         f._container = self
         self.fields.append(f)
-        for comp in (f._grad, f._dual):  # those asked for before: place(x, x.grad)
-            if comp is not None and comp._shape is None:
+        for comp in (f._grad, f._dual):  # lazy_grad()/lazy_dual() before the placement
+            if comp is not None and comp._shape is None and comp._follows:
                 comp._allocate_companion(shape)
 
     def _place_entry(self, view: ScalarFieldView, shape: tuple[int, ...],

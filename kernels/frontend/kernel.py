@@ -55,6 +55,7 @@ from .annotations import (
     signature_text,
 )
 from .argpack import ArgPack, ArgPackType
+from .field import refuse_unplaced
 from .matrix import Matrix, MatrixType
 from .ndarray import Ndarray
 from .ops import resolve_dtype
@@ -166,6 +167,8 @@ class Kernel:
                 if not isinstance(args[k], _NATIVE_ARRAYS):
                     return self.foreign_call(self.__call__, args)
         prog = program.get()
+        if prog.unplaced:  # fields not placed (Taichi refuses at materialization)
+            refuse_unplaced(prog, self.name)
         if prog.generation != self._generation:
             self._reset_instances(prog)
         if prog.remote is not None:  # arch=ti.remote: queued for the server (difftape.client)
@@ -474,6 +477,8 @@ class AdjointKernel:
         # Under forward mode the adjoint runs with tangents: forward-over-reverse, which puts
         # Hessian-vector products into the .grad.dual of the inputs.
         prog = program.get()
+        if prog.unplaced:
+            refuse_unplaced(prog, self.__name__)
         variant = "grad_fwd" if prog.fwd is not None else "grad"
         if prog.remote is not None:  # arch=ti.remote: queued for the server (difftape.client)
             return prog.remote.launch(k, args, variant)

@@ -216,9 +216,11 @@ class Struct:
                 fields[k] = make_field(dt, None, needs_grad=needs_grad, needs_dual=needs_dual,
                                        name=f"{name}.{k}")
         sf = StructField(fields, methods or {}, name)
-        if shape is not None:
+        if shape is not None:  # placed here with the .grad/.dual asked for
             shape = (shape,) if isinstance(shape, numbers.Integral) else tuple(shape)
-            root.dense(axes(*range(len(shape))), shape).place(sf, offset=offset)
+            companions = [c for c, need in ((sf.grad, needs_grad), (sf.dual, needs_dual))
+                          if need]
+            root.dense(axes(*range(len(shape))), shape).place(sf, *companions, offset=offset)
         return sf
 
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import ctypes
 import numbers
-import os
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from .. import types as T
-from ..errors import ArgumentError, DifftapeError, GraphCaptureError, GraphError
+from ..errors import ArgumentError, DifftapeError, GraphCaptureError, GraphError, user_line
 from ..frontend.field import Field
 from ..frontend.kernel import (
     _ANY,
@@ -60,7 +59,6 @@ from ..runtime.storage import shared_array
 
 assert (_ANY, _SERIAL, _ORDERED) == (native.ANY, native.SERIAL_SCHEDULE, native.ORDERED)
 
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _FLOAT, _INT = "f", "i"  # CompiledKernel's scalar writer kinds (an int: an unsigned width)
 
 
@@ -68,18 +66,6 @@ def host_array(storage) -> np.ndarray:
     """The host array of a field's or ndarray's storage (``runtime/storage.py``): a graph's
     records address host memory, which it replays natively (device storage is refused)."""
     return shared_array(storage, "ti.graph")
-
-
-def user_line() -> str:
-    """``file:line`` of the innermost frame outside difftape (its package, and its client
-    and server, which an editable install keeps in folders of their own): the user's code."""
-    f = sys._getframe(1)
-    while f is not None and (os.path.abspath(f.f_code.co_filename).startswith(_PACKAGE) or
-                             str(f.f_globals.get("__name__", "")).startswith("difftape.")):
-        f = f.f_back
-    if f is None:
-        return "<unknown>"
-    return f"{f.f_code.co_filename}:{f.f_lineno}"
 
 
 def _refuse_use(self: Placeholder, *_a: Any, **_k: Any):

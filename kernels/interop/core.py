@@ -294,6 +294,63 @@ def _values(fields: Sequence[Field], copy: bool) -> list[np.ndarray]:
     return [np.array(f.storage.read()) if copy else f.storage.read() for f in fields]
 
 
+class Exchange:
+    """The storage traffic of one call of a PyTorch or JAX function inside a difftape
+    program (``interop.torch.call``, ``interop.jax.call``): what it reads (inputs, tangents,
+    cotangents) and the storage it then writes, zeroes or adds into (outputs and their
+    tangents, the outputs' and inputs' ``.grad``).
+
+    Locally reads are copies of the storage and updates go straight into it. Under
+    ``arch=ti.remote`` the reads, and the current values of the storage that ``add`` will add
+    into, come back together in one request (with the launches queued before them:
+    ``prog.remote.read_fields``); updates are applied, in order, to those copies and
+    :meth:`commit` queues the results (bytes inside the next batch up to ``INLINE_BYTES``):
+    one round trip per call, and the same floating-point operations as locally, so the
+    results are the same bit for bit."""
+
+    __slots__ = ("values", "_remote", "_current", "_dirty")
+
+    def __init__(self, reads: Sequence, accumulated: Sequence = ()) -> None:
+        reads = list(reads)
+        self._remote = program.get().remote is not None
+        self._dirty: dict[int, object] = {}
+        targets = list({id(s): s for s in accumulated}.values()) if self._remote else []
+        got = _values(reads + targets, copy=True)
+        self.values = got[:len(reads)]
+        self._current = {id(s): v for s, v in zip(targets, got[len(reads):], strict=True)}
+
+    def set(self, s, value: np.ndarray) -> None:
+        """``s`` becomes ``value`` (its dtype and full shape)."""
+        if self._remote:
+            self._current[id(s)] = np.array(value, dtype=np.dtype(s.dtype.np))
+            self._dirty[id(s)] = s
+        else:
+            s.storage.write()[...] = value
+
+    def zero(self, s) -> None:
+        if self._remote:  # a queued fill (fewer bytes than the zeros)
+            s.fill(0)
+            self._current[id(s)] = np.zeros(_full_shape(s), np.dtype(s.dtype.np))
+            self._dirty.pop(id(s), None)
+        else:
+            s.storage.write()[...] = 0
+
+    def add(self, s, value: np.ndarray) -> None:
+        """``s += value``; remotely ``s`` must be one of the ``accumulated`` storage (its
+        current value was read with the others) or have been set in this exchange."""
+        if self._remote:
+            self._current[id(s)] += value
+            self._dirty[id(s)] = s
+        else:
+            s.storage.write()[...] += value
+
+    def commit(self) -> None:
+        """Send the updates (remotely queued, no round trip; nothing to do locally)."""
+        for key, s in self._dirty.items():
+            s.from_numpy(self._current[key])
+        self._dirty.clear()
+
+
 def _ndarray_result(a: Ndarray) -> np.ndarray:
     """An ndarray's values for the caller: its host array itself (host memory: the array
     bound for this call), a copy from device memory."""

@@ -31,7 +31,7 @@ import numpy as np
 from ..errors import DifftapeError
 from ..frontend.field import Field
 from ..runtime import program
-from .core import DiffProgram
+from .core import DiffProgram, Exchange, _full_shape
 
 __all__ = ["function", "call", "Params"]
 
@@ -169,12 +169,11 @@ def call(fn: Callable, inputs: Sequence, outputs: Sequence, params: Params | Non
     Inside a ``ti.ad.Tape`` the call is recorded and back-propagation runs its ``jax.vjp``:
     the inputs' gradients are added into their ``.grad``, the parameters' into
     ``params.grad``, and the outputs' ``.grad`` are zeroed (the call overwrote them). Under
-    ``ti.ad.FwdMode`` the inputs' ``.dual`` are its ``jax.jvp`` tangents."""
+    ``ti.ad.FwdMode`` the inputs' ``.dual`` are its ``jax.jvp`` tangents. Under
+    ``arch=ti.remote`` JAX runs here and the storage on the server: a call, its backward pass
+    and its forward-mode pass each read what they need in one request
+    (:class:`~difftape.interop.core.Exchange`)."""
     prog = program.get()
-    if prog.remote is not None:
-        raise DifftapeError("difftape.interop.jax.call runs JAX locally; it is not supported "
-                            "with arch=ti.remote")
-    ins = [jnp.asarray(np.array(s.storage.read())) for s in inputs]
     lead = (params.value,) if params is not None else ()
     tape = prog.tape
     recording = tape is not None and not tape._suspended
@@ -182,37 +181,50 @@ def call(fn: Callable, inputs: Sequence, outputs: Sequence, params: Params | Non
         if recording:
             raise DifftapeError("difftape.interop.jax.call: second order (a Tape under "
                                 "forward mode) is not supported through JAX calls")
-        tangents = [jnp.asarray(np.array(s.dual.storage.read())) if isinstance(s, Field) and
-                    s.has_dual else jnp.zeros_like(x) for s, x in zip(inputs, ins,
-                                                                               strict=True)]
+        # the inputs and their tangents in one read (ndarrays have none: zero)
+        tangent_of = [s.dual if isinstance(s, Field) and s.has_dual else None for s in inputs]
+        io = Exchange(list(inputs) + [d for d in tangent_of if d is not None])
+        ins = [jnp.asarray(v) for v in io.values[:len(inputs)]]
+        read = iter(io.values[len(inputs):])
+        tangents = [jnp.zeros_like(x) if d is None else jnp.asarray(next(read))
+                    for d, x in zip(tangent_of, ins, strict=True)]
         lead_t = tuple(jax.tree_util.tree_map(jnp.zeros_like, v) for v in lead)
         outs, touts = jax.jvp(fn, (*lead, *ins), (*lead_t, *tangents))
-        _write(_as_tuple(outs), outputs)
+        _write(io, _as_tuple(outs), outputs)
         for s, t in zip(outputs, _as_tuple(touts), strict=True):
             if isinstance(s, Field) and s.has_dual:
-                s.dual.storage.write()[...] = np.asarray(t)
+                io.set(s.dual, np.asarray(t))
+        io.commit()
         return
+    io = Exchange(inputs)
+    ins = [jnp.asarray(v) for v in io.values]
     if not recording:
-        _write(_as_tuple(fn(*lead, *ins)), outputs)
+        _write(io, _as_tuple(fn(*lead, *ins)), outputs)
+        io.commit()
         return
     outs, vjp_fn = jax.vjp(fn, *lead, *ins)
-    _write(_as_tuple(outs), outputs)
+    _write(io, _as_tuple(outs), outputs)
+    io.commit()
 
     def backward() -> None:
-        us = tuple(jnp.asarray(np.array(s.grad.storage.read())) for s in outputs)
+        io = Exchange([s.grad for s in outputs],
+                      accumulated=[s.grad for s in inputs if s.has_grad])
+        us = tuple(jnp.asarray(u) for u in io.values)
         cts = vjp_fn(us if isinstance(outs, tuple | list) else us[0])
         for s in outputs:
-            s.grad.storage.write()[...] = 0
+            io.zero(s.grad)
         if params is not None:
             params.grad = jax.tree_util.tree_map(jnp.add, params.grad, cts[0])
             cts = cts[1:]
         for s, c in zip(inputs, cts, strict=True):
-            if getattr(s, "grad", None) is not None and jnp.issubdtype(c.dtype, jnp.floating):
-                s.grad.storage.write()[...] += np.asarray(c)
+            if s.has_grad and jnp.issubdtype(c.dtype, jnp.floating):
+                io.add(s.grad, np.asarray(c))
+        io.commit()
 
     def forward() -> None:  # a replay (Tape grad_check): the values only
-        ins = [jnp.asarray(np.array(s.storage.read())) for s in inputs]
-        _write(_as_tuple(fn(*lead, *ins)), outputs)
+        io = Exchange(inputs)
+        _write(io, _as_tuple(fn(*lead, *(jnp.asarray(v) for v in io.values))), outputs)
+        io.commit()
 
     forward.__name__ = getattr(fn, "__name__", "jax_call")
     tape.record_custom(forward, backward, (), {})
@@ -222,15 +234,15 @@ def _as_tuple(out) -> tuple:
     return tuple(out) if isinstance(out, tuple | list) else (out,)
 
 
-def _write(outs: Sequence, outputs: Sequence) -> None:
+def _write(io: Exchange, outs: Sequence, outputs: Sequence) -> None:
     if len(outs) != len(outputs):
         raise DifftapeError(f"difftape.interop.jax.call: the function returned {len(outs)} "
                             f"array(s) for {len(outputs)} output(s)")
     for k, (o, s) in enumerate(zip(outs, outputs, strict=True)):
-        dst = s.storage
-        if tuple(jnp.shape(o)) != dst.shape or jnp.result_type(o) != dst.dtype:
+        shape, dtype = _full_shape(s), np.dtype(s.dtype.np)
+        if tuple(jnp.shape(o)) != shape or jnp.result_type(o) != dtype:
             raise DifftapeError(f"difftape.interop.jax.call: output {k} is "
                                 f"{tuple(jnp.shape(o))} {jnp.result_type(o)}; the storage it "
-                                f"goes to has shape {dst.shape} and dtype {dst.dtype} (no "
+                                f"goes to has shape {shape} and dtype {dtype} (no "
                                 "silent casts)")
-        dst.write()[...] = np.asarray(o)
+        io.set(s, np.asarray(o))

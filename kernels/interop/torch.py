@@ -36,7 +36,7 @@ from ..errors import DifftapeError
 from ..frontend.field import Field
 from ..runtime import program
 from ..runtime.foreign import as_numpy
-from .core import DiffProgram
+from .core import DiffProgram, Exchange, _full_shape
 
 __all__ = ["operator", "Operator", "call"]
 
@@ -247,20 +247,21 @@ def call(fn: Callable, inputs: Sequence, outputs: Sequence) -> None:
     inputs' gradients, added into their ``.grad``; the outputs' ``.grad`` are then zeroed (the
     call overwrote them, as a kernel's store does). Under ``ti.ad.FwdMode`` the inputs'
     ``.dual`` are PyTorch forward-mode tangents and the outputs' ``.dual`` receive theirs.
-    The tensors are copies: a kernel may overwrite the inputs later in the recording."""
+    The tensors are copies: a kernel may overwrite the inputs later in the recording.
+    Under ``arch=ti.remote`` PyTorch runs here and the storage on the server: a call, its
+    backward pass and its forward-mode pass each read what they need in one request
+    (:class:`~difftape.interop.core.Exchange`)."""
     prog = program.get()
-    if prog.remote is not None:
-        raise DifftapeError("difftape.interop.torch.call runs PyTorch locally; it is not "
-                            "supported with arch=ti.remote")
-    ins = [torch.from_numpy(np.array(s.storage.read())) for s in inputs]
     tape = prog.tape
     recording = tape is not None and not tape._suspended
     if prog.fwd is not None:
         if recording:
             raise DifftapeError("difftape.interop.torch.call: second order (a Tape under "
                                 "forward mode) is not supported through PyTorch calls")
-        _call_forward_mode(fn, ins, inputs, outputs)
+        _call_forward_mode(fn, inputs, outputs)
         return
+    io = Exchange(inputs)
+    ins = [torch.from_numpy(v) for v in io.values]
     if recording:
         ins = [t.requires_grad_() if t.is_floating_point() else t for t in ins]
         with torch.enable_grad():
@@ -268,67 +269,77 @@ def call(fn: Callable, inputs: Sequence, outputs: Sequence) -> None:
     else:
         with torch.no_grad():
             outs = _as_tuple(fn(*ins))
-    _write(outs, outputs)
+    _write(io, outs, outputs)
+    io.commit()
     if recording:
         def backward() -> None:
-            us = [torch.from_numpy(np.array(s.grad.storage.read())) for s in outputs]
+            grads = [s.grad for s in inputs if s.has_grad]
+            io = Exchange([s.grad for s in outputs], accumulated=grads)
+            us = [torch.from_numpy(u) for u in io.values]
             pairs = [(o, u) for o, u in zip(outs, us, strict=True) if o.requires_grad]
             if pairs:
                 torch.autograd.backward([o for o, _ in pairs], [u for _, u in pairs])
             for s in outputs:
-                s.grad.storage.write()[...] = 0
+                io.zero(s.grad)
             for s, t in zip(inputs, ins, strict=True):
                 if t.grad is not None and s.has_grad:
-                    s.grad.storage.write()[...] += t.grad.numpy()
+                    io.add(s.grad, t.grad.numpy())
+            io.commit()
 
         def forward() -> None:  # a replay (Tape grad_check): the values only
+            io = Exchange(inputs)
             with torch.no_grad():
-                again = [torch.from_numpy(np.array(s.storage.read())) for s in inputs]
-                _write(_as_tuple(fn(*again)), outputs)
+                _write(io, _as_tuple(fn(*(torch.from_numpy(v) for v in io.values))), outputs)
+            io.commit()
 
         forward.__name__ = getattr(fn, "__name__", type(fn).__name__)
         tape.record_custom(forward, backward, (), {})
 
 
-def _call_forward_mode(fn: Callable, ins: list, inputs: Sequence, outputs: Sequence) -> None:
+def _call_forward_mode(fn: Callable, inputs: Sequence, outputs: Sequence) -> None:
     import torch.autograd.forward_ad as fwAD
 
+    # ndarrays have no tangents; the inputs and their tangents are read together
+    tangent_of = [s.dual if isinstance(s, Field) and s.has_dual else None for s in inputs]
+    io = Exchange(list(inputs) + [d for d in tangent_of if d is not None])
+    values, tangents = io.values[:len(inputs)], iter(io.values[len(inputs):])
     with fwAD.dual_level():
         duals = []
-        for s, t in zip(inputs, ins, strict=True):
-            # ndarrays have no tangents
-            dual = s.dual if isinstance(s, Field) and s.has_dual else None
-            if dual is not None and t.is_floating_point():
-                t = fwAD.make_dual(t, torch.from_numpy(np.array(dual.storage.read())))
+        for d, v in zip(tangent_of, values, strict=True):
+            t = torch.from_numpy(v)
+            if d is not None:
+                tangent = next(tangents)
+                if t.is_floating_point():
+                    t = fwAD.make_dual(t, torch.from_numpy(tangent))
             duals.append(t)
         outs = _as_tuple(fn(*duals))
         unpacked = [fwAD.unpack_dual(o) for o in outs]
-    _write([u.primal for u in unpacked], outputs)
+    _write(io, [u.primal for u in unpacked], outputs)
     for s, u in zip(outputs, unpacked, strict=True):
         dual = s.dual if isinstance(s, Field) and s.has_dual else None
         if dual is not None:
             if u.tangent is None:
-                dual.storage.write()[...] = 0
+                io.zero(dual)
             else:
-                dual.storage.write()[...] = u.tangent.detach().numpy().reshape(
-                    dual.storage.shape)
+                io.set(dual, u.tangent.detach().numpy().reshape(_full_shape(dual)))
+    io.commit()
 
 
 def _as_tuple(out) -> tuple:
     return tuple(out) if isinstance(out, tuple | list) else (out,)
 
 
-def _write(outs: Sequence, outputs: Sequence) -> None:
+def _write(io: Exchange, outs: Sequence, outputs: Sequence) -> None:
     if len(outs) != len(outputs):
         raise DifftapeError(f"difftape.interop.torch.call: the function returned {len(outs)} "
                             f"tensor(s) for {len(outputs)} output(s)")
     for k, (o, s) in enumerate(zip(outs, outputs, strict=True)):
-        dst = s.storage
-        if not isinstance(o, torch.Tensor) or tuple(o.shape) != dst.shape or \
-                o.dtype != _torch_dtype(dst.dtype):
+        shape, dtype = _full_shape(s), np.dtype(s.dtype.np)
+        if not isinstance(o, torch.Tensor) or tuple(o.shape) != shape or \
+                o.dtype != _torch_dtype(dtype):
             what = f"{tuple(o.shape)} {o.dtype}" if isinstance(o, torch.Tensor) \
                 else type(o).__name__
             raise DifftapeError(f"difftape.interop.torch.call: output {k} is {what}; the "
-                                f"storage it goes to has shape {dst.shape} and dtype "
-                                f"{dst.dtype} (no silent casts)")
-        dst.write()[...] = o.detach().numpy()
+                                f"storage it goes to has shape {shape} and dtype "
+                                f"{dtype} (no silent casts)")
+        io.set(s, o.detach().numpy())

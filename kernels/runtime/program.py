@@ -307,6 +307,10 @@ class Program:
         self.config = config
         self.generation = next(_generations)
         self.fields: dict[int, object] = {}
+        # Fields declared without a shape, and the .grad/.dual of those made with
+        # needs_grad/needs_dual, not placed yet: while any is left a kernel launch refuses, as
+        # Taichi's materialization does (frontend/field.py refuse_unplaced). Empty in a
+        # program whose fields are all placed: one truth test per launch.
         self.unplaced: list = []
         self.snode_children: list = []  # ti.root's children (SNode trees of this program)
         # Where field and ndarray storage lives (runtime/storage.py): host memory, or on the

@@ -211,7 +211,7 @@ def test_destroyed_tree_frees_device_memory(sim):
     y = ti.field(ti.f32, shape=3)
     fb = ti.FieldsBuilder()
     x = ti.field(ti.f32, needs_grad=True)
-    fb.dense(ti.i, 1000).place(x)
+    fb.dense(ti.i, 1000).place(x, x.grad)
     tree = fb.finalize()
 
     @ti.kernel

@@ -307,6 +307,191 @@ def test_local_ndarray_storage_is_refused_remotely(remote):
     assert remote(program)
 
 
+# ---------------------------------------------------------------------------- PyTorch inside
+
+STEPS = 3
+
+
+def _rollout(call, steps: int = STEPS, ndarray_input: bool = False):
+    """A rollout on fields: at each step a PyTorch (or JAX) function, run with ``call``, reads
+    the state and its output (a force, one field per step: the Tape's rule) drives a kernel
+    that advances the state; the loss is a kernel too. ``ndarray_input``: the function reads
+    a ti.ndarray copy of the state instead of a field."""
+    state = ti.field(ti.f64, (steps + 1, N, 2), needs_grad=True, needs_dual=True)
+    forces = [ti.field(ti.f64, (N, 2), needs_grad=True, needs_dual=True) for _ in range(steps)]
+    loss = ti.field(ti.f64, (), needs_grad=True, needs_dual=True)
+    now = ti.ndarray(ti.f64, (N, 2), needs_grad=True) if ndarray_input else \
+        ti.field(ti.f64, (N, 2), needs_grad=True, needs_dual=True)
+
+    @ti.kernel
+    def read(t: ti.i32, now: ti.template()):
+        for i, j in ti.ndrange(N, 2):
+            now[i, j] = state[t, i, j]
+
+    @ti.kernel
+    def read_nd(t: ti.i32, now: ti.types.ndarray()):
+        for i, j in ti.ndrange(N, 2):
+            now[i, j] = state[t, i, j]
+
+    @ti.kernel
+    def advance(t: ti.i32, force: ti.template()):
+        for i, j in force:
+            state[t + 1, i, j] = state[t, i, j] + 0.1 * ti.sin(force[i, j])
+
+    @ti.kernel
+    def total():
+        for i, j in ti.ndrange(N, 2):
+            loss[None] += state[steps, i, j] * state[steps, i, j]
+
+    def program(net, **kwargs):
+        for t in range(steps):
+            (read_nd if ndarray_input else read)(t, now)
+            call(net, [now], [forces[t]], **kwargs)
+            advance(t, forces[t])
+        total()
+
+    return state, loss, program
+
+
+def _net(seed: int = 0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.Tanh(),
+                               torch.nn.Linear(8, 2)).double()
+
+
+def _torch_rollout(net, s0, steps: int = STEPS):
+    s = s0
+    for _ in range(steps):
+        s = s + 0.1 * torch.sin(net(s))
+    return (s * s).sum()
+
+
+def _s0(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).random((N, 2))
+
+
+@pytest.mark.parametrize("ndarray_input", [False, True], ids=["field", "ndarray"])
+def test_torch_call_inside_a_tape_runs_against_the_server(remote, ndarray_input):
+    """interop.torch.call between kernel launches on the server, inside a ti.ad.Tape: the
+    loss, the state's gradient and the network's parameter gradients equal the local run's
+    bit for bit (and PyTorch's own rollout's); one round trip per call forward (its inputs,
+    read with the launches queued before them) and one per call backward (the outputs'
+    and the inputs' gradients, read together)."""
+    from difftape.interop.torch import call
+
+    def program():
+        state, loss, run = _rollout(call, ndarray_input=ndarray_input)
+        net = _net()
+        for p in net.parameters():
+            p.grad = torch.ones_like(p)  # the caller's: PyTorch accumulates into them once
+        state.from_numpy(np.concatenate([_s0(0)[None], np.zeros((STEPS, N, 2))]))
+        before = round_trips()
+        with ti.ad.Tape(loss):
+            run(net)
+        trips = round_trips() - before
+        if is_remote():
+            assert trips == 2 * STEPS, trips
+        return [loss.to_numpy(), state.grad.to_numpy()] + \
+            [p.grad.numpy().copy() for p in net.parameters()]
+
+    here = run_local(program)
+    same(here, remote(program))
+    ref = _net()
+    s0 = torch.tensor(_s0(0), requires_grad=True)
+    value = _torch_rollout(ref, s0)
+    value.backward()
+    assert float(here[0]) == pytest.approx(value.item(), rel=1e-13)
+    np.testing.assert_allclose(here[1][0], s0.grad.numpy(), rtol=1e-11)
+    for got, p in zip(here[2:], ref.parameters(), strict=True):
+        np.testing.assert_allclose(got, p.grad.numpy() + 1, rtol=1e-11)
+
+
+def test_torch_call_on_large_fields_against_the_server(remote):
+    """Fields over INLINE_BYTES (a download and an upload of their own, beside the batch):
+    a call's value and gradient equal the local ones bit for bit and the analytic ones,
+    with an input that is an output too (its gradient zeroed, then added into)."""
+    from difftape.interop.torch import call
+
+    n = 20000  # 320 KB of f64 per field
+
+    def program():
+        x = ti.field(ti.f64, (n, 2), needs_grad=True)
+        y = ti.field(ti.f64, (n, 2), needs_grad=True)
+        loss = ti.field(ti.f64, (), needs_grad=True)
+
+        @ti.kernel
+        def total():
+            for i, j in y:
+                loss[None] += x[i, j] * y[i, j]
+
+        x.from_numpy(np.sin(np.arange(2.0 * n)).reshape(n, 2))
+        with ti.ad.Tape(loss):
+            call(torch.sin, [x], [y])
+            call(lambda t: t * 2, [y], [y])  # y = 2 sin(x)
+            total()
+        return [loss.to_numpy(), x.grad.to_numpy(), y.to_numpy()]
+
+    here = run_local(program)
+    same(here, remote(program))
+    x0 = np.sin(np.arange(2.0 * n)).reshape(n, 2)
+    np.testing.assert_allclose(here[0], np.sum(2 * x0 * np.sin(x0)), rtol=1e-12)
+    np.testing.assert_allclose(here[1], 2 * np.sin(x0) + 2 * x0 * np.cos(x0), rtol=1e-12)
+
+
+def test_torch_call_under_forward_mode_runs_against_the_server(remote):
+    """Under ti.ad.FwdMode the call's inputs and their tangents are read in one request;
+    the tangent of the loss equals the local one bit for bit and torch.func.jvp's."""
+    from difftape.interop.torch import call
+
+    seed = np.zeros((STEPS + 1, N, 2))
+    seed[0] = np.random.default_rng(2).random((N, 2))
+
+    def program():
+        state, loss, run = _rollout(call)
+        net = _net(1)
+        state.from_numpy(np.concatenate([_s0(1)[None], np.zeros((STEPS, N, 2))]))
+        before = round_trips()
+        with ti.ad.FwdMode(loss=loss, param=state, seed=seed.reshape(-1).tolist()):
+            run(net)
+        trips = round_trips() - before
+        if is_remote():
+            assert trips == STEPS, trips
+        return [loss.to_numpy(), loss.dual.to_numpy()]
+
+    here = run_local(program)
+    same(here, remote(program))
+    net = _net(1)
+    _, tangent = torch.func.jvp(lambda s: _torch_rollout(net, s),
+                                (torch.tensor(_s0(1)),), (torch.tensor(seed[0]),))
+    assert float(here[1]) == pytest.approx(tangent.item(), rel=1e-11)
+
+
+def test_operator_around_a_torch_call_passes_gradcheck_against_the_server(remote):
+    """A PyTorch operator whose difftape program calls PyTorch in turn (the state's start as
+    its input, the loss as its output): PyTorch's gradcheck, in f64, against the server."""
+    from difftape.interop.torch import call, operator
+
+    def check():
+        state, loss, run = _rollout(call)
+        start = ti.field(ti.f64, (N, 2), needs_grad=True)
+        net = _net(2)
+
+        @ti.kernel
+        def begin():
+            for i, j in start:
+                state[0, i, j] = start[i, j]
+
+        def fn():
+            begin()
+            run(net)
+
+        op = operator(fn, inputs=[start], outputs=[loss])
+        s0 = torch.tensor(_s0(3), requires_grad=True)
+        return torch.autograd.gradcheck(op, (s0,))
+
+    assert remote(check)
+
+
 # ---------------------------------------------------------------------------- JAX
 
 def test_jax_function_runs_on_the_server(remote, jax64):
@@ -339,6 +524,80 @@ def test_jax_function_runs_on_the_server(remote, jax64):
         return [value, *(np.asarray(v) for v in (ga, gb, jvp))]
 
     same(run_local(program), remote(program))
+
+
+def test_jax_call_inside_a_tape_runs_against_the_server(remote, jax64):
+    """interop.jax.call inside a ti.ad.Tape and under ti.ad.FwdMode on the server: values,
+    gradients (the state's, the parameters') and tangents equal the local run's bit for bit
+    and JAX's own rollout's; one round trip per call forward and per call backward."""
+    jax, jnp = jax64, jax64.numpy
+    from difftape.interop.jax import Params, call
+
+    r = np.random.default_rng(0)
+    start = {"w1": r.normal(size=(2, 8)) * 0.5, "b1": np.zeros(8),
+             "w2": r.normal(size=(8, 2)) * 0.5, "b2": np.zeros(2)}
+
+    def mlp(p, s):
+        return jnp.tanh(s @ p["w1"] + p["b1"]) @ p["w2"] + p["b2"]
+
+    seed = np.zeros((STEPS + 1, N, 2))
+    seed[0] = np.random.default_rng(2).random((N, 2))
+
+    def program():
+        state, loss, run = _rollout(call)
+        params = Params({k: jnp.asarray(v) for k, v in start.items()})
+        state.from_numpy(np.concatenate([_s0(0)[None], np.zeros((STEPS, N, 2))]))
+        before = round_trips()
+        with ti.ad.Tape(loss):
+            run(mlp, params=params)
+        trips = round_trips() - before
+        out = [loss.to_numpy(), state.grad.to_numpy()] + \
+            [np.asarray(params.grad[k]) for k in sorted(start)]
+        before = round_trips()
+        with ti.ad.FwdMode(loss=loss, param=state, seed=seed.reshape(-1).tolist()):
+            run(mlp, params=params)
+        fwd_trips = round_trips() - before
+        if is_remote():
+            assert (trips, fwd_trips) == (2 * STEPS, STEPS), (trips, fwd_trips)
+        return out + [loss.dual.to_numpy()]
+
+    here = run_local(program)
+    same(here, remote(program))
+
+    def rollout(p, s):
+        for _ in range(STEPS):
+            s = s + 0.1 * jnp.sin(mlp(p, s))
+        return jnp.sum(s * s)
+
+    p0 = {k: jnp.asarray(v) for k, v in start.items()}
+    value, (gp, gs) = jax.value_and_grad(rollout, argnums=(0, 1))(p0, jnp.asarray(_s0(0)))
+    assert float(here[0]) == pytest.approx(float(value), rel=1e-13)
+    np.testing.assert_allclose(here[1][0], gs, rtol=1e-11)
+    for got, k in zip(here[2:-1], sorted(start), strict=True):
+        np.testing.assert_allclose(got, gp[k], rtol=1e-11, atol=1e-14)
+    _, tangent = jax.jvp(lambda s: rollout(p0, s), (jnp.asarray(_s0(0)),),
+                         (jnp.asarray(seed[0]),))
+    assert float(here[-1]) == pytest.approx(float(tangent), rel=1e-11)
+
+
+def test_jax_function_passes_check_grads_against_the_server(remote, jax64):
+    """jax.test_util.check_grads in f64 on a difftape JAX function run by the server:
+    reverse mode to second order (forward-over-reverse), and forward mode."""
+    jnp = jax64.numpy
+    from jax.test_util import check_grads
+
+    from difftape.interop.jax import function
+
+    def check():
+        fn, ins, outs = _storage()
+        a, b = (jnp.asarray(_np(t)) for t in _inputs(5))
+        f = function(fn, inputs=ins, outputs=outs)
+        check_grads(lambda p, q: f(p, q)[1], (a, b), order=2, modes=["rev"])
+        g = function(fn, inputs=ins, outputs=outs, mode="forward")
+        check_grads(lambda p, q: g(p, q)[1], (a, b), order=1, modes=["fwd"])
+        return True
+
+    assert remote(check)
 
 
 # ---------------------------------------------------------------------------- the example

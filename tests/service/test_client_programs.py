@@ -667,3 +667,35 @@ def test_print_in_kernels_is_refused_remotely(remote):
             show(1)
 
     remote(program)
+
+
+def test_unplaced_fields_are_refused_at_launch_remotely(remote):
+    """As locally (and in Taichi): a launch refuses while a field, or the .grad of a
+    needs_grad field, is not placed; placing the .grad apart lets the Tape run, with the
+    local gradient."""
+
+    def program():
+        x = ti.field(ti.f64, needs_grad=True)
+        loss = ti.field(ti.f64, (), needs_grad=True)
+        ti.root.dense(ti.i, 4).place(x)
+
+        @ti.kernel
+        def total():
+            for i in x:
+                loss[None] += x[i] ** 3
+
+        with pytest.raises(RuntimeError, match=r"grad field\(s\) are not placed"):
+            total()
+        y = ti.field(ti.f64)
+        with pytest.raises(RuntimeError, match=r"These field\(s\) are not placed"):
+            total()
+        ti.root.dense(ti.i, 2).place(y)
+        ti.root.dense(ti.i, 4).place(x.grad)
+        x.from_numpy(np.arange(1.0, 5.0))
+        with ti.ad.Tape(loss):
+            total()
+        return {"loss": loss[None], "grad": x.grad.to_numpy()}
+
+    here = run_local(program)
+    same(here, remote(program))
+    np.testing.assert_allclose(here["grad"], 3 * np.arange(1.0, 5.0) ** 2, rtol=1e-12)
