@@ -132,6 +132,10 @@ from .frontend.ops import (  # noqa: E402
     zero,
 )
 from .frontend.quant import BitpackedFields  # noqa: E402
+from .frontend.quant_kernels import quant_read as _quant_read  # noqa: E402
+from .frontend.quant_kernels import quant_write as _quant_write  # noqa: E402
+
+_quant_mod.use_kernels(_quant_read, _quant_write)
 from .frontend.sparse import (  # noqa: E402
     activate,
     append,

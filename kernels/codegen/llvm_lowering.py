@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from .. import types as T
 from ..ir.nodes import OPS, Block, KernelIR, Stmt, Task, task_blocks, walk
 from ..types import DType
+from . import quant as Q
 from .layout import CtxLayout
 
 
@@ -444,8 +445,9 @@ class Lowering:
         base = self.buffer_base(slot)
         if linear is None:
             return base
-        return self.fn.ins(f"getelementptr inbounds {ll_type(buf.dtype)}, ptr {base}, "
-                           f"i64 {linear}", "p")
+        # (a quantized field's storage holds one physical word per element)
+        elem = f"i{buf.quant.word_bits}" if buf.quant is not None else ll_type(buf.dtype)
+        return self.fn.ins(f"getelementptr inbounds {elem}, ptr {base}, i64 {linear}", "p")
 
     # ------------------------------------------------------------------ statements
     def block(self, block: Block) -> None:
@@ -711,11 +713,22 @@ class Lowering:
     # ------------------------------------------------------------------ memory
     def op_load(self, s: Stmt) -> str:
         p = self.address(s.attr, s.args)
+        place = self.ir.buffers[s.attr].quant
+        if place is not None:
+            w = place.word_bits
+            return Q.decode(self.fn, place, self.fn.ins(f"load atomic i{w}, ptr {p} monotonic, "
+                                                        f"align {w // 8}"))
         return self.fn.ins(f"load {ll_type(s.dtype)}, ptr {p}{self.alias_tags(s.attr)}")
 
     def op_store(self, s: Stmt) -> None:
         p = self.address(s.attr, s.args[:-1])
         v = s.args[-1]
+        place = self.ir.buffers[s.attr].quant
+        if place is not None:
+            self._declare_quant(place)
+            Q.update(self.fn, place, p, self.serial,
+                     lambda word: Q.encode(self.fn, place, word, self.values[v]))
+            return
         self.fn.void(f"store {ll_type(v.dtype)} {self.values[v]}, ptr {p}"
                      f"{self.alias_tags(s.attr)}")
 
@@ -726,12 +739,26 @@ class Lowering:
         t = s.dtype
         ty = ll_type(t)
         tags = self.alias_tags(slot)
+        place = self.ir.buffers[slot].quant
+        if place is not None:  # decode, combine, encode: in one update of the word
+            self._declare_quant(place)
+            old: list[str] = []
+
+            def combined(word: str) -> str:
+                old[:] = [Q.decode(self.fn, place, word)]
+                return Q.encode(self.fn, place, word, self._combine(kind, t, old[0], v))
+            Q.update(self.fn, place, p, self.serial, combined)
+            return old[0]
         if self.serial:  # one thread: a plain read-modify-write vectorizes and is exact
             old = self.fn.ins(f"load {ty}, ptr {p}{tags}")
             new = self._combine(kind, t, old, v)
             self.fn.void(f"store {ty} {new}, ptr {p}{tags}")
             return old
         return self._atomic_rmw(kind, t, p, v, tags)
+
+    def _declare_quant(self, place) -> None:
+        for text in Q.intrinsics([place]):
+            self.declare(text)
 
     def _atomic_rmw(self, kind: str, t: DType, p: str, v: str, tags: str = "") -> str:
         ty = ll_type(t)

@@ -30,6 +30,7 @@ from ..errors import (
 )
 from ..ir.nodes import Buffer
 from ..ir.passes.bounds import OUT_OF_RANGE
+from ..quant_types import QuantPlace, QuantType
 from ..runtime import program
 from ..runtime.foreign import ArrayExchange, array_in
 from ..runtime.storage import Storage
@@ -71,6 +72,11 @@ _field_ids = itertools.count(1)
 
 class Field(ArrayExchange):
     """``ti.field`` / ``ti.Vector.field`` / ``ti.Matrix.field``."""
+
+    #: a quantized field's type (``dtype`` is then its compute type) and, once placed, where
+    #: its bits are (frontend/quant.py); None for every other field
+    quant: QuantType | None = None
+    _quant_place: QuantPlace | None = None
 
     def __new__(cls, *args, **kwargs):
         # arch=ti.remote: the client's subclass keeps the storage on the server.
@@ -126,6 +132,9 @@ class Field(ArrayExchange):
         ``place(x.grad)`` in an SNode of its own), and kernels refuse to launch until then.
         On a ``.grad`` field, ``dual`` makes ``x.grad.dual`` (the tangent of the gradient:
         Hessian-vector products land there)."""
+        if self.quant is not None:
+            raise _quant.refuse(f"a .{role} of the quantized field '{self._label()}' "
+                                "(derivatives of quantized fields)")
         if not self.dtype.is_float:
             raise KernelRuntimeError(
                 f"{self.dtype} is not supported for field with `needs_grad=True` or "
@@ -175,7 +184,8 @@ class Field(ArrayExchange):
     def grad(self) -> Field | None:
         """``x.grad`` (None only for integer fields and for companions' own companions that
         were never made)."""
-        if self._grad is None and self.role == "primal" and self.dtype.is_float:
+        if self._grad is None and self.role == "primal" and self.dtype.is_float and \
+                self.quant is None:
             self._make_companion("grad", allocate=False)
         return self._grad
 
@@ -186,7 +196,8 @@ class Field(ArrayExchange):
     @property
     def dual(self) -> Field | None:
         """``x.dual``, the forward-mode tangent; as :attr:`grad`."""
-        if self._dual is None and self.role == "primal" and self.dtype.is_float:
+        if self._dual is None and self.role == "primal" and self.dtype.is_float and \
+                self.quant is None:
             self._make_companion("dual", allocate=False)
         return self._dual
 
@@ -349,7 +360,22 @@ class Field(ArrayExchange):
         return Buffer(("field", self.id, self.role), self.dtype, self.shape + self.element_shape,
                       self._label() if self.role == "primal" else
                       f"{self.primal._label()}.{self.role.replace('_', '.')}",
-                      len(self.element_shape), self.primal._offset)
+                      len(self.element_shape), self.primal._offset, self._quant_place)
+
+    def _place_quant(self, snode: SNode, shape: tuple[int, ...], offset: tuple[int, ...],
+                     place: QuantPlace, storage: Storage) -> None:
+        """Placing the ``BitpackedFields`` this quantized field is in (frontend/quant.py):
+        its shape, and its storage over the physical words."""
+        self._offset = offset
+        self._shape = shape
+        self._quant_place = place
+        storage.shape = shape
+        self._storage = storage
+        self._program.fields[self.id] = self
+        if self in self._program.unplaced:
+            self._program.unplaced.remove(self)
+        self._container = snode
+        snode.fields.append(self)
 
     # ------------------------------------------------------------------ indexing
     def _norm_key(self, key) -> tuple:
@@ -926,6 +952,8 @@ def make_field(dtype, shape=None, order=None, name: str = "", offset=None, needs
     if isinstance(dtype, MatrixType):
         element_shape = dtype.element_shape
         dtype = dtype.scalar_dtype
+    if isinstance(dtype, QuantType):
+        return _quant_field(dtype, shape, name, offset, needs_grad, needs_dual, element_shape)
     offset = offset if offset and any(offset) else None
     f = Field(dtype, None if offset else shape, element_shape, name)
     # Without a shape, Taichi leaves placing x.grad/x.dual to the program (refused at launch
@@ -971,6 +999,24 @@ def refuse_unplaced(prog, kernel: str) -> None:
                 f"E.g.,\n\n  ti.root.dense(ti.i, n).place(x, x.{role})\n\n  "
                 f"ti.root.dense(ti.i, n).place(x.{role})\n\n Or specify a shape for the "
                 f"field(s). E.g.,\n\n  x = ti.field(float, shape=(2, 3), needs_{role}=True)")
+
+
+def _quant_field(qtype: QuantType, shape, name: str, offset, needs_grad: bool,
+                 needs_dual: bool, element_shape: tuple[int, ...]) -> Field:
+    """``ti.field(dtype=ti.types.quant...)``: a field computing at the type's compute type,
+    without storage until its ``ti.BitpackedFields`` is placed (frontend/quant.py)."""
+    if element_shape:
+        raise _quant.refuse("a vector/matrix field of a quantized type")
+    if needs_grad or needs_dual:
+        raise _quant.refuse("needs_grad/needs_dual on a quantized field (derivatives of "
+                            "quantized fields)")
+    if shape is not None or offset is not None:
+        raise DifftapeError(f"a field of quantized type {qtype!r} gets its shape from the SNode "
+                            "its ti.BitpackedFields is placed in: make it without shape= and "
+                            "place it with ti.BitpackedFields(max_num_bits=...).place(x)")
+    f = Field(qtype.compute, None, (), name)
+    f.quant = qtype
+    return f
 
 
 def _offset_tuple(offset) -> tuple[int, ...]:
@@ -1075,7 +1121,7 @@ class SNode:
 
     def quant_array(self, axes, dimensions, max_num_bits: int) -> SNode:
         """Taichi's bit-packed array of quantized values: refused (frontend/quant.py)."""
-        raise _quant.refuse("SNode.quant_array(...)")
+        raise _quant.refuse("SNode.quant_array(...) (quantized values packed along an axis)")
 
     def dynamic(self, axis, dimension, chunk_size: int | None = None) -> SNode:
         """A list along one axis, at most ``dimension`` long (``chunk_size`` is the allocation
@@ -1180,7 +1226,13 @@ class SNode:
         fields = [g for f in fields
                   for g in (f.leaf_fields() if isinstance(f, StructField) else [f])]
         for f in fields:
-            if isinstance(f, ScalarFieldView):
+            if isinstance(f, _quant.BitpackedFields):
+                f._place_in(self, shape, offset)
+            elif f.quant is not None if isinstance(f, Field) else False:
+                raise DifftapeError(f"{f._label()} has a quantized type ({f.quant!r}): place it "
+                                    "with ti.BitpackedFields(max_num_bits=...).place(...), "
+                                    "then place the BitpackedFields in the SNode")
+            elif isinstance(f, ScalarFieldView):
                 self._place_entry(f, shape, offset)
             elif isinstance(f, Field):
                 if f._shape is not None:

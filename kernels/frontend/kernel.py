@@ -621,6 +621,7 @@ class CompiledKernel:
         # (device memory: what a launch makes stale; weakly, since the fields own their
         # storage: SNodeTree.destroy() frees it, and this kernel then recompiles)
         written_fields: list[weakref.ref[Storage]] = []
+        quant: list[tuple[weakref.ref[Storage], bool]] = []
         for slot, buf in enumerate(ir.buffers):
             if buf.key[0] == "private":  # per-chunk copies the generated code allocates
                 continue
@@ -638,6 +639,8 @@ class CompiledKernel:
                 self.ctx_i64[layout.buffer_ptr[slot]] = storage.storage.address
                 if slot in written:
                     written_fields.append(weakref.ref(storage.storage))
+                if buf.quant is not None:
+                    quant.append((weakref.ref(storage.storage), slot in written))
             else:
                 extents = [layout.buffer_extent.get((slot, a)) for a in range(buf.ndim)]
                 self._ndarray_slots.append((slot, buf.key[1], buf.key[2], extents,
@@ -663,6 +666,10 @@ class CompiledKernel:
             self._written_fields = written_fields
             self._host_launch = self._inner_launch
             self._inner_launch = self.launch = self._device_launch
+        if quant:  # quantized fields: Python scope's values around a launch (see _quant_launch)
+            self._quant = quant
+            self._unquant_launch = self._inner_launch
+            self._inner_launch = self.launch = self._quant_launch
         if prog.config.kernel_profiler:
             self.launch = self._profiled_launch
 
@@ -699,6 +706,22 @@ class CompiledKernel:
             if staged is not None:
                 for original, storage in staged[1]:
                     np.copyto(original, storage.read())
+
+    def _quant_launch(self, args: tuple):
+        """``launch`` of a kernel that uses quantized fields (frontend/quant.py): the values
+        Python scope wrote to them are encoded first; afterwards (also when the launch raises)
+        the decoded copies of those it wrote are stale."""
+        for ref, _ in self._quant:
+            storage = ref()
+            if storage is not None:
+                storage.group.flush()
+        try:
+            return self._unquant_launch(args)
+        finally:
+            for ref, writes in self._quant:
+                storage = ref()
+                if writes and storage is not None:
+                    storage.device_written()
 
     def _stage_arrays(self, args: tuple) -> tuple[tuple, list] | None:
         """Under device memory: each NumPy array argument replaced by device storage holding

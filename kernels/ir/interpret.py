@@ -35,6 +35,10 @@ class Interpreter:
 
     def __init__(self, ir: KernelIR, buffers: list[np.ndarray], args: list, *,
                  random=None) -> None:
+        quant = [b.name for b in ir.buffers if b.quant is not None]
+        if quant:  # its buffers would be the packed words: the encodings live in codegen/quant.py
+            raise NotImplementedError(f"the reference interpreter does not evaluate quantized "
+                                      f"fields ({', '.join(quant)}); run the compiled kernel")
         self.ir = ir
         self.buffers = buffers
         self.args = args

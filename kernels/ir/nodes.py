@@ -78,6 +78,10 @@ class Buffer:
     field axis, empty for none. Accesses in the IR index from 0 (the frontend subtracts the
     offset where it builds them, in ``frontend.field.kernel_element``); the offset is kept here
     so that what reports an index to the user (the bounds checks) reports the user's index.
+
+    ``quant``: a quantized field's :class:`~difftape.quant_types.QuantPlace` (None for every
+    other buffer). ``dtype`` is then its compute type; the storage holds one physical word per
+    element, which loads decode and stores encode (``codegen/quant.py``).
     """
 
     key: tuple
@@ -86,6 +90,7 @@ class Buffer:
     name: str
     element_ndim: int = 0  # trailing axes that are vector/matrix components
     offset: tuple[int, ...] = ()
+    quant: Any = None
 
     @property
     def ndim(self) -> int:
@@ -98,7 +103,7 @@ class Buffer:
     def with_role(self, role: str) -> Buffer:
         return Buffer((self.key[0], self.key[1], role), self.dtype, self.shape,
                       f"{self.name}.{role}" if role != "primal" else self.name,
-                      self.element_ndim, self.offset)
+                      self.element_ndim, self.offset, self.quant)
 
 
 @dataclass(frozen=True)

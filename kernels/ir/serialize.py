@@ -120,6 +120,9 @@ def decode(data: dict) -> KernelIR:
 def fingerprint(ir: KernelIR, *extra: str) -> str:
     """A stable hash of the IR plus whatever else selects the compiled code."""
     h = hashlib.sha256(json.dumps(encode(ir), sort_keys=True, separators=(",", ":")).encode())
+    quant = [repr(b.quant) for b in ir.buffers if b.quant is not None]
+    if quant:  # the bit layout of quantized fields selects the code (not in the wire format)
+        h.update(b"\0" + "|".join(quant).encode())
     for e in extra:
         h.update(b"\0" + e.encode())
     return h.hexdigest()

@@ -90,19 +90,3 @@ def test_integer_ndrange_bounds_still_work(ti):
         return s
 
     assert area(4) == sum(i * 10 + j for i in range(1, 4) for j in range(3))
-
-
-@pytest.mark.difftape_only  # Taichi has quantized types; difftape refuses them by name
-def test_quantized_types_are_refused_by_name(ti):
-    with pytest.raises(ti.DifftapeError, match=r"ti.types.quant.int\(...\): quantized types"):
-        ti.types.quant.int(bits=4, signed=True)
-    with pytest.raises(NotImplementedError, match="quantized types"):
-        ti.types.quant.fixed(frac=8, signed=False, range=2.0)
-    with pytest.raises(ti.DifftapeError, match="quantized types"):
-        ti.types.quant.float(exp=5, frac=10)
-    with pytest.raises(ti.DifftapeError, match=r"ti.BitpackedFields\(...\)"):
-        ti.BitpackedFields(max_num_bits=32)
-    with pytest.raises(ti.DifftapeError, match=r"SNode.quant_array\(...\)"):
-        ti.root.dense(ti.i, 4).quant_array(ti.j, 32, max_num_bits=32)
-    with pytest.raises(ti.DifftapeError, match=r"SNode.quant_array\(...\)"):
-        ti.FieldsBuilder().quant_array(ti.i, 32, max_num_bits=32)

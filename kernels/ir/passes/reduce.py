@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from ...types import f32, f64
-from ..nodes import Block, KernelIR, Stmt, Task, walk
+from ..nodes import Block, Buffer, KernelIR, Stmt, Task, walk
 
 
 def _slot(s: Stmt) -> tuple | None:
@@ -30,18 +30,19 @@ def _slot(s: Stmt) -> tuple | None:
     return None
 
 
-def rounds_every_add(dtype) -> bool:
-    """Must sums of this type stay one atomic per add? f16's do: each add rounds to f16 (as in
-    Taichi), and a sum of per-chunk partial sums differs from that by far more than f16's
-    precision (1119 where the program's f16 adds give 1029)."""
-    return dtype.is_float and dtype.bits < 32
+def rounds_every_add(dtype, buf: Buffer | None = None) -> bool:
+    """Must sums of this type (into ``buf``) stay one atomic per add? f16's do: each add rounds
+    to f16 (as in Taichi), and a sum of per-chunk partial sums differs from that by far more
+    than f16's precision (1119 where the program's f16 adds give 1029). So do adds into a
+    quantized field: each rounds (or wraps) to what its bits hold."""
+    return (dtype.is_float and dtype.bits < 32) or (buf is not None and buf.quant is not None)
 
 
 def _kind(s: Stmt) -> str | None:
     return s.attr[1] if s.op in ("atomic", "temp_atomic") else None
 
 
-def _candidates(t: Task) -> dict[tuple, list[Stmt]]:
+def _candidates(t: Task, ir: KernelIR) -> dict[tuple, list[Stmt]]:
     used = set()
     for s in walk(t.body):
         used.update(s.args)
@@ -55,7 +56,8 @@ def _candidates(t: Task) -> dict[tuple, list[Stmt]]:
         if s.op.startswith("temp"):
             idx = ()
         ok = (_kind(s) in ("add", "sub") and s not in used
-              and all(a.op == "const" for a in idx) and not rounds_every_add(s.dtype))
+              and all(a.op == "const" for a in idx)
+              and not rounds_every_add(s.dtype, ir.buffers[slot[1]] if slot[0] == "buf" else None))
         if not ok:
             disqualified.add(slot)
             continue
@@ -108,6 +110,6 @@ def privatize_reductions(ir: KernelIR) -> KernelIR:
     for t in ir.tasks or []:
         if t.kind != "range":
             continue
-        for key, atomics in _candidates(t).items():
+        for key, atomics in _candidates(t, ir).items():
             _privatize(t, key, atomics)
     return ir

@@ -35,7 +35,7 @@ def _candidates(t: Task, ir: KernelIR) -> set[int]:
             continue
         slot = key[1]
         good = (s.op == "atomic" and s.attr[1] in ("add", "sub") and s not in used
-                and not rounds_every_add(s.dtype))
+                and not rounds_every_add(s.dtype, ir.buffers[slot]))
         ok[slot] = ok.get(slot, True) and good
     out = set()
     for slot, good in ok.items():
