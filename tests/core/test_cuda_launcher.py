@@ -263,7 +263,7 @@ def test_a_bounds_error_on_the_device_raises_as_on_the_cpu(fake):
 
     @ti.kernel
     def k(j: ti.i32):
-        for i in range(1):
+        for _ in range(1):
             x[j] = 1.0
 
     with pytest.raises(ti.IndexOutOfRangeError, match=r"index 9 .*out of range"):
