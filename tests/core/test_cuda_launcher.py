@@ -37,7 +37,7 @@ class FakeDriver:
     class limit:  # noqa: N801 - pycuda's name
         MALLOC_HEAP_SIZE = "MALLOC_HEAP_SIZE"
 
-    def __init__(self):
+    def __init__(self, devices=1):
         self.blocks: dict[int, np.ndarray] = {}
         self.launches: list[tuple] = []
         self.limits: dict[str, int] = {}
@@ -76,7 +76,7 @@ class FakeDriver:
 
             @staticmethod
             def count():
-                return 1
+                return devices
 
             def name(self):
                 return "Stand-in GPU"
@@ -95,6 +95,10 @@ class FakeDriver:
                 return Context()
 
         self.Context, self.Device = Context, Device
+
+    @classmethod
+    def without_devices(cls):
+        return cls(devices=0)
 
     # ------------------------------------------------------------------ memory
     def mem_alloc(self, n):
@@ -291,3 +295,30 @@ def test_a_failed_launch_names_the_kernel_and_the_device(fake):
 def test_simulate_grid_with_a_device_is_refused(fake):
     with pytest.raises(ti.OptionError, match="found a CUDA device.*simulate_grid"):
         ti.init(arch=ti.cuda, simulate_grid=(2, 4))
+
+
+def test_the_server_engine_runs_on_the_device_and_readiness_follows_the_same_check(fake,
+                                                                                   monkeypatch):
+    """``difftape serve --arch cuda``: each session's engine is a CUDA program; /readyz's
+    device check is ti.init's (ok with a device, the reason without one)."""
+    from difftape.server.engine import Engine
+    from difftape.server.routers.health import device_check
+
+    engine = Engine(arch="cuda", offline_cache=False)
+    try:
+        assert isinstance(engine.prog.launcher, cuda_runtime.CudaLauncher)
+        assert fake.in_device_memory(engine.prog.rng.address)
+    finally:
+        engine.close()
+    assert fake.current == [] and fake.blocks == {}
+    device_check.cache_clear()
+    try:
+        assert device_check("cuda") == "ok" and device_check("cpu") == "ok"
+        device_check.cache_clear()
+        monkeypatch.setattr(cuda_runtime, "load_driver", lambda: FakeDriver.without_devices())
+        assert device_check("cuda") == "arch 'cuda' cannot run here: the CUDA driver found no " \
+                                       "device"
+        with pytest.raises(cuda_runtime.CudaUnavailable, match="found no device"):
+            Engine(arch="cuda", offline_cache=False)  # no fallback to the CPU
+    finally:
+        device_check.cache_clear()
