@@ -139,7 +139,8 @@ def _opt_str(v):
     return None if v is None else str(v)
 
 
-_GPU_ONLY = "it configures GPU backends; difftape runs on the CPU"
+_GPU_ONLY = ("it configures Taichi's GPU backends; difftape sizes its CUDA grid, device memory "
+             "and stacks itself")
 _PASSES = "it toggles one of Taichi's compiler passes; difftape's pipeline is fixed"
 _MESH = "it configures ti.Mesh, which difftape does not have"
 _DUMP = "it prints Taichi compiler internals that difftape does not have (use print_ir=True)"
@@ -168,7 +169,7 @@ OPTIONS: dict[str, Option] = {
         "does not decide the result (Python's rule) whatever this says; vector operands are "
         "evaluated whole")),
     "enable_fallback": Option(only=True, refusal=(
-        "difftape has no GPU backend yet; it can only run arch=ti.gpu/ti.cuda/... programs by "
+        "difftape runs arch=ti.gpu/ti.cuda/... programs that find no CUDA device by "
         "falling back to the CPU")),
     # accepted, no effect (warned once)
     "advanced_optimization": Option(no_effect=_PASSES),
