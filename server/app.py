@@ -56,7 +56,8 @@ class Service:
         engine_kwargs = {"cache_dir": str(settings.cache_dir),
                          "num_threads": settings.worker_threads,
                          "max_fields": settings.quota_session_fields,
-                         "max_kernels": settings.quota_session_kernels}
+                         "max_kernels": settings.quota_session_kernels,
+                         "arch": settings.arch}
         self.pool: WorkerPool | RayWorkerPool
         if settings.cluster:
             # Function-level: Ray is an optional extra, loaded only with a cluster.

@@ -214,8 +214,14 @@ class Engine:
 
     def __init__(self, cache_dir: str | os.PathLike | None = None, *, num_threads: int = 0,
                  random_seed: int = 0, offline_cache: bool = True,
-                 max_fields: int | None = None, max_kernels: int | None = None) -> None:
-        cfg = program.Config(arch=program.cpu, random_seed=int(random_seed),
+                 max_fields: int | None = None, max_kernels: int | None = None,
+                 arch: str = "cpu") -> None:
+        # arch "cuda": the session's kernels and fields on the device (runtime/cuda.py's
+        # CudaLauncher); no device there is an error at start, never a fallback to the CPU.
+        if arch not in ("cpu", "cuda"):
+            raise ValueError(f"engine arch {arch!r}: expected 'cpu' or 'cuda'")
+        cfg = program.Config(arch=program.cuda if arch == "cuda" else program.cpu,
+                             random_seed=int(random_seed),
                              cpu_max_num_threads=int(num_threads),
                              offline_cache=bool(offline_cache),
                              offline_cache_file_path=str(cache_dir) if cache_dir else None)

@@ -1,10 +1,11 @@
 """The CUDA target: the shared lowering retargeted to ``nvptx64-nvidia-cuda``, PTX out.
 
 What is CUDA-only lives here, as a thin layer over the shared lowering
-(:class:`.target.Target`); there is no CUDA runtime yet (no loading or launching: ``load``
-refuses), so this target is used to check that every kernel also compiles to PTX that
-``ptxas`` accepts (``ptx_check.py``), and its lowering, compiled for the host with the grid
-position as parameters (``simgrid.py``), is what the simulated grid runs on the CPU.
+(:class:`.target.Target`). ``ti.init(arch=ti.cuda)`` compiles with it and loads and launches
+the PTX through ``runtime/cuda.py``'s ``CudaLauncher`` (the target itself loads nothing); every
+kernel is also checked to compile to PTX that ``ptxas`` accepts (``ptx_check.py``), and its
+lowering, compiled for the host with the grid position as parameters (``simgrid.py``), is what
+the simulated grid runs on the CPU.
 
 - **Entry points.** Task ``k`` is one kernel ``void @<kernel>_task<k>(ptr %ctx)`` (the
   ``ptx_kernel`` calling convention). A range task computes its own [begin, end) from the
@@ -246,7 +247,7 @@ class CUDATarget:
     def print_call(self, low: Lowering, fmt: str, args: list[str]) -> None:
         """Print unless the launch context's ``quiet`` flag is set: a task that may overflow
         runs quietly until an attempt fits, then once more to print (the launcher's rerun
-        protocol, ``runtime/simgrid.py``), so a rerun never prints a line twice and an
+        protocol, ``runtime/grid.py``), so a rerun never prints a line twice and an
         overflowed attempt's values (pops of slots never stored read 0) are never shown."""
         fn = low.fn
         quiet = fn.ins(f"load i64, ptr {low.ctx_slot(low.layout.quiet)}")
@@ -307,8 +308,8 @@ class CUDATarget:
         return self.tm.emit_assembly(mod).encode()
 
     def load(self, obj: bytes, names: list[str]) -> tuple[object, dict[str, int]]:
-        raise CompileError("the CUDA target has no runtime yet: ti.init(arch=ti.cuda) runs on "
-                           "the CPU")
+        raise CompileError("PTX is loaded by the CUDA launcher (runtime/cuda.py, "
+                           "ti.init(arch=ti.cuda)), not by the code generator")
 
 
 @functools.cache

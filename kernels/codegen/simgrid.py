@@ -19,7 +19,8 @@ Each task also gets a driver, ``void @<kernel>_task<k>_grid(ptr %ctx, i64 %block
 %threads, i64 %reverse)``, that runs the task for every thread of the grid in order
 (``reverse``: last thread first; both are valid schedules, as our kernels have no barriers).
 The launch protocol around it (pool sizing and the overflow rerun, the error word, random
-states) is ``runtime/simgrid.py``.
+states, all in device memory) is ``runtime/grid.py``'s, shared with CUDA; ``runtime/simgrid.py``
+calls the driver.
 """
 
 from __future__ import annotations

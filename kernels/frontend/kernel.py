@@ -41,8 +41,8 @@ from ..ir.passes import run_pipeline
 from ..ir.printer import format_kernel
 from ..runtime import cache, program
 from ..runtime.foreign import call_with_arrays
+from ..runtime.grid import GridKernel
 from ..runtime.launch import raise_error_word
-from ..runtime.simgrid import GridKernel
 from ..runtime.storage import DeviceStorage, Storage
 from . import builder as _b
 from .annotations import (
@@ -533,13 +533,10 @@ def compile_ir(ir: KernelIR, prog, stats: CompileStats | None = None,
     ``fields``: the fields the IR's field ids name, when not the program's own (a saved
     graph loaded in another process, difftape.graph)."""
     stats = stats or CompileStats()
-    if prog.config.simulate_grid:  # the CUDA target's code, run on the CPU (codegen/simgrid.py)
-        # Function-level: codegen.simgrid loads LLVM (llvmlite), as codegen.get_target does.
-        from ..codegen.simgrid import get_target as simgrid_target
-
-        target = simgrid_target()
-    else:
-        target = get_target()
+    # A grid target (the simulated grid, CUDA) compiles with its launcher's code generator and
+    # loads through it; the CPU's own launch otherwise.
+    launcher = prog.launcher
+    target = get_target() if launcher is None else launcher.target
     layout = ctx_layout(ir)
     key = serialize.fingerprint(ir, target.fingerprint, __version__, _codegen_source_hash())
     directory = cache.cache_dir(prog.config.offline_cache_file_path) \
@@ -559,7 +556,7 @@ def compile_ir(ir: KernelIR, prog, stats: CompileStats | None = None,
     else:
         stats.cache_hit = True
     t1 = time.perf_counter()
-    engine, addresses = target.load(obj, names)
+    engine, addresses = (target if launcher is None else launcher).load(obj, names)
     stats.llvm_s, stats.load_s = t1 - t0, time.perf_counter() - t1
     notify_compiled(ir, layout, stats.cache_hit)  # e.g. the PTX check, cached code too
     return CompiledKernel(ir, layout, engine, addresses, low, prog, arg_names, fields)
@@ -592,19 +589,24 @@ class CompiledKernel:
         self.prog = prog
         self.fields = prog.fields if fields is None else fields  # by the IR's field ids
         self.origin: tuple | None = None  # (Kernel, spec, variant), set by Kernel._compile
-        self.ctx = (ctypes.c_int64 * max(1, layout.size))()
-        self.ctx_addr = ctypes.addressof(self.ctx)
-        self.ctx_i64 = np.frombuffer(self.ctx, dtype=np.int64)
-        self.ctx_f64 = self.ctx_i64.view(np.float64)
         self.tasks = []
         self.grid = None
-        if prog.config.simulate_grid:
-            # Each task is launched over the simulated grid, as a GPU launcher would
-            # (runtime/simgrid.py): called like a serial task, after the same argument packing.
-            self.grid = GridKernel(ir, layout, self.ctx_i64,
-                                   [addresses[n] for n in low.target.entry_names(low)],
-                                   prog.config.simulate_grid, prog.rng_state)
+        if prog.launcher is not None:
+            # Each task is launched over the grid (runtime/grid.py): called like a serial
+            # task, after the same argument packing into the launch context's host mirror;
+            # the context itself lives in device memory.
+            self.grid = GridKernel(ir, layout, [addresses[n] for n in low.target.entry_names(low)],
+                                   prog.launcher, prog.rng)
+            self.ctx = None
+            self.ctx_addr = self.grid.ctx.address
+            self.ctx_i64 = self.grid.host
             self.tasks = [(False, run, None, 1, _ANY, 0) for run in self.grid.tasks]
+        else:
+            self.ctx = (ctypes.c_int64 * max(1, layout.size))()
+            self.ctx_addr = ctypes.addressof(self.ctx)
+            self.ctx_i64 = np.frombuffer(self.ctx, dtype=np.int64)
+            self.ctx_i64[layout.rng] = prog.rng.address
+        self.ctx_f64 = self.ctx_i64.view(np.float64)
         for k, t in enumerate(ir.tasks if self.grid is None else ()):
             address = addresses[low.task_name(k)]
             bounds = BOUNDS_FN(addresses[low.bounds_name(k)]) if t.kind == "range" else None
@@ -615,7 +617,6 @@ class CompiledKernel:
         self.bounds_out = (ctypes.c_int64 * 2)()
         self.bounds_addr = ctypes.addressof(self.bounds_out)
         self.messages = assert_messages(ir)
-        self.ctx_i64[layout.rng] = prog.rng_state.ctypes.data
         self._ndarray_slots = []
         written = _written_slots(ir)
         # (device memory: what a launch makes stale; weakly, since the fields own their
@@ -693,6 +694,8 @@ class CompiledKernel:
         if staged is not None:
             args = staged[0]
         self.prog.allocator.sync()
+        if self.grid is not None:
+            self.grid.begin()  # the launch context is packed next; the first task uploads it
         try:
             return self._host_launch(args)
         finally:

@@ -628,11 +628,10 @@ def refuse_program(prog, what: str) -> None:
     cannot run: on the simulated grid (tasks launched from Python, storage in simulated
     device memory where a replay addresses host memory), or profiled. (Under arch=ti.remote
     the client records the graph and the server replays it: client/graph.py.)"""
-    if prog.config.simulate_grid or not prog.allocator.host:
-        raise GraphError(f"{what} is not available with simulate_grid: the simulated grid "
+    if prog.launcher is not None or not prog.allocator.host:
+        raise GraphError(f"{what} is not available with simulate_grid or arch=ti.cuda: a grid "
                          "launches its tasks from Python and keeps fields and ndarrays in "
-                         "(simulated) device memory, while a graph replays natively over host "
-                         "memory")
+                         "device memory, while a graph replays natively over host memory")
     if prog.config.kernel_profiler:
         raise GraphError(f"{what} with kernel_profiler=True: a replay times no single "
                          "launch; profile the eager step instead")

@@ -205,8 +205,9 @@ def load(path: str, fields: dict[str, Field] | None = None) -> Graph:
     Under ``arch=ti.remote`` the fields are made on the server and the document goes there
     (``difftape.client``), where it is validated and compiled the same way."""
     prog = program.get()
-    if prog.config.simulate_grid:
-        raise GraphError("ti.graph.load runs graphs on the CPU, not with simulate_grid")
+    if prog.launcher is not None:
+        raise GraphError("ti.graph.load runs graphs on the CPU, not on a GPU grid (arch=ti.cuda "
+                         "or simulate_grid)")
     doc = read_document(path)
     check_document(doc)
     given = fields or {}

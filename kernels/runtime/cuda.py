@@ -1,28 +1,27 @@
-"""The CUDA runtime, a thin layer over pycuda: the device, its memory, loading our PTX.
-
-What is here (and what is not yet):
+"""The CUDA runtime, a thin layer over pycuda: the device, its memory, loading and launching.
 
 - :func:`load_driver` imports ``pycuda.driver`` and starts the driver; every way that can fail
   (pycuda not installed, ``libcuda.so`` missing, ``cuInit`` failing, no device) becomes one
   :class:`CudaUnavailable` whose message says why and what to do. :func:`why_unavailable`
-  is the same as a string, for ``ti.init``'s fallback warning.
+  is the same as a string, for ``ti.init``'s fallback warning and the server's readiness.
 - :func:`select_device`: the device (``DIFFTAPE_CUDA_DEVICE``, default 0), its name, memory
   and compute capability read from the device, and the PTX architecture for it (``sm_XY``,
   what ``codegen/cuda.py`` compiles for).
 - :class:`DeviceAllocator`: device memory for field and ndarray storage with its bookkeeping
   (bytes in use, peak, live allocations), zeroed on allocation, host <-> device copies,
   memset, and device-to-device copies (the overflow rerun's snapshots). It holds no policy:
-  ``runtime/storage.py``'s ``DeviceMemoryAllocator`` (``cuda_allocator``) makes field and
-  ndarray storage from it and keeps the host mirrors coherent at its sync points, as it does
-  for the simulated device memory CI runs on.
+  ``runtime/storage.py``'s ``DeviceMemoryAllocator`` (:func:`cuda_allocator`) makes field,
+  ndarray and launch-context storage from it and keeps the host mirrors coherent at its sync
+  points, as it does for the simulated device memory CI runs on.
 - :func:`load_module`: our PTX loaded with ``cuModuleLoadData`` (pycuda's
   ``module_from_buffer``), the entry points by name.
+- :class:`CudaLauncher`: ``ti.init(arch=ti.cuda)``'s :class:`~.grid.Launcher`. It holds the
+  device's primary context, loads each kernel's PTX and runs a task with ``cuLaunchKernel``
+  (pycuda's ``prepared_call``) over a fixed grid, then synchronises. Everything else of a
+  launch (the launch context, error word and returns in device memory, the stack pool and the
+  overflow rerun from device snapshots, random states) is ``runtime/grid.py``'s, the same code
+  the simulated grid runs in CI.
 
-Not yet: launching compiled kernels from ``ti.init(arch=ti.cuda)`` (the launch context in
-device memory, the simulated grid's rerun protocol with device snapshots; field storage
-already comes from the program's allocator, so device-resident fields are those of
-``runtime/storage.py``'s ``cuda_allocator``). Until then ``ti.init(arch=ti.cuda)`` runs on
-the CPU and says so (program.py).
 tests/gpu drives what is here on a real device.
 """
 
@@ -35,6 +34,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import DifftapeError, OptionError
+from .grid import Launcher
+from .storage import DeviceMemoryAllocator
 
 #: the environment variable that picks the device by ordinal
 DEVICE_VAR = "DIFFTAPE_CUDA_DEVICE"
@@ -187,3 +188,80 @@ def load_module(drv: Any, ptx: bytes, names: list[str]) -> tuple[Any, dict[str, 
     except Exception as e:  # pycuda.driver.CompileError / LogicError
         raise DifftapeError(f"the CUDA driver refused the PTX of {', '.join(names)}: {e}") from e
     return module, {n: module.get_function(n) for n in names}
+
+
+def cuda_allocator(drv: Any) -> DeviceMemoryAllocator:
+    """Storage in CUDA device memory through :class:`DeviceAllocator` (``drv``:
+    ``pycuda.driver``)."""
+    return DeviceMemoryAllocator(DeviceAllocator(drv))
+
+
+#: threads per block of every launch
+THREADS_PER_BLOCK = 128
+#: blocks per multiprocessor: the grid-stride loop covers any range with this many threads
+BLOCKS_PER_SM = 4
+#: the device heap (private copies of privatized scatter targets) as a fraction of memory
+HEAP_FRACTION = 8
+
+
+class CudaLauncher(Launcher):
+    """Launches on a CUDA device (``ti.init(arch=ti.cuda)``), for one program.
+
+    The grid is fixed per device: :data:`BLOCKS_PER_SM` blocks of :data:`THREADS_PER_BLOCK`
+    threads per multiprocessor (kernels are grid-stride loops, so any range fits; the random
+    states and the stack pool are sized by it). The device heap that private copies come from
+    is set to 1/:data:`HEAP_FRACTION` of the device's memory before any kernel runs (CUDA
+    allows it only then). The primary context is made current on the calling thread: a
+    program's kernels must be launched from the thread that made it."""
+
+    def __init__(self, drv: Any = None, ordinal: int | None = None) -> None:
+        # Function-level: codegen.cuda loads LLVM's NVPTX backend (llvmlite).
+        from ..codegen.cuda import get_target
+
+        self.drv = drv = drv or load_driver()
+        self.device = select_device(drv, ordinal)
+        dev = drv.Device(self.device.ordinal)
+        self.context = dev.retain_primary_context()
+        self.context.push()
+        try:
+            sms = int(dev.get_attribute(drv.device_attribute.MULTIPROCESSOR_COUNT))
+            self.grid = (max(1, sms) * BLOCKS_PER_SM, THREADS_PER_BLOCK)
+            try:
+                drv.Context.set_limit(drv.limit.MALLOC_HEAP_SIZE,
+                                      self.device.total_memory // HEAP_FRACTION)
+            except Exception:  # noqa: BLE001 - a kernel already used the heap: keep its size
+                pass
+            self.allocator = cuda_allocator(drv)
+            self.target = get_target(self.device.arch)
+        except BaseException:
+            drv.Context.pop()
+            raise
+        self.name = f"CUDA device {self.device.ordinal} ({self.device.name})"
+
+    def load(self, obj: bytes, names: list[str]) -> tuple[object, dict[str, Any]]:
+        module, functions = load_module(self.drv, obj, names)
+        for f in functions.values():
+            f.prepare([np.uintp])  # one parameter: the launch context's device address
+        return module, functions
+
+    def launch(self, entry: Any, ctx: int) -> None:
+        blocks, threads = self.grid
+        try:
+            entry.prepared_call((blocks, 1), (threads, 1, 1), ctx)
+        except Exception as e:  # pycuda.driver.LaunchError / LogicError
+            raise DifftapeError(f"{self.name}: cuLaunchKernel failed: {e}") from e
+
+    def wait(self, kernel: str) -> None:
+        try:
+            self.drv.Context.synchronize()
+        except Exception as e:  # an asynchronous fault of the launch: the context is lost
+            raise DifftapeError(f"kernel '{kernel}' failed on {self.name}: {e}; the device's "
+                                "context cannot be used again: restart the process") from e
+
+    def close(self) -> None:
+        """Device memory first, then the context."""
+        try:
+            self.allocator.close()
+        finally:
+            self.drv.Context.pop()
+            self.context.detach()

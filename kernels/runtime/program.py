@@ -20,9 +20,11 @@ from .. import types as T
 from ..codegen import get_target
 from ..errors import OptionError, UnknownOptionError
 from ..types import DType
+from . import cuda as cuda_runtime  # (pycuda is imported only when a program asks for CUDA)
 from . import log
-from .simgrid import parse_grid
-from .storage import Allocator, HostAllocator, SimulatedDeviceAllocator, Storage
+from .grid import Launcher
+from .simgrid import SimulatedLauncher, parse_grid
+from .storage import Allocator, HostAllocator, Storage
 
 
 @dataclass(frozen=True)
@@ -137,7 +139,8 @@ def _opt_str(v):
     return None if v is None else str(v)
 
 
-_GPU_ONLY = "it configures GPU backends; difftape runs on the CPU"
+_GPU_ONLY = ("it configures Taichi's GPU backends; difftape sizes its CUDA grid, device memory "
+             "and stacks itself")
 _PASSES = "it toggles one of Taichi's compiler passes; difftape's pipeline is fixed"
 _MESH = "it configures ti.Mesh, which difftape does not have"
 _DUMP = "it prints Taichi compiler internals that difftape does not have (use print_ir=True)"
@@ -166,7 +169,7 @@ OPTIONS: dict[str, Option] = {
         "does not decide the result (Python's rule) whatever this says; vector operands are "
         "evaluated whole")),
     "enable_fallback": Option(only=True, refusal=(
-        "difftape has no GPU backend yet; it can only run arch=ti.gpu/ti.cuda/... programs by "
+        "difftape runs arch=ti.gpu/ti.cuda/... programs that find no CUDA device by "
         "falling back to the CPU")),
     # accepted, no effect (warned once)
     "advanced_optimization": Option(no_effect=_PASSES),
@@ -290,18 +293,15 @@ _generations = itertools.count(1)
 class Program:
     def seed_random(self, seed: int) -> None:
         """One 64-bit random state per worker thread (and the caller), or per thread of the
-        simulated grid (``simulate_grid``), from ``seed``
-        (``ti.init(random_seed=)``; the service's ``seed`` op for remote programs)."""
-        states = self.num_threads
-        if self.config.simulate_grid:  # one state per thread of the simulated grid
-            states = max(states, self.config.simulate_grid[0] * self.config.simulate_grid[1])
+        grid (the simulated grid's, a GPU's), from ``seed`` (``ti.init(random_seed=)``; the
+        service's ``seed`` op for remote programs). The states are storage of the program's
+        allocator (device memory on a grid), written in place: compiled launches hold its
+        address."""
+        states = self.rng.size
         seeds = np.random.SeedSequence(int(seed)).generate_state(states * 2)
-        state = seeds.view(np.uint64).copy()
+        state = seeds.view(np.uint64)
         state[state == 0] = 0x9E3779B97F4A7C15
-        if getattr(self, "rng_state", None) is not None and len(self.rng_state) == len(state):
-            self.rng_state[:] = state  # in place: compiled launches hold its address
-        else:
-            self.rng_state = state
+        self.rng.write()[:] = state
 
     def __init__(self, config: Config) -> None:
         self.config = config
@@ -313,13 +313,22 @@ class Program:
         # program whose fields are all placed: one truth test per launch.
         self.unplaced: list = []
         self.snode_children: list = []  # ti.root's children (SNode trees of this program)
-        # Where field and ndarray storage lives (runtime/storage.py): host memory, or on the
-        # simulated grid separate "device" memory reached only through explicit copies, as a
-        # GPU's would be.
-        self.allocator: Allocator = SimulatedDeviceAllocator() if config.simulate_grid \
-            else HostAllocator()
+        # Where kernels run and field and ndarray storage lives (runtime/storage.py): the
+        # CPU's own launch over host memory, or a grid (runtime/grid.py) over device memory
+        # reached only through explicit copies: the simulated grid's, or a CUDA device's.
+        self.launcher: Launcher | None = None
+        if config.simulate_grid:
+            self.launcher = SimulatedLauncher(config.simulate_grid)
+        elif config.arch == cuda:
+            self.launcher = cuda_runtime.CudaLauncher()
+        self.allocator: Allocator = HostAllocator() if self.launcher is None \
+            else self.launcher.allocator
         nthreads = config.cpu_max_num_threads or os.cpu_count() or 1
         self.num_threads = max(1, nthreads)
+        states = self.num_threads  # one per worker thread, or per grid thread
+        if self.launcher is not None:
+            states = max(states, self.launcher.grid[0] * self.launcher.grid[1])
+        self.rng: Storage = self.allocator.storage((states,), np.uint64)
         self.seed_random(config.random_seed)
         self._pool = None
         self.tape = None  # the ti.ad.Tape recording kernel launches, if any
@@ -379,7 +388,10 @@ class Program:
         if self._pool is not None:
             self._pool.close()
             self._pool = None
-        self.allocator.close()
+        if self.launcher is not None:
+            self.launcher.close()  # its allocator's memory, then the device
+        else:
+            self.allocator.close()
 
 
 _current: Program | None = None
@@ -487,10 +499,18 @@ def init(arch: Arch | None = None, default_fp=None, default_ip=None, _test_mode:
         return _special_config({**options, **settings})
     reset()
     if arch in (cuda, gpu):  # also TI_ARCH=cuda
-        # As Taichi does when it finds no device: the CPU, with a warning that says why.
-        warnings.warn(f"difftape: {where} cannot run on a GPU here: {_no_gpu_reason()}; "
-                      "falling back to the CPU", stacklevel=2)
-        arch = cpu
+        reason = _no_gpu_reason()
+        if reason is None:  # a CUDA device: the program runs on it (runtime/cuda.py)
+            if settings.get("simulate_grid"):
+                raise OptionError(f"{where} found a CUDA device, and simulate_grid (or "
+                                  f"{SIMULATE_GPU_VAR}) asks to run the CUDA target's code "
+                                  "on the CPU instead: use one or the other")
+            arch = cuda
+        else:
+            # As Taichi does when it finds no device: the CPU, with a warning that says why.
+            warnings.warn(f"difftape: {where} cannot run on a GPU here: {reason}; "
+                          "falling back to the CPU", stacklevel=2)
+            arch = cpu
     elif arch not in (cpu, remote):
         warnings.warn(f"difftape: {where} has no backend here yet; falling back to the CPU",
                       stacklevel=2)
@@ -511,6 +531,8 @@ def init(arch: Arch | None = None, default_fp=None, default_ip=None, _test_mode:
         _current = prog
         return None
     _current = Program(cfg)
+    if _current.launcher is not None and arch == cuda:
+        log.logger.info("difftape: %s runs on %s", where, _current.launcher.name)
     # Load LLVM and set up the CPU target now rather than inside the first kernel call, so
     # a kernel's first call costs only its own compile (or cache load).
     get_target().warm_up()
@@ -518,20 +540,10 @@ def init(arch: Arch | None = None, default_fp=None, default_ip=None, _test_mode:
     return None
 
 
-def _no_gpu_reason() -> str:
-    """Why ``arch=ti.cuda``/``ti.gpu`` runs on the CPU: what CUDA lacks here (runtime/cuda.py:
-    pycuda, the driver, a device), or, with all of them present, that the CUDA launcher is
-    not finished."""
-    # Function-level: pycuda (and the driver it loads) only for a program that asks for a GPU.
-    from . import cuda as cuda_runtime
-
-    try:
-        device = cuda_runtime.select_device(cuda_runtime.load_driver())
-    except cuda_runtime.CudaUnavailable as e:
-        return str(e)
-    return (f"CUDA device {device.ordinal} ({device.name}, {device.arch}) is present, but "
-            "difftape's CUDA launcher is not finished (kernels are compiled to PTX and checked; "
-            "see difftape/runtime/cuda.py)")
+def _no_gpu_reason() -> str | None:
+    """Why ``arch=ti.cuda``/``ti.gpu`` cannot run on a GPU here (runtime/cuda.py: no pycuda,
+    no driver, no device), or None when it can."""
+    return cuda_runtime.why_unavailable()
 
 
 def reset() -> None:

@@ -24,7 +24,7 @@ Three allocators:
   nothing and kernels, Python scope, DLPack exports and ``ti.graph`` share the same memory.
 - :class:`DeviceMemoryAllocator` over a device's memory: blocks of device memory plus host
   mirrors kept coherent at the sync points. ``runtime/cuda.py``'s ``DeviceAllocator`` is such
-  a memory (:func:`cuda_allocator`), for the CUDA launcher.
+  a memory (its ``cuda_allocator``), for the CUDA launcher.
 - :class:`SimulatedDeviceAllocator` (``simulate_grid`` / ``DIFFTAPE_SIMULATE_GPU=1``): the
   same, over :class:`SimulatedDeviceMemory`, blocks of separate host memory that kernels on
   the simulated grid address. Host mirrors are *poisoned* whenever they are stale (NaN in
@@ -42,7 +42,6 @@ from typing import Any
 import numpy as np
 
 from ..errors import DifftapeError
-from .cuda import DeviceAllocator
 
 #: the byte a stale host mirror of integer storage is filled with (simulated device memory)
 POISON_BYTE = 0xA5
@@ -325,12 +324,6 @@ class SimulatedDeviceAllocator(DeviceMemoryAllocator):
 
     def __init__(self) -> None:
         super().__init__(SimulatedDeviceMemory(), poison=True)
-
-
-def cuda_allocator(drv: Any) -> DeviceMemoryAllocator:
-    """Storage in CUDA device memory through ``runtime/cuda.py``'s ``DeviceAllocator``
-    (``drv``: ``pycuda.driver``), for the CUDA launcher."""
-    return DeviceMemoryAllocator(DeviceAllocator(drv))
 
 
 def shared_array(storage: Storage, what: str) -> np.ndarray:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 
@@ -32,6 +33,21 @@ def _cache_writable(path) -> str | None:
         return str(e)
 
 
+@functools.cache
+def device_check(arch: str) -> str:
+    """"ok" when the engine's arch can run here: always for the CPU; for CUDA the check
+    ``ti.init(arch=ti.cuda)`` makes (runtime/cuda.py: pycuda, the driver, a device), else
+    why not (asked once: devices do not come and go). The engines (worker processes) open
+    the device themselves."""
+    if arch == "cpu":
+        return "ok"
+    # Function-level: the gateway does not load difftape (nor pycuda) unless it serves a GPU.
+    from difftape.runtime import cuda as cuda_runtime
+
+    reason = cuda_runtime.why_unavailable()
+    return "ok" if reason is None else f"arch {arch!r} cannot run here: {reason}"
+
+
 @router.get("/readyz", response_model=Health, responses={503: {"model": Health}})
 async def readyz(request: Request):
     """Ready when a worker (engine and LLVM) has started, the device is one this build
@@ -41,9 +57,7 @@ async def readyz(request: Request):
     checks = {
         "worker": "ok" if pool.started_ok and pool.start_error is None
         else (pool.start_error or "starting"),
-        "device": "ok" if svc.settings.arch == "cpu"
-        else f"arch {svc.settings.arch!r} has no backend in this build (the engine runs on "
-             "the CPU only)",
+        "device": device_check(svc.settings.arch),
         "cache": _cache_writable(svc.settings.cache_dir) or "ok",
         "database": "ok" if svc.db.ping() else "unavailable",
     }

@@ -155,10 +155,10 @@ def test_field_storage_in_cuda_memory_syncs_at_the_explicit_points():
     """runtime/storage.py's allocator over the CUDA DeviceAllocator: host writes reach the
     device at sync(), a device write is downloaded on the next read, clears and copies are
     device-side, and dropped storage is freed."""
-    from difftape.runtime.storage import DeviceStorage, cuda_allocator
+    from difftape.runtime.storage import DeviceStorage
 
     drv = _Driver()
-    alloc = cuda_allocator(drv)
+    alloc = cuda_runtime.cuda_allocator(drv)
     a = alloc.storage((2, 3), np.float32)
     b = alloc.storage((2, 3), np.float32)
     assert isinstance(a, DeviceStorage) and a.address in drv.memory

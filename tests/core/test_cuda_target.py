@@ -24,8 +24,8 @@ from difftape.codegen.layout import ctx_layout
 from difftape.errors import CompileError, IndexOutOfRangeError, OptionError
 from difftape.ir.nodes import task_blocks, walk
 from difftape.ir.passes import run_pipeline
+from difftape.runtime import grid as grid_runtime
 from difftape.runtime import program
-from difftape.runtime import simgrid as grid_runtime
 
 pytestmark = pytest.mark.difftape_only
 
@@ -158,7 +158,7 @@ def test_threads_in_reverse_order_give_the_same_results(grid):
     np.testing.assert_array_equal(hist.to_numpy(), first)
     np.testing.assert_array_equal(first, [sum(i for i in range(n) if i % 7 == r)
                                           for r in range(7)])
-    assert len(prog.rng_state) >= 15
+    assert prog.rng.size >= 15
 
 
 def _loop_kernel(n):
@@ -269,7 +269,7 @@ def test_a_rerun_launch_equals_one_with_a_large_enough_pool(grid):
 
 def test_random_states_one_per_grid_thread(grid):
     prog = grid(16, 32, random_seed=3)
-    assert len(prog.rng_state) >= 512 and len(set(prog.rng_state[:512].tolist())) == 512
+    assert prog.rng.size >= 512 and len(set(prog.rng.read()[:512].tolist())) == 512
     n = 1 << 14
     r = ti.field(ti.f64, shape=n)
 

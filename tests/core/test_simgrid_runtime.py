@@ -1,4 +1,4 @@
-"""The simulated grid's launch protocol (runtime/simgrid.py), driven directly.
+"""The grid launch protocol (runtime/grid.py) on the simulated grid, driven directly.
 
 A task that takes private copies from the device heap can overflow too (the heap runs out on
 a GPU; libc's never does here), and such a task may draw random numbers and scatter-add. The
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import difftape as ti
-from difftape.runtime import program, simgrid
+from difftape.runtime import grid, program
 
 pytestmark = pytest.mark.difftape_only
 
@@ -40,25 +40,31 @@ def _scatter_kernel(n, bins):
     return count, noise, k
 
 
+class _Flaky:
+    """A launcher over the program's own: each launch runs the task (unless ``run`` is
+    False), then, on the calls ``overflows(call number)`` names, sets the overflow flag in the
+    launch context in (simulated) device memory, as a thread whose heap ran out would."""
+
+    def __init__(self, inst, overflows, run=True):
+        self.real, self.slot = inst.grid.launcher, inst.layout.overflow
+        self.overflows, self.run, self.calls = overflows, run, []
+        self.grid, self.allocator = self.real.grid, self.real.allocator
+        inst.grid.launcher = self
+
+    def launch(self, entry, ctx):
+        if self.run:
+            self.real.launch(entry, ctx)
+        self.calls.append(1)
+        if self.overflows(len(self.calls)):
+            ctypes.c_int64.from_address(ctx + 8 * self.slot).value = 1
+
+    def wait(self, kernel):
+        self.real.wait(kernel)
+
+
 def _overflowing_once(inst):
-    """Replace the kernel's grid by one whose driver flags an overflow on its first call."""
-    ir, run = inst.ir, inst.grid
-    real = simgrid.GRID_FN(ctypes.cast(run.entries[0], ctypes.c_void_p).value)
-    calls = []
-
-    def driver(ctx, blocks, threads, reverse):
-        real(ctx, blocks, threads, reverse)
-        calls.append(1)
-        if len(calls) == 1:
-            inst.ctx_i64[inst.layout.overflow] = 1
-
-    inst._keep = simgrid.GRID_FN(driver)
-    grid = simgrid.GridKernel(ir, inst.layout, inst.ctx_i64,
-                              [ctypes.cast(inst._keep, ctypes.c_void_p).value],
-                              (run.blocks, run.threads), program.get().rng_state)
-    inst.grid = grid
-    inst.tasks = [(False, t, None, 1, 0, 0) for t in grid.tasks]
-    return calls
+    """The kernel's launches report an overflow on their first call (after running)."""
+    return _Flaky(inst, lambda n: n == 1).calls
 
 
 def test_rerun_restores_scatter_targets_and_random_states(prog):
@@ -66,20 +72,20 @@ def test_rerun_restores_scatter_targets_and_random_states(prog):
     count, noise, k = _scatter_kernel(n, bins)
     k()  # compiles; a normal launch
     inst = k._fast
-    assert simgrid.may_overflow(inst.ir, 0)  # the scatter is privatized: heap copies
-    rng_before = prog.rng_state.copy()
+    assert grid.may_overflow(inst.ir, 0)  # the scatter is privatized: heap copies
+    rng_before = prog.rng.read().copy()  # (device memory: through the sync points)
     count.fill(0)
     k()
-    want_count, want_noise, want_rng = count.to_numpy(), noise.to_numpy(), prog.rng_state.copy()
+    want_count, want_noise, want_rng = count.to_numpy(), noise.to_numpy(), prog.rng.read().copy()
 
-    prog.rng_state[:] = rng_before
+    prog.rng.write()[:] = rng_before
     count.fill(0)
     calls = _overflowing_once(inst)
     k()
     assert len(calls) == 2 and inst.grid.reruns == 1
     np.testing.assert_array_equal(count.to_numpy(), want_count)  # added once, not twice
     np.testing.assert_array_equal(noise.to_numpy(), want_noise)  # the same draws
-    np.testing.assert_array_equal(prog.rng_state, want_rng)
+    np.testing.assert_array_equal(prog.rng.read(), want_rng)
     np.testing.assert_array_equal(want_count, np.bincount(np.arange(n) * 7 % bins))
 
 
@@ -88,16 +94,9 @@ def test_a_pool_beyond_the_limit_is_refused(prog, monkeypatch):
     count, noise, k = _scatter_kernel(16, 4)
     k()
     inst = k._fast
-    monkeypatch.setattr(simgrid, "MAX_POOL_BYTES", 3 * 4 * 8 * simgrid.FIRST_STACK_SLOTS * 4)
+    monkeypatch.setattr(grid, "MAX_POOL_BYTES", 3 * 4 * 8 * grid.FIRST_STACK_SLOTS * 4)
 
-    def always(ctx, blocks, threads, reverse):
-        inst.ctx_i64[inst.layout.overflow] = 1
-
-    inst._keep2 = simgrid.GRID_FN(always)
-    grid = simgrid.GridKernel(inst.ir, inst.layout, inst.ctx_i64,
-                              [ctypes.cast(inst._keep2, ctypes.c_void_p).value], (3, 4),
-                              prog.rng_state)
-    inst.tasks = [(False, t, None, 1, 0, 0) for t in grid.tasks]
+    _Flaky(inst, lambda n: True, run=False)
     with pytest.raises(ti.DifftapeError, match="reverse-mode stacks need more than 256 slots"):
         k()  # 64 -> 128 -> 256 slots per thread, then over the limit
 
@@ -124,7 +123,7 @@ def test_a_rerun_prints_once_and_adds_atomics_once(prog, capfd):
     a = np.zeros(3, np.int32)
     k(a)  # compiles; a normal launch
     inst = next(iter(k._instances.values()))  # the one the call compiled
-    assert simgrid.may_overflow(inst.ir, 0) and simgrid.prints(inst.ir, 0)
+    assert grid.may_overflow(inst.ir, 0) and grid.prints(inst.ir, 0)
     assert sorted(capfd.readouterr().out.splitlines()) == ["index 13", "index 23", "index 3"]
     count.fill(0)
     total[None] = 0
