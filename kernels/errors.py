@@ -96,7 +96,8 @@ class KernelTypeError(CompileError, TypeError):
 
 class KernelIndexError(CompileError, IndexError):
     """An index that is wrong at compile time: the wrong number of indices for a field, a
-    constant index outside a vector."""
+    constant index outside a vector; also an ndarray indexed from Python with the wrong number
+    of indices (Taichi's ``TaichiIndexError`` in both places)."""
 
 
 class GradientRuleError(CompileError, RuntimeError):

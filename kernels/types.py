@@ -67,6 +67,10 @@ class DType:
     def __repr__(self) -> str:
         return self.name
 
+    def to_string(self) -> str:
+        """The type's name (Taichi's ``DataType.to_string()``: ``str(ti.f32)`` is the same)."""
+        return self.name
+
     def __call__(self, *args, **kwargs):
         """``ti.f32(x)`` casts, as in Taichi (works in kernels and in Python scope). The cast
         is the frontend's, registered with :func:`set_caster`: this module is the ground floor

@@ -255,6 +255,12 @@ class Field(ArrayExchange):
         self.mark = f
         return f
 
+    @property
+    def _name(self) -> str:
+        """The name given at ``ti.field(..., name=)`` ("" when none), as Taichi's
+        ``Field._name``."""
+        return self.name
+
     def _label(self) -> str:
         if self.role != "primal" and self.role != "mark":
             return f"{self.primal._label()}.{self.role.replace('_', '.')}"
@@ -925,6 +931,25 @@ def assign(target, value) -> None:
     target.store(value)
 
 
+def _check_order(order: str, shape) -> None:
+    """``order=`` names each of the field's axes once (``"ji"``: axis j outermost in memory);
+    Taichi's words lead each refusal."""
+    if shape is None:
+        raise KernelSyntaxError(f"shape cannot be None when order is set (order={order!r}): "
+                                "give the field a shape")
+    dims = len(shape) if isinstance(shape, tuple | list) else 1
+    if len(order) != dims:
+        raise KernelSyntaxError(f"The dimensionality of shape and order must be the same: "
+                                f"shape {shape!r} has {dims} axes, order={order!r} names "
+                                f"{len(order)}")
+    if len(set(order)) != len(order):
+        raise KernelSyntaxError(f"The axes in order must be different: order={order!r}")
+    bad = sorted(set(order) - set("ijkl"[:dims]))
+    if bad:
+        raise KernelSyntaxError(f"Invalid axis {bad[0]!r} in order={order!r}: a field of "
+                                f"{dims} axes orders {'ijkl'[:dims]!r}")
+
+
 def make_field(dtype, shape=None, order=None, name: str = "", offset=None, needs_grad=False,
                needs_dual=False, *, element_shape=(), layout=None) -> Field:
     """``ti.field(dtype, shape=..., order=..., name=..., offset=..., needs_grad=...,
@@ -945,10 +970,7 @@ def make_field(dtype, shape=None, order=None, name: str = "", offset=None, needs
                                     f"({dims} != {len(offset)}): shape {shape!r}, offset "
                                     f"{offset!r}")
     if order is not None:
-        dims = len(shape) if isinstance(shape, tuple | list) else 1
-        if sorted(order) != sorted("ijkl"[:dims]):
-            raise DifftapeError(f"field(order={order!r}) must order the field's axes "
-                                f"{'ijkl'[:dims]!r}")
+        _check_order(order, shape)
     if isinstance(dtype, MatrixType):
         element_shape = dtype.element_shape
         dtype = dtype.scalar_dtype
@@ -1092,6 +1114,11 @@ class SNode:
     @property
     def children(self) -> list[SNode]:
         return self._children
+
+    @property
+    def _name(self) -> str:
+        """A place node's field name ("" for the other nodes), as Taichi's ``SNode._name``."""
+        return self._field.name if self._field is not None else ""
 
     def _describe(self) -> str:
         return f"{self.kind}{list(self.shape)}"

@@ -16,7 +16,7 @@ import numbers
 
 import numpy as np
 
-from ..errors import DifftapeError, KernelRuntimeError, ShapeError
+from ..errors import DifftapeError, KernelIndexError, KernelRuntimeError, ShapeError
 from ..runtime import program
 from ..runtime.foreign import ArrayExchange, array_in, as_numpy
 from ..runtime.storage import HostStorage, Storage
@@ -26,6 +26,32 @@ from .builder import python_scope
 from .field import _to_python
 from .matrix import Matrix, MatrixType
 from .ops import resolve_dtype
+
+
+class TensorType:
+    """The element type of a vector/matrix ndarray (Taichi's tensor type): its scalar type and
+    its shape, as methods (``element_type()``, ``shape()``) because Taichi's are."""
+
+    __slots__ = ("_dtype", "_shape")
+
+    def __init__(self, dtype, shape: tuple[int, ...]) -> None:
+        self._dtype, self._shape = dtype, tuple(shape)
+
+    def element_type(self):
+        return self._dtype
+
+    def shape(self) -> list[int]:
+        return list(self._shape)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TensorType) and (self._dtype, self._shape) == \
+            (other._dtype, other._shape)
+
+    def __hash__(self) -> int:
+        return hash((self._dtype, self._shape))
+
+    def __repr__(self) -> str:
+        return f"[Tensor {self._shape} {self._dtype}]"
 
 
 class Ndarray(ArrayExchange):
@@ -74,6 +100,12 @@ class Ndarray(ArrayExchange):
         return False
 
     @property
+    def element_type(self):
+        """The type of one element, as Taichi's ``ndarray.element_type``: the scalar dtype,
+        or for vector/matrix elements a tensor type (``.element_type()``, ``.shape()``)."""
+        return TensorType(self.dtype, self.element_shape) if self.element_shape else self.dtype
+
+    @property
     def has_grad(self) -> bool:
         """Whether it has gradient storage (made with ``needs_grad=True``), as ``Field``."""
         return self.grad is not None
@@ -114,8 +146,9 @@ class Ndarray(ArrayExchange):
         for k in key:
             flat.extend(k.entries if isinstance(k, Matrix) else [k])
         if len(flat) != len(self.shape):
-            raise IndexError(f"{len(self.shape)}d ndarray indexed with {len(flat)}d indices: "
-                             f"{tuple(flat)}")
+            # ti.TaichiIndexError (an IndexError too), as Taichi raises here
+            raise KernelIndexError(f"{len(self.shape)}d ndarray indexed with {len(flat)}d "
+                                   f"indices: {tuple(flat)}")
         out = []
         for axis, k in enumerate(flat):
             if not isinstance(k, numbers.Integral | np.integer):

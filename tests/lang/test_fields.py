@@ -463,6 +463,26 @@ def test_field_keywords_are_honoured_or_refused(ti):
     np.testing.assert_array_equal(x.to_numpy(), a * 10 + b)
 
 
+@pytest.mark.parametrize("make", ["scalar", "vector"])
+def test_a_bad_order_is_refused(ti, make):
+    """``order=`` must name each axis of the field once, and needs a shape (it was ignored
+    without one); Taichi's messages."""
+    def field(**kw):
+        if make == "scalar":
+            return ti.field(dtype=ti.f32, **kw)
+        return ti.Vector.field(3, dtype=ti.f32, **kw)
+
+    error = ti.TaichiCompilationError
+    with pytest.raises(error, match="The dimensionality of shape and order must be the same"):
+        field(shape=3, order="ij")
+    with pytest.raises(error, match="shape cannot be None when order is set"):
+        field(shape=None, order="i")
+    with pytest.raises(error, match="The axes in order must be different"):
+        field(shape=(3, 4, 3), order="iji")
+    with pytest.raises(error, match="Invalid axis"):
+        field(shape=(3, 4, 3), order="ijl")
+
+
 @pytest.mark.difftape_only
 def test_entries_of_a_matrix_field_placed_apart(ti):
     """Taichi's structure-of-arrays layout: each entry's scalar field placed in an SNode of
