@@ -991,9 +991,12 @@ class FunctionTransformer:
         cond = self.eval(node.test)
         msg = self.eval(node.msg) if node.msg is not None else "assertion failed"
         if not isinstance(cond, Value):
-            if not cond:
-                raise self.bld.error(f"static assertion failed: {msg}")
-            return
+            if cond:
+                return
+            # A condition known false is still checked where the kernel reaches it, as in
+            # Taichi (`assert 0, "unreachable"` in a branch): refusing it at compile time
+            # refused correct programs. ti.static_assert is the compile-time check.
+            cond = ops.const(0, T.i32)
         if self.bld.debug:
             self.bld.emit("assert", None, (ops.to_condition(cond).stmt,), str(msg))
 

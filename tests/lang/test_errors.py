@@ -266,6 +266,33 @@ def test_user_assert_is_not_an_index_error(ti):
     assert "a must be positive" in str(info.value)
 
 
+def test_an_assert_known_false_fails_where_it_is_reached(ti):
+    """``assert 0`` (or ``False``) is checked at run time where the kernel reaches it, as in
+    Taichi: in a branch not taken it costs nothing; it used to be refused at compile time,
+    which refused correct programs."""
+    ti.init(arch=ti.cpu, debug=True)
+    x = ti.field(ti.f32, shape=4)
+
+    @ti.kernel
+    def step():
+        for i in x:
+            if x[i] < 0:
+                assert 0, "negative entry"
+            x[i] += 1
+
+    @ti.kernel
+    def unreachable():
+        assert False  # noqa: B011 - a kernel assert, compiled (what is tested)
+
+    step()
+    assert x.to_numpy().tolist() == [1, 1, 1, 1]
+    x[2] = -5
+    with pytest.raises(AssertionError, match="negative entry"):
+        step()
+    with pytest.raises(AssertionError):
+        unreachable()
+
+
 def test_static_of_a_runtime_value_points_at_the_line(ti):
     @ti.kernel
     def static_branch(a: ti.i32) -> ti.i32:
