@@ -42,6 +42,7 @@ from difftape.graph.core import (
     _Input,
     _matrix_entries,
     _write_scalar,
+    scalar_component,
     user_line,
 )
 from difftape.ir.serialize import from_jsonable
@@ -179,17 +180,7 @@ class RemoteGraph(Graph):
 
     def _bind_scalar(self, ph: Placeholder, op: int, p: int, kind, path, kernel: str) -> None:
         inp = self._inputs[ph.name]
-        if path is not None and inp.kind != "matrix":
-            raise GraphCaptureError(f"graph input '{ph.name}' is a scalar but kernel "
-                                    f"'{kernel}' takes a vector/matrix/struct there "
-                                    f"(at {user_line()})")
-        if path is None and inp.kind == "matrix":
-            raise GraphCaptureError(f"graph input '{ph.name}' is a vector/matrix but kernel "
-                                    f"'{kernel}' takes a scalar there (at {user_line()})")
-        if path is not None and (len(path) != 1 or not isinstance(path[0], int)):
-            raise GraphCaptureError(f"graph input '{ph.name}': struct arguments cannot be "
-                                    f"graph inputs (kernel '{kernel}', at {user_line()})")
-        inp.slots.append([op, p, kind, None if path is None else path[0]])
+        inp.slots.append([op, p, kind, scalar_component(ph.name, inp.kind, path, kernel)])
 
     def _bind_arrays(self, rk: _RemoteKernel, args: tuple) -> list[dict]:
         out = []

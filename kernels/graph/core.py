@@ -273,17 +273,8 @@ class Graph:
     def _bind_scalar(self, ph: Placeholder, ctx: np.ndarray, slot: int, kind, comp,
                      inst: CompiledKernel) -> None:
         inp = self._inputs[ph.name]
-        if comp is not None and inp.kind != "matrix":
-            raise GraphCaptureError(f"graph input '{ph.name}' is a scalar but kernel "
-                                    f"'{inst.ir.name}' takes a vector/matrix/struct there "
-                                    f"(at {user_line()})")
-        if comp is None and inp.kind == "matrix":
-            raise GraphCaptureError(f"graph input '{ph.name}' is a vector/matrix but kernel "
-                                    f"'{inst.ir.name}' takes a scalar there (at {user_line()})")
-        if comp is not None and (len(comp) != 1 or not isinstance(comp[0], int)):
-            raise GraphCaptureError(f"graph input '{ph.name}': struct arguments cannot be "
-                                    f"graph inputs (kernel '{inst.ir.name}', at {user_line()})")
-        inp.slots.append((ctx, slot, (kind, None if comp is None else comp[0])))
+        inp.slots.append((ctx, slot, (kind, scalar_component(ph.name, inp.kind, comp,
+                                                             inst.ir.name))))
 
     def _address(self, arr: np.ndarray, ctx: np.ndarray, index: int, what: str) -> int:
         """``arr``'s address for slot ``index`` of an op context, bound when it is an
@@ -635,6 +626,24 @@ def refuse_program(prog, what: str) -> None:
     if prog.config.kernel_profiler:
         raise GraphError(f"{what} with kernel_profiler=True: a replay times no single "
                          "launch; profile the eager step instead")
+
+
+def scalar_component(name: str, kind: str, path, kernel: str) -> int | None:
+    """Which entry of graph input ``name`` (of ``kind``) a kernel's scalar parameter takes:
+    None for a scalar input, the entry index for a vector/matrix one (``path``: the
+    parameter's place in the kernel's argument, None for a scalar parameter). A scalar bound
+    to a vector parameter, or the reverse, or a struct argument, is refused. (The local
+    capture and the client's remote recording bind inputs by the same rule.)"""
+    if path is not None and kind != "matrix":
+        raise GraphCaptureError(f"graph input '{name}' is a scalar but kernel '{kernel}' takes "
+                                f"a vector/matrix/struct there (at {user_line()})")
+    if path is None and kind == "matrix":
+        raise GraphCaptureError(f"graph input '{name}' is a vector/matrix but kernel "
+                                f"'{kernel}' takes a scalar there (at {user_line()})")
+    if path is not None and (len(path) != 1 or not isinstance(path[0], int)):
+        raise GraphCaptureError(f"graph input '{name}': struct arguments cannot be graph "
+                                f"inputs (kernel '{kernel}', at {user_line()})")
+    return None if path is None else path[0]
 
 
 class capture:
