@@ -200,6 +200,18 @@ def build(ti: ModuleType) -> SimpleNamespace:
         g = init_v.grad.to_numpy()
         init_v.from_numpy(init_v.to_numpy() - LR * g)
 
+    @ti.kernel
+    def descend(lr: ti.f32):
+        init_v[None] -= lr * init_v.grad[None]
+
+    def device_iteration() -> None:
+        """``iteration`` with the descent step in a kernel: no host read, so a graph can
+        capture it (bench/graph.py, bench/service_graph.py)."""
+        clear_grid()
+        with ti.ad.Tape(loss=loss):
+            forward()
+        descend(LR)
+
     def loss_at(v0: np.ndarray) -> float:
         """Forward rollout only (no tape) from initial velocity ``v0``."""
         init_v.from_numpy(v0.astype(np.float32))
@@ -217,7 +229,8 @@ def build(ti: ModuleType) -> SimpleNamespace:
                            grid_v_out=grid_v_out, init_v=init_v, loss=loss,
                            set_initial=set_initial, clear_grid=clear_grid, set_v=set_v,
                            p2g=p2g, grid_op=grid_op, g2p=g2p, compute_loss=compute_loss,
-                           forward=forward, iteration=iteration, loss_at=loss_at, start=start)
+                           forward=forward, iteration=iteration,
+                           device_iteration=device_iteration, loss_at=loss_at, start=start)
 
 
 def measure(ti: ModuleType, args: argparse.Namespace) -> dict[str, Any]:

@@ -24,10 +24,8 @@ from typing import Any
 
 import common
 import diffmpm
-import numpy as np
 
 NAME = "graph"
-LR = 0.1
 
 
 class Spinner:
@@ -53,19 +51,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     ti = common.load_backend(args.backend)
     common.init(ti)
     m = diffmpm.build(ti)
-
-    @ti.kernel
-    def descend(lr: ti.f32):
-        m.init_v[None] -= lr * m.init_v.grad[None]
-
-    def iteration() -> None:
-        m.clear_grid()
-        with ti.ad.Tape(loss=m.loss):
-            m.forward()
-        descend(LR)
-
-    m.set_initial()
-    m.init_v.from_numpy(np.array(diffmpm.INIT_V, dtype=np.float32))
+    iteration = m.device_iteration
+    m.start()
     iteration()  # compiles every kernel and adjoint
     ti.sync()
     rows, extra = [], {}

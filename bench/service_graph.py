@@ -28,30 +28,16 @@ from typing import Any
 
 import common
 import diffmpm
-import numpy as np
 from service_mpm import Server, _free_port
 
 NAME = "service_graph"
-LR = 0.1
 RELAY = Path(__file__).resolve().parents[1] / "tests" / "service" / "delay_relay.py"
 
 
 def _iteration(ti):
     m = diffmpm.build(ti)
-
-    @ti.kernel
-    def descend(lr: ti.f32):
-        m.init_v[None] -= lr * m.init_v.grad[None]
-
-    def step() -> None:
-        m.clear_grid()
-        with ti.ad.Tape(loss=m.loss):
-            m.forward()
-        descend(LR)
-
-    m.set_initial()
-    m.init_v.from_numpy(np.array(diffmpm.INIT_V, dtype=np.float32))
-    return m, step
+    m.start()
+    return m, m.device_iteration
 
 
 def _measure(ti, mode: str, iterations: int, remote: bool) -> dict[str, Any]:
