@@ -192,6 +192,31 @@ def result(
     return out
 
 
+def scalar_result(
+    name: str,
+    backend: str,
+    args: argparse.Namespace,
+    step: Callable[[], Any],
+    value: Callable[[], float],
+    *,
+    exact: float,
+    label: str,
+    reference: str,
+    sync: Callable[[], None],
+    setup: Callable[[], Any] | None = None,
+    n: int,
+) -> dict[str, Any]:
+    """Time ``step`` (an accumulation into one scalar) and report ``value()`` against the
+    exact result, for the reduction-style benchmarks: what they compare is both the time and
+    how accurate the accumulated sum is (``label``/``reference`` name them in the note)."""
+    t = time_it(step, repeat=args.repeat, warmup=args.warmup, sync=sync, setup=setup)
+    got = float(value())
+    rel = abs(got - exact) / abs(exact)
+    notes = f"{label}={got:.7g}, rel err vs {reference} {rel:.1e}"
+    return result(name, backend, seconds=t.median, notes=notes, timing=t.as_dict(),
+                  rel_err=rel, value=got, exact=exact, n=n)
+
+
 def emit(obj: dict[str, Any], as_json: bool) -> None:
     """Print the result: one JSON line for the runner, or a readable summary for humans."""
     if as_json:

@@ -27,11 +27,6 @@ def reference_energy(pos: np.ndarray) -> float:
     return float(np.sum(-1.0 / np.sqrt(np.sum(r * r, axis=-1) + EPS)))
 
 
-def _accuracy(value: float, exact: float) -> tuple[float, str]:
-    rel = abs(value - exact) / abs(exact)
-    return rel, f"U={value:.7g}, rel err vs f64 {rel:.1e}"
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Time one launch of the all-pairs energy kernel (U reset outside the clock)."""
     # Import and init first so a backend that cannot start fails before the slow set-up.
@@ -39,7 +34,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if ti is not None:
         common.init(ti)
     ps = _data()
-    exact = reference_energy(ps)
+    judge = dict(exact=reference_energy(ps), label="U", reference="f64", n=N)
     if ti is None:
         box = [0.0]
 
@@ -48,19 +43,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             inv = np.float32(-1.0) / np.sqrt(np.sum(r * r, axis=-1) + np.float32(EPS))
             box[0] = float(np.sum(inv, dtype=np.float32))
 
-        t = common.time_it(energy_np, repeat=args.repeat, warmup=args.warmup, sync=lambda: None)
-        rel, notes = _accuracy(box[0], exact)
-        return common.result(
-            NAME,
-            args.backend,
-            seconds=t.median,
-            notes=notes,
-            timing=t.as_dict(),
-            rel_err=rel,
-            value=box[0],
-            exact=exact,
-            n=N,
-        )
+        return common.scalar_result(NAME, args.backend, args, energy_np, lambda: box[0],
+                                    sync=lambda: None, **judge)
 
     x = ti.Vector.field(2, ti.f32, N)
     U = ti.field(ti.f32, ())
@@ -75,20 +59,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         U[None] = 0.0
 
     x.from_numpy(ps)
-    t = common.time_it(energy, repeat=args.repeat, warmup=args.warmup, sync=ti.sync, setup=reset)
-    value = float(U[None])
-    rel, notes = _accuracy(value, exact)
-    return common.result(
-        NAME,
-        args.backend,
-        seconds=t.median,
-        notes=notes,
-        timing=t.as_dict(),
-        rel_err=rel,
-        value=value,
-        exact=exact,
-        n=N,
-    )
+    return common.scalar_result(NAME, args.backend, args, energy, lambda: U[None],
+                                sync=ti.sync, setup=reset, **judge)
 
 
 if __name__ == "__main__":

@@ -29,11 +29,6 @@ def exact_sum(xs: np.ndarray, ys: np.ndarray) -> float:
     return math.fsum(terms.tolist())
 
 
-def _accuracy(value: float, exact: float) -> tuple[float, str]:
-    rel = abs(value - exact) / abs(exact)
-    return rel, f"L={value:.7g}, rel err vs fsum {rel:.1e}"
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Time one launch (accumulator reset outside the clock), then check L against fsum."""
     # Import and init first so a backend that cannot start fails before the slow set-up.
@@ -41,7 +36,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if ti is not None:
         common.init(ti)
     xs, ys = _data()
-    exact = exact_sum(xs, ys)
+    judge = dict(exact=exact_sum(xs, ys), label="L", reference="fsum", n=N)
     if ti is None:
         box = [0.0]
 
@@ -49,19 +44,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             d = xs - ys
             box[0] = float(np.sum(np.float32(0.5) * (d * d), dtype=np.float32))
 
-        t = common.time_it(step_np, repeat=args.repeat, warmup=args.warmup, sync=lambda: None)
-        rel, notes = _accuracy(box[0], exact)
-        return common.result(
-            NAME,
-            args.backend,
-            seconds=t.median,
-            notes=notes,
-            timing=t.as_dict(),
-            rel_err=rel,
-            value=box[0],
-            exact=exact,
-            n=N,
-        )
+        return common.scalar_result(NAME, args.backend, args, step_np, lambda: box[0],
+                                    sync=lambda: None, **judge)
 
     x = ti.field(ti.f32, shape=N)
     y = ti.field(ti.f32, shape=N)
@@ -77,20 +61,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     x.from_numpy(xs)
     y.from_numpy(ys)
-    t = common.time_it(loss, repeat=args.repeat, warmup=args.warmup, sync=ti.sync, setup=reset)
-    value = float(L[None])
-    rel, notes = _accuracy(value, exact)
-    return common.result(
-        NAME,
-        args.backend,
-        seconds=t.median,
-        notes=notes,
-        timing=t.as_dict(),
-        rel_err=rel,
-        value=value,
-        exact=exact,
-        n=N,
-    )
+    return common.scalar_result(NAME, args.backend, args, loss, lambda: L[None],
+                                sync=ti.sync, setup=reset, **judge)
 
 
 if __name__ == "__main__":
