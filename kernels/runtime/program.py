@@ -20,8 +20,8 @@ from .. import types as T
 from ..codegen import get_target
 from ..errors import OptionError, UnknownOptionError
 from ..types import DType
+from . import cache, log
 from . import cuda as cuda_runtime  # (pycuda is imported only when a program asks for CUDA)
-from . import log
 from .grid import Launcher
 from .simgrid import SimulatedLauncher, parse_grid
 from .storage import Allocator, HostAllocator, Storage
@@ -320,7 +320,9 @@ class Program:
         if config.simulate_grid:
             self.launcher = SimulatedLauncher(config.simulate_grid)
         elif config.arch == cuda:
-            self.launcher = cuda_runtime.CudaLauncher()
+            self.launcher = cuda_runtime.CudaLauncher(
+                cache_directory=cache.cache_dir(config.offline_cache_file_path)
+                if config.offline_cache else None)
         self.allocator: Allocator = HostAllocator() if self.launcher is None \
             else self.launcher.allocator
         nthreads = config.cpu_max_num_threads or os.cpu_count() or 1

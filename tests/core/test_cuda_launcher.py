@@ -11,159 +11,20 @@ in the device allocator's memory, and the results (fields, a reduction's return 
 FwdMode gradients, a bounds error) are the CPU's. tests/gpu runs the same on a real device.
 """
 
-import ctypes
-
 import numpy as np
 import pytest
+from cuda_standin import SMS, FakeDriver, use
 
 import difftape as ti
-from difftape.codegen import cuda as cuda_codegen
-from difftape.codegen import simgrid as simgrid_codegen
 from difftape.runtime import cuda as cuda_runtime
 from difftape.runtime import program
-from difftape.runtime.simgrid import GRID_FN
 
 pytestmark = pytest.mark.difftape_only
-
-SMS = 2  # multiprocessors of the stand-in device: a grid of SMS * 4 blocks of 128 threads
-
-
-class FakeDriver:
-    """The part of pycuda.driver CudaLauncher and DeviceAllocator call, recording it."""
-
-    class device_attribute:  # noqa: N801 - pycuda's name
-        MULTIPROCESSOR_COUNT = "MULTIPROCESSOR_COUNT"
-
-    class limit:  # noqa: N801 - pycuda's name
-        MALLOC_HEAP_SIZE = "MALLOC_HEAP_SIZE"
-
-    def __init__(self, devices=1):
-        self.blocks: dict[int, np.ndarray] = {}
-        self.launches: list[tuple] = []
-        self.limits: dict[str, int] = {}
-        self.current: list[object] = []  # the context stack
-        self.syncs = 0
-        self.fail_next_sync = None
-        self.detached = 0
-        outer = self
-
-        class Context:
-            def push(self):
-                outer.current.append(self)
-
-            def detach(self):
-                outer.detached += 1
-
-            @staticmethod
-            def pop():
-                outer.current.pop()
-
-            @staticmethod
-            def set_limit(which, value):
-                assert outer.current, "no current context"
-                outer.limits[which] = value
-
-            @staticmethod
-            def synchronize():
-                outer.syncs += 1
-                if outer.fail_next_sync:
-                    e, outer.fail_next_sync = outer.fail_next_sync, None
-                    raise e
-
-        class Device:
-            def __init__(self, ordinal):
-                self.ordinal = ordinal
-
-            @staticmethod
-            def count():
-                return devices
-
-            def name(self):
-                return "Stand-in GPU"
-
-            def compute_capability(self):
-                return (9, 0)
-
-            def total_memory(self):
-                return 8 << 30
-
-            def get_attribute(self, attr):
-                assert attr == FakeDriver.device_attribute.MULTIPROCESSOR_COUNT
-                return SMS
-
-            def retain_primary_context(self):
-                return Context()
-
-        self.Context, self.Device = Context, Device
-
-    @classmethod
-    def without_devices(cls):
-        return cls(devices=0)
-
-    # ------------------------------------------------------------------ memory
-    def mem_alloc(self, n):
-        outer = self
-        block = np.full(n, 0xAB, np.uint8)  # not zeroed: the allocator must
-        self.blocks[block.ctypes.data] = block
-
-        class Handle(int):
-            def free(self):
-                del outer.blocks[int(self)]
-
-        return Handle(block.ctypes.data)
-
-    def memset_d8(self, address, value, n):
-        ctypes.memset(address, value, n)
-
-    def memcpy_htod(self, address, host):
-        ctypes.memmove(address, host.ctypes.data, host.nbytes)
-
-    def memcpy_dtoh(self, host, address):
-        ctypes.memmove(host.ctypes.data, address, host.nbytes)
-
-    def memcpy_dtod(self, dst, src, n):
-        ctypes.memmove(dst, src, n)
-
-    def in_device_memory(self, address):
-        return any(a <= address < a + b.nbytes for a, b in self.blocks.items())
-
-    # ------------------------------------------------------------------ modules
-    def module_from_buffer(self, image):
-        outer = self
-        assert image.endswith(b"\0")  # cuModuleLoadData takes a NUL-terminated image
-        obj = image  # (object code: a NUL after its end changes nothing)
-
-        class Function:
-            def __init__(self, name):
-                self.name = name
-                self.engine, addresses = simgrid_codegen.get_target().load(obj, [name])
-                self.fn = GRID_FN(addresses[name])
-                self.arg_types = None
-
-            def prepare(self, arg_types):
-                self.arg_types = list(arg_types)
-
-            def prepared_call(self, grid, block, *args):
-                assert self.arg_types == [np.uintp] and len(args) == 1
-                outer.launches.append((self.name, grid, block, args[0]))
-                self.fn(args[0], grid[0], block[0], 0)
-
-        class Module:
-            def get_function(self, name):
-                return Function(name)
-
-        return Module()
-
 
 @pytest.fixture
 def fake(monkeypatch):
     """ti.init(arch=ti.cuda) finds the stand-in device; its code is the simulated grid's."""
-    drv = FakeDriver()
-    for var in ("TI_ARCH", "DIFFTAPE_ARCH", "DIFFTAPE_SIMULATE_GPU", cuda_runtime.DEVICE_VAR):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setattr(cuda_runtime, "load_driver", lambda: drv)
-    monkeypatch.setattr(cuda_codegen, "get_target", lambda arch: simgrid_codegen.get_target())
-    yield drv
+    yield use(monkeypatch, FakeDriver())
     ti.reset()
 
 
@@ -220,11 +81,11 @@ def test_init_cuda_runs_on_the_device_as_on_the_cpu(fake):
     assert isinstance(launcher, cuda_runtime.CudaLauncher) and prog.config.arch == ti.cuda
     assert launcher.grid == (SMS * cuda_runtime.BLOCKS_PER_SM, cuda_runtime.THREADS_PER_BLOCK)
     assert fake.limits == {"MALLOC_HEAP_SIZE": (8 << 30) // cuda_runtime.HEAP_FRACTION}
-    assert len(fake.current) == 1
+    assert len(fake.contexts) == 1
     assert prog.rng.size >= launcher.grid[0] * launcher.grid[1]
     assert fake.in_device_memory(prog.rng.address)
     ti.reset()
-    assert fake.current == [] and fake.detached == 1 and fake.blocks == {}  # all freed
+    assert fake.contexts == [] and fake.detached == 1 and fake.blocks == {}  # all freed
 
     got = _results(ti.cuda)
     launches = fake.launches
@@ -310,7 +171,7 @@ def test_the_server_engine_runs_on_the_device_and_readiness_follows_the_same_che
         assert fake.in_device_memory(engine.prog.rng.address)
     finally:
         engine.close()
-    assert fake.current == [] and fake.blocks == {}
+    assert fake.contexts == [] and fake.blocks == {}
     device_check.cache_clear()
     try:
         assert device_check("cuda") == "ok" and device_check("cpu") == "ok"
