@@ -47,6 +47,7 @@ class FakeDriver:
         self.fail_next_sync = None
         self.detached = 0
         self.images: list[str] = []  # "cubin", "ptx" or "host" per module_from_buffer
+        self.loaded: list[bytes] = []  # the images themselves
         self.refuse_cubins = False  # module_from_buffer refuses cubins (an older driver)
         self.driver_version = driver_version
         outer = self
@@ -171,6 +172,7 @@ class FakeDriver:
             assert image.endswith(b"\0")  # cuModuleLoadData takes NUL-terminated PTX
             kind = "ptx" if b".target" in image else "host"
         self.images.append(kind)
+        self.loaded.append(bytes(image))
 
         class Function:
             def __init__(self, name):

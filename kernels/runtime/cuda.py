@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DifftapeError, OptionError
+from ..errors import ArchUnavailableError, DifftapeError, OptionError
 from . import cache
 from .grid import Launcher
 from .log import logger
@@ -59,7 +59,7 @@ DEVICE_VAR = "DIFFTAPE_CUDA_DEVICE"
 _INSTALL_HINT = "pip install 'difftape[cuda]' (pycuda, and nvidia-cuda-nvcc for libdevice)"
 
 
-class CudaUnavailable(DifftapeError):
+class CudaUnavailable(ArchUnavailableError):
     """CUDA cannot be used in this process; the message says why."""
 
 

@@ -183,3 +183,44 @@ def test_the_server_engine_runs_on_the_device_and_readiness_follows_the_same_che
             Engine(arch="cuda", offline_cache=False)  # no fallback to the CPU
     finally:
         device_check.cache_clear()
+
+
+def test_enable_fallback_false_refuses_without_a_device_and_runs_with_one(fake, monkeypatch):
+    prog = _on(ti.cuda, enable_fallback=False)
+    assert isinstance(prog.launcher, cuda_runtime.CudaLauncher)
+    ti.reset()
+    monkeypatch.setattr(cuda_runtime, "load_driver", lambda: FakeDriver.without_devices())
+    for arch in (ti.cuda, ti.gpu):
+        with pytest.raises(ti.ArchUnavailableError,
+                           match=r"enable_fallback=False\): no CUDA device can be used here: "
+                                 r"the CUDA driver found no device"):
+            ti.init(arch=arch, enable_fallback=False)
+        assert program._current is None  # no program: nothing ran on the CPU
+    with pytest.raises(ti.ArchUnavailableError, match="has no vulkan backend"):
+        ti.init(arch=ti.vulkan, enable_fallback=False)
+    with pytest.warns(UserWarning, match="falling back to the CPU"):
+        prog = _on(ti.cuda, enable_fallback=True)
+    assert prog.launcher is None and prog.config.arch == ti.cpu
+
+
+@pytest.mark.parametrize("fast_math", [True, False])
+def test_fast_math_false_is_honoured_on_the_device(monkeypatch, fast_math):
+    """ti.init(arch=ti.cuda, fast_math=False): no fused multiply-adds in the device code
+    either (the NVPTX backend fuses only what the IR marks ``contract``)."""
+    drv = use(monkeypatch, FakeDriver(), code="cuda")
+    monkeypatch.setenv("DIFFTAPE_PTXAS", "")  # the PTX itself reaches the driver
+    try:
+        _on(ti.cuda, fast_math=fast_math, offline_cache=False)
+        x = ti.field(ti.f32, shape=8)
+
+        @ti.kernel
+        def axpb(a: ti.f32, b: ti.f32):
+            for i in x:
+                x[i] = x[i] * a + b
+
+        axpb(2.0, 1.0)
+        (ptx,) = drv.loaded
+        assert (b"fma.rn.f32" in ptx) == fast_math
+        assert fast_math or b"mul.rn.f32" in ptx
+    finally:
+        ti.reset()
