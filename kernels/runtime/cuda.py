@@ -36,12 +36,15 @@ tests/gpu drives what is here on a real device.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
 import re
 import subprocess
 import tempfile
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -344,7 +347,8 @@ class CudaLauncher(Launcher):
     states and the stack pool are sized by it). The device heap that private copies come from
     is set to 1/:data:`HEAP_FRACTION` of the device's memory before any kernel runs (CUDA
     allows it only then). The primary context is made current on the calling thread: a
-    program's kernels must be launched from the thread that made it."""
+    program's kernels must be launched from the thread that made it, or inside
+    :meth:`bound` (the server's engines: each op runs there, on whichever thread)."""
 
     def __init__(self, drv: Any = None, ordinal: int | None = None,
                  cache_directory: Path | None = None) -> None:
@@ -356,6 +360,8 @@ class CudaLauncher(Launcher):
         dev = drv.Device(self.device.ordinal)
         self.context = dev.retain_primary_context()
         self.context.push()
+        self._owner = threading.get_ident()  # the context stays current on this thread
+        self._bound = threading.local()
         try:
             sms = int(dev.get_attribute(drv.device_attribute.MULTIPROCESSOR_COUNT))
             self.grid = (max(1, sms) * BLOCKS_PER_SM, THREADS_PER_BLOCK)
@@ -381,6 +387,34 @@ class CudaLauncher(Launcher):
             logger.warning("difftape: %s: PTX loaded through the CUDA driver's JIT: %s; each "
                            "new process compiles every kernel again", self.name,
                            self.assembler.jit_reason)
+
+    @contextlib.contextmanager
+    def bound(self) -> Iterator[None]:
+        """The program's context current on the calling thread for the block (CUDA's current
+        context is per thread): pushed and popped on any thread but the one that made the
+        program, where it always is (so this costs nothing there). Nests."""
+        if threading.get_ident() == self._owner or getattr(self._bound, "depth", 0):
+            yield
+            return
+        self.context.push()
+        self._bound.depth = 1
+        try:
+            yield
+        finally:
+            self._bound.depth = 0
+            self.drv.Context.pop()
+
+    def status(self) -> dict[str, Any]:
+        """The device in figures for the server's /metrics and /readyz: name, memory used
+        and total (the driver's ``mem_get_info``: every process on the device), the memory
+        this program holds, and utilisation (percent, from NVML where ``nvidia-ml-py`` is
+        importable, else None)."""
+        with self.bound():
+            free, total = self.drv.mem_get_info()
+        return {"name": self.device.name, "ordinal": self.device.ordinal,
+                "memory_used": int(total - free), "memory_total": int(total),
+                "program_bytes": int(self.allocator.memory.bytes_in_use),
+                "utilization": nvml_utilization(self.device.ordinal)}
 
     def load(self, obj: bytes, names: list[str]) -> tuple[object, dict[str, Any]]:
         """``obj`` is the PTX: its cubin where ptxas makes one (see :class:`Assembler`),
@@ -415,9 +449,30 @@ class CudaLauncher(Launcher):
                                 "context cannot be used again: restart the process") from e
 
     def close(self) -> None:
-        """Device memory first, then the context."""
+        """Device memory first, then the context (popped from the thread that made the
+        program, which must be the one closing it, or the context would stay current
+        there)."""
         try:
-            self.allocator.close()
+            with self.bound():
+                self.allocator.close()
         finally:
-            self.drv.Context.pop()
+            if threading.get_ident() == self._owner:
+                self.drv.Context.pop()
             self.context.detach()
+
+
+def nvml_utilization(ordinal: int) -> int | None:
+    """The device's utilisation in percent over NVML's last sample period, or None where
+    NVML (``nvidia-ml-py``, in the ``[cuda]`` extra) cannot be used. NVML numbers devices
+    by PCI order, CUDA by speed unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``; with one visible
+    device (the server's deployment) they agree."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(ordinal)
+        return int(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+    except Exception:  # noqa: BLE001 - pynvml.NVMLError: no NVML library, no permission
+        return None

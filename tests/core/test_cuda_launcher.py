@@ -224,3 +224,70 @@ def test_fast_math_false_is_honoured_on_the_device(monkeypatch, fast_math):
         assert fast_math or b"mul.rn.f32" in ptx
     finally:
         ti.reset()
+
+
+def test_a_server_engine_works_on_the_device_from_any_thread(fake):
+    """CUDA's current context is per thread: an engine made on one thread and driven from
+    others (a Ray actor's, a pool's) pushes its program's context around each op."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from difftape.server.engine import Engine
+
+    engine = Engine(arch="cuda", offline_cache=False)
+    try:
+        data = np.arange(6, dtype=np.float32)
+
+        def ops():
+            engine.execute({"op": "create_field", "id": 1, "dtype": "f32", "shape": [6],
+                            "needs_grad": True})
+            engine.execute({"op": "write", "id": 1}, data.tobytes())
+            engine.execute({"op": "fill", "id": 1, "role": "grad", "value": 2.5})
+            _, out = engine.execute({"op": "read", "id": 1})
+            _, grad = engine.execute({"op": "read", "id": 1, "role": "grad"})
+            stats, _ = engine.execute({"op": "stats"})
+            return (np.frombuffer(bytes(out), np.float32), np.frombuffer(bytes(grad), np.float32),
+                    stats, fake.stack())
+
+        with ThreadPoolExecutor(1) as pool:
+            out, grad, stats, stack = pool.submit(ops).result()
+        np.testing.assert_array_equal(out, data)
+        np.testing.assert_array_equal(grad, 2.5)
+        assert stack == []  # popped again on the worker thread
+        device = stats["device"]
+        held = engine.prog.allocator.memory.bytes_in_use
+        assert device["program_bytes"] == held >= 2 * data.nbytes  # fields and scratch
+        assert device["name"] == "Stand-in GPU" and device["memory_total"] == 8 << 30
+        assert device["memory_used"] == sum(b.nbytes for b in fake.blocks.values())
+        assert device["utilization"] is None  # no NVML here
+        assert stats["code_loads"] == {"cubin_cached": 0, "cubin_assembled": 0, "ptx_jit": 0}
+    finally:
+        engine.close()
+    assert fake.blocks == {}
+
+
+def test_metrics_show_the_device_and_how_modules_were_loaded():
+    """/metrics' figures of a CUDA server: module loads by kind (retired workers' included,
+    so the counters stay monotonic) and the device as a running worker reported it."""
+    from types import SimpleNamespace
+
+    from prometheus_client import generate_latest
+
+    from difftape.server.metrics import Metrics
+    from difftape.server.worker import WorkerStats
+
+    m = Metrics()
+    m.retire(WorkerStats.from_reply({"code_loads": {"cubin_assembled": 3, "ptx_jit": 1}}))
+    live = WorkerStats.from_reply({
+        "code_loads": {"cubin_cached": 5},
+        "device": {"name": "Stand-in GPU", "ordinal": 0, "memory_used": 1000,
+                   "memory_total": 8000, "program_bytes": 640, "utilization": 37}})
+    m.sessions = SimpleNamespace(live={"s": SimpleNamespace(worker=SimpleNamespace(stats=live))})
+    text = generate_latest(m.registry).decode()
+    for line in ('difftape_cuda_module_loads_total{how="cubin_cached"} 5.0',
+                 'difftape_cuda_module_loads_total{how="cubin_assembled"} 3.0',
+                 'difftape_cuda_module_loads_total{how="ptx_jit"} 1.0',
+                 'difftape_device_memory_used_bytes{device="0",name="Stand-in GPU"} 1000.0',
+                 'difftape_device_memory_total_bytes{device="0",name="Stand-in GPU"} 8000.0',
+                 'difftape_device_utilization_percent{device="0",name="Stand-in GPU"} 37.0',
+                 'difftape_device_session_bytes 640.0'):
+        assert line in text, line
