@@ -13,6 +13,7 @@ from . import (
 )
 from ._version import __version__  # noqa: E402
 from .errors import (  # noqa: E402
+    ArchUnavailableError,
     ArgumentError,
     CallSignatureError,
     CompileError,

@@ -148,6 +148,12 @@ class OptionError(DifftapeError, ValueError):
     """``ti.init`` was given an option value difftape cannot honour."""
 
 
+class ArchUnavailableError(DifftapeError, RuntimeError):
+    """The arch a program asked for cannot run here (no CUDA device, no driver, no backend)
+    and ``ti.init(enable_fallback=False)`` forbids running on the CPU instead (Taichi raises
+    RuntimeError)."""
+
+
 class UnknownOptionError(OptionError, KeyError):
     """``ti.init`` was given a keyword that is not an option (Taichi raises KeyError)."""
 

@@ -226,6 +226,10 @@ class Engine:
                              offline_cache=bool(offline_cache),
                              offline_cache_file_path=str(cache_dir) if cache_dir else None)
         self.prog = program.Program(cfg)
+        # CUDA's current context is per thread, and an engine's ops may come on any thread (a
+        # Ray actor's, a test's): each op runs with the program's context pushed on the
+        # calling thread (a no-op on the thread that made it, the local worker's only one).
+        self._bound = getattr(self.prog.launcher, "bound", None)
         # Objects count, not only bytes: every field and kernel costs memory and bookkeeping.
         self.max_fields = max_fields
         self.max_kernels = max_kernels
@@ -262,10 +266,16 @@ class Engine:
         handler = _HANDLERS.get(name) if isinstance(name, str) else None
         if handler is None:
             raise EngineError(f"unknown engine op {name!r}; known: {', '.join(_HANDLERS)}")
+        if payload and name not in PAYLOAD_OPS:
+            raise EngineError(f"op {name!r} takes no payload")
+        if self._bound is None:
+            return self._run(handler, name, op, payload)
+        with self._bound():
+            return self._run(handler, name, op, payload)
+
+    def _run(self, handler, name: str, op: dict, payload) -> tuple[dict, Any]:
         if name in PAYLOAD_OPS:
             return handler(self, op, payload)
-        if payload:
-            raise EngineError(f"op {name!r} takes no payload")
         return handler(self, op), None
 
     # ------------------------------------------------------------------ fields
@@ -1044,11 +1054,21 @@ class Engine:
         return {"fields": meta["fields"] + ndarrays}, None
 
     def op_stats(self, op: dict) -> dict:
+        """Counters and figures for the gateway's /metrics. On a CUDA device also the device
+        (name, memory used and total, utilisation: ``CudaLauncher.status``), the device
+        memory this session holds in all (fields and scratch: launch contexts, stack pools,
+        random states) and how its modules were loaded (cubins from the cache, assembled,
+        or PTX through the driver's JIT)."""
         stored = [*self.prog.fields.values(), *self.ndarrays.values()]
-        return {"field_bytes": sum(self._field_nbytes(f) for f in stored),
-                "kernels": len(self.kernels), "launches": self.launches,
-                "cache_hits": self.cache_hits, "cache_misses": self.cache_misses,
-                "compile_s": self.compile_s}
+        out = {"field_bytes": sum(self._field_nbytes(f) for f in stored),
+               "kernels": len(self.kernels), "launches": self.launches,
+               "cache_hits": self.cache_hits, "cache_misses": self.cache_misses,
+               "compile_s": self.compile_s}
+        launcher = self.prog.launcher
+        if hasattr(launcher, "status"):
+            out["device"] = launcher.status()
+            out["code_loads"] = launcher.loads.as_dict()
+        return out
 
 
 _HANDLERS = {

@@ -10,12 +10,12 @@ session ids, user names or kernel names (one user must not learn another's sessi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from .worker import WorkerStats
+from .worker import CODE_LOADS, WorkerStats
 
 
 class Metrics:
@@ -52,11 +52,14 @@ class Metrics:
         r.cache_hits += stats.cache_hits
         r.cache_misses += stats.cache_misses
         r.compile_s += stats.compile_s
+        for k in CODE_LOADS:
+            r.code_loads[k] = r.code_loads.get(k, 0) + stats.code_loads.get(k, 0)
 
     def totals(self) -> Totals:
         """Counters summed over live workers' last stats plus retired ones."""
         r = self.retired
-        t = Totals(r.launches, r.cache_hits, r.cache_misses, r.compile_s)
+        t = Totals(r.launches, r.cache_hits, r.cache_misses, r.compile_s,
+                   code_loads={k: r.code_loads.get(k, 0) for k in CODE_LOADS})
         live = list(self.sessions.live.values()) if self.sessions is not None else []
         for e in live:
             if e.worker is None:
@@ -68,6 +71,11 @@ class Metrics:
             t.compile_s += s.compile_s
             t.field_bytes += s.field_bytes
             t.running += 1
+            for k in CODE_LOADS:
+                t.code_loads[k] += s.code_loads.get(k, 0)
+            if s.device is not None:
+                t.device_bytes += int(s.device.get("program_bytes", 0))
+                t.device = s.device  # the device's own figures: the latest report
         return t
 
 
@@ -82,6 +90,11 @@ class Totals:
     compile_s: float = 0.0
     field_bytes: int = 0
     running: int = 0  # sessions with a running worker
+    # CUDA: module loads by kind (worker.CODE_LOADS), device memory the running sessions
+    # hold (fields and scratch), and the device as a running worker last reported it
+    code_loads: dict[str, int] = field(default_factory=dict)
+    device_bytes: int = 0
+    device: dict | None = None
 
 
 class _WorkerCollector:
@@ -105,3 +118,27 @@ class _WorkerCollector:
                                 "(all users together)", value=t.field_bytes)
         yield GaugeMetricFamily("difftape_sessions_running", "sessions with a running worker",
                                 value=t.running)
+        loads = CounterMetricFamily("difftape_cuda_module_loads", "CUDA modules loaded: "
+                                    "cubin_cached (no LLVM, ptxas or JIT), cubin_assembled "
+                                    "(ptxas ran), ptx_jit (the driver's JIT: no usable ptxas, "
+                                    "see the workers' log)", labels=["how"])
+        for k in CODE_LOADS:
+            loads.add_metric([k], t.code_loads.get(k, 0))
+        yield loads
+        d = t.device
+        if d is None:
+            return
+        labels = [str(d.get("ordinal", 0)), str(d.get("name", ""))]
+        for name, doc, key in (
+                ("difftape_device_memory_used_bytes", "device memory in use (every process)",
+                 "memory_used"),
+                ("difftape_device_memory_total_bytes", "device memory", "memory_total"),
+                ("difftape_device_utilization_percent", "device utilisation (NVML)",
+                 "utilization")):
+            if d.get(key) is None:
+                continue
+            g = GaugeMetricFamily(name, doc, labels=["device", "name"])
+            g.add_metric(labels, d[key])
+            yield g
+        yield GaugeMetricFamily("difftape_device_session_bytes", "device memory the running "
+                                "sessions hold (fields and scratch)", value=t.device_bytes)

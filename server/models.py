@@ -361,3 +361,6 @@ class Problem(BaseModel):
 class Health(BaseModel):
     status: str
     checks: dict[str, Any] = {}
+    # /readyz of a CUDA server: the device (name, ordinal, memory used and total in bytes,
+    # utilisation in percent where NVML is available), as the workers last reported it
+    device: dict[str, Any] | None = None

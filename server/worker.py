@@ -30,7 +30,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .problems import ProblemError, engine_problem, server_stopping, session_lost
@@ -380,6 +380,10 @@ class WorkerMoved(Exception):
     ``server/raycluster.py``). A local worker process never raises it."""
 
 
+#: how a CUDA engine's modules were loaded (``runtime/cuda.py`` CodeLoads), counted as such
+CODE_LOADS = ("cubin_cached", "cubin_assembled", "ptx_jit")
+
+
 @dataclass
 class WorkerStats:
     """The last stats a worker reported (kept after it stops, for monotonic counters)."""
@@ -389,20 +393,28 @@ class WorkerStats:
     cache_misses: int = 0
     compile_s: float = 0.0
     field_bytes: int = 0
+    # CUDA engines: module loads by kind (CODE_LOADS), and the device as last reported
+    code_loads: dict[str, int] = field(default_factory=dict)
+    device: dict[str, Any] | None = None
 
     @classmethod
     def from_reply(cls, s: dict) -> WorkerStats:
         """From the engine's ``stats`` op."""
+        loads = s.get("code_loads") or {}
         return cls(launches=int(s.get("launches", 0)), cache_hits=int(s.get("cache_hits", 0)),
                    cache_misses=int(s.get("cache_misses", 0)),
                    compile_s=float(s.get("compile_s", 0)),
-                   field_bytes=int(s.get("field_bytes", 0)))
+                   field_bytes=int(s.get("field_bytes", 0)),
+                   code_loads={k: int(loads.get(k, 0)) for k in CODE_LOADS},
+                   device=s.get("device"))
 
     def since(self, before: WorkerStats) -> WorkerStats:
         """The counters' growth since ``before`` (the same worker's earlier figures)."""
         return WorkerStats(self.launches - before.launches, self.cache_hits - before.cache_hits,
                            self.cache_misses - before.cache_misses,
-                           self.compile_s - before.compile_s, 0)
+                           self.compile_s - before.compile_s, 0,
+                           {k: self.code_loads.get(k, 0) - before.code_loads.get(k, 0)
+                            for k in CODE_LOADS})
 
 
 def _start_time(pid: int) -> int | None:

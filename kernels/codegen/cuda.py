@@ -55,13 +55,10 @@ DEFAULT_ARCH = "sm_75"
 _SREG = "llvm.nvvm.read.ptx.sreg"
 
 
-def find_libdevice() -> Path | None:
-    """``libdevice.10.bc``: ``$DIFFTAPE_LIBDEVICE``, the CUDA toolkit (``$CUDA_HOME``,
-    ``$CUDA_PATH``, next to ``ptxas``/``nvcc`` on the PATH, /usr/local/cuda), or the
-    ``nvidia-cuda-nvcc`` wheel."""
-    env = os.environ.get("DIFFTAPE_LIBDEVICE")
-    if env:
-        return Path(env) if Path(env).is_file() else None
+def _toolkit_roots() -> list[str]:
+    """Where a CUDA toolkit may be, most specific first: ``$CUDA_HOME``, ``$CUDA_PATH``, the
+    toolkit of a ``ptxas``/``nvcc`` on the PATH, /usr/local/cuda, the ``nvidia-cuda-nvcc``
+    wheel."""
     roots = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
     for tool in ("ptxas", "nvcc"):
         found = shutil.which(tool)
@@ -74,9 +71,35 @@ def find_libdevice() -> Path | None:
         roots += [str(Path(p)) for p in wheel.__path__]
     except ImportError:
         pass
-    for root in filter(None, roots):
+    return [r for r in roots if r]
+
+
+def find_libdevice() -> Path | None:
+    """``libdevice.10.bc``: ``$DIFFTAPE_LIBDEVICE``, else from a toolkit
+    (:func:`_toolkit_roots`)."""
+    env = os.environ.get("DIFFTAPE_LIBDEVICE")
+    if env:
+        return Path(env) if Path(env).is_file() else None
+    for root in _toolkit_roots():
         for cand in sorted(Path(root).glob("nvvm/libdevice/libdevice*.bc")):
             return cand
+    return None
+
+
+def find_ptxas() -> str | None:
+    """The ``ptxas`` assembler: ``$DIFFTAPE_PTXAS``, the PATH, else a toolkit's ``bin/``
+    (:func:`_toolkit_roots`, the ``nvidia-cuda-nvcc`` wheel included). ``DIFFTAPE_PTXAS=""``
+    (set and empty) means none: PTX is then loaded through the driver's JIT."""
+    env = os.environ.get("DIFFTAPE_PTXAS")
+    if env is not None:
+        return env if env and os.access(env, os.X_OK) else None
+    found = shutil.which("ptxas")
+    if found:
+        return found
+    for root in _toolkit_roots():
+        cand = Path(root) / "bin" / "ptxas"
+        if os.access(cand, os.X_OK):
+            return str(cand)
     return None
 
 

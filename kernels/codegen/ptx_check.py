@@ -24,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import multiprocessing
 import os
-import shutil
 import subprocess
 import tempfile
 import time
@@ -34,7 +33,7 @@ from pathlib import Path
 
 from ..errors import DifftapeError
 from . import llvm_lowering
-from .cuda import DEFAULT_ARCH, find_libdevice, get_target
+from .cuda import DEFAULT_ARCH, find_libdevice, find_ptxas, get_target
 
 __all__ = ["DEFAULT_ARCH", "Failure", "PTXCheck", "available", "install"]
 
@@ -172,8 +171,8 @@ class PTXCheck:
 
 def available() -> str | None:
     """Why the check cannot run here (no ptxas, no libdevice), or None when it can."""
-    if shutil.which("ptxas") is None:
-        return "ptxas not found on the PATH"
+    if find_ptxas() is None:
+        return "ptxas not found (the PATH, the CUDA toolkit, the nvidia-cuda-nvcc wheel)"
     if find_libdevice() is None:
         return "libdevice.10.bc not found"
     return None
@@ -198,7 +197,7 @@ def install(arch: str = DEFAULT_ARCH, directory: str | None = None,
     why = available()
     if why is not None:
         raise RuntimeError(f"cannot check PTX: {why}")
-    ptxas = shutil.which("ptxas")
+    ptxas = find_ptxas()
     if verdicts is not None:
         os.makedirs(verdicts, exist_ok=True)
     check = PTXCheck(arch=arch, ptxas=ptxas,

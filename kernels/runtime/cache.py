@@ -2,7 +2,10 @@
 
 Key: SHA-256 of the serialized, optimized-for-launch IR plus the target fingerprint (CPU model,
 features, vector math variants, llvmlite version) and difftape's version. A second process that
-builds the same IR loads the object file and skips LLVM entirely. Writes go to a temporary file
+builds the same IR loads the object file and skips LLVM entirely. For CUDA the entry is the
+PTX, and the cubin ptxas makes of it for the device is a second entry (``.cubin``, keyed by the
+PTX, the compute capability, ptxas's and the driver's versions: ``runtime/cuda.py``), so a warm
+process skips LLVM, ptxas and the driver's JIT. Writes go to a temporary file
 and are renamed into place, so concurrent processes never read a torn entry.
 """
 
@@ -25,11 +28,13 @@ def cache_dir(configured: str | None = None) -> Path:
     return Path(base) / "difftape"
 
 
-def load(key: str, directory: Path | None) -> bytes | None:
+def load(key: str, directory: Path | None, suffix: str = "o") -> bytes | None:
+    """The entry under ``key`` (in memory, else ``directory/<key[:2]>/<key>.<suffix>``), or
+    None."""
     data = _memory.get(key)
     if data is not None or directory is None:
         return data
-    path = directory / key[:2] / f"{key}.o"
+    path = directory / key[:2] / f"{key}.{suffix}"
     try:
         data = path.read_bytes()
     except OSError:
@@ -38,7 +43,7 @@ def load(key: str, directory: Path | None) -> bytes | None:
     return data
 
 
-def store(key: str, data: bytes, directory: Path | None) -> None:
+def store(key: str, data: bytes, directory: Path | None, suffix: str = "o") -> None:
     _memory[key] = data
     if directory is None:
         return
@@ -48,7 +53,7 @@ def store(key: str, data: bytes, directory: Path | None) -> None:
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-        os.replace(tmp, folder / f"{key}.o")
+        os.replace(tmp, folder / f"{key}.{suffix}")
     except OSError:
         pass  # a read-only or full disk must not break compilation
 

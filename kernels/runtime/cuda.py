@@ -13,7 +13,16 @@
   ``runtime/storage.py``'s ``DeviceMemoryAllocator`` (:func:`cuda_allocator`) makes field,
   ndarray and launch-context storage from it and keeps the host mirrors coherent at its sync
   points, as it does for the simulated device memory CI runs on.
-- :func:`load_module`: our PTX loaded with ``cuModuleLoadData`` (pycuda's
+- :class:`Assembler`: the compiled-code cache's device half. The PTX (cached like CPU
+  objects, ``runtime/cache.py``, the compute capability being part of the CUDA target's
+  fingerprint) is assembled offline by ``ptxas`` into a cubin for the device's architecture,
+  cached on disk under a key of the PTX, the architecture, ptxas's version and the driver's
+  version; a warm process or a restarted server loads the cubin and runs neither LLVM nor
+  ptxas nor the driver's JIT. Where ptxas is absent, does not know the device's architecture,
+  or comes from a newer CUDA major version than the driver (which cannot load its cubins),
+  the PTX is loaded through the driver's JIT instead: a documented path, said once in the
+  log when the program starts and counted (:class:`CodeLoads`, the server's /metrics).
+- :func:`load_module`: a cubin or our PTX loaded with ``cuModuleLoadData`` (pycuda's
   ``module_from_buffer``), the entry points by name.
 - :class:`CudaLauncher`: ``ti.init(arch=ti.cuda)``'s :class:`~.grid.Launcher`. It holds the
   device's primary context, loads each kernel's PTX and runs a task with ``cuLaunchKernel``
@@ -27,14 +36,25 @@ tests/gpu drives what is here on a real device.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import hashlib
 import os
+import re
+import subprocess
+import tempfile
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..errors import DifftapeError, OptionError
+from ..errors import ArchUnavailableError, DifftapeError, OptionError
+from . import cache
 from .grid import Launcher
+from .log import logger
 from .storage import DeviceMemoryAllocator
 
 #: the environment variable that picks the device by ordinal
@@ -42,7 +62,7 @@ DEVICE_VAR = "DIFFTAPE_CUDA_DEVICE"
 _INSTALL_HINT = "pip install 'difftape[cuda]' (pycuda, and nvidia-cuda-nvcc for libdevice)"
 
 
-class CudaUnavailable(DifftapeError):
+class CudaUnavailable(ArchUnavailableError):
     """CUDA cannot be used in this process; the message says why."""
 
 
@@ -179,15 +199,130 @@ class DeviceAllocator:
             self.free(address)
 
 
-def load_module(drv: Any, ptx: bytes, names: list[str]) -> tuple[Any, dict[str, Any]]:
-    """Our PTX loaded into the current context (``cuModuleLoadData``): (the module, which
-    keeps the code alive, and entry name -> function). The driver JIT-compiles the PTX for
-    the device; a refusal names the kernel entry points it was loading."""
+def load_module(drv: Any, image: bytes, names: list[str]) -> tuple[Any, dict[str, Any]]:
+    """A cubin, or our PTX, loaded into the current context (``cuModuleLoadData``): (the
+    module, which keeps the code alive, and entry name -> function). PTX is JIT-compiled by
+    the driver for the device (the driver wants it NUL-terminated); a refusal names the
+    kernel entry points it was loading."""
+    if not is_cubin(image) and not image.endswith(b"\0"):
+        image += b"\0"
     try:
-        module = drv.module_from_buffer(ptx if ptx.endswith(b"\0") else ptx + b"\0")
+        module = drv.module_from_buffer(image)
     except Exception as e:  # pycuda.driver.CompileError / LogicError
-        raise DifftapeError(f"the CUDA driver refused the PTX of {', '.join(names)}: {e}") from e
+        what = "cubin" if is_cubin(image) else "PTX"
+        raise DifftapeError(f"the CUDA driver refused the {what} of {', '.join(names)}: "
+                            f"{e}") from e
     return module, {n: module.get_function(n) for n in names}
+
+
+#: ELF's machine number for CUDA (``e_machine``): what ptxas writes in a cubin
+EM_CUDA = 190
+
+
+def is_cubin(image: bytes) -> bool:
+    """Is ``image`` a cubin (a CUDA ELF object) rather than PTX text?"""
+    return image[:4] == b"\x7fELF" and int.from_bytes(image[18:20], "little") == EM_CUDA
+
+
+@dataclass
+class CodeLoads:
+    """How a program's CUDA modules were loaded: counters for the log and the server's
+    /metrics (``difftape_cuda_module_loads{how=...}``)."""
+
+    cubin_cached: int = 0  # a cubin from the cache: no ptxas, no JIT
+    cubin_assembled: int = 0  # ptxas ran (then the cubin was cached)
+    ptx_jit: int = 0  # the PTX through the driver's JIT (why: ``Assembler.jit_reason``)
+
+    def as_dict(self) -> dict[str, int]:
+        return {"cubin_cached": self.cubin_cached, "cubin_assembled": self.cubin_assembled,
+                "ptx_jit": self.ptx_jit}
+
+
+def _version_text(version: int | tuple[int, int]) -> str:
+    return f"{version[0]}.{version[1]}"
+
+
+def driver_cuda_version(drv: Any) -> tuple[int, int]:
+    """The CUDA version the driver supports (``cuDriverGetVersion``: 12040 is 12.4)."""
+    v = int(drv.get_driver_version())
+    return v // 1000, v % 1000 // 10
+
+
+@functools.cache
+def ptxas_release(ptxas: str) -> tuple[tuple[int, int], str, frozenset[str]]:
+    """ptxas's CUDA release ``(major, minor)``, its full version line, and the ``sm_*``
+    architectures it assembles for (from its help; empty when the help does not list them).
+    Asked once per process."""
+    out = subprocess.run([ptxas, "--version"], capture_output=True, text=True,
+                         timeout=60).stdout
+    m = re.search(r"release (\d+)\.(\d+), (V[\w.]+)", out)
+    if m is None:
+        raise DifftapeError(f"{ptxas} --version did not name a CUDA release: {out.strip()!r}")
+    help_text = subprocess.run([ptxas, "--help"], capture_output=True, text=True,
+                               timeout=60).stdout
+    arches = frozenset(re.findall(r"'(sm_\d+[af]?)'", help_text))
+    return (int(m[1]), int(m[2])), f"ptxas {m[1]}.{m[2]} {m[3]}", arches
+
+
+class Assembler:
+    """PTX to a cubin for one device with ``ptxas``, through the compile cache (see the
+    module doc). ``jit_reason`` is None when cubins are made, else why the PTX goes through
+    the driver's JIT instead."""
+
+    def __init__(self, arch: str, driver: tuple[int, int], directory: Path | None,
+                 loads: CodeLoads) -> None:
+        # Function-level: codegen.cuda loads LLVM's NVPTX backend (llvmlite).
+        from ..codegen.cuda import find_ptxas
+
+        self.arch, self.driver, self.directory, self.loads = arch, driver, directory, loads
+        self.ptxas = find_ptxas()
+        self.version = ""
+        self.jit_reason: str | None = None
+        if self.ptxas is None:
+            self.jit_reason = ("no ptxas found (pip install 'difftape[cuda]' for the "
+                               "nvidia-cuda-nvcc wheel's, or a CUDA toolkit; DIFFTAPE_PTXAS "
+                               "names one)")
+            return
+        release, self.version, arches = ptxas_release(self.ptxas)
+        if arches and arch not in arches:
+            self.jit_reason = (f"{self.ptxas} ({self.version}) is older than this device "
+                               f"needs: it cannot assemble for {arch}")
+        elif release[0] > driver[0]:
+            self.jit_reason = (f"{self.ptxas} ({self.version}) is newer than the driver "
+                               f"(CUDA {_version_text(driver)}), which cannot load its cubins")
+
+    def key(self, ptx: bytes) -> str:
+        """The cubin's cache key: the PTX (itself keyed like a CPU object, compute capability
+        included), the architecture, ptxas's version and the driver's."""
+        h = hashlib.sha256(f"cubin\0{self.arch}\0{self.version}\0"
+                           f"{_version_text(self.driver)}\0".encode())
+        h.update(ptx)
+        return h.hexdigest()
+
+    def cubin(self, ptx: bytes, names: list[str]) -> bytes | None:
+        """The cubin of ``ptx`` (cached, else assembled and cached), or None where it goes
+        through the JIT (``jit_reason``, or ptxas refused it: said in the log)."""
+        if self.jit_reason is not None:
+            return None
+        key = self.key(ptx)
+        cubin = cache.load(key, self.directory, suffix="cubin")
+        if cubin is not None:
+            self.loads.cubin_cached += 1
+            return cubin
+        with tempfile.TemporaryDirectory(prefix="difftape-ptxas-") as tmp:
+            src, out = Path(tmp, "module.ptx"), Path(tmp, "module.cubin")
+            src.write_bytes(ptx.rstrip(b"\0"))
+            r = subprocess.run([self.ptxas, f"--gpu-name={self.arch}", str(src), "-o", str(out)],
+                               capture_output=True, text=True)
+            if r.returncode != 0:
+                logger.warning("difftape: ptxas refused the PTX of %s (%s); loading it through "
+                               "the CUDA driver's JIT", ", ".join(names),
+                               (r.stderr or r.stdout).strip()[:500])
+                return None
+            cubin = out.read_bytes()
+        self.loads.cubin_assembled += 1
+        cache.store(key, cubin, self.directory, suffix="cubin")
+        return cubin
 
 
 def cuda_allocator(drv: Any) -> DeviceMemoryAllocator:
@@ -212,9 +347,11 @@ class CudaLauncher(Launcher):
     states and the stack pool are sized by it). The device heap that private copies come from
     is set to 1/:data:`HEAP_FRACTION` of the device's memory before any kernel runs (CUDA
     allows it only then). The primary context is made current on the calling thread: a
-    program's kernels must be launched from the thread that made it."""
+    program's kernels must be launched from the thread that made it, or inside
+    :meth:`bound` (the server's engines: each op runs there, on whichever thread)."""
 
-    def __init__(self, drv: Any = None, ordinal: int | None = None) -> None:
+    def __init__(self, drv: Any = None, ordinal: int | None = None,
+                 cache_directory: Path | None = None) -> None:
         # Function-level: codegen.cuda loads LLVM's NVPTX backend (llvmlite).
         from ..codegen.cuda import get_target
 
@@ -223,6 +360,8 @@ class CudaLauncher(Launcher):
         dev = drv.Device(self.device.ordinal)
         self.context = dev.retain_primary_context()
         self.context.push()
+        self._owner = threading.get_ident()  # the context stays current on this thread
+        self._bound = threading.local()
         try:
             sms = int(dev.get_attribute(drv.device_attribute.MULTIPROCESSOR_COUNT))
             self.grid = (max(1, sms) * BLOCKS_PER_SM, THREADS_PER_BLOCK)
@@ -237,9 +376,60 @@ class CudaLauncher(Launcher):
             drv.Context.pop()
             raise
         self.name = f"CUDA device {self.device.ordinal} ({self.device.name})"
+        self.loads = CodeLoads()
+        self.assembler = Assembler(self.device.arch, driver_cuda_version(drv), cache_directory,
+                                   self.loads)
+        if self.assembler.jit_reason is None:
+            where = cache_directory or "memory only (offline_cache=False)"
+            logger.info("difftape: %s: kernels assembled by %s for %s; cubins cached in %s",
+                        self.name, self.assembler.version, self.device.arch, where)
+        else:
+            logger.warning("difftape: %s: PTX loaded through the CUDA driver's JIT: %s; each "
+                           "new process compiles every kernel again", self.name,
+                           self.assembler.jit_reason)
+
+    @contextlib.contextmanager
+    def bound(self) -> Iterator[None]:
+        """The program's context current on the calling thread for the block (CUDA's current
+        context is per thread): pushed and popped on any thread but the one that made the
+        program, where it always is (so this costs nothing there). Nests."""
+        if threading.get_ident() == self._owner or getattr(self._bound, "depth", 0):
+            yield
+            return
+        self.context.push()
+        self._bound.depth = 1
+        try:
+            yield
+        finally:
+            self._bound.depth = 0
+            self.drv.Context.pop()
+
+    def status(self) -> dict[str, Any]:
+        """The device in figures for the server's /metrics and /readyz: name, memory used
+        and total (the driver's ``mem_get_info``: every process on the device), the memory
+        this program holds, and utilisation (percent, from NVML where ``nvidia-ml-py`` is
+        importable, else None)."""
+        with self.bound():
+            free, total = self.drv.mem_get_info()
+        return {"name": self.device.name, "ordinal": self.device.ordinal,
+                "memory_used": int(total - free), "memory_total": int(total),
+                "program_bytes": int(self.allocator.memory.bytes_in_use),
+                "utilization": nvml_utilization(self.device.ordinal)}
 
     def load(self, obj: bytes, names: list[str]) -> tuple[object, dict[str, Any]]:
-        module, functions = load_module(self.drv, obj, names)
+        """``obj`` is the PTX: its cubin where ptxas makes one (see :class:`Assembler`),
+        else the PTX through the driver's JIT."""
+        cubin = self.assembler.cubin(obj, names)
+        loaded = None
+        if cubin is not None:
+            try:
+                loaded = load_module(self.drv, cubin, names)
+            except DifftapeError as e:
+                logger.warning("difftape: %s; loading its PTX through the CUDA driver's JIT", e)
+        if loaded is None:
+            loaded = load_module(self.drv, obj, names)
+            self.loads.ptx_jit += 1
+        module, functions = loaded
         for f in functions.values():
             f.prepare([np.uintp])  # one parameter: the launch context's device address
         return module, functions
@@ -259,9 +449,30 @@ class CudaLauncher(Launcher):
                                 "context cannot be used again: restart the process") from e
 
     def close(self) -> None:
-        """Device memory first, then the context."""
+        """Device memory first, then the context (popped from the thread that made the
+        program, which must be the one closing it, or the context would stay current
+        there)."""
         try:
-            self.allocator.close()
+            with self.bound():
+                self.allocator.close()
         finally:
-            self.drv.Context.pop()
+            if threading.get_ident() == self._owner:
+                self.drv.Context.pop()
             self.context.detach()
+
+
+def nvml_utilization(ordinal: int) -> int | None:
+    """The device's utilisation in percent over NVML's last sample period, or None where
+    NVML (``nvidia-ml-py``, in the ``[cuda]`` extra) cannot be used. NVML numbers devices
+    by PCI order, CUDA by speed unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``; with one visible
+    device (the server's deployment) they agree."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(ordinal)
+        return int(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+    except Exception:  # noqa: BLE001 - pynvml.NVMLError: no NVML library, no permission
+        return None

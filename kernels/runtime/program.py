@@ -18,10 +18,10 @@ import numpy as np
 
 from .. import types as T
 from ..codegen import get_target
-from ..errors import OptionError, UnknownOptionError
+from ..errors import ArchUnavailableError, OptionError, UnknownOptionError
 from ..types import DType
+from . import cache, log
 from . import cuda as cuda_runtime  # (pycuda is imported only when a program asks for CUDA)
-from . import log
 from .grid import Launcher
 from .simgrid import SimulatedLauncher, parse_grid
 from .storage import Allocator, HostAllocator, Storage
@@ -115,6 +115,8 @@ class Config:
     fast_math: bool = True  # False: no FMA contraction, scalar libm (ir/nodes.py KernelIR)
     # (blocks, threads): kernels compile for the simulated GPU grid (runtime/simgrid.py)
     simulate_grid: tuple[int, int] | None = None
+    # False: an arch that cannot run here (no CUDA device) is an error, not the CPU
+    enable_fallback: bool = True
     log_level: str = log.DEFAULT  # Taichi's level names (runtime/log.py)
 
 
@@ -160,6 +162,7 @@ OPTIONS: dict[str, Option] = {
     "deterministic": Option(bool),
     "fast_math": Option(bool),
     "simulate_grid": Option(parse_grid),
+    "enable_fallback": Option(bool),
     "log_level": Option(log.level_name),
     # arch=ti.remote: where the program runs (difftape.client)
     **{k: Option() for k in ("server", "token", "session", "transport", "timeout")},
@@ -168,9 +171,6 @@ OPTIONS: dict[str, Option] = {
         "difftape evaluates the right operand of a scalar `and`/`or` only when the left one "
         "does not decide the result (Python's rule) whatever this says; vector operands are "
         "evaluated whole")),
-    "enable_fallback": Option(only=True, refusal=(
-        "difftape runs arch=ti.gpu/ti.cuda/... programs that find no CUDA device by "
-        "falling back to the CPU")),
     # accepted, no effect (warned once)
     "advanced_optimization": Option(no_effect=_PASSES),
     "opt_level": Option(no_effect=_PASSES),
@@ -320,7 +320,9 @@ class Program:
         if config.simulate_grid:
             self.launcher = SimulatedLauncher(config.simulate_grid)
         elif config.arch == cuda:
-            self.launcher = cuda_runtime.CudaLauncher()
+            self.launcher = cuda_runtime.CudaLauncher(
+                cache_directory=cache.cache_dir(config.offline_cache_file_path)
+                if config.offline_cache else None)
         self.allocator: Allocator = HostAllocator() if self.launcher is None \
             else self.launcher.allocator
         nthreads = config.cpu_max_num_threads or os.cpu_count() or 1
@@ -506,12 +508,20 @@ def init(arch: Arch | None = None, default_fp=None, default_ip=None, _test_mode:
                                   f"{SIMULATE_GPU_VAR}) asks to run the CUDA target's code "
                                   "on the CPU instead: use one or the other")
             arch = cuda
+        elif not settings.get("enable_fallback", True):
+            raise ArchUnavailableError(f"ti.init({where}, enable_fallback=False): no CUDA "
+                                       f"device can be used here: {reason}; allow the CPU "
+                                       "instead with enable_fallback=True (the default)")
         else:
             # As Taichi does when it finds no device: the CPU, with a warning that says why.
             warnings.warn(f"difftape: {where} cannot run on a GPU here: {reason}; "
                           "falling back to the CPU", stacklevel=2)
             arch = cpu
     elif arch not in (cpu, remote):
+        if not settings.get("enable_fallback", True):
+            raise ArchUnavailableError(f"ti.init({where}, enable_fallback=False): difftape "
+                                       f"has no {arch} backend (it runs on the CPU and on "
+                                       "CUDA devices)")
         warnings.warn(f"difftape: {where} has no backend here yet; falling back to the CPU",
                       stacklevel=2)
         arch = cpu

@@ -62,8 +62,22 @@ async def readyz(request: Request):
         "database": "ok" if svc.db.ping() else "unavailable",
     }
     ok = all(v == "ok" for v in checks.values())
-    return JSONResponse(Health(status="ok" if ok else "unavailable", checks=checks).model_dump(),
-                        status_code=200 if ok else 503)
+    device = None
+    if svc.settings.arch != "cpu" and checks["device"] == "ok":
+        # The workers hold the device's context; the gateway shows what they last reported
+        # (/metrics refreshes it), or the device's identity until one has.
+        device = svc.metrics.totals().device or device_identity()
+    health = Health(status="ok" if ok else "unavailable", checks=checks, device=device)
+    return JSONResponse(health.model_dump(exclude_none=True), status_code=200 if ok else 503)
+
+
+@functools.cache
+def device_identity() -> dict:
+    """The device the engines use (name, ordinal, total memory), read without a context."""
+    from difftape.runtime import cuda as cuda_runtime
+
+    d = cuda_runtime.select_device(cuda_runtime.load_driver())
+    return {"name": d.name, "ordinal": d.ordinal, "memory_total": d.total_memory}
 
 
 @router.get("/metrics", response_class=Response,

@@ -11,159 +11,20 @@ in the device allocator's memory, and the results (fields, a reduction's return 
 FwdMode gradients, a bounds error) are the CPU's. tests/gpu runs the same on a real device.
 """
 
-import ctypes
-
 import numpy as np
 import pytest
+from cuda_standin import SMS, FakeDriver, use
 
 import difftape as ti
-from difftape.codegen import cuda as cuda_codegen
-from difftape.codegen import simgrid as simgrid_codegen
 from difftape.runtime import cuda as cuda_runtime
 from difftape.runtime import program
-from difftape.runtime.simgrid import GRID_FN
 
 pytestmark = pytest.mark.difftape_only
-
-SMS = 2  # multiprocessors of the stand-in device: a grid of SMS * 4 blocks of 128 threads
-
-
-class FakeDriver:
-    """The part of pycuda.driver CudaLauncher and DeviceAllocator call, recording it."""
-
-    class device_attribute:  # noqa: N801 - pycuda's name
-        MULTIPROCESSOR_COUNT = "MULTIPROCESSOR_COUNT"
-
-    class limit:  # noqa: N801 - pycuda's name
-        MALLOC_HEAP_SIZE = "MALLOC_HEAP_SIZE"
-
-    def __init__(self, devices=1):
-        self.blocks: dict[int, np.ndarray] = {}
-        self.launches: list[tuple] = []
-        self.limits: dict[str, int] = {}
-        self.current: list[object] = []  # the context stack
-        self.syncs = 0
-        self.fail_next_sync = None
-        self.detached = 0
-        outer = self
-
-        class Context:
-            def push(self):
-                outer.current.append(self)
-
-            def detach(self):
-                outer.detached += 1
-
-            @staticmethod
-            def pop():
-                outer.current.pop()
-
-            @staticmethod
-            def set_limit(which, value):
-                assert outer.current, "no current context"
-                outer.limits[which] = value
-
-            @staticmethod
-            def synchronize():
-                outer.syncs += 1
-                if outer.fail_next_sync:
-                    e, outer.fail_next_sync = outer.fail_next_sync, None
-                    raise e
-
-        class Device:
-            def __init__(self, ordinal):
-                self.ordinal = ordinal
-
-            @staticmethod
-            def count():
-                return devices
-
-            def name(self):
-                return "Stand-in GPU"
-
-            def compute_capability(self):
-                return (9, 0)
-
-            def total_memory(self):
-                return 8 << 30
-
-            def get_attribute(self, attr):
-                assert attr == FakeDriver.device_attribute.MULTIPROCESSOR_COUNT
-                return SMS
-
-            def retain_primary_context(self):
-                return Context()
-
-        self.Context, self.Device = Context, Device
-
-    @classmethod
-    def without_devices(cls):
-        return cls(devices=0)
-
-    # ------------------------------------------------------------------ memory
-    def mem_alloc(self, n):
-        outer = self
-        block = np.full(n, 0xAB, np.uint8)  # not zeroed: the allocator must
-        self.blocks[block.ctypes.data] = block
-
-        class Handle(int):
-            def free(self):
-                del outer.blocks[int(self)]
-
-        return Handle(block.ctypes.data)
-
-    def memset_d8(self, address, value, n):
-        ctypes.memset(address, value, n)
-
-    def memcpy_htod(self, address, host):
-        ctypes.memmove(address, host.ctypes.data, host.nbytes)
-
-    def memcpy_dtoh(self, host, address):
-        ctypes.memmove(host.ctypes.data, address, host.nbytes)
-
-    def memcpy_dtod(self, dst, src, n):
-        ctypes.memmove(dst, src, n)
-
-    def in_device_memory(self, address):
-        return any(a <= address < a + b.nbytes for a, b in self.blocks.items())
-
-    # ------------------------------------------------------------------ modules
-    def module_from_buffer(self, image):
-        outer = self
-        assert image.endswith(b"\0")  # cuModuleLoadData takes a NUL-terminated image
-        obj = image  # (object code: a NUL after its end changes nothing)
-
-        class Function:
-            def __init__(self, name):
-                self.name = name
-                self.engine, addresses = simgrid_codegen.get_target().load(obj, [name])
-                self.fn = GRID_FN(addresses[name])
-                self.arg_types = None
-
-            def prepare(self, arg_types):
-                self.arg_types = list(arg_types)
-
-            def prepared_call(self, grid, block, *args):
-                assert self.arg_types == [np.uintp] and len(args) == 1
-                outer.launches.append((self.name, grid, block, args[0]))
-                self.fn(args[0], grid[0], block[0], 0)
-
-        class Module:
-            def get_function(self, name):
-                return Function(name)
-
-        return Module()
-
 
 @pytest.fixture
 def fake(monkeypatch):
     """ti.init(arch=ti.cuda) finds the stand-in device; its code is the simulated grid's."""
-    drv = FakeDriver()
-    for var in ("TI_ARCH", "DIFFTAPE_ARCH", "DIFFTAPE_SIMULATE_GPU", cuda_runtime.DEVICE_VAR):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setattr(cuda_runtime, "load_driver", lambda: drv)
-    monkeypatch.setattr(cuda_codegen, "get_target", lambda arch: simgrid_codegen.get_target())
-    yield drv
+    yield use(monkeypatch, FakeDriver())
     ti.reset()
 
 
@@ -220,11 +81,11 @@ def test_init_cuda_runs_on_the_device_as_on_the_cpu(fake):
     assert isinstance(launcher, cuda_runtime.CudaLauncher) and prog.config.arch == ti.cuda
     assert launcher.grid == (SMS * cuda_runtime.BLOCKS_PER_SM, cuda_runtime.THREADS_PER_BLOCK)
     assert fake.limits == {"MALLOC_HEAP_SIZE": (8 << 30) // cuda_runtime.HEAP_FRACTION}
-    assert len(fake.current) == 1
+    assert len(fake.contexts) == 1
     assert prog.rng.size >= launcher.grid[0] * launcher.grid[1]
     assert fake.in_device_memory(prog.rng.address)
     ti.reset()
-    assert fake.current == [] and fake.detached == 1 and fake.blocks == {}  # all freed
+    assert fake.contexts == [] and fake.detached == 1 and fake.blocks == {}  # all freed
 
     got = _results(ti.cuda)
     launches = fake.launches
@@ -310,7 +171,7 @@ def test_the_server_engine_runs_on_the_device_and_readiness_follows_the_same_che
         assert fake.in_device_memory(engine.prog.rng.address)
     finally:
         engine.close()
-    assert fake.current == [] and fake.blocks == {}
+    assert fake.contexts == [] and fake.blocks == {}
     device_check.cache_clear()
     try:
         assert device_check("cuda") == "ok" and device_check("cpu") == "ok"
@@ -322,3 +183,111 @@ def test_the_server_engine_runs_on_the_device_and_readiness_follows_the_same_che
             Engine(arch="cuda", offline_cache=False)  # no fallback to the CPU
     finally:
         device_check.cache_clear()
+
+
+def test_enable_fallback_false_refuses_without_a_device_and_runs_with_one(fake, monkeypatch):
+    prog = _on(ti.cuda, enable_fallback=False)
+    assert isinstance(prog.launcher, cuda_runtime.CudaLauncher)
+    ti.reset()
+    monkeypatch.setattr(cuda_runtime, "load_driver", lambda: FakeDriver.without_devices())
+    for arch in (ti.cuda, ti.gpu):
+        with pytest.raises(ti.ArchUnavailableError,
+                           match=r"enable_fallback=False\): no CUDA device can be used here: "
+                                 r"the CUDA driver found no device"):
+            ti.init(arch=arch, enable_fallback=False)
+        assert program._current is None  # no program: nothing ran on the CPU
+    with pytest.raises(ti.ArchUnavailableError, match="has no vulkan backend"):
+        ti.init(arch=ti.vulkan, enable_fallback=False)
+    with pytest.warns(UserWarning, match="falling back to the CPU"):
+        prog = _on(ti.cuda, enable_fallback=True)
+    assert prog.launcher is None and prog.config.arch == ti.cpu
+
+
+@pytest.mark.parametrize("fast_math", [True, False])
+def test_fast_math_false_is_honoured_on_the_device(monkeypatch, fast_math):
+    """ti.init(arch=ti.cuda, fast_math=False): no fused multiply-adds in the device code
+    either (the NVPTX backend fuses only what the IR marks ``contract``)."""
+    drv = use(monkeypatch, FakeDriver(), code="cuda")
+    monkeypatch.setenv("DIFFTAPE_PTXAS", "")  # the PTX itself reaches the driver
+    try:
+        _on(ti.cuda, fast_math=fast_math, offline_cache=False)
+        x = ti.field(ti.f32, shape=8)
+
+        @ti.kernel
+        def axpb(a: ti.f32, b: ti.f32):
+            for i in x:
+                x[i] = x[i] * a + b
+
+        axpb(2.0, 1.0)
+        (ptx,) = drv.loaded
+        assert (b"fma.rn.f32" in ptx) == fast_math
+        assert fast_math or b"mul.rn.f32" in ptx
+    finally:
+        ti.reset()
+
+
+def test_a_server_engine_works_on_the_device_from_any_thread(fake):
+    """CUDA's current context is per thread: an engine made on one thread and driven from
+    others (a Ray actor's, a pool's) pushes its program's context around each op."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from difftape.server.engine import Engine
+
+    engine = Engine(arch="cuda", offline_cache=False)
+    try:
+        data = np.arange(6, dtype=np.float32)
+
+        def ops():
+            engine.execute({"op": "create_field", "id": 1, "dtype": "f32", "shape": [6],
+                            "needs_grad": True})
+            engine.execute({"op": "write", "id": 1}, data.tobytes())
+            engine.execute({"op": "fill", "id": 1, "role": "grad", "value": 2.5})
+            _, out = engine.execute({"op": "read", "id": 1})
+            _, grad = engine.execute({"op": "read", "id": 1, "role": "grad"})
+            stats, _ = engine.execute({"op": "stats"})
+            return (np.frombuffer(bytes(out), np.float32), np.frombuffer(bytes(grad), np.float32),
+                    stats, fake.stack())
+
+        with ThreadPoolExecutor(1) as pool:
+            out, grad, stats, stack = pool.submit(ops).result()
+        np.testing.assert_array_equal(out, data)
+        np.testing.assert_array_equal(grad, 2.5)
+        assert stack == []  # popped again on the worker thread
+        device = stats["device"]
+        held = engine.prog.allocator.memory.bytes_in_use
+        assert device["program_bytes"] == held >= 2 * data.nbytes  # fields and scratch
+        assert device["name"] == "Stand-in GPU" and device["memory_total"] == 8 << 30
+        assert device["memory_used"] == sum(b.nbytes for b in fake.blocks.values())
+        assert device["utilization"] is None  # no NVML here
+        assert stats["code_loads"] == {"cubin_cached": 0, "cubin_assembled": 0, "ptx_jit": 0}
+    finally:
+        engine.close()
+    assert fake.blocks == {}
+
+
+def test_metrics_show_the_device_and_how_modules_were_loaded():
+    """/metrics' figures of a CUDA server: module loads by kind (retired workers' included,
+    so the counters stay monotonic) and the device as a running worker reported it."""
+    from types import SimpleNamespace
+
+    from prometheus_client import generate_latest
+
+    from difftape.server.metrics import Metrics
+    from difftape.server.worker import WorkerStats
+
+    m = Metrics()
+    m.retire(WorkerStats.from_reply({"code_loads": {"cubin_assembled": 3, "ptx_jit": 1}}))
+    live = WorkerStats.from_reply({
+        "code_loads": {"cubin_cached": 5},
+        "device": {"name": "Stand-in GPU", "ordinal": 0, "memory_used": 1000,
+                   "memory_total": 8000, "program_bytes": 640, "utilization": 37}})
+    m.sessions = SimpleNamespace(live={"s": SimpleNamespace(worker=SimpleNamespace(stats=live))})
+    text = generate_latest(m.registry).decode()
+    for line in ('difftape_cuda_module_loads_total{how="cubin_cached"} 5.0',
+                 'difftape_cuda_module_loads_total{how="cubin_assembled"} 3.0',
+                 'difftape_cuda_module_loads_total{how="ptx_jit"} 1.0',
+                 'difftape_device_memory_used_bytes{device="0",name="Stand-in GPU"} 1000.0',
+                 'difftape_device_memory_total_bytes{device="0",name="Stand-in GPU"} 8000.0',
+                 'difftape_device_utilization_percent{device="0",name="Stand-in GPU"} 37.0',
+                 'difftape_device_session_bytes 640.0'):
+        assert line in text, line

@@ -52,14 +52,22 @@ def test_allocator_round_trip_and_bookkeeping(cuda):
     assert mem.live == 0 and mem.bytes_in_use == 0 and mem.peak == 8192
 
 
-def _launch(drv, device, ir, arrays, blocks=4, threads=64):
+def _launch(drv, device, ir, arrays, blocks=4, threads=64, cubin=False):
     """Compile ``ir`` for the device, put ``arrays`` (one per buffer slot) in device memory,
-    run every task over ``blocks x threads`` and read the arrays back."""
+    run every task over ``blocks x threads`` and read the arrays back. ``cubin``: load the
+    cubin ptxas makes of the PTX (the compile cache's path) rather than the PTX."""
     target = cuda_target.get_target(device.arch)
     layout = ctx_layout(ir)
     low = Lowering(ir, layout, target)
     ptx = target.compile(low.module())
     names = target.entry_names(low)
+    if cubin:
+        assembler = cuda_runtime.Assembler(device.arch, cuda_runtime.driver_cuda_version(drv),
+                                           None, cuda_runtime.CodeLoads())
+        if assembler.jit_reason is not None:
+            pytest.skip(f"no cubin here: {assembler.jit_reason}")
+        ptx = assembler.cubin(ptx, names)
+        assert cuda_runtime.is_cubin(ptx)
     module, functions = cuda_runtime.load_module(drv, ptx, names)
     mem = cuda_runtime.DeviceAllocator(drv)
     ctx = np.zeros(max(1, layout.size), np.int64)
@@ -83,7 +91,8 @@ def _launch(drv, device, ir, arrays, blocks=4, threads=64):
     return out, ctx, layout
 
 
-def test_a_kernel_runs_on_the_device_as_on_the_cpu(cuda, prog):
+@pytest.mark.parametrize("cubin", [False, True], ids=["ptx-jit", "cubin"])
+def test_a_kernel_runs_on_the_device_as_on_the_cpu(cuda, prog, cubin):
     drv, device = cuda
     n = 10_000
     x = ti.field(ti.f32, shape=n)
@@ -100,7 +109,7 @@ def test_a_kernel_runs_on_the_device_as_on_the_cpu(cuda, prog):
     arrays = [None, None]
     arrays[slots["x"]] = xs
     arrays[slots["y"]] = np.zeros(n, np.float32)
-    out, ctx, layout = _launch(drv, device, ir, arrays)
+    out, ctx, layout = _launch(drv, device, ir, arrays, cubin=cubin)
     assert ctx[layout.err_code] == 0
     np.testing.assert_allclose(out[slots["y"]], np.sin(xs.astype(np.float64)) * 2 + 1,
                                rtol=2e-6, atol=2e-6)

@@ -153,10 +153,30 @@ def test_options_without_effect_warn_once_saying_why(ti):
 
 @pytest.mark.difftape_only
 def test_options_difftape_cannot_honour_are_refused(ti):
-    with pytest.raises(ti.OptionError, match="falling back"):
-        ti.init(arch=ti.cuda, enable_fallback=False)
     with pytest.raises(ti.OptionError, match="arch=ti.remote"):
         ti.init(arch=ti.cpu, server="http://localhost:1")
+
+
+def test_enable_fallback_false_refuses_an_arch_that_cannot_run(ti):
+    """Taichi's enable_fallback=False: no CUDA device is a RuntimeError, not the CPU."""
+    try:
+        ti.init(arch=ti.cuda, enable_fallback=False)
+    except RuntimeError as e:
+        assert "cuda" in str(e).lower()
+    else:
+        pytest.skip("a CUDA device is usable here: nothing to refuse")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the fallback's warning)
+        ti.init(arch=ti.cuda)  # enable_fallback=True, the default: the CPU
+    x = ti.field(ti.f32, shape=3)
+
+    @ti.kernel
+    def k():
+        for i in x:
+            x[i] = i + 0.5
+
+    k()
+    assert x.to_numpy().tolist() == [0.5, 1.5, 2.5]
 
 
 @pytest.mark.difftape_only

@@ -548,7 +548,10 @@ def test_compose():
     assert gpu["build"]["target"] == "cuda"
     assert gpu["environment"]["DIFFTAPE_ARCH"] == "cuda"
     (dev,) = gpu["deploy"]["resources"]["reservations"]["devices"]
-    assert dev["driver"] == "nvidia" and dev["capabilities"] == ["gpu"] and dev["count"] == 1
+    assert dev["driver"] == "nvidia" and dev["count"] == 1
+    # compute for CUDA, utility for NVML (the device's utilisation in /metrics and /readyz)
+    assert dev["capabilities"] == ["gpu", "compute", "utility"]
+    assert gpu["environment"]["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
 
 
 @needs_yaml

@@ -1,0 +1,218 @@
+"""A stand-in for ``pycuda.driver``: the one the CUDA runtime's tests share (no GPU needed).
+
+Its "device memory" is host memory and it records what it is asked (the context stack, on
+which thread, limits, launches, synchronisations, loaded images). What a "loaded module" does
+depends on the image it is given:
+
+- the simulated grid's host object code (the CUDA target's lowering compiled for the host:
+  :func:`use`'s ``code="simgrid"``): a "cuLaunchKernel" (``prepared_call``) runs the grid
+  thread by thread, so results can be checked against the CPU's;
+- real device code (a cubin from ptxas, or PTX, :func:`use`'s ``code="cuda"``): the image is
+  recorded (:attr:`FakeDriver.images`: ``"cubin"`` or ``"ptx"``, the latter being the driver's
+  JIT) and a launch does nothing, for tests of compiling, caching and loading.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import numpy as np
+
+from difftape.codegen import cuda as cuda_codegen
+from difftape.codegen import simgrid as simgrid_codegen
+from difftape.runtime import cuda as cuda_runtime
+from difftape.runtime.simgrid import GRID_FN
+
+SMS = 2  # multiprocessors of the stand-in device: a grid of SMS * 4 blocks of 128 threads
+TOTAL_MEMORY = 8 << 30
+
+
+class FakeDriver:
+    """The part of pycuda.driver CudaLauncher and DeviceAllocator call, recording it."""
+
+    class device_attribute:  # noqa: N801 - pycuda's name
+        MULTIPROCESSOR_COUNT = "MULTIPROCESSOR_COUNT"
+
+    class limit:  # noqa: N801 - pycuda's name
+        MALLOC_HEAP_SIZE = "MALLOC_HEAP_SIZE"
+
+    def __init__(self, devices: int = 1, driver_version: int = 13000,
+                 capability: tuple[int, int] = (9, 0)) -> None:
+        self.blocks: dict[int, np.ndarray] = {}
+        self.launches: list[tuple] = []
+        self.limits: dict[str, int] = {}
+        self.current: dict[int, list[object]] = {}  # thread id -> its context stack
+        self.syncs = 0
+        self.fail_next_sync = None
+        self.detached = 0
+        self.images: list[str] = []  # "cubin", "ptx" or "host" per module_from_buffer
+        self.loaded: list[bytes] = []  # the images themselves
+        self.refuse_cubins = False  # module_from_buffer refuses cubins (an older driver)
+        self.driver_version = driver_version
+        outer = self
+
+        class Context:
+            def push(self):
+                outer.stack().append(self)
+
+            def detach(self):
+                outer.detached += 1
+
+            @staticmethod
+            def pop():
+                outer.stack().pop()
+
+            @staticmethod
+            def set_limit(which, value):
+                outer.require_context()
+                outer.limits[which] = value
+
+            @staticmethod
+            def synchronize():
+                outer.require_context()
+                outer.syncs += 1
+                if outer.fail_next_sync:
+                    e, outer.fail_next_sync = outer.fail_next_sync, None
+                    raise e
+
+        class Device:
+            def __init__(self, ordinal):
+                self.ordinal = ordinal
+
+            @staticmethod
+            def count():
+                return devices
+
+            def name(self):
+                return "Stand-in GPU"
+
+            def compute_capability(self):
+                return capability
+
+            def total_memory(self):
+                return TOTAL_MEMORY
+
+            def get_attribute(self, attr):
+                assert attr == FakeDriver.device_attribute.MULTIPROCESSOR_COUNT
+                return SMS
+
+            def retain_primary_context(self):
+                return Context()
+
+        self.Context, self.Device = Context, Device
+
+    @classmethod
+    def without_devices(cls) -> FakeDriver:
+        return cls(devices=0)
+
+    # ------------------------------------------------------------------ contexts
+    def stack(self) -> list[object]:
+        """The calling thread's context stack (CUDA's current context is per thread)."""
+        return self.current.setdefault(threading.get_ident(), [])
+
+    @property
+    def contexts(self) -> list[object]:
+        """Every context made current and not popped yet, on any thread."""
+        return [c for s in self.current.values() for c in s]
+
+    def require_context(self) -> None:
+        """What the real driver requires of every call below: a context current on the
+        calling thread (else CUDA_ERROR_INVALID_CONTEXT)."""
+        assert self.stack(), "no CUDA context is current on this thread"
+
+    def get_driver_version(self) -> int:
+        return self.driver_version
+
+    # ------------------------------------------------------------------ memory
+    def mem_get_info(self) -> tuple[int, int]:
+        self.require_context()
+        return TOTAL_MEMORY - sum(b.nbytes for b in self.blocks.values()), TOTAL_MEMORY
+
+    def mem_alloc(self, n):
+        self.require_context()
+        outer = self
+        block = np.full(n, 0xAB, np.uint8)  # not zeroed: the allocator must
+        self.blocks[block.ctypes.data] = block
+
+        class Handle(int):
+            def free(self):
+                del outer.blocks[int(self)]
+
+        return Handle(block.ctypes.data)
+
+    def memset_d8(self, address, value, n):
+        self.require_context()
+        ctypes.memset(address, value, n)
+
+    def memcpy_htod(self, address, host):
+        self.require_context()
+        ctypes.memmove(address, host.ctypes.data, host.nbytes)
+
+    def memcpy_dtoh(self, host, address):
+        self.require_context()
+        ctypes.memmove(host.ctypes.data, address, host.nbytes)
+
+    def memcpy_dtod(self, dst, src, n):
+        self.require_context()
+        ctypes.memmove(dst, src, n)
+
+    def in_device_memory(self, address) -> bool:
+        return any(a <= address < a + b.nbytes for a, b in self.blocks.items())
+
+    # ------------------------------------------------------------------ modules
+    def module_from_buffer(self, image):
+        self.require_context()
+        outer = self
+        if cuda_runtime.is_cubin(image):
+            if self.refuse_cubins:
+                raise RuntimeError("cuModuleLoadData failed: device kernel image is invalid")
+            kind = "cubin"
+        else:
+            assert image.endswith(b"\0")  # cuModuleLoadData takes NUL-terminated PTX
+            kind = "ptx" if b".target" in image else "host"
+        self.images.append(kind)
+        self.loaded.append(bytes(image))
+
+        class Function:
+            def __init__(self, name):
+                self.name = name
+                self.fn = None
+                if kind == "host":  # the simulated grid's object code: runs on the CPU
+                    self.engine, addresses = simgrid_codegen.get_target().load(image, [name])
+                    self.fn = GRID_FN(addresses[name])
+                self.arg_types = None
+
+            def prepare(self, arg_types):
+                self.arg_types = list(arg_types)
+
+            def prepared_call(self, grid, block, *args):
+                outer.require_context()
+                assert self.arg_types == [np.uintp] and len(args) == 1
+                outer.launches.append((self.name, grid, block, args[0]))
+                if self.fn is not None:
+                    self.fn(args[0], grid[0], block[0], 0)
+
+        class Module:
+            def get_function(self, name):
+                return Function(name)
+
+        return Module()
+
+
+def use(monkeypatch, drv: FakeDriver, code: str = "simgrid") -> FakeDriver:
+    """Make ``ti.init(arch=ti.cuda)`` (and the server's engines) find ``drv``.
+
+    ``code="simgrid"``: kernels compile to the simulated grid's host code, which the stand-in
+    runs (there is no PTX, so no ptxas: the launcher takes the JIT path). ``code="cuda"``: the
+    real CUDA target for the device's architecture, PTX assembled by the real ptxas."""
+    for var in ("TI_ARCH", "DIFFTAPE_ARCH", "DIFFTAPE_SIMULATE_GPU", cuda_runtime.DEVICE_VAR):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(cuda_runtime, "load_driver", lambda: drv)
+    if code == "simgrid":
+        monkeypatch.setenv("DIFFTAPE_PTXAS", "")
+        monkeypatch.setattr(cuda_codegen, "get_target",
+                            lambda arch: simgrid_codegen.get_target())
+    else:
+        assert code == "cuda", code
+    return drv
