@@ -71,6 +71,8 @@ def worth_vectorizing(body: Block) -> bool:
 
 class CPUTarget:
     name = "cpu"
+    # x86/AArch64 float atomic adds are compare-exchange loops: one on 8 bytes does two.
+    paired_atomics = True
     # The reverse-mode stack grows with libc's allocator, bound under our own names.
     realloc_symbol = "dt_realloc"
     calloc_symbol = "dt_calloc"

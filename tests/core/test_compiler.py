@@ -174,6 +174,37 @@ def test_branches_on_values_vectorize_and_branches_around_memory_do_not(prog):
     np.testing.assert_allclose(out.to_numpy(), u, rtol=2e-7, atol=0)
 
 
+def test_atomic_adds_into_the_two_halves_of_8_bytes_are_one_atomic(prog):
+    """On the CPU a float atomic add is a compare-exchange loop; the two components 2k,
+    2k + 1 of a field whose last axis has an even extent are one aligned 8-byte unit, so
+    one 64-bit compare-exchange adds both (a particle-to-grid scatter of velocities makes
+    half as many). A 3-vector's first two components may straddle 8 bytes: not paired.
+    (tests/lang/test_random_atomics.py checks the sums with many threads.)"""
+    side = 160
+    idx = ti.field(ti.i32, shape=(64, 2))
+    val = ti.Vector.field(4, ti.f32, shape=64)
+    g2 = ti.Vector.field(2, ti.f32, shape=(side, side))
+    g3 = ti.Vector.field(3, ti.f32, shape=(side, side))
+    g4 = ti.Vector.field(4, ti.f32, shape=(side, side))
+
+    @ti.kernel
+    def scatter():
+        for p in range(64):
+            i, j = idx[p, 0], idx[p, 1]
+            v = val[p]
+            g2[i, j] += ti.Vector([v[0], v[1]])
+            g3[i, j] -= ti.Vector([v[0], v[1], v[2]])
+            g4[i, j] += v
+
+    ir = _ir(scatter, prog)
+    body = _task_body(get_target().optimized_ir(
+        llvm_lowering.Lowering(ir, ctx_layout(ir), get_target()).module()), "scatter")
+    pairs = len(re.findall(r"atomicrmw fadd ptr [^,]+, <2 x float>", body))  # g2, g4 x2
+    singles = len(re.findall(r"atomicrmw fsub ptr [^,]+, float", body))  # g3
+    assert pairs == singles > 0  # 3 and 3 per iteration (LLVM may unroll the loop)
+    assert not re.search(r"atomicrmw fadd ptr [^,]+, float", body)
+
+
 def test_reduction_accuracy_f32(prog):
     n = 1 << 22
     x = ti.field(ti.f32, shape=n)
