@@ -107,6 +107,7 @@ class CUDATarget:
     """PTX for one compute capability (``sm_XX``)."""
 
     name = "cuda"
+    paired_atomics = False  # f32 atomic adds are native (red.global.add.f32)
     triple = "nvptx64-nvidia-cuda"
     #: the device heap (private copies of privatized scatter targets)
     malloc_symbol = "malloc"

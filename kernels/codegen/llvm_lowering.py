@@ -451,7 +451,12 @@ class Lowering:
 
     # ------------------------------------------------------------------ statements
     def block(self, block: Block) -> None:
+        paired = self._paired_atomics(block)
         for s in block:
+            if s in paired:
+                if paired[s] is not None:  # the second of a pair: both as one atomic
+                    self._atomic_pair(paired[s], s)
+                continue
             handler = getattr(self, "op_" + s.op, None)
             if handler is not None:
                 v = handler(s)
@@ -755,6 +760,61 @@ class Lowering:
             self.fn.void(f"store {ty} {new}, ptr {p}{tags}")
             return old
         return self._atomic_rmw(kind, t, p, v, tags)
+
+    @functools.cached_property
+    def _used(self) -> set[Stmt]:
+        """Every statement some statement of the kernel reads."""
+        return {a for task in self.ir.tasks or () for b in task_blocks(task) for s in walk(b)
+                for a in s.args}
+
+    def _pairable(self, s: Stmt) -> bool:
+        """An f32 atomic add/sub, result unused, into one of the two components ``2k`` and
+        ``2k + 1`` (a constant last index) of a field whose last axis has an even extent: the
+        two components are then 8 bytes at an 8-byte aligned address (field storage is
+        NumPy's, aligned to 16 bytes)."""
+        if s.op != "atomic" or s.attr[1] not in ("add", "sub") or s.dtype != T.f32 or \
+                len(s.args) < 2 or s.args[-2].op != "const" or s in self._used:
+            return False
+        buf = self.ir.buffers[s.attr[0]]
+        return buf.key[0] == "field" and buf.quant is None and isinstance(buf.shape[-1], int) \
+            and buf.shape[-1] % 2 == 0
+
+    def _paired_atomics(self, block: Block) -> dict[Stmt, Stmt | None]:
+        """Pairs of atomics in ``block`` that update the two f32 components of one 8-byte
+        unit (``v[i, 0] += a; v[i, 1] += b``, a particle-to-grid scatter) with nothing but
+        arithmetic between them (so no other memory access is reordered): on a target that
+        asks for it (:attr:`paired_atomics`: the CPU, where a float atomic add is a
+        compare-exchange loop), one 64-bit compare-exchange makes both updates. Each
+        component gets the same addition as alone, so results do not change. Maps the first
+        of a pair to None and the second to the first."""
+        if self.serial or not self.target.paired_atomics:
+            return {}
+        out: dict[Stmt, Stmt | None] = {}
+        for k, s in enumerate(block):
+            if s in out or not self._pairable(s):
+                continue
+            for t in block[k + 1:]:
+                if t.op == "atomic" and t not in out and self._pairable(t) and \
+                        t.attr == s.attr and t.args[:-2] == s.args[:-2] and \
+                        {s.args[-2].attr, t.args[-2].attr} == \
+                        {s.args[-2].attr & ~1, s.args[-2].attr | 1}:
+                    out[s], out[t] = None, s
+                    break
+                if not t.info.pure or t.op == "load" or t.blocks:
+                    break
+        return out
+
+    def _atomic_pair(self, first: Stmt, second: Stmt) -> None:
+        lo, hi = sorted((first, second), key=lambda a: a.args[-2].attr)
+        slot, kind = lo.attr
+        p = self.address(slot, lo.args[:-1])
+        vec = "poison"
+        for lane, a in enumerate((lo, hi)):
+            vec = self.fn.ins(f"insertelement <2 x float> {vec}, float {self.values[a.args[-1]]}"
+                              f", i32 {lane}")
+        op = "fadd" if kind == "add" else "fsub"
+        self.fn.ins(f"atomicrmw {op} ptr {p}, <2 x float> {vec} monotonic, align 8"
+                    f"{self.alias_tags(slot)}")
 
     def _declare_quant(self, place) -> None:
         for text in Q.intrinsics([place]):

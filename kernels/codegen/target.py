@@ -35,6 +35,9 @@ class Target(Protocol):
     #: LLVM target triple and data layout written at the head of every module
     triple: str
     datalayout: str
+    #: Lower two f32 atomic adds into the components of one aligned 8-byte pair as one
+    #: 64-bit atomic (where float atomics are compare-exchange loops anyway: the CPU).
+    paired_atomics: bool
 
     @property
     def fingerprint(self) -> str:

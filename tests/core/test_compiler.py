@@ -111,6 +111,100 @@ def test_conditional_expression_selects_on_pure_values_and_branches_around_loads
     assert loads[0] in list(walk(branch.blocks[0]))
 
 
+def _task_body(opt: str, name: str) -> str:
+    start = opt.index(f"@{name}_task0_body(")
+    return opt[start:opt.index("\n}\n", start)]
+
+
+def test_branches_on_values_vectorize_and_branches_around_memory_do_not(prog):
+    """A grid update with boundary conditions (branches that only choose values, as MPM's
+    grid_op) vectorizes, primal and adjoint, and computes what NumPy computes; a branch
+    around a store keeps the loop scalar (masked stores were measured slower)."""
+    n = 64
+    m = ti.field(ti.f32, shape=(n, n), needs_grad=True)
+    v = ti.field(ti.f32, shape=(n, n), needs_grad=True)
+    out = ti.field(ti.f32, shape=(n, n), needs_grad=True)
+
+    @ti.kernel
+    def grid(g: ti.f32):
+        for i, j in ti.ndrange(n, n):
+            u = v[i, j] / (m[i, j] + 1e-10) - g
+            if j < 3 and u < 0:
+                lit = ti.abs(u) + 1e-10
+                if lit + 0.5 * u <= 0:
+                    u = 0.0
+                else:
+                    u = (1.0 + 0.5 * u / lit) * u
+            if i > n - 3 and u > 0:
+                u = 0.0
+            out[i, j] = u
+
+    @ti.kernel
+    def guarded():
+        for i, j in ti.ndrange(n, n):
+            if v[i, j] > 0:
+                out[i, j] = v[i, j]
+
+    target = get_target()
+    for kernel, variant in ((grid, "primal"), (grid, "grad")):
+        ir = run_pipeline(kernel.build_ir(prog, (None,), variant))
+        opt = target.optimized_ir(llvm_lowering.Lowering(ir, ctx_layout(ir), target).module())
+        assert re.search(r"<(4|8|16) x float>", _task_body(opt, ir.name)), variant
+    opt = target.optimized_ir(llvm_lowering.Lowering(_ir(guarded, prog), ctx_layout(
+        _ir(guarded, prog)), target).module())
+    assert not re.search(r"<(4|8|16) x float>", _task_body(opt, "guarded"))
+
+    rng = np.random.default_rng(3)
+    mass = rng.uniform(0.5, 2.0, (n, n)).astype(np.float32)
+    vel = rng.uniform(-1.0, 1.0, (n, n)).astype(np.float32)
+    m.from_numpy(mass)
+    v.from_numpy(vel)
+    g = np.float32(0.25)
+    grid(g)
+    u = vel / (mass + np.float32(1e-10)) - g
+    jj = np.arange(n)[None, :]
+    ii = np.arange(n)[:, None]
+    floor = (jj < 3) & (u < 0)
+    lit = np.abs(u) + np.float32(1e-10)
+    stop = lit + np.float32(0.5) * u <= 0
+    with np.errstate(all="ignore"):
+        slid = (np.float32(1.0) + np.float32(0.5) * u / lit) * u
+    u = np.where(floor, np.where(stop, np.float32(0.0), slid), u)
+    u = np.where((ii > n - 3) & (u > 0), np.float32(0.0), u).astype(np.float32)
+    np.testing.assert_allclose(out.to_numpy(), u, rtol=2e-7, atol=0)
+
+
+def test_atomic_adds_into_the_two_halves_of_8_bytes_are_one_atomic(prog):
+    """On the CPU a float atomic add is a compare-exchange loop; the two components 2k,
+    2k + 1 of a field whose last axis has an even extent are one aligned 8-byte unit, so
+    one 64-bit compare-exchange adds both (a particle-to-grid scatter of velocities makes
+    half as many). A 3-vector's first two components may straddle 8 bytes: not paired.
+    (tests/lang/test_random_atomics.py checks the sums with many threads.)"""
+    side = 160
+    idx = ti.field(ti.i32, shape=(64, 2))
+    val = ti.Vector.field(4, ti.f32, shape=64)
+    g2 = ti.Vector.field(2, ti.f32, shape=(side, side))
+    g3 = ti.Vector.field(3, ti.f32, shape=(side, side))
+    g4 = ti.Vector.field(4, ti.f32, shape=(side, side))
+
+    @ti.kernel
+    def scatter():
+        for p in range(64):
+            i, j = idx[p, 0], idx[p, 1]
+            v = val[p]
+            g2[i, j] += ti.Vector([v[0], v[1]])
+            g3[i, j] -= ti.Vector([v[0], v[1], v[2]])
+            g4[i, j] += v
+
+    ir = _ir(scatter, prog)
+    body = _task_body(get_target().optimized_ir(
+        llvm_lowering.Lowering(ir, ctx_layout(ir), get_target()).module()), "scatter")
+    pairs = len(re.findall(r"atomicrmw fadd ptr [^,]+, <2 x float>", body))  # g2, g4 x2
+    singles = len(re.findall(r"atomicrmw fsub ptr [^,]+, float", body))  # g3
+    assert pairs == singles > 0  # 3 and 3 per iteration (LLVM may unroll the loop)
+    assert not re.search(r"atomicrmw fadd ptr [^,]+, float", body)
+
+
 def test_reduction_accuracy_f32(prog):
     n = 1 << 22
     x = ti.field(ti.f32, shape=n)

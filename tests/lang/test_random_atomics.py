@@ -133,6 +133,44 @@ def test_parallel_histogram_with_augmented_assignment(ti):
     np.testing.assert_array_equal(hist.to_numpy(), np.bincount(data % bins, minlength=bins))
 
 
+def test_parallel_vector_scatter_adds_every_component(ti):
+    """Many threads add 2-, 3- and 4-vectors and neighbouring scalars into grid nodes chosen
+    by data (a particle-to-grid transfer): every component of every update arrives. The
+    values are multiples of 1/4 below 2^10, so every order of the sums is exact."""
+    n, side = 200_000, 160  # 160 * 160 nodes: too many elements for per-chunk copies
+    idx = ti.field(ti.i32, shape=(n, 2))
+    val = ti.Vector.field(4, ti.f32, shape=n)
+    g2 = ti.Vector.field(2, ti.f32, shape=(side, side))
+    g3 = ti.Vector.field(3, ti.f32, shape=(side, side))
+    g4 = ti.Vector.field(4, ti.f32, shape=(side, side))
+    flat = ti.field(ti.f32, shape=2 * side * side)
+
+    @ti.kernel
+    def scatter():
+        for p in range(n):
+            i, j = idx[p, 0], idx[p, 1]
+            v = val[p]
+            g2[i, j] += ti.Vector([v[0], v[1]])
+            g3[i, j] -= ti.Vector([v[0], v[1], v[2]])
+            g4[i, j] += v
+            flat[2 * (i * side + j)] += v[2]
+            flat[2 * (i * side + j) + 1] -= v[3]
+
+    rng = np.random.default_rng(11)
+    ij = rng.integers(0, 8, (n, 2)).astype(np.int32)  # 64 hot nodes: contended
+    vals = (rng.integers(-4, 5, (n, 4)) / 4).astype(np.float32)
+    idx.from_numpy(ij)
+    val.from_numpy(vals)
+    scatter()
+    want = np.zeros((side, side, 4))
+    np.add.at(want, (ij[:, 0], ij[:, 1]), vals.astype(np.float64))
+    np.testing.assert_array_equal(g2.to_numpy(), want[..., :2])
+    np.testing.assert_array_equal(g3.to_numpy(), -want[..., :3])
+    np.testing.assert_array_equal(g4.to_numpy(), want)
+    pairs = np.stack([want[..., 2], -want[..., 3]], axis=-1).reshape(-1)
+    np.testing.assert_array_equal(flat.to_numpy(), pairs)
+
+
 def test_bitwise_augmented_assignment_is_atomic(ti):
     # Each iteration sets, then clears, its own bit of a shared word (and toggles a word with
     # ^=): a lost update leaves a bit set, so any non-atomic &=, |= or ^= shows.
