@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from difftape import errors as _errors
-from difftape.errors import CompileError, DifftapeError
+from difftape.errors import CompileError, DifftapeError, location_arguments
 
 
 class RemoteError(DifftapeError):
@@ -77,7 +77,7 @@ def error_from_problem(status: int, body: Any) -> DifftapeError:
                     status=status, body=body)
     kernel = body.get("kernel")
     if issubclass(cls, CompileError):
-        err: DifftapeError = cls(detail, kernel=kernel)
+        err: DifftapeError = cls(detail, kernel=kernel, **location_arguments(body.get("location")))
     else:
         err = cls(detail)
         err.kernel = kernel  # e.g. the launch of a replayed graph that failed

@@ -248,7 +248,7 @@ class LocalTransport:
         pass
 
     def _run(self, op: dict, payload: bytes | None = None) -> tuple[Any, bytes | None]:
-        from difftape.errors import DifftapeError
+        from difftape.errors import DifftapeError, error_location
 
         wire = json.dumps(op)
         self.stats.round_trips += 1
@@ -259,7 +259,7 @@ class LocalTransport:
         except DifftapeError as e:
             body = {"detail": getattr(e, "bare_message", None) or str(e),
                     "difftape_error": type(e).__name__, "kernel": getattr(e, "kernel", None),
-                    "index": getattr(e, "op_index", None)}
+                    "location": error_location(e), "index": getattr(e, "op_index", None)}
             raise error_from_problem(422, body) from None
         wire = json.dumps(result)
         self.stats.bytes_received += len(wire) + (memoryview(out).nbytes if out is not None

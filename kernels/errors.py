@@ -126,6 +126,29 @@ class ArgumentError(CompileError, TypeError, ValueError):
     other for these mistakes, so code written against either keeps catching it."""
 
 
+def error_location(exc: BaseException) -> dict | None:
+    """Where a :class:`CompileError` points (``{"file", "line", "source_line"}``), as the
+    service sends it beside the bare message, so that the client raises it naming the same
+    line, with the same text, as the local compiler; None for other errors and for one
+    that points nowhere."""
+    if not isinstance(exc, CompileError) or not exc.file:
+        return None
+    return {"file": exc.file, "line": exc.line, "source_line": exc.source_line}
+
+
+def location_arguments(data: object) -> dict:
+    """``error_location``'s dict, as received, back into :class:`CompileError` keyword
+    arguments; anything malformed is dropped (a message is never refused for it)."""
+    if not isinstance(data, dict):
+        return {}
+    file, line, text = data.get("file"), data.get("line"), data.get("source_line")
+    if not isinstance(file, str):
+        return {}
+    return {"file": file,
+            "line": line if type(line) is int else None,
+            "source_line": text if isinstance(text, str) else None}
+
+
 def compile_error_class(exc: BaseException) -> type[CompileError]:
     """The CompileError subclass for a builtin exception that user Python code (run while a
     kernel compiles: ti.static expressions, helper functions) raised."""

@@ -356,6 +356,9 @@ class Problem(BaseModel):
     detail: str
     difftape_error: str | None = None
     kernel: str | None = None
+    #: A compile error's ``{"file", "line", "source_line"}`` (``difftape.errors.error_location``):
+    #: the client's line that the kernel's IR carried, which the client's message names.
+    location: dict[str, Any] | None = None
 
 
 class Health(BaseModel):

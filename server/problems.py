@@ -95,6 +95,8 @@ def engine_problem(err: dict) -> ProblemError:
     extra = {}
     if err.get("index") is not None:
         extra["index"] = err["index"]
+    if err.get("location") is not None:
+        extra["location"] = err["location"]
     if status == 429 and isinstance(err.get("limit"), str):
         extra["limit"] = err["limit"]
     if status == 500:

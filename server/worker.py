@@ -33,6 +33,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from difftape.errors import error_location
+
 from .problems import ProblemError, engine_problem, server_stopping, session_lost
 
 log = logging.getLogger("difftape.server")
@@ -239,6 +241,7 @@ def _error_dict(e: BaseException) -> dict:
             "bases": [c.__name__ for c in type(e).__mro__],
             "message": getattr(e, "bare_message", None) or str(e),
             "kernel": getattr(e, "kernel", None),
+            "location": error_location(e),
             "index": getattr(e, "op_index", None),
             "limit": getattr(e, "limit", None) if isinstance(getattr(e, "limit", None), str)
             else None}

@@ -19,13 +19,12 @@ the func is inlined into a scratch block whose argument values are seeded.
 
 from __future__ import annotations
 
-import linecache
 from collections.abc import Callable
 
 from ..errors import GradientRuleError
 from ..ir.nodes import Block, Buffer, KernelIR, Stmt, walk
 from ..ir.ops import OPS
-from .rules import RISKY, Emitter, Scaled, no_rule_message, partials, scale
+from .rules import RISKY, Emitter, Scaled, no_rule_message, partials, rule_error, scale
 from .structure import (
     _forward_closure,
     carries_none,
@@ -89,10 +88,7 @@ class ForwardAD:
         return self.buffers[slot].name if slot < len(self.buffers) else f"buffer {slot}"
 
     def error(self, s: Stmt, message: str) -> GradientRuleError:
-        file, line = s.loc if s.loc else (self.file, None)
-        text = linecache.getline(file, line) if line else ""
-        return GradientRuleError(message, kernel=self.name, file=file, line=line,
-                                 source_line=text or None)
+        return rule_error(message, self.name, s.loc, self.file)
 
     # ------------------------------------------------------------------ the walk
     def block(self, block: Block) -> Block:

@@ -17,12 +17,12 @@ storage that exists, so the local runtime and the remote client share it.
 
 from __future__ import annotations
 
-import linecache
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import GradientRuleError
-from ..ir.nodes import Block, Buffer, KernelIR, Stmt, walk
+from ..ir.nodes import Block, Buffer, KernelIR, Loc, Stmt, walk
+from .rules import rule_error
 from .structure import activity, flows_into
 
 #: What each mode calls its storage, and how to allocate it.
@@ -37,7 +37,7 @@ class Access:
 
     key: tuple  # Buffer.key
     name: str
-    loc: tuple[str, int] | None
+    loc: Loc | None
 
 
 @dataclass(frozen=True)
@@ -171,7 +171,4 @@ class LostTracker:
                f"'{a.name}' with {flag} (or call {lazy} before {where}); if the path should "
                "carry no derivative, write it through ti.stop_grad(...) or from a "
                "@ti.ad.no_grad kernel")
-        file, line = a.loc if a.loc else (None, None)
-        text = linecache.getline(file, line) if file and line else ""
-        return GradientRuleError(msg, kernel=kernel, file=file, line=line,
-                                 source_line=text or None)
+        return rule_error(msg, kernel, a.loc)

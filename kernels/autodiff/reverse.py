@@ -33,7 +33,6 @@ gradients flowing through kernel-level variables into parallel loops.
 
 from __future__ import annotations
 
-import linecache
 from collections.abc import Callable
 
 from ..errors import GradientRuleError
@@ -41,7 +40,7 @@ from ..ir.nodes import Block, Buffer, KernelIR, Stmt, walk
 from ..ir.ops import OPS
 from ..ir.passes.dce import eliminate_blocks
 from ..types import i32
-from .rules import ADD_IDENTITY, Emitter, no_rule_message, partials, scale
+from .rules import ADD_IDENTITY, Emitter, no_rule_message, partials, rule_error, scale
 from .structure import (
     activity,
     feeds_selection,
@@ -180,10 +179,7 @@ class ReverseAD:
 
     # ------------------------------------------------------------------ errors
     def error(self, s: Stmt, message: str) -> GradientRuleError:
-        file, line = s.loc if s.loc else (self.ir.file, None)
-        text = linecache.getline(file, line) if line else ""
-        return GradientRuleError(message, kernel=self.ir.name, file=file, line=line,
-                                 source_line=text or None)
+        return rule_error(message, self.ir.name, s.loc, self.ir.file)
 
     # ------------------------------------------------------------------ the kernel
     def build(self) -> KernelIR:
@@ -540,8 +536,8 @@ class ReverseAD:
 
     def _rule_error(self, r: Stmt, w: Stmt) -> GradientRuleError:
         buf = self.buffers[r.attr]
-        rline = r.loc[1] if r.loc else "?"
-        text = linecache.getline(r.loc[0], r.loc[1]).strip() if r.loc else ""
+        rline = r.loc.line if r.loc else "?"
+        text = r.loc.text if r.loc else ""
         how = "overwrites" if w.op == "store" else "modifies (atomically)"
         what = (f"this line reads an element of '{buf.name}' and then {how} it"
                 if r.loc == w.loc else

@@ -23,12 +23,24 @@ not here. An op whose derivative is :data:`NO_DERIVATIVE` gives values that carr
 
 from __future__ import annotations
 
-from ..ir.nodes import Block, Stmt
+from ..errors import GradientRuleError
+from ..ir.nodes import Block, Loc, Stmt
 from ..ir.ops import MINUS_ONE, NO_DERIVATIVE, ONE, OPS, STRUCTURAL, Partial, Scaled, Where
 from ..types import DType, i32
 
 __all__ = ["ADD_IDENTITY", "MINUS_ONE", "NO_DERIVATIVE", "ONE", "RISKY", "STRUCTURAL", "Emitter",
-           "Partial", "Scaled", "Where", "no_rule_message", "partials", "scale"]
+           "Partial", "Scaled", "Where", "no_rule_message", "partials", "rule_error", "scale"]
+
+
+def rule_error(message: str, kernel: str, loc: Loc | None,
+               file: str | None = None) -> GradientRuleError:
+    """The error for a gradient rule the statement at ``loc`` breaks, naming its line and
+    quoting the text that travelled with the IR (``file``: the kernel's, where the
+    statement has no location)."""
+    if loc is None:
+        return GradientRuleError(message, kernel=kernel, file=file or None)
+    return GradientRuleError(message, kernel=kernel, file=loc.file, line=loc.line,
+                             source_line=loc.text or None)
 
 
 class Emitter:

@@ -15,8 +15,6 @@ Marks are cleared when a validating Tape is entered, so they cover exactly one r
 
 from __future__ import annotations
 
-import linecache
-
 from ..ir.nodes import Block, Buffer, KernelIR, Stmt, walk
 from ..types import i8, i32
 
@@ -46,8 +44,7 @@ def _mark_buffer(ir: KernelIR, prog, slot: int, slots: dict[int, int | None]) ->
 
 
 def _message(ir: KernelIR, s: Stmt, name: str) -> str:
-    file, line = s.loc if s.loc else (ir.file, 0)
-    text = linecache.getline(file, line).strip() if line else ""
+    file, line, text = s.loc if s.loc else (ir.file, 0, "")
     return (f"{RULE_MARKER}kernel '{ir.name}' ({file}:{line}: `{text}`) modifies an element of "
             f"'{name}' that this recording already read (in this kernel or an earlier one). "
             "The gradient would be computed from the new value (global data access rule #1: "

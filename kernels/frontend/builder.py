@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import functools
 import itertools
-import linecache
 import threading
 from collections.abc import Callable
 from contextlib import contextmanager
 from typing import Any
 
 from ..errors import CompileError
-from ..ir.nodes import Block, Buffer, Param, Stmt
+from ..ir.nodes import Block, Buffer, Loc, Param, Stmt
 from ..types import DType
 
 _state = threading.local()
@@ -51,7 +50,7 @@ class Builder:
         self.returns: list[DType] = []
         self.body: Block = []
         self._blocks: list[Block] = [self.body]
-        self.loc: tuple[str, int] | None = None
+        self.loc: Loc | None = None
         self.loop_ids = itertools.count()
         self.loop_stack: list[tuple[str, int | None]] = []  # ("range"|"while", loop id)
         self.pending_loop_config: dict | None = None  # set by ti.loop_config for the next loop
@@ -190,11 +189,10 @@ class Builder:
 
     # -- errors --------------------------------------------------------------------------------
     def error(self, message: str, cls: type[CompileError] = CompileError) -> CompileError:
-        line = self.loc[1] if self.loc else None
-        file = self.loc[0] if self.loc else self.file
-        text = linecache.getline(file, line) if line else ""
-        return cls(message, kernel=self.kernel_name, file=file, line=line,
-                   source_line=text or None)
+        if self.loc is None:
+            return cls(message, kernel=self.kernel_name, file=self.file)
+        return cls(message, kernel=self.kernel_name, file=self.loc.file, line=self.loc.line,
+                   source_line=self.loc.text or None)
 
 
 def python_scope(method: Callable) -> Callable:

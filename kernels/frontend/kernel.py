@@ -538,7 +538,8 @@ def compile_ir(ir: KernelIR, prog, stats: CompileStats | None = None,
     launcher = prog.launcher
     target = get_target() if launcher is None else launcher.target
     layout = ctx_layout(ir)
-    key = serialize.fingerprint(ir, target.fingerprint, __version__, _codegen_source_hash())
+    key = serialize.fingerprint(ir, target.fingerprint, __version__, _codegen_source_hash(),
+                                locations=False)
     directory = cache.cache_dir(prog.config.offline_cache_file_path) \
         if prog.config.offline_cache else None
     low = Lowering(ir, layout, target)

@@ -9,7 +9,6 @@ fixed set of scalar statements that LLVM sees through and autodiff differentiate
 from __future__ import annotations
 
 import itertools
-import linecache
 import numbers
 from collections.abc import Callable
 
@@ -108,10 +107,7 @@ class Matrix:
         if bld is not None and bld.debug and isinstance(k, Value):
             e = k.expr()
             ok = ops.logical_and(ops.binary("ge", e, 0), ops.binary("lt", e, extent))
-            where = ""
-            if bld.loc:
-                text = linecache.getline(bld.loc[0], bld.loc[1]).strip()
-                where = f"\n  in kernel '{bld.kernel_name}', {bld.loc[0]}:{bld.loc[1]}\n    {text}"
+            where = bld.loc.where(bld.kernel_name) if bld.loc else ""
             bld.emit("assert", None, (ok.stmt, e.stmt),
                      f"{OUT_OF_RANGE}{axis} out of range for a {self._shape_text()}{where}")
         return k

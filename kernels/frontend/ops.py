@@ -8,7 +8,6 @@ kernel values emit typed IR with Taichi's promotion rules; matrices apply elemen
 from __future__ import annotations
 
 import builtins
-import linecache
 import numbers
 import sys
 from collections.abc import Callable
@@ -17,6 +16,7 @@ import numpy as np
 
 from .. import types as T
 from ..errors import CompileError, DifftapeError, KernelSyntaxError, KernelTypeError
+from ..ir.nodes import Loc
 from ..ir.ops import OPS
 from ..runtime import program
 from ..types import DType
@@ -243,7 +243,7 @@ def to_condition(x) -> Expr:
     return e
 
 
-def runtime_check(cond, message: str, loc: tuple[str, int] | None = None) -> None:
+def runtime_check(cond, message: str, loc: Loc | None = None) -> None:
     """Check ``cond`` at run time whatever ``ti.init(debug=...)`` says: where it is false the
     launch ends with a ``KernelAssertionError`` carrying ``message``, the kernel and the line
     ``loc`` (default: the line being compiled; a library func passes its caller's line).
@@ -258,10 +258,7 @@ def runtime_check(cond, message: str, loc: tuple[str, int] | None = None) -> Non
             raise bld.error(message)
         return
     loc = loc or bld.loc
-    where = f"\n  in kernel '{bld.kernel_name}'"
-    if loc:
-        text = linecache.getline(loc[0], loc[1]).strip()
-        where += f", {loc[0]}:{loc[1]}\n    {text}"
+    where = loc.where(bld.kernel_name) if loc else f"\n  in kernel '{bld.kernel_name}'"
     bld.emit("assert", None, (to_condition(cond).stmt,), message + where)
 
 

@@ -34,7 +34,7 @@ from ..errors import (
     KernelTypeError,
     compile_error_class,
 )
-from ..ir.nodes import OPS, Block, Buffer, Stmt
+from ..ir.nodes import OPS, Block, Buffer, Loc, Stmt
 from . import builder as _b
 from . import ops
 from .annotations import (
@@ -556,7 +556,7 @@ class FunctionTransformer:
         self._close_guards(0)
         ann = self.return_annotation
         if ann is not None and not self.returned:
-            self.bld.loc = (self.parsed.file, self.parsed.tree.lineno)
+            self.bld.loc = Loc.at(self.parsed.file, self.parsed.tree.lineno)
             if not any(isinstance(n, ast.Return) for n in ast.walk(self.parsed.tree)):
                 raise self.bld.error(
                     f"Function has a return type but does not have a return statement: func "
@@ -579,7 +579,7 @@ class FunctionTransformer:
 
     def _at(self, node: ast.AST) -> _b.Builder:
         if hasattr(node, "lineno"):
-            self.bld.loc = (self.parsed.file, node.lineno)
+            self.bld.loc = Loc.at(self.parsed.file, node.lineno)
         return self.bld
 
     def stmt(self, node: ast.stmt) -> None:
@@ -998,7 +998,10 @@ class FunctionTransformer:
             # refused correct programs. ti.static_assert is the compile-time check.
             cond = ops.const(0, T.i32)
         if self.bld.debug:
-            self.bld.emit("assert", None, (ops.to_condition(cond).stmt,), str(msg))
+            # The message names the kernel and the line, as a bounds check's does (Taichi's
+            # gives the message alone, which leaves the user to find the assert).
+            where = self.bld.loc.where(self.bld.kernel_name) if self.bld.loc else ""
+            self.bld.emit("assert", None, (ops.to_condition(cond).stmt,), str(msg) + where)
 
     # ------------------------------------------------------------------ for loops
     def build_For(self, node: ast.For) -> None:
@@ -1966,7 +1969,7 @@ def inline_func(bld: _b.Builder, fn, args: list, kwargs: dict):
         tr.scopes[0][name] = _bind_param(bld, tr, name, value, params[name])
     if len(bld.loop_stack) > 64:
         raise bld.error("func recursion is too deep (difftape inlines funcs)")
-    bld.loc = (parsed.file, parsed.tree.lineno)
+    bld.loc = Loc.at(parsed.file, parsed.tree.lineno)
     tr.entry = bld.insertion_point()
     tr.run_body(parsed.tree.body)
     result = tr.finish_func()
@@ -1978,7 +1981,7 @@ def build_kernel_body(bld: _b.Builder, kernel, args: tuple) -> None:
     """Bind a kernel's parameters for one specialization and transform its body."""
     parsed = parse_function(kernel.pyfunc)
     tr = FunctionTransformer(bld, parsed, kernel.name, is_kernel=True)
-    bld.loc = (parsed.file, parsed.tree.lineno)
+    bld.loc = Loc.at(parsed.file, parsed.tree.lineno)
     for index, (p, value) in enumerate(zip(kernel.params, args, strict=True)):
         ann = p.annotation
         if isinstance(ann, Template):
@@ -2022,7 +2025,7 @@ def build_kernel_body(bld: _b.Builder, kernel, args: tuple) -> None:
     tr.run_body(parsed.tree.body)
     bld.finish_stop_grads()
     if bld.return_type is not None and not tr.returned:
-        bld.loc = (parsed.file, parsed.tree.lineno)
+        bld.loc = Loc.at(parsed.file, parsed.tree.lineno)
         raise bld.error(f"Kernel has a return type but does not have a return statement: "
                         f"kernel '{kernel.name}' is annotated to return a value (as Taichi, "
                         "difftape refuses to make one up); add a `return` at the end of its "

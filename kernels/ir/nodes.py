@@ -17,14 +17,48 @@ Locals are ``alloca`` statements read and written with ``local_load``/``local_st
 from __future__ import annotations
 
 import itertools
+import linecache
+import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..types import DType
 from .ops import ATOMIC_KINDS, OPS, OpInfo
 
-__all__ = ["ATOMIC_KINDS", "OPS", "Block", "Buffer", "KernelIR", "OpInfo", "Param", "Stmt", "Task",
-           "task_blocks", "walk"]
+__all__ = ["ATOMIC_KINDS", "OPS", "Block", "Buffer", "KernelIR", "Loc", "OpInfo", "Param", "Stmt",
+           "Task", "task_blocks", "walk"]
+
+#: A source line's text is kept up to this many characters (a location is data that travels
+#: with the IR to the service, whose validator bounds it the same way).
+MAX_SOURCE_TEXT = 512
+#: Control characters (tab excepted) a location's file or text may not hold: they would break
+#: the layout of the messages that quote them. ``Loc.at`` writes them as "?".
+CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+class Loc(NamedTuple):
+    """Where a statement comes from: the file, the line, and that line's text (stripped).
+
+    The text is read once, where the kernel is built, and travels with the IR (its wire
+    format, ``serialize``): whatever reports the line later (a bounds check, an autodiff
+    rule, the service compiling a kernel a client sent) quotes it without reading a file,
+    which the server could not (and must not) do for a client's kernel."""
+
+    file: str
+    line: int
+    text: str = ""
+
+    @classmethod
+    def at(cls, file: str, line: int) -> Loc:
+        """The location of ``file``:``line``, its text from the file (``linecache``)."""
+        text = linecache.getline(file, line).strip()[:MAX_SOURCE_TEXT]
+        return cls(file, line, CONTROL.sub("?", text))
+
+    def where(self, kernel: str) -> str:
+        """The end of a run-time message naming the kernel, the line and its text, as a
+        local and a remote launch both report it."""
+        text = f"\n    {self.text}" if self.text else ""
+        return f"\n  in kernel '{kernel}', {self.file}:{self.line}{text}"
 
 # ---------------------------------------------------------------------------------------------
 
@@ -38,7 +72,7 @@ class Stmt:
 
     def __init__(self, op: str, dtype: DType | None, args: tuple[Stmt, ...] = (),
                  attr: Any = None, blocks: tuple[list[Stmt], ...] = (),
-                 loc: tuple[str, int] | None = None) -> None:
+                 loc: Loc | None = None) -> None:
         self.op = op
         self.dtype = dtype
         self.args = tuple(args)

@@ -2,6 +2,18 @@
 
 Statements are numbered in program order and operands refer to numbers, so the encoding is
 deterministic (same kernel, same bytes) and needs no pickle. ``decode`` rebuilds the objects.
+
+Statement locations (:class:`~.nodes.Loc`: file, line, the line's text) travel beside the
+statements, so that a kernel compiled elsewhere (the service) reports its errors at the same
+line, quoting the same text, without reading any file. They are stored once per kernel::
+
+    "locations": {"files": [path, ...],
+                  "lines": [[file index, line, text], ...],
+                  "runs": [line index, count, line index, count, ...]}
+
+``runs`` assigns line entries to the statements in their numbering order, run-length encoded
+(-1: no location); consecutive statements mostly come from one line, so a kernel pays a few
+bytes per source line, not per statement. The key is absent when no statement has a location.
 """
 
 from __future__ import annotations
@@ -12,7 +24,7 @@ import math
 from typing import Any
 
 from .. import types as T
-from .nodes import Block, Buffer, KernelIR, Param, Stmt, Task
+from .nodes import Block, Buffer, KernelIR, Loc, Param, Stmt, Task
 
 
 def _enc_attr(a):
@@ -28,13 +40,39 @@ def _dec_attr(a):
 
 
 class _Encoder:
-    def __init__(self) -> None:
+    def __init__(self, locations: bool) -> None:
         self.ids: dict[Stmt, int] = {}
+        self.locations_wanted = locations
+        self.files: dict[str, int] = {}
+        self.lines: dict[Loc, int] = {}
+        self.runs: list[int] = []  # line index, count, ...
+
+    def locate(self, loc: Loc | None) -> None:
+        k = -1
+        if loc is not None:
+            k = self.lines.get(loc, -1)
+            if k < 0:
+                k = self.lines[loc] = len(self.lines)
+                self.files.setdefault(loc.file, len(self.files))
+        runs = self.runs
+        if runs and runs[-2] == k:
+            runs[-1] += 1
+        else:
+            runs += (k, 1)
+
+    def locations(self) -> dict | None:
+        if not self.lines:
+            return None
+        return {"files": list(self.files),
+                "lines": [[self.files[loc.file], loc.line, loc.text] for loc in self.lines],
+                "runs": self.runs}
 
     def block(self, block: Block) -> list:
         out = []
         for s in block:
             self.ids[s] = len(self.ids)
+            if self.locations_wanted:
+                self.locate(s.loc)
             out.append([s.op, s.dtype.name if s.dtype else None,
                         [self.ids[a] for a in s.args], _enc_attr(s.attr),
                         [self.block(b) for b in s.blocks]])
@@ -44,8 +82,11 @@ class _Encoder:
         return None if s is None else self.ids[s]
 
 
-def encode(ir: KernelIR) -> dict:
-    enc = _Encoder()
+def encode(ir: KernelIR, locations: bool = True) -> dict:
+    """The kernel as JSON-able data; ``locations``: with the statements' source locations
+    (without them, what selects the compiled code: they only feed messages, which are
+    attributes of the statements that report them by then)."""
+    enc = _Encoder(locations)
     data = {
         "name": ir.name,
         "params": [[p.name, p.dtype.name] for p in ir.params],
@@ -70,12 +111,29 @@ def encode(ir: KernelIR) -> dict:
                           "schedule": t.schedule})
         data["tasks"] = tasks
         data["num_temps"] = ir.num_temps
+    locs = enc.locations()
+    if locs is not None:
+        data["locations"] = locs
     return data
 
 
 class _Decoder:
     def __init__(self) -> None:
         self.stmts: list[Stmt] = []
+
+    def locate(self, data: dict) -> None:
+        """Give the statements their locations (``encode``'s ``locations``)."""
+        files = data["files"]
+        lines = [Loc(files[f], n, text) for f, n, text in data["lines"]]
+        runs = data["runs"]
+        at = 0
+        for j in range(0, len(runs), 2):
+            k, count = runs[j], runs[j + 1]
+            if k >= 0:
+                loc = lines[k]
+                for s in self.stmts[at:at + count]:
+                    s.loc = loc
+            at += count
 
     def block(self, data: list) -> Block:
         out = []
@@ -114,12 +172,17 @@ def decode(data: dict) -> KernelIR:
             task.epilogue = dec.block(t["epilogue"])
             ir.tasks.append(task)
         ir.num_temps = data["num_temps"]
+    if "locations" in data:
+        dec.locate(data["locations"])
     return ir
 
 
-def fingerprint(ir: KernelIR, *extra: str) -> str:
-    """A stable hash of the IR plus whatever else selects the compiled code."""
-    h = hashlib.sha256(json.dumps(encode(ir), sort_keys=True, separators=(",", ":")).encode())
+def fingerprint(ir: KernelIR, *extra: str, locations: bool = True) -> str:
+    """A stable hash of the IR plus whatever else selects the compiled code; ``locations``:
+    the statements' source locations count (a kernel's identity on the service, whose
+    messages quote them), or not (the compile cache: the code does not depend on them)."""
+    h = hashlib.sha256(json.dumps(encode(ir, locations), sort_keys=True,
+                                  separators=(",", ":")).encode())
     quant = [repr(b.quant) for b in ir.buffers if b.quant is not None]
     if quant:  # the bit layout of quantized fields selects the code (not in the wire format)
         h.update(b"\0" + "|".join(quant).encode())

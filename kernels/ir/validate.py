@@ -29,6 +29,10 @@ memory it should not.
    enclosing loop ids) and the type rules the lowering relies on. One verifier for both keeps
    the rules from drifting apart; its messages name statements by their path in the JSON here.
 
+Statement locations (``serialize``'s ``locations``: file names, lines and their text) are data
+that only messages quote, never compiled or used to open a file; they are checked for types,
+sizes and indices like the rest, and must cover exactly the statements sent.
+
 Errors are :class:`~difftape.errors.IRValidationError` with a path into the JSON, e.g.
 ``body[3].blocks[0][2]: op 'load' takes 1 index per buffer axis ('x' has 1), got 2``.
 """
@@ -43,7 +47,7 @@ import numpy as np
 
 from .. import types as T
 from ..errors import IRValidationError
-from .nodes import OPS, Buffer, KernelIR, Param, Stmt
+from .nodes import CONTROL, MAX_SOURCE_TEXT, OPS, Buffer, KernelIR, Loc, Param, Stmt
 from .verify import LOOP_FLAGS, IRVerificationError, verify
 
 # Ops the compiler creates for itself (after the frontend); a client never has a reason to send
@@ -57,6 +61,11 @@ LOCAL_ONLY_OPS = frozenset({"print"})
 ATTR_OPS = frozenset({"const", "arg", "buf_shape", "loop_index", "load", "store", "atomic",
                       "local_atomic", "assert", "return", "range_for"})
 TOP_LEVEL_KEYS = ("name", "params", "buffers", "returns", "debug", "body")
+OPTIONAL_KEYS = ("locations",)
+LOCATION_KEYS = ("files", "lines", "runs")
+MAX_FILES = 256  # distinct source files of one kernel's statements (its funcs' included)
+MAX_PATH = 4096  # a file name's characters
+MAX_LINE = (1 << 31) - 1
 ROLES = ("primal", "grad", "dual", "mark")  # mark: Tape(validation=True) instrumentation
 
 # The kernel name becomes an LLVM symbol (``@<name>_task0``) written into the module text: only
@@ -161,7 +170,7 @@ class _Decoder:
         if missing:
             raise self.fail("$", f"missing key{'s' if len(missing) > 1 else ''} "
                                  f"{', '.join(map(repr, missing))}")
-        extra = [k for k in data if k not in TOP_LEVEL_KEYS]
+        extra = [k for k in data if k not in TOP_LEVEL_KEYS + OPTIONAL_KEYS]
         if extra:
             raise self.fail("$", f"unknown key {_short(extra[0])}")
         name = self.string(data["name"], "name", "the kernel name")
@@ -173,6 +182,64 @@ class _Decoder:
         self.ir = ir
         ir.body = self.block(data["body"], "body", 1, ())
         return ir
+
+    def locations(self, data: object) -> None:
+        """``serialize``'s location table, checked, then given to the statements (after the
+        statements themselves are: a location only feeds messages)."""
+        path = "locations"
+        self.expect(data, dict, path, "'locations'")
+        if sorted(data) != sorted(LOCATION_KEYS):
+            raise self.fail(path, "'locations' has the keys " +
+                            ", ".join(map(repr, LOCATION_KEYS)))
+        files = self.expect(data["files"], list, path + ".files", "'files'")
+        if len(files) > MAX_FILES:
+            raise self.fail(path + ".files", f"{len(files)} files, at most {MAX_FILES}")
+        for k, f in enumerate(files):
+            self.text(f, f"{path}.files[{k}]", "a file name", 1, MAX_PATH)
+        lines = self.expect(data["lines"], list, path + ".lines", "'lines'")
+        if len(lines) > max(self.count, 1):
+            raise self.fail(path + ".lines", f"{len(lines)} lines for {self.count} statements")
+        table = []
+        for k, entry in enumerate(lines):
+            where = f"{path}.lines[{k}]"
+            if type(entry) is not list or len(entry) != 3:
+                raise self.fail(where, "a line is [file index, line, text]")
+            f, n, text = entry
+            if not _is_int(f) or not 0 <= f < len(files):
+                raise self.fail(where + "[0]", f"file index {_short(f)} out of range")
+            if not _is_int(n) or not 1 <= n <= MAX_LINE:
+                raise self.fail(where + "[1]", f"line numbers are integers 1 to {MAX_LINE}, "
+                                               f"got {_short(n)}")
+            table.append(Loc(files[f], n, self.text(text, where + "[2]", "a line's text", 0,
+                                                    MAX_SOURCE_TEXT)))
+        runs = self.expect(data["runs"], list, path + ".runs", "'runs'")
+        if len(runs) % 2 or len(runs) > 2 * self.count:
+            raise self.fail(path + ".runs", "runs are pairs (line index, count), at most one "
+                                            "per statement")
+        at = 0
+        for j in range(0, len(runs), 2):
+            k, count = runs[j], runs[j + 1]
+            if not _is_int(k) or not -1 <= k < len(table):
+                raise self.fail(f"{path}.runs[{j}]", f"line index {_short(k)} out of range")
+            if not _is_int(count) or not 1 <= count <= self.count - at:
+                raise self.fail(f"{path}.runs[{j + 1}]", f"a run of {_short(count)} statements "
+                                                         f"where {self.count - at} are left")
+            if k >= 0:
+                loc = table[k]
+                for s in self.stmts[at:at + count]:
+                    s.loc = loc
+            at += count
+        if at != self.count:
+            raise self.fail(path + ".runs", f"runs cover {at} statements of {self.count}")
+
+    def text(self, x: object, path: str, what: str, low: int, limit: int) -> str:
+        """A location's string: bounded, no control characters but tabs."""
+        self.expect(x, str, path, what)
+        if not low <= len(x) <= limit:
+            raise self.fail(path, f"{what} must be {low} to {limit} characters, got {len(x)}")
+        if CONTROL.search(x):
+            raise self.fail(path, f"{what} {x[:40]!r} has control characters")
+        return x
 
     def params(self, data: object) -> list[Param]:
         self.expect(data, list, "params", "'params'")
@@ -480,6 +547,8 @@ def decode_untrusted(data: object, *, max_stmts: int = 200_000, max_depth: int =
         verify(ir, locate=dec.paths.get)
     except IRVerificationError as e:
         raise IRValidationError(str(e), path=dec.paths.get(e.stmt)) from None
+    if "locations" in data:
+        dec.locations(data["locations"])
     return ir
 
 

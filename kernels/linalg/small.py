@@ -4,6 +4,7 @@ from ..frontend import ops
 from ..frontend.decorators import func
 from ..frontend.matrix import Matrix, Vector
 from ..frontend.transformer import static
+from ..ir.nodes import Loc
 
 # Small dense decompositions written in the kernel language itself.
 #
@@ -522,7 +523,7 @@ def _square(A, name: str, sizes: tuple[int, ...]) -> int:
                    f"{' or '.join(f'{k}x{k}' for k in sizes)} matrix, got {what}{hint}")
 
 
-def _call_site() -> tuple[str, int] | None:
+def _call_site() -> Loc | None:
     """The line of the kernel (or func) calling the public routine, for run-time messages."""
     bld = _b.current()
     return bld.loc if bld is not None else None

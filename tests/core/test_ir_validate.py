@@ -21,6 +21,7 @@ Both searches are derandomized; ``DIFFTAPE_FUZZ_RANDOM=1`` with ``DIFFTAPE_FUZZ_
 import copy
 import itertools
 import json
+import linecache
 import math
 import os
 import re
@@ -35,7 +36,7 @@ import difftape as ti
 from difftape.errors import DifftapeError, IRValidationError
 from difftape.frontend.kernel import compile_ir, derive, has_storage
 from difftape.ir import serialize
-from difftape.ir.nodes import ATOMIC_KINDS, OPS
+from difftape.ir.nodes import ATOMIC_KINDS, OPS, walk
 from difftape.ir.passes import run_pipeline
 from difftape.ir.validate import (
     DEPTH_CEILING,
@@ -252,6 +253,49 @@ def test_round_trip_and_compile(corpus, name):
         local = kernel(*args)
         remote = compiled.launch(args)
         assert remote == pytest.approx(local, rel=1e-6)
+
+
+def _locations(ir):
+    return [s.loc for s in walk(ir.body)]
+
+
+@pytest.mark.parametrize("name", KERNEL_NAMES)
+def test_statements_keep_their_locations_through_the_wire(corpus, name):
+    """Every statement's file, line and text survive encode -> JSON -> decode (trusted and
+    untrusted): what a server's message quotes is what the client's would."""
+    kernel, _, data = corpus[name]
+    built = kernel.build_ir(program.get(), ())
+    want = _locations(built)
+    assert all(loc is not None and loc.file == __file__ and loc.text for loc in want)
+    assert all(loc.text == linecache.getline(loc.file, loc.line).strip() for loc in want)
+    assert _locations(decode_untrusted(data)) == want
+    assert _locations(serialize.decode(data)) == want
+    # One table entry per source line, not per statement; runs cover every statement.
+    locs = data["locations"]
+    assert len(locs["lines"]) == len(set(want)) and sum(locs["runs"][1::2]) == len(want)
+
+
+def test_locations_are_part_of_a_kernels_identity_but_not_of_its_code():
+    """Two kernels that differ only in where they are written: different ids on the service
+    (their messages differ), one object code in the compile cache."""
+    x = ti.field(ti.f32, shape=4)
+
+    def make():
+        @ti.kernel
+        def k():
+            for i in x:
+                x[i] += 1.0
+
+        return k
+
+    a, b = make(), make()
+    ir_a = a.build_ir(program.get(), ())
+    ir_b = b.build_ir(program.get(), ())
+    for s in walk(ir_b.body):  # as if the same kernel stood 10 lines lower
+        s.loc = s.loc._replace(line=s.loc.line + 10)
+    assert serialize.fingerprint(ir_a) != serialize.fingerprint(ir_b)
+    assert serialize.fingerprint(ir_a, locations=False) == \
+        serialize.fingerprint(ir_b, locations=False)
 
 
 def test_every_frontend_op_is_covered(corpus):
@@ -609,6 +653,10 @@ def test_malformed_input_is_rejected_with_its_reason(base, desc, fn, path, reaso
         data = result
     if opts.get("renumber"):
         data = _renumber_after_insert(base, data)
+    # The edits add or remove statements, which the location table's runs would no longer
+    # cover (test_locations_* test the table).
+    if isinstance(data, dict):
+        data.pop("locations", None)
     if reason is None:
         decode_untrusted(data, **options)
         return
@@ -672,6 +720,7 @@ def test_shapes_that_were_superlinear_compile_in_linear_time(base, shape):
     are linear in them: accepted, compiled, and right."""
     data = copy.deepcopy(base)
     data["buffers"], data["params"], data["returns"] = data["buffers"][:1], [["a", "f32"]], []
+    del data["locations"]  # of the statements replaced here
     arg = ["arg", "f32", [], 0, []]
     if shape == "doubling":  # x = x + x, 30 times
         body = [arg] + [["add", "f32", [k, k], None, []] for k in range(30)]

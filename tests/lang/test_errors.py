@@ -266,6 +266,23 @@ def test_user_assert_is_not_an_index_error(ti):
     assert "a must be positive" in str(info.value)
 
 
+def test_a_failed_assert_names_the_kernel_and_the_line(ti):
+    """As a bounds check does (Taichi's message is the assert's text alone)."""
+    ti.init(arch=ti.cpu, debug=True)
+    x = ti.field(ti.f32, shape=4)
+
+    @ti.kernel
+    def check():
+        for i in x:
+            assert x[i] >= 0, "x must not be negative"  # marker: kernel assert
+
+    x[2] = -1.0
+    with pytest.raises(ti.KernelAssertionError) as info:
+        check()
+    assert str(info.value).startswith("x must not be negative\n")
+    _assert_points_at(info.value, "check", "kernel assert")
+
+
 def test_an_assert_known_false_fails_where_it_is_reached(ti):
     """``assert 0`` (or ``False``) is checked at run time where the kernel reaches it, as in
     Taichi: in a branch not taken it costs nothing; it used to be refused at compile time,

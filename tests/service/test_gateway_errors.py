@@ -1,5 +1,8 @@
 """Every error is problem JSON naming the difftape exception; bad input never crashes."""
 
+import os
+import re
+
 import httpx
 import pytest
 
@@ -37,6 +40,58 @@ def test_malformed_ir_is_422(alice, session, kernels):
     # The session survived all of that.
     r = alice.post(f"/v1/sessions/{session}/kernels", json={"ir": good})
     assert r.status_code == 200, r.text
+
+
+def test_malformed_location_tables_are_422(alice, session, kernels):
+    """Statement locations are validated like the rest of the IR: a table of the wrong shape,
+    an index out of range, a huge or control-character text is a 422 naming the place."""
+    setup_session(alice, session, kernels)
+    good = kernels.ir("poke")
+    locs = good["locations"]
+    nstmts = sum(locs["runs"][1::2])
+    cases = [
+        ("not a table", "x", r"'locations' must be an object"),
+        ("extra key", {**locs, "code": "import os"}, "has the keys"),
+        ("file index", {**locs, "lines": [[5, 1, "t"]]}, r"lines\[0\]\[0\]: file index"),
+        ("line zero", {**locs, "lines": [[0, 0, "t"]]}, r"lines\[0\]\[1\]: line numbers"),
+        ("text type", {**locs, "lines": [[0, 1, 7]]}, "a line's text must be a string"),
+        ("huge text", {**locs, "lines": [[0, 1, "x" * 100_000]]}, "0 to 512 characters"),
+        ("control text", {**locs, "lines": [[0, 1, "a\x1b[2Jb"]]}, "control characters"),
+        ("empty file", {**locs, "files": [""]}, "1 to 4096 characters"),
+        ("too many files", {**locs, "files": ["f"] * 300}, "300 files, at most 256"),
+        ("run index", {**locs, "runs": [9, nstmts]}, r"runs\[0\]: line index 9"),
+        ("run too long", {**locs, "runs": [0, nstmts + 1]}, r"runs\[1\]: a run of"),
+        ("runs short", {**locs, "runs": [0, nstmts - 1]}, "runs cover"),
+        ("odd runs", {**locs, "runs": [0]}, "pairs"),
+        ("runs flood", {**locs, "runs": [0, 1] * (nstmts + 1)}, "pairs"),
+    ]
+    for name, table, reason in cases:
+        r = alice.post(f"/v1/sessions/{session}/kernels", json={"ir": {**good,
+                                                                       "locations": table}})
+        body = problem(r, 422, "IRValidationError")
+        assert body["detail"].startswith("locations"), (name, body)
+        assert re.search(reason, body["detail"]), (name, body["detail"])
+    assert alice.post(f"/v1/sessions/{session}/kernels", json={"ir": good}).status_code == 200
+
+
+def test_the_server_quotes_locations_and_reads_no_file(alice, session, kernels):
+    """A location naming a file on the server is data: the bounds error quotes the text the
+    IR carried, never the file's (the server reads no file a client names)."""
+    setup_session(alice, session, kernels)
+    ir = kernels.ir("poke")
+    server_file = os.path.abspath(__file__)  # on the server's disk too (same machine)
+    ir["locations"] = {**ir["locations"], "files": [server_file],
+                       "lines": [[0, 1, "the text the client sent"]] * len(
+                           ir["locations"]["lines"])}
+    r = alice.post(f"/v1/sessions/{session}/kernels", json={"ir": ir})
+    assert r.status_code == 200, r.text
+    kid = r.json()["kernel_id"]
+    body = problem(alice.post(f"/v1/sessions/{session}/kernels/{kid}/launch",
+                              json={"args": [kernels.n + 5]}), 422, "IndexOutOfRangeError")
+    assert body["detail"].endswith(f"in kernel 'poke', {server_file}:1\n"
+                                   "    the text the client sent"), body["detail"]
+    with open(server_file) as f:
+        assert f.readline().strip() not in body["detail"]
 
 
 def test_bad_index_is_an_error_response_not_a_crash(alice, session, kernels):

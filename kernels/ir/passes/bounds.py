@@ -7,8 +7,6 @@ source line, instead of reading or writing outside the array.
 
 from __future__ import annotations
 
-import linecache
-
 from ...types import i32
 from ..nodes import Block, KernelIR, Stmt
 
@@ -35,10 +33,7 @@ def _checks_for(s: Stmt, ir: KernelIR) -> list[Stmt]:
         hi = Stmt("lt", i32, (idx, ext), loc=s.loc)
         ok = Stmt("logical_and", i32, (lo, hi), loc=s.loc)
         shape = tuple("?" if e is None else e for e in buf.shape[:naxes])
-        where = ""
-        if s.loc:
-            text = linecache.getline(s.loc[0], s.loc[1]).strip()
-            where = f"\n  in kernel '{ir.name}', {s.loc[0]}:{s.loc[1]}\n    {text}"
+        where = s.loc.where(ir.name) if s.loc else ""
         shown = idx  # the index as the user wrote it: a field's offset added back
         off = buf.offset[axis] if buf.offset else 0
         extra: list[Stmt] = []

@@ -14,8 +14,6 @@ own flag, ``KernelIR.overflow_checks``).
 
 from __future__ import annotations
 
-import linecache
-
 from ...types import i32
 from ..nodes import Block, KernelIR, Stmt
 from ..printf import conversion
@@ -29,8 +27,7 @@ def _report(s: Stmt, ir: KernelIR) -> list[Stmt]:
     """``if <op>_overflows(a, b): print(...)`` for statement ``s``."""
     word, sym = CHECKED[s.op]
     t = s.dtype
-    file, line = s.loc
-    text = linecache.getline(file, line).strip()
+    file, line, text = s.loc
     spec = conversion(None, t)
     head = f"{word} overflow detected in kernel '{ir.name}' ({file}:{line}): "
     tail = f" does not fit in {t}\n" + (f"    {text}\n" if text else "")

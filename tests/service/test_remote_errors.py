@@ -1,0 +1,265 @@
+"""Errors of kernels run on the server name the line, as local ones do.
+
+The client sends a kernel as IR with its statements' source locations (file, line and the
+line's text, ``difftape.ir.serialize``); the server quotes them, never reading a file. So a
+bounds error, a failed ``assert``, a gradient rule the server finds while compiling a
+derivative, a derivative lost through storage, and an error in a captured graph's replay come
+back from ``arch=ti.remote`` with the very message the local runtime gives: kernel, file, line
+and source text. Each program runs locally and remotely (over HTTP to a real server, and
+in-process) and the exception's class and text are compared whole.
+"""
+
+import warnings
+
+import pytest
+
+import difftape as ti
+from difftape.client import LocalTransport
+
+HERE = __file__
+
+
+def run_local(program, **options):
+    ti.init(arch=ti.cpu, check_out_of_bound=True, **options)
+    try:
+        return program()
+    finally:
+        ti.reset()
+
+
+@pytest.fixture(params=["http", "inproc"])
+def remote(request):
+    """Runs a program remotely: over HTTP to the shared server, or in-process."""
+
+    def run(program, **options):
+        with warnings.catch_warnings():
+            # debug=True under arch=ti.remote warns that integer overflow is not reported.
+            warnings.simplefilter("ignore", UserWarning)
+            if request.param == "http":
+                service = request.getfixturevalue("service")
+                ti.init(arch=ti.remote, server=service.url, token=service.tokens["alice"],
+                        **options)
+            else:
+                ti.init(arch=ti.remote, transport=LocalTransport(), **options)
+        try:
+            return program()
+        finally:
+            ti.reset()
+
+    return run
+
+
+def failure(program):
+    """A program whose last step raises: (exception class name, message)."""
+
+    def run():
+        with pytest.raises(ti.DifftapeError) as info:
+            program()
+            ti.sync()
+        return type(info.value).__name__, str(info.value)
+
+    return run
+
+
+def line_of(marker: str) -> int:
+    """The line of this file that ends with the comment ``# marker: <marker>``."""
+    with open(HERE) as f:
+        lines = [n for n, text in enumerate(f, 1) if text.rstrip().endswith(f"# marker: {marker}")]
+    assert len(lines) == 1, marker
+    return lines[0]
+
+
+def assert_names_the_line(message: str, kernel: str, marker: str) -> None:
+    assert f"in kernel '{kernel}', {HERE}:{line_of(marker)}\n" in message, message
+    assert message.endswith(f"# marker: {marker}"), message  # the quoted source line
+
+
+# ---------------------------------------------------------------------------- programs
+
+def bounds_error():
+    x = ti.field(ti.f32, shape=4)
+
+    @ti.kernel
+    def fill(n: ti.i32):
+        for i in range(n):
+            x[i] = 1.0  # marker: the write out of bounds
+
+    fill(4)
+    fill(6)
+
+
+def failed_assert():
+    x = ti.field(ti.f32, shape=4)
+
+    @ti.kernel
+    def check(limit: ti.f32):
+        for i in x:
+            assert x[i] < limit, "x is too large"  # marker: the assert
+
+    x.fill(2.0)
+    check(3.0)
+    check(1.0)
+
+
+def gradient_rule():
+    """A derivative the server derives while compiling it (``kernel.grad()``)."""
+    x = ti.field(ti.f32, shape=4, needs_grad=True)
+    y = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def overwrite():
+        for i in x:
+            y[None] += x[i] * x[i]
+            x[i] = 2.0  # marker: the overwrite after the read
+
+    overwrite.grad()
+
+
+def lost_derivative():
+    """What a recorded kernel's gradient would lose, from its IR (the client's check)."""
+    x = ti.field(ti.f64, 4, needs_grad=True)
+    y = ti.field(ti.f64, 4)
+    z = ti.field(ti.f64, (), needs_grad=True)
+
+    @ti.kernel
+    def square():
+        for i in x:
+            y[i] = x[i] * x[i]
+
+    @ti.kernel
+    def total():
+        for i in y:
+            z[None] += ti.sin(y[i])  # marker: the read of y without .grad
+
+    with ti.ad.Tape(loss=z):
+        square()
+        total()
+
+
+def lost_derivative_forward():
+    """The same in forward mode (``FwdMode``)."""
+    x = ti.field(ti.f64, 4, needs_dual=True)
+    y = ti.field(ti.f64, 4)
+    z = ti.field(ti.f64, (), needs_dual=True)
+
+    @ti.kernel
+    def square():
+        for i in x:
+            y[i] = x[i] * x[i]
+
+    @ti.kernel
+    def total():
+        for i in y:
+            z[None] += ti.sin(y[i])  # marker: the read of y without .dual
+
+    with ti.ad.FwdMode(loss=z, param=x, seed=[1.0] * 4):
+        square()
+        total()
+
+
+def replayed_bounds_error():
+    """An error in a launch of a captured graph, replayed (on the server, remotely)."""
+    x = ti.field(ti.f32, shape=4)
+
+    @ti.kernel
+    def poke(i: ti.i32):
+        x[i] = 1.0  # marker: the poke out of bounds
+
+    with ti.graph.capture() as g:
+        poke(g.input("i", 0))
+    g.replay(i=3)
+    g.replay(i=7)
+
+
+CASES = [
+    (bounds_error, {}, "IndexOutOfRangeError", "fill", "the write out of bounds"),
+    (failed_assert, {"debug": True}, "KernelAssertionError", "check", "the assert"),
+    (gradient_rule, {}, "GradientRuleError", "overwrite", "the overwrite after the read"),
+    (lost_derivative, {}, "GradientRuleError", "total", "the read of y without .grad"),
+    (lost_derivative_forward, {}, "GradientRuleError", "total", "the read of y without .dual"),
+    (replayed_bounds_error, {}, "IndexOutOfRangeError", "poke", "the poke out of bounds"),
+]
+
+
+@pytest.mark.parametrize("program, options, error, kernel, marker", CASES,
+                         ids=[c[0].__name__ for c in CASES])
+def test_a_remote_error_is_the_local_error_line_included(remote, program, options, error,
+                                                         kernel, marker):
+    local = run_local(failure(program), **options)
+    assert local[0] == error
+    assert_names_the_line(local[1], kernel, marker)
+    got = remote(failure(program), **options)
+    assert got == local
+
+
+def test_an_error_names_the_line_of_the_func_it_comes_from(remote):
+    """A statement inlined from a ``ti.func`` keeps the func's line."""
+
+    def program():
+        x = ti.field(ti.f32, shape=4)
+
+        @ti.func
+        def put(i):
+            x[i] = 3.0  # marker: the func's write
+
+        @ti.kernel
+        def caller(n: ti.i32):
+            for i in range(n):
+                put(i + 1)
+
+        caller(4)
+
+    local = run_local(failure(program))
+    assert_names_the_line(local[1], "caller", "the func's write")
+    assert remote(failure(program)) == local
+
+
+def test_a_kernel_the_server_refuses_to_compile_names_the_line(remote):
+    """The server's compile errors (here: reverse mode through a kernel whose gradient
+    cannot be computed, launched as a recorded Tape's adjoint) carry the location that the
+    IR carried; the exception's fields, not only its text, match the local ones."""
+
+    def program():
+        x = ti.field(ti.f32, shape=4, needs_grad=True)
+        y = ti.field(ti.f32, shape=(), needs_grad=True)
+
+        @ti.kernel
+        def overwrite():
+            for i in x:
+                y[None] += ti.sin(x[i])
+                x[i] = 0.5  # marker: refused by the compiler
+
+        with pytest.raises(ti.GradientRuleError) as info:
+            overwrite.grad()
+            ti.sync()
+        e = info.value
+        return str(e), e.kernel, e.file, e.line, e.source_line
+
+    local = run_local(program)
+    assert local[1:4] == ("overwrite", HERE, line_of("refused by the compiler"))
+    assert remote(program) == local
+
+
+def test_printing_from_a_kernel_is_refused_remotely_naming_the_line(remote, capfd):
+    """print() in a kernel would print on the server, where the user never sees it: under
+    arch=ti.remote it is refused when the kernel is built, naming the line (not dropped)."""
+
+    def program():
+        x = ti.field(ti.f32, shape=2)
+
+        @ti.kernel
+        def show():
+            for i in x:
+                print("x =", x[i])  # marker: the print
+
+        show()
+
+    kind, message = remote(failure(program))
+    assert kind == "CompileError"
+    assert f'File "{HERE}", line {line_of("the print")}, in show' in message
+    assert "print() in kernels is not available with arch=ti.remote" in message
+    assert capfd.readouterr().out == ""
+    out = run_local(lambda: (program(), ti.sync()))
+    assert out == (None, None)
+    assert "x = 0.000000" in capfd.readouterr().out
+
