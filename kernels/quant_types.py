@@ -79,11 +79,21 @@ def quant_float(exp: int, frac: int, signed: bool, compute: DType = f32) -> Quan
 
 @dataclass(frozen=True)
 class QuantPlace:
-    """Where one quantized field's bits are: in a word of ``word_bits`` bits (the physical
-    storage, one word per element of the field), the digits at bit ``offset`` and a float's
-    exponent at bit ``exp_offset``."""
+    """Where one quantized field's bits are in its physical words of ``word_bits`` bits: the
+    digits at bit ``offset``, a float's exponent at bit ``exp_offset`` (Taichi's layout: a
+    float's exponent comes first, its digits right after it).
+
+    ``shared``: a float whose exponent other floats share (``place(..., shared_exponent=True)``):
+    every user of the exponent as ``(type, digits offset)``, in placing order, this one
+    included. ``word``: which physical words (one id per ``BitpackedFields`` or quant_array):
+    stores of fields of the same word may be fused. ``packed``: in a ``quant_array``, the
+    number of elements along each field axis that share one word (empty for one element per
+    word); element ``i``'s digits are at ``offset + bits * (its index in the word)``."""
 
     qtype: QuantType
     word_bits: int
     offset: int
     exp_offset: int = -1
+    shared: tuple[tuple[QuantType, int], ...] = ()
+    word: int = 0
+    packed: tuple[int, ...] = ()

@@ -65,6 +65,18 @@ class _Loop:
     brk: str
 
 
+def _index_key(ix: Stmt):
+    """What identifies an index value for store fusion (Taichi fuses stores through the same
+    pointer, after common subexpressions are merged): a constant by its value, a pure
+    computation by its operation and operands, anything else (a load of a local or of memory)
+    by the statement."""
+    if ix.op == "const":
+        return ("const", ix.attr, ix.dtype)
+    if OPS[ix.op].pure and ix.op not in ("load", "local_load", "temp_load"):
+        return (ix.op, ix.attr, ix.dtype, tuple(_index_key(a) for a in ix.args))
+    return ix
+
+
 @dataclass
 class FunctionText:
     """One LLVM function being written: entry allocas kept apart so they stay in entry."""
@@ -449,13 +461,57 @@ class Lowering:
         elem = f"i{buf.quant.word_bits}" if buf.quant is not None else ll_type(buf.dtype)
         return self.fn.ins(f"getelementptr inbounds {elem}, ptr {base}, i64 {linear}", "p")
 
+    def quant_address(self, slot: int, indices: tuple[Stmt, ...]) -> tuple[str, Q.Offset | None]:
+        """A quantized field's element: the pointer to its physical word, and the bit offset
+        of its digits when it is not the place's (an element of a quant_array: elements
+        ``packed[a]`` apart along axis ``a`` share a word)."""
+        place = self.ir.buffers[slot].quant
+        if not place.packed:
+            return self.address(slot, indices), None
+        shape = self.ir.buffers[slot].shape
+        word_linear: str | int = 0
+        inner: str | int = 0
+        for ix, n, d in zip(indices, shape, place.packed, strict=True):
+            words = n // d
+            if ix.op == "const":
+                wi, ii = ix.attr // d, ix.attr % d
+            else:
+                v = self.values[ix]
+                wi = v if d == 1 else self.fn.ins(f"udiv i32 {v}, {d}")
+                ii = 0 if d == 1 else self.fn.ins(f"urem i32 {v}, {d}")
+            word_linear = self._mul_add(word_linear, words, wi)
+            inner = self._mul_add(inner, d, ii)
+        base = self.buffer_base(slot)
+        w = place.word_bits
+        wl = word_linear if isinstance(word_linear, int) else \
+            self.fn.ins(f"zext i32 {word_linear} to i64")
+        p = self.fn.ins(f"getelementptr inbounds i{w}, ptr {base}, i64 {wl}", "p")
+        bits = place.qtype.bits
+        if isinstance(inner, int):
+            return p, place.offset + bits * inner
+        off = self.fn.ins(f"mul i32 {inner}, {bits}")
+        return p, Q.to_width(self.fn, off, 32, w, False)
+
+    def _mul_add(self, acc: str | int, n: int, v: str | int) -> str | int:
+        """``acc * n + v`` as i32, folded where both are constants."""
+        if isinstance(acc, int) and isinstance(v, int):
+            return acc * n + v
+        a = str(acc * n) if isinstance(acc, int) else self.fn.ins(f"mul i32 {acc}, {n}")
+        return self.fn.ins(f"add i32 {a}, {v}")
+
     # ------------------------------------------------------------------ statements
     def block(self, block: Block) -> None:
         paired = self._paired_atomics(block)
+        fused = self._fused_quant_stores(block)
         for s in block:
             if s in paired:
                 if paired[s] is not None:  # the second of a pair: both as one atomic
                     self._atomic_pair(paired[s], s)
+                continue
+            if s in fused:
+                group = fused[s]
+                if group:  # the last store of a fused run: all of them, as one
+                    self._quant_store(group)
                 continue
             handler = getattr(self, "op_" + s.op, None)
             if handler is not None:
@@ -464,6 +520,52 @@ class Lowering:
                 v = self.value_op(s)
             if v is not None:
                 self.values[s] = v
+
+    def _fused_quant_stores(self, block: Block) -> dict[Stmt, list[Stmt]]:
+        """Taichi's bit-struct store fusion: stores to fields of one ``BitpackedFields`` word
+        (same word, same index) in a straight run of a block become one store at the last
+        of them, unless the word is read (or atomically updated) between them. It is what
+        shared exponents mean: ``a[i] = x; b[i] = y`` picks the exponent of the larger of
+        ``x`` and ``y``, where two stores would round ``x`` to the exponent of the old
+        ``b[i]`` first. Returns each store of a fused run mapped to the run (the last) or to
+        ``[]`` (the others, emitted with the last)."""
+        out: dict[Stmt, list[Stmt]] = {}
+        if not any(s.op == "store" for s in block):
+            return out
+        runs: dict[tuple, list[Stmt]] = {}
+        read_after: set[tuple] = set()
+
+        def close() -> None:
+            for run in runs.values():
+                if len(run) > 1:
+                    for s in run[:-1]:
+                        out[s] = []
+                    out[run[-1]] = run
+            runs.clear()
+            read_after.clear()
+
+        for s in block:
+            if s.blocks or s.op in ("break", "continue", "return"):
+                close()
+                continue
+            if s.op not in ("store", "load", "atomic"):
+                continue
+            slot = s.attr[0] if s.op == "atomic" else s.attr
+            place = self.ir.buffers[slot].quant
+            if place is None or place.packed:
+                continue
+            index = s.args[:-1] if s.op != "load" else s.args
+            key = (place.word, tuple(_index_key(ix) for ix in index))
+            if s.op != "store":
+                if key in runs:
+                    read_after.add(key)
+            elif key in read_after:  # the word was read since: this store stands alone
+                runs.pop(key, None)
+                read_after.discard(key)
+            else:
+                runs.setdefault(key, []).append(s)
+        close()
+        return out
 
     def op_const(self, s: Stmt) -> str:
         # Constants are SSA immediates; a no-op add keeps one name per statement.
@@ -717,29 +819,42 @@ class Lowering:
 
     # ------------------------------------------------------------------ memory
     def op_load(self, s: Stmt) -> str:
-        p = self.address(s.attr, s.args)
-        place = self.ir.buffers[s.attr].quant
-        if place is not None:
-            w = place.word_bits
-            return Q.decode(self.fn, place, self.fn.ins(f"load atomic i{w}, ptr {p} monotonic, "
-                                                        f"align {w // 8}"))
-        return self.fn.ins(f"load {ll_type(s.dtype)}, ptr {p}{self.alias_tags(s.attr)}")
-
-    def op_store(self, s: Stmt) -> None:
-        p = self.address(s.attr, s.args[:-1])
-        v = s.args[-1]
         place = self.ir.buffers[s.attr].quant
         if place is not None:
             self._declare_quant(place)
-            Q.update(self.fn, place, p, self.serial,
-                     lambda word: Q.encode(self.fn, place, word, self.values[v]))
+            p, off = self.quant_address(s.attr, s.args)
+            w = place.word_bits
+            return Q.decode(self.fn, place, self.fn.ins(f"load atomic i{w}, ptr {p} monotonic, "
+                                                        f"align {w // 8}"), off)
+        p = self.address(s.attr, s.args)
+        return self.fn.ins(f"load {ll_type(s.dtype)}, ptr {p}{self.alias_tags(s.attr)}")
+
+    def op_store(self, s: Stmt) -> None:
+        v = s.args[-1]
+        place = self.ir.buffers[s.attr].quant
+        if place is not None:
+            self._quant_store([s])
             return
+        p = self.address(s.attr, s.args[:-1])
         self.fn.void(f"store {ll_type(v.dtype)} {self.values[v]}, ptr {p}"
                      f"{self.alias_tags(s.attr)}")
 
+    def _quant_store(self, stores: list[Stmt]) -> None:
+        """Stores of quantized fields of one word (one, or several the lowering fused): one
+        update of the word."""
+        first = stores[0]
+        place = self.ir.buffers[first.attr].quant
+        p, off = self.quant_address(first.attr, first.args[:-1])
+        items = []
+        for s in stores:
+            q = self.ir.buffers[s.attr].quant
+            self._declare_quant(q)
+            items.append((q, self.values[s.args[-1]]))
+        Q.update(self.fn, place, p, self.serial,
+                 lambda word: Q.encode_many(self.fn, word, items, off))
+
     def op_atomic(self, s: Stmt) -> str:
         slot, kind = s.attr
-        p = self.address(slot, s.args[:-1])
         v = self.values[s.args[-1]]
         t = s.dtype
         ty = ll_type(t)
@@ -747,13 +862,15 @@ class Lowering:
         place = self.ir.buffers[slot].quant
         if place is not None:  # decode, combine, encode: in one update of the word
             self._declare_quant(place)
+            p, off = self.quant_address(slot, s.args[:-1])
             old: list[str] = []
 
             def combined(word: str) -> str:
-                old[:] = [Q.decode(self.fn, place, word)]
-                return Q.encode(self.fn, place, word, self._combine(kind, t, old[0], v))
+                old[:] = [Q.decode(self.fn, place, word, off)]
+                return Q.encode(self.fn, place, word, self._combine(kind, t, old[0], v), off)
             Q.update(self.fn, place, p, self.serial, combined)
             return old[0]
+        p = self.address(slot, s.args[:-1])
         if self.serial:  # one thread: a plain read-modify-write vectorizes and is exact
             old = self.fn.ins(f"load {ty}, ptr {p}{tags}")
             new = self._combine(kind, t, old, v)

@@ -368,6 +368,11 @@ class Field(ArrayExchange):
                       f"{self.primal._label()}.{self.role.replace('_', '.')}",
                       len(self.element_shape), self.primal._offset, self._quant_place)
 
+    def _quant_members(self) -> list[Field]:
+        """The scalar quantized fields ``BitpackedFields.place(self)`` places (a vector/matrix
+        field's entries, see :class:`QuantMatrixField`)."""
+        return [self]
+
     def _place_quant(self, snode: SNode, shape: tuple[int, ...], offset: tuple[int, ...],
                      place: QuantPlace, storage: Storage) -> None:
         """Placing the ``BitpackedFields`` this quantized field is in (frontend/quant.py):
@@ -974,7 +979,9 @@ def make_field(dtype, shape=None, order=None, name: str = "", offset=None, needs
     if isinstance(dtype, MatrixType):
         element_shape = dtype.element_shape
         dtype = dtype.scalar_dtype
-    if isinstance(dtype, QuantType):
+    if isinstance(dtype, QuantType) or (
+            isinstance(dtype, list | tuple) and element_shape and
+            any(isinstance(t, QuantType) for t in _flatten_types(dtype))):
         return _quant_field(dtype, shape, name, offset, needs_grad, needs_dual, element_shape)
     offset = offset if offset and any(offset) else None
     f = Field(dtype, None if offset else shape, element_shape, name)
@@ -1023,12 +1030,13 @@ def refuse_unplaced(prog, kernel: str) -> None:
                 f"field(s). E.g.,\n\n  x = ti.field(float, shape=(2, 3), needs_{role}=True)")
 
 
-def _quant_field(qtype: QuantType, shape, name: str, offset, needs_grad: bool,
-                 needs_dual: bool, element_shape: tuple[int, ...]) -> Field:
+def _quant_field(qtype, shape, name: str, offset, needs_grad: bool, needs_dual: bool,
+                 element_shape: tuple[int, ...]) -> Field:
     """``ti.field(dtype=ti.types.quant...)``: a field computing at the type's compute type,
-    without storage until its ``ti.BitpackedFields`` is placed (frontend/quant.py)."""
-    if element_shape:
-        raise _quant.refuse("a vector/matrix field of a quantized type")
+    without storage until its ``ti.BitpackedFields`` (or quant_array) is placed
+    (frontend/quant.py). A vector/matrix field's entries are scalar quantized fields
+    (:class:`QuantMatrixField`); ``qtype`` is then one type or a list (of lists) of types, one
+    per entry, of one compute type."""
     if needs_grad or needs_dual:
         raise _quant.refuse("needs_grad/needs_dual on a quantized field (derivatives of "
                             "quantized fields)")
@@ -1036,9 +1044,122 @@ def _quant_field(qtype: QuantType, shape, name: str, offset, needs_grad: bool,
         raise DifftapeError(f"a field of quantized type {qtype!r} gets its shape from the SNode "
                             "its ti.BitpackedFields is placed in: make it without shape= and "
                             "place it with ti.BitpackedFields(max_num_bits=...).place(x)")
-    f = Field(qtype.compute, None, (), name)
-    f.quant = qtype
-    return f
+    if not element_shape:
+        f = Field(qtype.compute, None, (), name)
+        f.quant = qtype
+        return f
+    n = int(np.prod(element_shape))
+    types = list(_flatten_types(qtype)) if isinstance(qtype, list | tuple) else [qtype] * n
+    if len(types) != n:
+        raise ShapeError(f"a {'x'.join(map(str, element_shape))} field takes one type per entry "
+                         f"({n}), got {len(types)}")
+    if not all(isinstance(t, QuantType) for t in types):
+        raise DifftapeError("the entries of a vector/matrix field are all of quantized types "
+                            "(ti.types.quant.*) or none")
+    if len({t.compute for t in types}) > 1:
+        raise _quant.QuantTypeError("Member fields of a matrix field must have the same compute "
+                                    f"type, got {', '.join(str(t.compute) for t in types)}")
+    return QuantMatrixField(types, element_shape, name)
+
+
+def _flatten_types(types):
+    for t in types:
+        if isinstance(t, list | tuple):
+            yield from _flatten_types(t)
+        else:
+            yield t
+
+
+class QuantMatrixField(Field):
+    """A vector/matrix field of quantized types. Each entry is a scalar quantized field of its
+    own (``get_scalar_field(i, j)`` is that field), placed in a ``ti.BitpackedFields`` by itself
+    or with the others (``place(m)`` places every entry, in row-major order, as Taichi); a
+    kernel's ``m[i]`` is the matrix of the entries' elements, each decoded and encoded in its
+    own word. Python scope reads and writes all entries through a
+    :class:`~difftape.frontend.quant.QuantMatrixStorage`. The field has a shape once every
+    entry is placed, with one shape."""
+
+    def __new__(cls, *args, **kwargs):
+        return object.__new__(cls)
+
+    def __init__(self, types: list[QuantType], element_shape: tuple[int, ...],
+                 name: str) -> None:
+        self.dtype = resolve_dtype(types[0].compute)
+        self.quant = types[0]
+        self.element_shape = tuple(element_shape)
+        self.name = name
+        self.role = "primal"
+        self.primal = self
+        self.id = next(_field_ids)
+        self._grad = self._dual = self.mark = None
+        self._program = program.get()
+        self._placed_entries = set()
+        self._matrix_storage = None
+        comps = list(itertools.product(*[range(k) for k in self.element_shape]))
+        self.entries: dict[tuple[int, ...], Field] = {}
+        for comp, t in zip(comps, types, strict=True):
+            f = Field(t.compute, None, (), f"{name}{list(comp)}")
+            f.quant = t
+            self.entries[comp] = f
+
+    def _quant_members(self) -> list[Field]:
+        return list(self.entries.values())
+
+    def _placed(self) -> bool:
+        return all(f._shape is not None for f in self.entries.values())
+
+    @property
+    def _shape(self) -> tuple[int, ...] | None:
+        if not self._placed():
+            return None
+        shapes = {(f._shape, f._offset) for f in self.entries.values()}
+        if len(shapes) > 1:
+            raise ShapeError(f"the entries of {self._label()} are placed with different shapes "
+                             f"(and offsets) {sorted(shapes)}: they share one")
+        return next(iter(shapes))[0]
+
+    @property
+    def _offset(self) -> tuple[int, ...]:
+        return next(iter(self.entries.values()))._offset
+
+    @property
+    def _container(self):
+        return next(iter(self.entries.values()))._container
+
+    @property
+    def _storage(self):
+        if self._matrix_storage is None and self._shape is not None:
+            self._matrix_storage = _quant.QuantMatrixStorage(
+                self._shape, self.element_shape, self.dtype.np,
+                [f._storage for f in self.entries.values()])
+        return self._matrix_storage
+
+    def buffer(self) -> Buffer:
+        raise DifftapeError(f"{self._label()} is a vector/matrix field of quantized types: its "
+                            "entries are stored apart (index it, or use get_scalar_field)")
+
+    def _kernel_element(self, key: tuple):
+        refs = [f._kernel_element(key) for f in self.entries.values()]
+        esh = self.element_shape
+        if len(esh) == 1:
+            return Matrix._from_entries(refs, esh[0], 1, 1)
+        return Matrix._from_entries(refs, esh[0], esh[1], 2)
+
+    def get_scalar_field(self, *indices: int) -> Field:
+        """Entry (i, j): the scalar quantized field that holds it."""
+        if len(indices) not in (1, 2) or not all(isinstance(i, numbers.Integral)
+                                                 for i in indices):
+            raise DifftapeError(f"get_scalar_field takes one or two integer indices, got "
+                                f"{indices}")
+        comp = tuple(int(i) for i in indices)
+        if len(self.element_shape) == 1 and len(comp) == 2 and comp[1] == 0:
+            comp = comp[:1]
+        if len(self.element_shape) == 2 and len(comp) == 1:
+            comp = (comp[0], 0)
+        if comp not in self.entries:
+            raise DifftapeError(f"get_scalar_field{tuple(indices)}: {self._label()} has "
+                                f"entries {list(self.entries)}")
+        return self.entries[comp]
 
 
 def _offset_tuple(offset) -> tuple[int, ...]:
@@ -1126,6 +1247,9 @@ class SNode:
     def _child(self, kind: str, axes, dimensions) -> SNode:
         if self.kind == "dynamic":
             raise ShapeError("no SNode can be placed under a dynamic SNode: place fields in it")
+        if self.kind == "quant_array":
+            raise DifftapeError("no SNode can be placed under a quant_array: it holds one "
+                                "field of a quantized type (place(x))")
         axes = (axes,) if isinstance(axes, Axis) else tuple(axes)
         dims = (dimensions,) * len(axes) if isinstance(dimensions, numbers.Integral) \
             else tuple(dimensions)
@@ -1147,8 +1271,17 @@ class SNode:
         return self._child("bitmasked", axes, dimensions)
 
     def quant_array(self, axes, dimensions, max_num_bits: int) -> SNode:
-        """Taichi's bit-packed array of quantized values: refused (frontend/quant.py)."""
-        raise _quant.refuse("SNode.quant_array(...) (quantized values packed along an axis)")
+        """Taichi's quant_array: ``dimensions`` elements along ``axes`` packed into one
+        physical word of ``max_num_bits`` bits. It holds one field, of a quant int or fixed
+        type (``place(x)``); a store of an element updates its bits of the word
+        (compare-and-swap in parallel loops: the neighbours in the word may be stored at the
+        same time)."""
+        if max_num_bits not in (8, 16, 32, 64):
+            raise DifftapeError(f"quant_array(max_num_bits={max_num_bits!r}): the physical "
+                                "word has 8, 16, 32 or 64 bits")
+        node = self._child("quant_array", axes, dimensions)
+        node.max_num_bits = int(max_num_bits)
+        return node
 
     def dynamic(self, axis, dimension, chunk_size: int | None = None) -> SNode:
         """A list along one axis, at most ``dimension`` long (``chunk_size`` is the allocation
@@ -1252,6 +1385,9 @@ class SNode:
                                 "indices, or run on ti.cpu")
         fields = [g for f in fields
                   for g in (f.leaf_fields() if isinstance(f, StructField) else [f])]
+        if self.kind == "quant_array":
+            self._place_quant_array(fields, shape, offset)
+            return self
         for f in fields:
             if isinstance(f, _quant.BitpackedFields):
                 f._place_in(self, shape, offset)
@@ -1276,6 +1412,39 @@ class SNode:
             else:
                 raise TypeError(f"place() takes fields, got {type(f).__name__}")
         return self
+
+    def _place_quant_array(self, fields: list, shape: tuple[int, ...],
+                           offset: tuple[int, ...]) -> None:
+        """``quant_array(...).place(x)``: Taichi's rules (one field, of a quant int or fixed
+        type, its elements fitting the word); the physical words, one per cell of the levels
+        above, and ``x``'s place in them (its elements along each axis ``packed``)."""
+        if len(fields) != 1 or self.fields:
+            raise DifftapeError("a quant_array holds exactly one field: place one field of a "
+                                "quantized type in it")
+        f = fields[0]
+        q = getattr(f, "quant", None)
+        if not isinstance(f, Field) or q is None or f.element_shape:
+            raise DifftapeError(f"a quant_array holds a scalar field of a quant int or fixed "
+                                f"type (ti.types.quant.int/fixed), got {f!r:.60}")
+        if q.kind == "float":
+            raise DifftapeError(f"{f._label()}: a quant_array holds quant int or fixed types; "
+                                f"a quant float ({q!r}) is placed with ti.BitpackedFields")
+        if f._shape is not None or f._quant_place is not None:
+            raise DifftapeError(f"{f._label()} is already placed")
+        mine = dict.fromkeys(self._axis_numbers(), 1)
+        for a, n in zip(self.axes, self.sizes, strict=True):
+            mine[a.index] *= n
+        packed = tuple(mine[a] for a in self._axis_numbers())
+        count = int(np.prod(packed))
+        if count * q.bits > self.max_num_bits:
+            raise DifftapeError(f"quant_array(max_num_bits={self.max_num_bits}): {count} "
+                                f"elements of {q!r} ({q.bits} bits each) do not fit; use fewer "
+                                "elements or a larger max_num_bits")
+        group = _quant.BitpackedFields(self.max_num_bits)
+        group.members.append((f, QuantPlace(q, self.max_num_bits, 0, word=group.word,
+                                            packed=packed)))
+        words = tuple(n // d for n, d in zip(shape, packed, strict=True))
+        group._place_in(self, shape, offset, words)
 
     def _place_primal(self, f: Field, shape: tuple[int, ...],
                       offset: tuple[int, ...] = ()) -> None:

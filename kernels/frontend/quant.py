@@ -1,11 +1,14 @@
-"""Quantized types (``ti.types.quant.int/fixed/float``) and ``ti.BitpackedFields``.
+"""Quantized types (``ti.types.quant.int/fixed/float``), ``ti.BitpackedFields`` and the words
+of ``SNode.quant_array``.
 
 A quantized field computes at an ordinary type (its *compute* type: i32 for quant ints, f32
 for fixed and floating point) and is stored in a few bits of a physical word that it shares
-with the other fields of its ``BitpackedFields`` (:mod:`difftape.quant_types` gives the
-encodings). In kernels its buffer carries a :class:`~difftape.quant_types.QuantPlace`: loads
-decode, stores encode into the word, atomics are compare-and-swap loops on it
-(``codegen/quant.py``).
+with the other fields of its ``BitpackedFields`` (floats may share one exponent:
+``place(..., shared_exponent=True)``), or, in a ``quant_array``, with its neighbouring elements
+(:mod:`difftape.quant_types` gives the encodings). In kernels its buffer carries a
+:class:`~difftape.quant_types.QuantPlace`: loads decode, stores encode into the word, atomics
+are compare-and-swap loops on it (``codegen/quant.py``). A vector/matrix field of quantized
+types is a matrix of scalar quantized fields (``frontend/field.py``'s ``QuantMatrixField``).
 
 Python scope reads and writes a field's values through :class:`QuantStorage`, the field's
 :class:`~difftape.runtime.storage.Storage`: a decoded copy of the values, made by a small
@@ -14,13 +17,13 @@ by a kernel that stores the changed ones, at the next access to a field of the s
 launch of a kernel that uses one. So Python scope rounds, wraps and flushes exactly as kernels
 do: there is one implementation of the encodings.
 
-Not supported, refused by name: shared exponents (``place(..., shared_exponent=True)``),
-``SNode.quant_array``, vector/matrix fields of quantized types, derivatives (``.grad``/``.dual``)
-of quantized fields.
+Not supported, refused by name: derivatives (``.grad``/``.dual``) of quantized fields, and
+``BitpackedFields`` under ``arch=ti.remote``.
 """
 
 from __future__ import annotations
 
+import itertools
 import numbers
 from types import SimpleNamespace
 
@@ -38,13 +41,16 @@ class QuantizedTypesUnsupported(DifftapeError, NotImplementedError):
     """A quantized-type feature difftape does not implement was asked for."""
 
 
+class QuantTypeError(DifftapeError, RuntimeError):
+    """Quantized types combined in a way Taichi refuses (a matrix of several compute types)."""
+
+
 def refuse(what: str) -> QuantizedTypesUnsupported:
     """The error for one unsupported quantized-type feature."""
     return QuantizedTypesUnsupported(
-        f"{what} is not supported by difftape (it supports ti.types.quant.int/fixed/float "
-        "scalar fields placed with ti.BitpackedFields(...).place(...) without shared "
-        "exponents); give each field its own bits, or use an ordinary type (ti.i8..i64, "
-        "ti.u8..u64, ti.f16/f32/f64)")
+        f"{what} is not supported by difftape (quantized fields are computed with, not "
+        "differentiated); use an ordinary type (ti.i8..i64, ti.u8..u64, ti.f16/f32/f64) for "
+        "what needs it")
 
 
 def _compute(compute, default: str) -> T.DType:
@@ -110,6 +116,9 @@ def _bits(bits, most: int, what: str) -> int:
 quant = SimpleNamespace(int=_int, fixed=_fixed, float=_float)
 
 
+_words = itertools.count(1)
+
+
 class BitpackedFields:
     """``ti.BitpackedFields(max_num_bits)``: quantized fields packed into one physical word of
     ``max_num_bits`` bits (8, 16, 32 or 64) per element; ``place(x, y, ...)`` adds fields, and
@@ -126,38 +135,69 @@ class BitpackedFields:
         self.pending: list[QuantStorage] = []
         self.storages: list[QuantStorage] = []
         self.snode = None
+        self.word = next(_words)
 
     def place(self, *fields, shared_exponent: bool = False) -> None:
-        if shared_exponent:
-            if len(fields) == 1 and not getattr(fields[0], "element_shape", ()):
-                raise CompileError("At least 2 fields need to be placed when "
-                                   "shared_exponent=True")
-            raise refuse("BitpackedFields.place(..., shared_exponent=True) (shared exponents)")
+        """Add quantized fields to the word, in order, each at the bits after the last (a
+        vector/matrix field adds its entries). ``shared_exponent=True``: the quant floats
+        among them share one exponent (Taichi's layout: the exponent where the first float
+        comes, then each field's digits)."""
         if self.physical is not None:
             raise DifftapeError("BitpackedFields.place(): it is already placed in an SNode; "
                                 "place every field before placing the BitpackedFields")
+        members = []
         for f in fields:
             # (a field of a quantized type: field.py imports this module, not the reverse)
             if getattr(f, "quant", None) is None or not hasattr(f, "_place_quant"):
                 raise DifftapeError(f"BitpackedFields.place() takes fields of quantized types "
                                     f"(ti.types.quant.*), got {f!r:.60}")
-            if f.element_shape:
-                raise refuse(f"a vector/matrix field of a quantized type ({f._label()})")
-            if f._shape is not None or any(f is g for g, _ in self.members):
+            members += f._quant_members()
+        for f in members:
+            if f._shape is not None or f._quant_place is not None or \
+                    any(f is g for g, _ in self.members) or members.count(f) > 1:
                 raise DifftapeError(f"{f._label()} is already placed")
+        floats = [f for f in members if f.quant.kind == "float"]
+        if shared_exponent:
+            if not floats:
+                raise DifftapeError("BitpackedFields.place(..., shared_exponent=True): the "
+                                    "fields sharing an exponent must be of quant float types "
+                                    "(ti.types.quant.float)")
+            if any(f.quant.exp != floats[0].quant.exp for f in floats):
+                raise DifftapeError("QuantFloatTypes with shared exponents must have exactly "
+                                    "the same exponent type: "
+                                    f"{', '.join(f'{f._label()} ({f.quant!r})' for f in floats)}")
+            if len(members) <= 1:
+                raise CompileError("At least 2 fields need to be placed when "
+                                   "shared_exponent=True")
+        shared = shared_exponent and len(floats) > 1
+        used = self.used
+        offsets = []  # (field, digits offset, exponent offset)
+        exp_at = -1
+        for f in members:
             q = f.quant
-            if self.used + q.total_bits > self.max_num_bits:
-                raise DifftapeError(f"BitpackedFields(max_num_bits={self.max_num_bits}): "
-                                    f"{f._label()} ({q!r}, {q.total_bits} bits) does not fit "
-                                    f"beside {self.used} bits already placed; use a larger "
-                                    "max_num_bits or another BitpackedFields")
-            offset = self.used
-            exp_offset = offset + q.bits if q.kind == "float" else -1
-            self.used += q.total_bits
-            self.members.append((f, QuantPlace(q, self.max_num_bits, offset, exp_offset)))
+            if q.kind == "float" and (exp_at < 0 or not shared):
+                exp_at = used
+                used += q.exp
+            offsets.append((f, used, exp_at if q.kind == "float" else -1))
+            used += q.bits
+        if used > self.max_num_bits:
+            raise DifftapeError(f"BitpackedFields(max_num_bits={self.max_num_bits}): "
+                                f"{', '.join(f._label() for f in members)} "
+                                f"({used - self.used} bits) do not fit beside {self.used} bits "
+                                "already placed; use a larger max_num_bits or another "
+                                "BitpackedFields")
+        users = tuple((f.quant, off) for f, off, _ in offsets if f.quant.kind == "float") \
+            if shared else ()
+        for f, off, exp_off in offsets:
+            self.members.append((f, QuantPlace(f.quant, self.max_num_bits, off, exp_off,
+                                               users if f.quant.kind == "float" else (),
+                                               self.word)))
+        self.used = used
 
-    def _place_in(self, snode, shape: tuple[int, ...], offset: tuple[int, ...]) -> None:
-        """``snode.place(self)``: the physical words, and each field's storage over them."""
+    def _place_in(self, snode, shape: tuple[int, ...], offset: tuple[int, ...],
+                  words: tuple[int, ...] | None = None) -> None:
+        """``snode.place(self)``: the physical words (``words``: their shape, where it is not
+        the fields' own, in a quant_array), and each field's storage over them."""
         if self.physical is not None:
             raise DifftapeError("this BitpackedFields is already placed")
         if not self.members:
@@ -166,7 +206,8 @@ class BitpackedFields:
         prog = program.get()
         if prog.remote is not None:
             raise refuse("ti.BitpackedFields under arch=ti.remote")
-        self.physical = prog.allocator.storage(shape, np.dtype(f"u{self.max_num_bits // 8}"))
+        self.physical = prog.allocator.storage(shape if words is None else words,
+                                               np.dtype(f"u{self.max_num_bits // 8}"))
         self.snode = snode
         for f, place in self.members:
             f._place_quant(snode, shape, offset, place, QuantStorage(self, f))
@@ -188,7 +229,7 @@ class QuantStorage(Storage):
     """A quantized field's storage (see the module doc): kernels address the physical words
     (``address``); Python scope reads and writes decoded values."""
 
-    __slots__ = ("group", "field", "_cache", "_snap")
+    __slots__ = ("group", "field", "_cache", "_snap", "home")
     host = False
 
     def __init__(self, group: BitpackedFields, field) -> None:
@@ -198,6 +239,9 @@ class QuantStorage(Storage):
         self.field = field
         self._cache: np.ndarray | None = None
         self._snap: np.ndarray | None = None
+        #: where the decoded values live, when a vector/matrix field's storage holds them
+        #: (an entry of its array, see QuantMatrixStorage); None: an array of its own
+        self.home: np.ndarray | None = None
         group.storages.append(self)
 
     @property
@@ -212,7 +256,11 @@ class QuantStorage(Storage):
         if self._cache is None:
             out = np.zeros(self.shape or (1,), self.dtype)
             _kernels()[0](self.field, out)
-            self._cache = out.reshape(self.shape)
+            if self.home is not None:
+                self.home[...] = out.reshape(self.shape)
+                self._cache = self.home
+            else:
+                self._cache = out.reshape(self.shape)
         return self._cache
 
     def read(self) -> np.ndarray:
@@ -223,9 +271,14 @@ class QuantStorage(Storage):
 
     def write(self) -> np.ndarray:
         self.group.flush()
+        return self._begin_write()
+
+    def _begin_write(self) -> np.ndarray:
+        """The decoded values, to be written; encoded at the group's next flush."""
         values = self._values()
         self._snap = values.copy()
-        self.group.pending.append(self)
+        if self not in self.group.pending:
+            self.group.pending.append(self)
         return values
 
     def _flush(self) -> None:
@@ -243,6 +296,56 @@ class QuantStorage(Storage):
     def device_written(self) -> None:
         self.group.physical.device_written()
         self.group.invalidate()
+
+    def zero(self) -> None:
+        self.write()[...] = 0
+
+    def copy_from(self, other: Storage, casting: str = "unsafe") -> None:
+        np.copyto(self.write(), other.read(), casting=casting)
+
+
+class QuantMatrixStorage(Storage):
+    """A vector/matrix field of quantized types, for Python scope: its entries are scalar
+    quantized fields (each in the word of its own ``BitpackedFields``), whose decoded values
+    live in one array here (each entry's storage keeps its values in its slice of it), so
+    ``m[i] = [...]`` writes them all and each is encoded at the next access of its word.
+    Kernels never address it: they access the entries' fields."""
+
+    __slots__ = ("entries", "_array")
+    host = False
+
+    def __init__(self, shape: tuple[int, ...], element_shape: tuple[int, ...], dtype,
+                 entries: list[QuantStorage]) -> None:
+        super().__init__(shape + element_shape, dtype)
+        self.entries = entries
+        self._array = np.zeros(self.shape, self.dtype)
+        flat = self._array.reshape(shape + (-1,))
+        for k, s in enumerate(entries):
+            s.home = flat[..., k]
+            s._cache = None
+
+    @property
+    def address(self) -> int:
+        raise DifftapeError("a vector/matrix field of quantized types has no memory of its own "
+                            "(each entry is in its BitpackedFields' words)")
+
+    def _load(self) -> None:
+        for s in self.entries:
+            s.group.flush()
+        for s in self.entries:
+            s._values()
+
+    def read(self) -> np.ndarray:
+        self._load()
+        v = self._array.view()
+        v.flags.writeable = False
+        return v
+
+    def write(self) -> np.ndarray:
+        self._load()
+        for s in self.entries:
+            s._begin_write()
+        return self._array
 
     def zero(self) -> None:
         self.write()[...] = 0

@@ -142,15 +142,9 @@ def test_quant_to_and_from_numpy_encode_each_element(ti):
 def test_unsupported_quantized_features_are_refused(ti):
     qf = ti.types.quant.float(exp=5, frac=10)
     a, b = ti.field(dtype=qf), ti.field(dtype=qf)
-    with pytest.raises(NotImplementedError, match="shared exponents"):
-        ti.BitpackedFields(max_num_bits=32).place(a, b, shared_exponent=True)
-    with pytest.raises(ti.DifftapeError, match=r"SNode.quant_array\(...\)"):
-        ti.root.dense(ti.i, 4).quant_array(ti.j, 32, max_num_bits=32)
-    with pytest.raises(ti.DifftapeError, match="vector/matrix field of a quantized type"):
-        ti.Vector.field(2, dtype=qf)
     with pytest.raises(ti.DifftapeError, match="derivatives of quantized fields"):
         ti.field(dtype=ti.types.quant.fixed(bits=8), needs_grad=True)
-    with pytest.raises(ti.DifftapeError, match="does not fit"):
+    with pytest.raises(ti.DifftapeError, match="do not fit"):
         ti.BitpackedFields(max_num_bits=16).place(a, b)
     with pytest.raises(ti.DifftapeError, match="BitpackedFields"):
         ti.root.place(ti.field(dtype=ti.types.quant.int(4)))
