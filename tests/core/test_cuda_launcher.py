@@ -22,6 +22,7 @@ from difftape.codegen import simgrid as simgrid_codegen
 from difftape.runtime import cuda as cuda_runtime
 from difftape.runtime import program
 from difftape.runtime.simgrid import GRID_FN
+from difftape.runtime.storage import SimulatedStream
 
 pytestmark = pytest.mark.difftape_only
 
@@ -42,10 +43,41 @@ class FakeDriver:
         self.launches: list[tuple] = []
         self.limits: dict[str, int] = {}
         self.current: list[object] = []  # the context stack
+        self.streams: list[object] = []
+        self.pinned: set[int] = set()  # host addresses of page-locked arrays
         self.syncs = 0
         self.fail_next_sync = None
         self.detached = 0
         outer = self
+
+        class Stream(SimulatedStream):
+            """A stream whose operations run only when the host synchronises (as the
+            simulated grid's), so a missing sync shows."""
+
+            def __init__(self, flags=0):
+                super().__init__()
+                outer.streams.append(self)
+
+            def synchronize(self):
+                outer.syncs += 1
+                if outer.fail_next_sync:
+                    e, outer.fail_next_sync = outer.fail_next_sync, None
+                    raise e
+                super().synchronize()
+
+        class Event:
+            def record(self, stream=None):
+                self.mark = stream.record()
+                return self
+
+            def query(self):
+                return self.mark.query()
+
+            def synchronize(self):
+                self.mark.synchronize()
+                return self
+
+        self.Stream, self.Event = Stream, Event
 
         class Context:
             def push(self):
@@ -65,10 +97,7 @@ class FakeDriver:
 
             @staticmethod
             def synchronize():
-                outer.syncs += 1
-                if outer.fail_next_sync:
-                    e, outer.fail_next_sync = outer.fail_next_sync, None
-                    raise e
+                raise AssertionError("the launcher synchronises its stream, not the context")
 
         class Device:
             def __init__(self, ordinal):
@@ -112,17 +141,27 @@ class FakeDriver:
 
         return Handle(block.ctypes.data)
 
-    def memset_d8(self, address, value, n):
-        ctypes.memset(address, value, n)
+    def memset_d8_async(self, address, value, n, stream):
+        stream.enqueue(lambda: ctypes.memset(address, value, n))
 
-    def memcpy_htod(self, address, host):
-        ctypes.memmove(address, host.ctypes.data, host.nbytes)
+    def pagelocked_empty(self, shape, dtype):
+        a = np.empty(shape, dtype)
+        self.pinned.add(a.ctypes.data)
+        return a
+
+    def memcpy_htod_async(self, address, host, stream):
+        if host.ctypes.data in self.pinned:  # copied when the stream runs it: keep it intact
+            src, n = host.ctypes.data, host.nbytes
+            stream.enqueue(lambda: ctypes.memmove(address, src, n))
+        else:  # pageable: staged by the driver before the call returns
+            data = host.tobytes()
+            stream.enqueue(lambda: ctypes.memmove(address, data, len(data)))
 
     def memcpy_dtoh(self, host, address):
         ctypes.memmove(host.ctypes.data, address, host.nbytes)
 
-    def memcpy_dtod(self, dst, src, n):
-        ctypes.memmove(dst, src, n)
+    def memcpy_dtod_async(self, dst, src, n, stream):
+        stream.enqueue(lambda: ctypes.memmove(dst, src, n))
 
     def in_device_memory(self, address):
         return any(a <= address < a + b.nbytes for a, b in self.blocks.items())
@@ -143,10 +182,11 @@ class FakeDriver:
             def prepare(self, arg_types):
                 self.arg_types = list(arg_types)
 
-            def prepared_call(self, grid, block, *args):
+            def prepared_async_call(self, grid, block, stream, *args):
                 assert self.arg_types == [np.uintp] and len(args) == 1
+                assert stream is outer.streams[-1]  # the current program's stream
                 outer.launches.append((self.name, grid, block, args[0]))
-                self.fn(args[0], grid[0], block[0], 0)
+                stream.enqueue(lambda: self.fn(args[0], grid[0], block[0], 0))
 
         class Module:
             def get_function(self, name):
@@ -231,7 +271,6 @@ def test_init_cuda_runs_on_the_device_as_on_the_cpu(fake):
     want = _results(ti.cpu)
     blocks, threads = SMS * cuda_runtime.BLOCKS_PER_SM, cuda_runtime.THREADS_PER_BLOCK
     assert launches and all(g == (blocks, 1) and b == (threads, 1, 1) for _, g, b, _ in launches)
-    assert fake.syncs >= len(launches)  # each task's launch is waited for before its read-back
     np.testing.assert_array_equal(got[0], want[0])  # elementwise: bit for bit
     np.testing.assert_allclose(got[1], want[1], rtol=1e-13)  # the gradient
     for g, w in zip(got[2:], want[2:], strict=True):  # reductions: summed in another order
@@ -253,12 +292,42 @@ def test_the_launch_context_lives_in_device_memory(fake):
 
     assert fill(5) == 10
     inst = fill._fast
-    ctx = inst.grid.ctx
+    ctx = inst.grid.ring[0].block  # (it returns a value: synchronous, one context suffices)
     assert fake.in_device_memory(ctx.address) and fake.in_device_memory(x._storage.address)
     assert {a for _, _, _, a in fake.launches} == {ctx.address}
     np.testing.assert_array_equal(x.to_numpy(), 5 + np.arange(8))
     assert fill(7) == 14  # the argument reaches the device on each launch
     np.testing.assert_array_equal(x.to_numpy(), 7 + np.arange(8))
+
+
+def test_launches_are_enqueued_on_the_stream_and_reads_wait_for_them(fake):
+    """A launch with nothing to read back returns before it runs: it, the upload of its
+    launch context (page-locked, from a ring of contexts) and the uploads of host writes are
+    enqueued on the program's stream in order; a read waits for the stream once."""
+    _on(ti.cuda)
+    x = ti.field(ti.i64, shape=16)
+    scale = ti.field(ti.i64, shape=())
+
+    @ti.kernel
+    def add(v: ti.i64):
+        for i in x:
+            x[i] += v * scale[None] + i
+
+    scale[None] = 1
+    add(0)
+    ti.sync()
+    syncs, stream = fake.syncs, fake.streams[-1]
+    for v in range(1, 101):
+        add(v)  # each launch packs its own argument while the earlier ones are pending
+    scale[None] = 1000  # no sync point (no launch wrote it): uploaded after those launches
+    add(1)
+    assert fake.syncs == syncs and not stream.is_done() and len(fake.launches) == 102
+    ring = add._fast.grid.ring
+    assert 1 < len(ring) <= 64 and all(fake.in_device_memory(c.block.address) for c in ring)
+    assert all(c.host.ctypes.data in fake.pinned for c in ring)
+    got = x.to_numpy()
+    assert fake.syncs == syncs + 1 and stream.is_done()
+    np.testing.assert_array_equal(got, np.arange(16) * 102 + sum(range(101)) + 1000)
 
 
 def test_a_bounds_error_on_the_device_raises_as_on_the_cpu(fake):
@@ -286,10 +355,12 @@ def test_a_failed_launch_names_the_kernel_and_the_device(fake):
             x[i] = 1.0
 
     k()
-    fake.fail_next_sync = RuntimeError("cuCtxSynchronize failed: an illegal memory access")
+    ti.sync()
+    k()  # asynchronous: the fault shows when the host waits for the stream
+    fake.fail_next_sync = RuntimeError("cuStreamSynchronize failed: an illegal memory access")
     with pytest.raises(ti.DifftapeError, match=r"kernel 'k' failed on CUDA device 0 "
                                                r"\(Stand-in GPU\): .*illegal memory access"):
-        k()
+        ti.sync()
 
 
 def test_simulate_grid_with_a_device_is_refused(fake):
