@@ -598,7 +598,7 @@ class CompiledKernel:
             # unless it returns a value, prints or may overflow its stacks.
             self.grid = GridKernel(ir, layout, [addresses[n] for n in low.target.entry_names(low)],
                                    prog.launcher, prog.rng, assert_messages(ir),
-                                   sync_errors=prog.config.debug)
+                                   sync_errors=prog.config.debug, code=engine)
             self.ctx = None
             self.ctx_addr = self.grid.ring[0].block.address
             self.ctx_i64 = self.grid.host
@@ -763,7 +763,10 @@ class CompiledKernel:
         """``launch``, timed into the program's profile (ti.init(kernel_profiler=True))."""
         start = time.perf_counter()
         try:
-            return self._inner_launch(args)
+            out = self._inner_launch(args)
+            if self.grid is not None:  # asynchronous on a grid: time it to its end
+                self.grid.queue.synchronize()
+            return out
         finally:
             self.prog.profile.append((self.ir.name, start,
                                       (time.perf_counter() - start) * 1000.0))

@@ -9,20 +9,45 @@ compiled for the host, every thread of the grid run one after another on the CPU
 rest lives here, written once, so that CI exercises on the simulated grid exactly what a GPU
 runs:
 
-- **Launch context in device memory.** :class:`GridKernel` keeps the launch context as
-  storage from the program's allocator (``runtime/storage.py``). ``CompiledKernel`` packs the
-  arguments into its host mirror between the sync points (:meth:`GridKernel.begin`, then the
-  first task uploads it); after each task the context is read back through the storage
-  (``device_written`` + ``read``): the error word, the overflow flag and the return values
-  the host then decodes (``runtime/launch.py``) are the device's.
+- **Asynchronous launches.** A launch that needs nothing back (no return value, no
+  ``print``, no task that may overflow its stacks, and under ``debug=True`` no check that can
+  fail) is enqueued on the program's stream (the allocator's memory orders uploads, clears,
+  copies and launches) and Python returns at once. The host waits only at the sync points of
+  :class:`LaunchQueue`: ``ti.sync()``, a download of device storage (``to_numpy``, ``x[i]``,
+  a staged NumPy argument copied back), a synchronous launch, and the program's end (reset,
+  exit). Memory freed meanwhile is released once the stream has drained.
+- **Launch contexts in device memory.** ``CompiledKernel`` packs the arguments into the
+  host's launch context (:attr:`GridKernel.host`) after :meth:`GridKernel.begin`; the first
+  task uploads it, stream-ordered, into one of the kernel's contexts in device memory. A
+  context is not rewritten while a launch that uses it is pending: each kernel keeps a
+  *ring* of contexts (device memory and a page-locked host buffer each, with the event after
+  the launch that used it last), grown while all are in flight up to :data:`MAX_CONTEXTS`,
+  after which a launch waits for the oldest. A ring rather than one context re-uploaded per
+  launch: the tasks of a launch share its context (temps between tasks, the error word), and
+  an asynchronous upload from page-locked memory reads the host buffer when the stream gets
+  to it, so that buffer must stay intact until then too. A synchronous launch reads its
+  context back after each task: error word, overflow flag and return values are the device's
+  (``runtime/launch.py`` decodes the error word).
+- **Errors of asynchronous launches.** A failed bounds check or assert also claims the
+  program's status block (first failure wins) with its kernel's tag, code and value; every
+  task launched after it returns at once, so nothing queued after a failure runs on. The next
+  sync point reads the block and raises the error the CPU would have raised at the launch
+  (``KernelAssertionError``/``IndexOutOfRangeError`` naming the kernel, the index, the field
+  and the line). (Taichi checks its error code only under ``debug=True``, and then after
+  every launch, synchronising; with ``check_out_of_bound=True`` alone it never reports. We
+  do the same under ``debug=True`` and report at the next sync point otherwise. CUDA itself
+  reports a kernel's fault at the next synchronising call, as a sticky context error.)
 - **Reverse-mode stacks.** One pool of ``cap`` 64-bit slots per thread (``stack_pool``,
-  ``stack_cap``), a block of device memory kept by the kernel between launches. A thread that
+  ``stack_cap``), a block of device memory kept by the program between launches (shared by
+  its kernels, grown on demand; a task that may overflow is synchronous, so one at a time
+  uses it). A thread that
   pushes past ``cap`` sets the ``overflow`` slot (and stores nothing out of its slice); the
   launcher then reruns the task with the pool doubled. The rerun is safe because a task that
   can overflow (it pushes onto a stack or takes private copies from the device heap) is
   launched from a snapshot: before it runs, the buffers it writes (stores and atomics: e.g.
-  the ``.grad`` it accumulates into), the launch context (temps, returns, error word) and the
-  random states are copied device to device, and copied back before a rerun. So no side
+  the ``.grad`` it accumulates into) and the random states are copied device to device into
+  snapshot blocks the program keeps (grown on demand), and copied back before a rerun; the
+  launch context is restored from the host's packed copy. So no side
   effect of the overflowed attempt survives: a gradient is never accumulated twice, atomics
   into fields and ndarrays are added once, random numbers repeat, and the error word and
   return values are the rerun's.
@@ -250,12 +275,17 @@ class GridKernel:
     ``entries``: the launcher's loaded entry of each task; ``rng``: the program's random
     states (device storage, one per grid thread at least); ``messages``: the kernel's error
     messages (``assert_messages``); ``sync_errors``: a launch that can fail is synchronous
-    (``debug=True``, as Taichi checks after every launch in debug mode)."""
+    (``debug=True``, as Taichi checks after every launch in debug mode); ``code``: what
+    keeps the entries' code loaded."""
 
     def __init__(self, ir: KernelIR, layout, entries: list[Any], launcher: Launcher,
                  rng: Storage, messages: list[str] | None = None,
-                 sync_errors: bool = False) -> None:
+                 sync_errors: bool = False, code: object = None) -> None:
         self.ir, self.layout, self.launcher = ir, layout, launcher
+        # What keeps the entries' code alive (the loaded module): held with this object by
+        # the launch queue until the next sync point, so a kernel dropped while its launch is
+        # pending is not unloaded under it.
+        self.code = code
         self.allocator = launcher.allocator
         self.memory = self.allocator.memory
         self.queue = launcher.queue

@@ -10,6 +10,7 @@ raised there, and the launches queued after it do not run.
 """
 
 import ctypes
+import gc
 
 import numpy as np
 import pytest
@@ -223,3 +224,21 @@ def test_snapshot_and_stack_blocks_are_reused_between_launches(prog, monkeypatch
             k()
         np.testing.assert_array_equal(x.grad.to_numpy(), first)
     assert allocs == []
+
+
+def test_a_kernel_dropped_while_its_launch_is_pending_stays_loaded(prog):
+    """The queue holds a pending launch's code until the next sync point: a kernel made and
+    dropped at once (a builder's helper) is not unloaded under its launch."""
+    x = ti.field(ti.f32, shape=8)
+
+    def make():
+        @ti.kernel
+        def fill(v: ti.f32):
+            for i in x:
+                x[i] = v + i
+
+        return fill
+
+    make()(4.0)
+    gc.collect()
+    np.testing.assert_array_equal(x.to_numpy(), 4.0 + np.arange(8))
