@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import ctypes
 import weakref
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -190,7 +191,7 @@ class SimulatedStream:
     synchronise first sees the memory as it was: a missing sync point fails in CI."""
 
     def __init__(self) -> None:
-        self._queue: list[Callable[[], None]] = []
+        self._queue: deque[Callable[[], None]] = deque()
         self.done = 0  # operations run so far
         self.enqueued = 0  # operations enqueued so far
 
@@ -208,7 +209,7 @@ class SimulatedStream:
         """Run the queued operations up to the ``mark``-th enqueued one. An operation that
         raises is dropped with those before it; the rest stay queued."""
         while self.done < mark:
-            op = self._queue.pop(0)
+            op = self._queue.popleft()
             self.done += 1
             op()
 
