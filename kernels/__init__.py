@@ -218,11 +218,15 @@ def grouped(x) -> Grouped:
 
 
 def sync() -> None:
-    """``ti.sync``: kernels run synchronously on the CPU, so there is nothing to wait for;
-    under ``arch=ti.remote`` it sends the queued launches and waits for them."""
+    """``ti.sync``: until every kernel launched so far has ended. On a grid (``arch=ti.cuda``,
+    the simulated grid) launches are asynchronous: this waits for them and raises the error
+    of one that failed (a bounds check or assert); on the CPU kernels run synchronously, so
+    there is nothing to wait for; under ``arch=ti.remote`` it sends the queued launches and
+    waits for them."""
     prog = _program_mod._current
     if prog is not None and prog.remote is not None:
         prog.remote.flush()
+    _program_mod.sync()
 
 
 def _linalg():

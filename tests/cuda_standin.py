@@ -5,11 +5,17 @@ which thread, limits, launches, synchronisations, loaded images). What a "loaded
 depends on the image it is given:
 
 - the simulated grid's host object code (the CUDA target's lowering compiled for the host:
-  :func:`use`'s ``code="simgrid"``): a "cuLaunchKernel" (``prepared_call``) runs the grid
-  thread by thread, so results can be checked against the CPU's;
+  :func:`use`'s ``code="simgrid"``): a "cuLaunchKernel" (``prepared_async_call``) runs the
+  grid thread by thread when its stream reaches it, so results can be checked against the
+  CPU's;
 - real device code (a cubin from ptxas, or PTX, :func:`use`'s ``code="cuda"``): the image is
   recorded (:attr:`FakeDriver.images`: ``"cubin"`` or ``"ptx"``, the latter being the driver's
   JIT) and a launch does nothing, for tests of compiling, caching and loading.
+
+Streams are deferred (the simulated grid's :class:`SimulatedStream`): nothing enqueued runs
+until the host synchronises, so a read that skips a sync point sees stale memory; copies from
+page-locked host memory read it when the stream runs them, copies from pageable memory when
+they are called, as the real driver does.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from difftape.codegen import cuda as cuda_codegen
 from difftape.codegen import simgrid as simgrid_codegen
 from difftape.runtime import cuda as cuda_runtime
 from difftape.runtime.simgrid import GRID_FN
+from difftape.runtime.storage import SimulatedStream
 
 SMS = 2  # multiprocessors of the stand-in device: a grid of SMS * 4 blocks of 128 threads
 TOTAL_MEMORY = 8 << 30
@@ -43,7 +50,9 @@ class FakeDriver:
         self.launches: list[tuple] = []
         self.limits: dict[str, int] = {}
         self.current: dict[int, list[object]] = {}  # thread id -> its context stack
-        self.syncs = 0
+        self.streams: list[object] = []
+        self.pinned: set[int] = set()  # host addresses of page-locked arrays
+        self.syncs = 0  # stream synchronisations
         self.fail_next_sync = None
         self.detached = 0
         self.images: list[str] = []  # "cubin", "ptx" or "host" per module_from_buffer
@@ -51,6 +60,36 @@ class FakeDriver:
         self.refuse_cubins = False  # module_from_buffer refuses cubins (an older driver)
         self.driver_version = driver_version
         outer = self
+
+        class Stream(SimulatedStream):
+            """A stream whose operations run only when the host synchronises."""
+
+            def __init__(self, flags=0):
+                outer.require_context()
+                super().__init__()
+                outer.streams.append(self)
+
+            def synchronize(self):
+                outer.require_context()
+                outer.syncs += 1
+                if outer.fail_next_sync:
+                    e, outer.fail_next_sync = outer.fail_next_sync, None
+                    raise e
+                super().synchronize()
+
+        class Event:
+            def record(self, stream=None):
+                self.mark = stream.record()
+                return self
+
+            def query(self):
+                return self.mark.query()
+
+            def synchronize(self):
+                self.mark.synchronize()
+                return self
+
+        self.Stream, self.Event = Stream, Event
 
         class Context:
             def push(self):
@@ -70,11 +109,7 @@ class FakeDriver:
 
             @staticmethod
             def synchronize():
-                outer.require_context()
-                outer.syncs += 1
-                if outer.fail_next_sync:
-                    e, outer.fail_next_sync = outer.fail_next_sync, None
-                    raise e
+                raise AssertionError("the launcher synchronises its stream, not the context")
 
         class Device:
             def __init__(self, ordinal):
@@ -141,21 +176,31 @@ class FakeDriver:
 
         return Handle(block.ctypes.data)
 
-    def memset_d8(self, address, value, n):
+    def memset_d8_async(self, address, value, n, stream):
         self.require_context()
-        ctypes.memset(address, value, n)
+        stream.enqueue(lambda: ctypes.memset(address, value, n))
 
-    def memcpy_htod(self, address, host):
+    def pagelocked_empty(self, shape, dtype):
+        a = np.empty(shape, dtype)
+        self.pinned.add(a.ctypes.data)
+        return a
+
+    def memcpy_htod_async(self, address, host, stream):
         self.require_context()
-        ctypes.memmove(address, host.ctypes.data, host.nbytes)
+        if host.ctypes.data in self.pinned:  # copied when the stream runs it: keep it intact
+            src, n = host.ctypes.data, host.nbytes
+            stream.enqueue(lambda: ctypes.memmove(address, src, n))
+        else:  # pageable: staged by the driver before the call returns
+            data = host.tobytes()
+            stream.enqueue(lambda: ctypes.memmove(address, data, len(data)))
 
     def memcpy_dtoh(self, host, address):
         self.require_context()
         ctypes.memmove(host.ctypes.data, address, host.nbytes)
 
-    def memcpy_dtod(self, dst, src, n):
+    def memcpy_dtod_async(self, dst, src, n, stream):
         self.require_context()
-        ctypes.memmove(dst, src, n)
+        stream.enqueue(lambda: ctypes.memmove(dst, src, n))
 
     def in_device_memory(self, address) -> bool:
         return any(a <= address < a + b.nbytes for a, b in self.blocks.items())
@@ -186,12 +231,14 @@ class FakeDriver:
             def prepare(self, arg_types):
                 self.arg_types = list(arg_types)
 
-            def prepared_call(self, grid, block, *args):
+            def prepared_async_call(self, grid, block, stream, *args):
                 outer.require_context()
                 assert self.arg_types == [np.uintp] and len(args) == 1
+                assert stream is outer.streams[-1]  # the current program's stream
                 outer.launches.append((self.name, grid, block, args[0]))
                 if self.fn is not None:
-                    self.fn(args[0], grid[0], block[0], 0)
+                    fn = self.fn
+                    stream.enqueue(lambda: fn(args[0], grid[0], block[0], 0))
 
         class Module:
             def get_function(self, name):

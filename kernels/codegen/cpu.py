@@ -299,6 +299,10 @@ entry:
         low.fn.void(f"call void @{self.free_symbol}(ptr {p})")
 
     # ------------------------------------------------------------------ lowering hooks
+    def error_reported(self, low: Lowering, code: int, value: object) -> None:
+        """Nothing beyond the launch context's error word: the CPU's launches are synchronous
+        and the launcher reads it after each task."""
+
     def pause(self, low: Lowering) -> None:
         low.declare(f"declare i32 @{self.yield_symbol}()")
         low.fn.ins(f"call i32 @{self.yield_symbol}()")

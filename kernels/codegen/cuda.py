@@ -28,7 +28,11 @@ the simulated grid runs on the CPU.
 - **Private copies** of privatized scatter targets come from the device heap (``malloc``,
   zeroed); an exhausted heap sets ``overflow`` and ends the thread's task.
 - **Errors** (failed bounds checks and assertions) are the shared lowering's: the error code
-  and value are written into the launch context (device memory), read after the launch.
+  and value are written into the launch context (device memory), read after a synchronous
+  launch. As launches are asynchronous, a failure also claims the program's status block
+  (``CtxLayout.status``) with the kernel's tag, code and value, read at the host's next sync
+  point; every task returns at once while the block is claimed, so the launches queued after
+  a failed one do not run on.
 - **Random numbers**: thread ``g`` uses state ``g`` (the launcher provides one per thread).
 - ``print`` is CUDA's ``vprintf``, skipped while the launch context's ``quiet`` flag is set
   (an attempt that may be rerun after an overflow prints nothing).
@@ -130,6 +134,7 @@ class CUDATarget:
     def task_functions(self, low: Lowering, k: int, task: Task) -> list[str]:
         """One kernel per task: a grid-stride loop, or thread 0 alone (see the module)."""
         fn = low.begin_task(self.entry_header(low, k), task)
+        self._stop_after_failure(low)
         g, threads = self.global_thread(low)
         low.cuda_thread = g
         one_thread = task.kind == "serial" or task.schedule != "any"
@@ -156,6 +161,45 @@ class CUDATarget:
 
             low.range_body(task, indices, ordered=False)
         return [low.finish_task()]
+
+    @staticmethod
+    def _status(low: Lowering) -> str:
+        """The program's status block (``CtxLayout.status``): word 0 is the tag of the kernel
+        whose launch failed first since the host last looked (0: none), words 1 and 2 its
+        error code and value."""
+        address = low.fn.ins(f"load i64, ptr {low.ctx_slot(low.layout.status)}")
+        return low.fn.ins(f"inttoptr i64 {address} to ptr")
+
+    def _stop_after_failure(self, low: Lowering) -> None:
+        """Every thread returns at once when a launch before this one failed: launches are
+        asynchronous, and those queued after a failed one must not run on."""
+        fn = low.fn
+        failed = fn.ins(f"load volatile i64, ptr {self._status(low)}")
+        stop = fn.ins(f"icmp ne i64 {failed}, 0")
+        halt, go = fn.label("halted"), fn.label("run")
+        fn.term(f"br i1 {stop}, label %{halt}, label %{go}")
+        fn.start_block(halt)
+        fn.term("ret void")
+        fn.start_block(go)
+
+    def error_reported(self, low: Lowering, code: int, value) -> None:
+        """Also claim the program's status block (first failure wins, by compare-and-swap)
+        with this kernel's tag, and write the code and value there: the launches queued
+        after this one see it and return, and the host reads it at its next sync point."""
+        fn = low.fn
+        status = self._status(low)
+        tag = fn.ins(f"load i64, ptr {low.ctx_slot(low.layout.tag)}")
+        old = fn.ins(f"cmpxchg ptr {status}, i64 0, i64 {tag} monotonic monotonic")
+        won = fn.ins(f"extractvalue {{ i64, i1 }} {old}, 1")
+        write, done = fn.label("status_write"), fn.label("status_done")
+        fn.term(f"br i1 {won}, label %{write}, label %{done}")
+        fn.start_block(write)
+        fn.void(f"store i64 {code}, ptr " + fn.ins(f"getelementptr i64, ptr {status}, i64 1"))
+        if value is not None:
+            p = fn.ins(f"getelementptr i64, ptr {status}, i64 2")
+            low.store_at(p, value.dtype, low.values[value])
+        fn.term(f"br label %{done}")
+        fn.start_block(done)
 
     def entry_header(self, low: Lowering, k: int) -> str:
         """Task ``k``'s ``define`` line: a ``ptx_kernel`` taking the launch context."""

@@ -4,9 +4,11 @@ Buffers' base pointers, ndarray extents, scalar arguments, temps (kernel-level v
 between tasks), return values, the error report, the random-state pointer, the commit ticket
 of ordered (deterministic) tasks and, for targets whose reverse-mode stacks come from a
 preallocated pool (CUDA), the pool's address, each thread's capacity, the overflow flag and the
-quiet flag (no printing in an attempt that may be rerun) each have a slot. Floats travel as f64
-bit patterns and integers as i64, so the Python side writes every scalar with one NumPy store
-and the layout does not depend on argument types.
+quiet flag (no printing in an attempt that may be rerun), and for grid targets, whose launches
+are asynchronous, the address of the program's status block and the kernel's tag (a failed
+launch stops the launches queued after it and says which kernel failed) each have a slot.
+Floats travel as f64 bit patterns and integers as i64, so the Python side writes every scalar
+with one NumPy store and the layout does not depend on argument types.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ class CtxLayout:
     stack_cap: int = 0  # pooled stacks: slots per thread
     overflow: int = 0  # set when a pooled stack or the device heap ran out: rerun larger
     quiet: int = 0  # pooled-stack targets: nonzero while an attempt must not print (a rerun)
+    status: int = 0  # grid targets: the program's status block's address (runtime/grid.py)
+    tag: int = 0  # grid targets: the kernel's tag, written there by a launch that fails
     size: int = 0
 
 
@@ -55,5 +59,6 @@ def ctx_layout(ir: KernelIR) -> CtxLayout:
         n += 1
     lay.err_code, lay.err_value, lay.rng, lay.commit = n, n + 1, n + 2, n + 3
     lay.stack_pool, lay.stack_cap, lay.overflow, lay.quiet = n + 4, n + 5, n + 6, n + 7
-    lay.size = n + 8
+    lay.status, lay.tag = n + 8, n + 9
+    lay.size = n + 10
     return lay

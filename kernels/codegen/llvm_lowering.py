@@ -408,7 +408,11 @@ class Lowering:
         return w if t.bits == 64 else self.fn.ins(f"trunc i64 {w} to {ll_type(t)}")
 
     def store_scalar(self, slot: int, t: DType, v: str) -> None:
-        p = self.ctx_slot(slot)
+        self.store_at(self.ctx_slot(slot), t, v)
+
+    def store_at(self, p: str, t: DType, v: str) -> None:
+        """Store scalar ``v`` of type ``t`` as a 64-bit slot at pointer ``p`` (floats as f64
+        bits, integers extended to i64), as launch-context slots hold them."""
         if t.is_float:
             d = v if t.bits == 64 else self.fn.ins(f"fpext {ll_type(t)} {v} to double")
             self.fn.void(f"store double {d}, ptr {p}")
@@ -1191,12 +1195,12 @@ class Lowering:
         fn = self.fn
         p = self.ctx_slot(self.layout.err_code)
         old = fn.ins(f"cmpxchg ptr {p}, i64 0, i64 {code} monotonic monotonic")
-        if value is None:
-            return
-        won = fn.ins(f"extractvalue {{ i64, i1 }} {old}, 1")
-        write, done = fn.label("err_value"), fn.label("err_done")
-        fn.term(f"br i1 {won}, label %{write}, label %{done}")
-        fn.start_block(write)
-        self.store_scalar(self.layout.err_value, value.dtype, self.values[value])
-        fn.term(f"br label %{done}")
-        fn.start_block(done)
+        if value is not None:
+            won = fn.ins(f"extractvalue {{ i64, i1 }} {old}, 1")
+            write, done = fn.label("err_value"), fn.label("err_done")
+            fn.term(f"br i1 {won}, label %{write}, label %{done}")
+            fn.start_block(write)
+            self.store_scalar(self.layout.err_value, value.dtype, self.values[value])
+            fn.term(f"br label %{done}")
+            fn.start_block(done)
+        self.target.error_reported(self, code, value)

@@ -594,12 +594,14 @@ class CompiledKernel:
         self.grid = None
         if prog.launcher is not None:
             # Each task is launched over the grid (runtime/grid.py): called like a serial
-            # task, after the same argument packing into the launch context's host mirror;
-            # the context itself lives in device memory.
+            # task, after the same argument packing into the host's launch context, which
+            # each launch uploads into one of its contexts in device memory; asynchronous
+            # unless it returns a value, prints or may overflow its stacks.
             self.grid = GridKernel(ir, layout, [addresses[n] for n in low.target.entry_names(low)],
-                                   prog.launcher, prog.rng)
+                                   prog.launcher, prog.rng, assert_messages(ir),
+                                   sync_errors=prog.config.debug, code=engine)
             self.ctx = None
-            self.ctx_addr = self.grid.ctx.address
+            self.ctx_addr = self.grid.ring[0].block.address
             self.ctx_i64 = self.grid.host
             self.tasks = [(False, run, None, 1, _ANY, 0) for run in self.grid.tasks]
         else:
@@ -762,7 +764,10 @@ class CompiledKernel:
         """``launch``, timed into the program's profile (ti.init(kernel_profiler=True))."""
         start = time.perf_counter()
         try:
-            return self._inner_launch(args)
+            out = self._inner_launch(args)
+            if self.grid is not None:  # asynchronous on a grid: time it to its end
+                self.grid.queue.synchronize()
+            return out
         finally:
             self.prog.profile.append((self.ir.name, start,
                                       (time.perf_counter() - start) * 1000.0))

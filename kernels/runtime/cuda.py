@@ -9,7 +9,9 @@
   what ``codegen/cuda.py`` compiles for).
 - :class:`DeviceAllocator`: device memory for field and ndarray storage with its bookkeeping
   (bytes in use, peak, live allocations), zeroed on allocation, host <-> device copies,
-  memset, and device-to-device copies (the overflow rerun's snapshots). It holds no policy:
+  memset, and device-to-device copies (the overflow rerun's snapshots), ordered by the
+  program's stream (a ``pycuda.driver.Stream``; asynchronous where the host buffer allows),
+  with events for the sync points. It holds no policy:
   ``runtime/storage.py``'s ``DeviceMemoryAllocator`` (:func:`cuda_allocator`) makes field,
   ndarray and launch-context storage from it and keeps the host mirrors coherent at its sync
   points, as it does for the simulated device memory CI runs on.
@@ -26,8 +28,10 @@
   ``module_from_buffer``), the entry points by name.
 - :class:`CudaLauncher`: ``ti.init(arch=ti.cuda)``'s :class:`~.grid.Launcher`. It holds the
   device's primary context, loads each kernel's PTX and runs a task with ``cuLaunchKernel``
-  (pycuda's ``prepared_call``) over a fixed grid, then synchronises. Everything else of a
-  launch (the launch context, error word and returns in device memory, the stack pool and the
+  (pycuda's ``prepared_async_call``) on the program's stream over a fixed grid, and
+  synchronises with the stream (``cuStreamSynchronize``) only when ``runtime/grid.py`` asks
+  for it at a sync point. Everything else of a launch (asynchrony and its sync points, the
+  launch contexts in device memory, the error word and returns, the stack pool and the
   overflow rerun from device snapshots, random states) is ``runtime/grid.py``'s, the same code
   the simulated grid runs in CI.
 
@@ -126,13 +130,24 @@ def select_device(drv: Any, ordinal: int | None = None) -> DeviceInfo:
 @dataclass
 class DeviceAllocator:
     """Device memory through ``drv`` (pycuda.driver, or an object with its ``mem_alloc``,
-    ``memset_d8``, ``memcpy_htod``, ``memcpy_dtoh`` and ``memcpy_dtod``), with bookkeeping.
-    Allocations are zeroed, as host field storage is (``np.zeros``)."""
+    ``memset_d8_async``, ``memcpy_htod_async``, ``memcpy_dtoh``, ``memcpy_dtod_async``,
+    ``Stream``, ``Event`` and ``pagelocked_empty``), with bookkeeping, ordered by one stream
+    (:attr:`stream`, the program's, which the launcher launches on). Allocations are zeroed,
+    as host field storage is (``np.zeros``). Uploads, memsets and device-to-device copies are
+    enqueued on the stream; a download is synchronous and its caller synchronises first
+    (``runtime/storage.py``'s sync points); a block freed while the stream is busy is freed
+    once it has drained (:meth:`synchronize`): a queued launch may still address it."""
 
     drv: Any
     bytes_in_use: int = 0
     peak: int = 0
     _live: dict[int, tuple[Any, int]] = field(default_factory=dict)  # address -> (handle, n)
+    _freed: list[int] = field(default_factory=list)  # released while the stream was busy
+    stream: Any = None
+
+    def __post_init__(self) -> None:
+        if self.stream is None:
+            self.stream = self.drv.Stream()
 
     def alloc(self, nbytes: int) -> int:
         """A zeroed block of ``nbytes`` (at least 1) bytes; its device address."""
@@ -145,14 +160,22 @@ class DeviceAllocator:
             raise DifftapeError(f"device memory: cannot allocate {n} bytes ({e}); "
                                 f"{self.bytes_in_use} bytes are in use by difftape") from e
         address = int(handle)
-        self.drv.memset_d8(address, 0, n)
+        self.drv.memset_d8_async(address, 0, n, self.stream)
         self._live[address] = (handle, n)
         self.bytes_in_use += n
         self.peak = max(self.peak, self.bytes_in_use)
         return address
 
     def free(self, address: int) -> None:
-        handle, n = self._live.pop(address)  # KeyError: not ours, or freed twice
+        if address not in self._live:  # not ours, or freed twice
+            raise KeyError(address)
+        if self.stream.is_done():
+            self._free(address)
+        else:
+            self._freed.append(address)
+
+    def _free(self, address: int) -> None:
+        handle, n = self._live.pop(address)
         handle.free()
         self.bytes_in_use -= n
 
@@ -161,16 +184,24 @@ class DeviceAllocator:
 
     @property
     def live(self) -> int:
-        """How many allocations are held."""
-        return len(self._live)
+        """How many allocations are held (those waiting for the stream to drain excluded)."""
+        return len(self._live) - len(self._freed)
+
+    def host_array(self, n: int, dtype: np.dtype) -> np.ndarray:
+        """Page-locked host memory, which asynchronous uploads copy from without staging
+        (its contents must then stay unchanged until the copy has run)."""
+        return self.drv.pagelocked_empty(n, dtype)
 
     def upload(self, address: int, host: np.ndarray) -> None:
-        """Copy a C-contiguous host array into the block at ``address``."""
+        """Copy a C-contiguous host array into the block at ``address``, stream-ordered. From
+        page-locked memory the copy is asynchronous; from pageable memory (field mirrors) the
+        driver stages it before returning, so the caller may change ``host`` at once."""
         self._check_fits(address, host)
-        self.drv.memcpy_htod(address, host)
+        self.drv.memcpy_htod_async(address, host, self.stream)
 
     def download(self, host: np.ndarray, address: int) -> None:
-        """Copy the block at ``address`` into a C-contiguous host array (synchronous)."""
+        """Copy the block at ``address`` into a C-contiguous host array (synchronous; the
+        caller has synchronised with the stream)."""
         self._check_fits(address, host)
         self.drv.memcpy_dtoh(host, address)
 
@@ -178,13 +209,25 @@ class DeviceAllocator:
         """Set ``nbytes`` bytes at ``address`` to ``value`` (clearing a gradient)."""
         if nbytes > self.size(address):
             raise ValueError(f"memset of {nbytes} bytes exceeds a block")
-        self.drv.memset_d8(address, value, nbytes)
+        self.drv.memset_d8_async(address, value, nbytes, self.stream)
 
     def copy(self, dst: int, src: int, nbytes: int) -> None:
         """Device to device (a snapshot of what an overflowing task writes)."""
         if nbytes > min(self.size(dst), self.size(src)):
             raise ValueError(f"copy of {nbytes} bytes exceeds a block")
-        self.drv.memcpy_dtod(dst, src, nbytes)
+        self.drv.memcpy_dtod_async(dst, src, nbytes, self.stream)
+
+    def record(self) -> Any:
+        """An event after everything enqueued on the stream so far."""
+        return self.drv.Event().record(self.stream)
+
+    def synchronize(self) -> None:
+        """Until the stream has drained; then blocks freed meanwhile are freed."""
+        self.stream.synchronize()
+        if self._freed:
+            freed, self._freed = self._freed, []
+            for address in freed:
+                self._free(address)
 
     def _check_fits(self, address: int, host: np.ndarray) -> None:
         if not host.flags.c_contiguous:
@@ -194,9 +237,14 @@ class DeviceAllocator:
                              f"{self.size(address)}")
 
     def close(self) -> None:
-        """Free everything still held."""
+        """Free everything still held (after the stream has drained, if it can)."""
+        try:
+            self.stream.synchronize()
+        except Exception:  # noqa: BLE001 - a lost context: free what can be freed
+            pass
+        self._freed = []
         for address in list(self._live):
-            self.free(address)
+            self._free(address)
 
 
 def load_module(drv: Any, image: bytes, names: list[str]) -> tuple[Any, dict[str, Any]]:
@@ -371,6 +419,7 @@ class CudaLauncher(Launcher):
             except Exception:  # noqa: BLE001 - a kernel already used the heap: keep its size
                 pass
             self.allocator = cuda_allocator(drv)
+            self.memory = self.allocator.memory
             self.target = get_target(self.device.arch)
         except BaseException:
             drv.Context.pop()
@@ -437,15 +486,16 @@ class CudaLauncher(Launcher):
     def launch(self, entry: Any, ctx: int) -> None:
         blocks, threads = self.grid
         try:
-            entry.prepared_call((blocks, 1), (threads, 1, 1), ctx)
+            entry.prepared_async_call((blocks, 1), (threads, 1, 1), self.memory.stream, ctx)
         except Exception as e:  # pycuda.driver.LaunchError / LogicError
             raise DifftapeError(f"{self.name}: cuLaunchKernel failed: {e}") from e
 
-    def wait(self, kernel: str) -> None:
+    def wait_stream(self, kernels: list[str]) -> None:
         try:
-            self.drv.Context.synchronize()
-        except Exception as e:  # an asynchronous fault of the launch: the context is lost
-            raise DifftapeError(f"kernel '{kernel}' failed on {self.name}: {e}; the device's "
+            self.memory.synchronize()
+        except Exception as e:  # an asynchronous fault of a launch: the context is lost
+            which = " or ".join(f"'{k}'" for k in dict.fromkeys(kernels)) or "a kernel"
+            raise DifftapeError(f"kernel {which} failed on {self.name}: {e}; the device's "
                                 "context cannot be used again: restart the process") from e
 
     def close(self) -> None:
@@ -454,7 +504,7 @@ class CudaLauncher(Launcher):
         there)."""
         try:
             with self.bound():
-                self.allocator.close()
+                super().close()
         finally:
             if threading.get_ident() == self._owner:
                 self.drv.Context.pop()

@@ -9,20 +9,45 @@ compiled for the host, every thread of the grid run one after another on the CPU
 rest lives here, written once, so that CI exercises on the simulated grid exactly what a GPU
 runs:
 
-- **Launch context in device memory.** :class:`GridKernel` keeps the launch context as
-  storage from the program's allocator (``runtime/storage.py``). ``CompiledKernel`` packs the
-  arguments into its host mirror between the sync points (:meth:`GridKernel.begin`, then the
-  first task uploads it); after each task the context is read back through the storage
-  (``device_written`` + ``read``): the error word, the overflow flag and the return values
-  the host then decodes (``runtime/launch.py``) are the device's.
+- **Asynchronous launches.** A launch that needs nothing back (no return value, no
+  ``print``, no task that may overflow its stacks, and under ``debug=True`` no check that can
+  fail) is enqueued on the program's stream (the allocator's memory orders uploads, clears,
+  copies and launches) and Python returns at once. The host waits only at the sync points of
+  :class:`LaunchQueue`: ``ti.sync()``, a download of device storage (``to_numpy``, ``x[i]``,
+  a staged NumPy argument copied back), a synchronous launch, and the program's end (reset,
+  exit). Memory freed meanwhile is released once the stream has drained.
+- **Launch contexts in device memory.** ``CompiledKernel`` packs the arguments into the
+  host's launch context (:attr:`GridKernel.host`) after :meth:`GridKernel.begin`; the first
+  task uploads it, stream-ordered, into one of the kernel's contexts in device memory. A
+  context is not rewritten while a launch that uses it is pending: each kernel keeps a
+  *ring* of contexts (device memory and a page-locked host buffer each, with the event after
+  the launch that used it last), grown while all are in flight up to :data:`MAX_CONTEXTS`,
+  after which a launch waits for the oldest. A ring rather than one context re-uploaded per
+  launch: the tasks of a launch share its context (temps between tasks, the error word), and
+  an asynchronous upload from page-locked memory reads the host buffer when the stream gets
+  to it, so that buffer must stay intact until then too. A synchronous launch reads its
+  context back after each task: error word, overflow flag and return values are the device's
+  (``runtime/launch.py`` decodes the error word).
+- **Errors of asynchronous launches.** A failed bounds check or assert also claims the
+  program's status block (first failure wins) with its kernel's tag, code and value; every
+  task launched after it returns at once, so nothing queued after a failure runs on. The next
+  sync point reads the block and raises the error the CPU would have raised at the launch
+  (``KernelAssertionError``/``IndexOutOfRangeError`` naming the kernel, the index, the field
+  and the line). (Taichi checks its error code only under ``debug=True``, and then after
+  every launch, synchronising; with ``check_out_of_bound=True`` alone it never reports. We
+  do the same under ``debug=True`` and report at the next sync point otherwise. CUDA itself
+  reports a kernel's fault at the next synchronising call, as a sticky context error.)
 - **Reverse-mode stacks.** One pool of ``cap`` 64-bit slots per thread (``stack_pool``,
-  ``stack_cap``), a block of device memory kept by the kernel between launches. A thread that
+  ``stack_cap``), a block of device memory kept by the program between launches (shared by
+  its kernels, grown on demand; a task that may overflow is synchronous, so one at a time
+  uses it). A thread that
   pushes past ``cap`` sets the ``overflow`` slot (and stores nothing out of its slice); the
   launcher then reruns the task with the pool doubled. The rerun is safe because a task that
   can overflow (it pushes onto a stack or takes private copies from the device heap) is
   launched from a snapshot: before it runs, the buffers it writes (stores and atomics: e.g.
-  the ``.grad`` it accumulates into), the launch context (temps, returns, error word) and the
-  random states are copied device to device, and copied back before a rerun. So no side
+  the ``.grad`` it accumulates into) and the random states are copied device to device into
+  snapshot blocks the program keeps (grown on demand), and copied back before a rerun; the
+  launch context is restored from the host's packed copy. So no side
   effect of the overflowed attempt survives: a gradient is never accumulated twice, atomics
   into fields and ndarrays are added once, random numbers repeat, and the error word and
   return values are the rerun's.
@@ -46,6 +71,7 @@ import numpy as np
 
 from ..errors import DifftapeError
 from ..ir.nodes import KernelIR, task_blocks, walk
+from .launch import raise_error_word
 from .storage import DeviceMemoryAllocator, Storage
 
 #: slots per thread a kernel's stack pool starts with (doubled on each overflow)
@@ -61,10 +87,12 @@ class Launcher:
     name = "grid"
     #: (blocks, threads) of every launch
     grid: tuple[int, int]
-    #: the program's allocator: field, ndarray, launch-context and scratch memory
+    #: the program's allocator: field, ndarray, launch-context and scratch memory; its
+    #: ``memory`` orders copies and launches on the program's stream
     allocator: DeviceMemoryAllocator
     #: the code generator (``codegen``'s CUDA target, or the simulated grid's)
     target: Any
+    _queue: LaunchQueue | None = None
 
     def load(self, obj: bytes, names: list[str]) -> tuple[object, dict[str, Any]]:
         """Compiled code loaded: (what keeps it alive, entry name -> what :meth:`launch`
@@ -72,16 +100,36 @@ class Launcher:
         raise NotImplementedError
 
     def launch(self, entry: Any, ctx: int) -> None:
-        """Run one task over the grid with the launch context at device address ``ctx``
-        (it may return before the task ends: :meth:`wait`)."""
+        """Enqueue one task over the grid on the program's stream, with the launch context
+        at device address ``ctx``; it returns before the task runs."""
         raise NotImplementedError
 
-    def wait(self, kernel: str) -> None:
-        """Until the launches so far have ended; a failed launch raises naming ``kernel``."""
+    def wait_stream(self, kernels: list[str]) -> None:
+        """Until everything enqueued has run (``kernels``: the names of the kernels launched
+        since the last sync point, for the message of a launch that faulted)."""
+        self.allocator.memory.synchronize()
+
+    @property
+    def queue(self) -> LaunchQueue:
+        """The program's sync points (made with the first kernel)."""
+        if self._queue is None:
+            self._queue = LaunchQueue(self)
+        return self._queue
+
+    def synchronize(self) -> None:
+        """``ti.sync()``: until every launch so far has ended; a failed one raises."""
+        if self._queue is not None:
+            self._queue.synchronize()
+        else:
+            self.allocator.memory.synchronize()
 
     def close(self) -> None:
-        """Release the device (after the allocator's memory)."""
-        self.allocator.close()
+        """Release the device (after the allocator's memory): the launches still queued are
+        waited for first, and a failure among them is raised once everything is released."""
+        try:
+            self.synchronize()
+        finally:
+            self.allocator.close()
 
 
 class DeviceBlock:
@@ -94,6 +142,99 @@ class DeviceBlock:
         self.nbytes = int(nbytes)
         self.address = allocator.memory.alloc(self.nbytes)
         self._finalizer = weakref.finalize(self, allocator._release, self.address)
+
+
+#: words of the status block: the failed kernel's tag, the error code and the value
+STATUS_WORDS = 3
+
+
+class LaunchQueue:
+    """The program's launches since the host last synchronised, and its sync points.
+
+    Launches are enqueued on the program's stream and the host does not wait for them; it
+    waits in :meth:`synchronize` only, which ``ti.sync()``, every download of device storage
+    (the allocator's ``wait``), a synchronous launch (return values, ``print``, a task that
+    may overflow, ``debug=True``) and the program's end call. A failed check of an
+    asynchronous launch claims the **status block** (device memory; ``codegen/cuda.py``)
+    with its kernel's tag, code and value, and every task launched after it returns at once;
+    :meth:`synchronize` reads the block (when a launch since the last sync point can fail),
+    clears it and raises the error the CPU would have raised at the launch (naming the
+    kernel, the index, the field and the line). The stack pool and the snapshot blocks of the
+    overflow rerun are kept here, shared by the program's kernels and grown on demand (they
+    are used only inside a synchronous launch)."""
+
+    def __init__(self, launcher: Launcher) -> None:
+        self.launcher = launcher
+        self.allocator = launcher.allocator
+        self.memory = launcher.allocator.memory
+        self.status = DeviceBlock(self.allocator, STATUS_WORDS * 8)  # zeroed
+        self._status = np.zeros(STATUS_WORDS, np.int64)
+        self._tags = 0
+        #: the kernels launched since the last sync point, by tag (held until it)
+        self.launched: dict[int, GridKernel] = {}
+        self.check = False  # whether one of them can fail (it has checks)
+        self.pool: DeviceBlock | None = None
+        self.snapshots: list[DeviceBlock] = []
+        self.allocator.wait = self.synchronize
+
+    def tag(self) -> int:
+        """A new kernel's tag (what its failed launches write into the status block)."""
+        self._tags += 1
+        return self._tags
+
+    def synchronize(self) -> None:
+        """The sync point: wait for the stream; raise a failed asynchronous launch's error.
+        (A failed synchronous launch's error is its caller's to raise, from its own launch
+        context: the block is only cleared here.)"""
+        launched, self.launched = self.launched, {}
+        self.launcher.wait_stream([k.ir.name for k in launched.values()])
+        if not self.check:
+            return
+        self.check = False
+        self.memory.download(self._status, self.status.address)
+        tag, code, value = (int(v) for v in self._status)
+        if not tag:
+            return
+        self.clear_status()
+        kernel = launched.get(tag)
+        if kernel is not None and kernel.asynchronous:
+            raise_error_word(kernel.messages, code, value, kernel.ir.name)
+
+    def clear_status(self) -> None:
+        """Unclaim the status block (stream-ordered: before the next launch)."""
+        self.memory.memset(self.status.address, 0, self.status.nbytes)
+
+    def stack_pool(self, nbytes: int) -> DeviceBlock:
+        """A block of at least ``nbytes`` for the stacks (the one held if large enough)."""
+        if self.pool is None or self.pool.nbytes < nbytes:
+            self.pool = None  # (freed before the larger one is taken)
+            self.pool = DeviceBlock(self.allocator, nbytes)
+        return self.pool
+
+    def snapshot_block(self, i: int, nbytes: int) -> DeviceBlock:
+        """Snapshot block ``i`` with room for ``nbytes`` (kept between launches)."""
+        while len(self.snapshots) <= i:
+            self.snapshots.append(DeviceBlock(self.allocator, nbytes))
+        if self.snapshots[i].nbytes < nbytes:
+            self.snapshots[i] = None  # type: ignore[call-overload]
+            self.snapshots[i] = DeviceBlock(self.allocator, nbytes)
+        return self.snapshots[i]
+
+
+#: launch contexts a kernel may have in flight before a launch waits for its oldest one
+MAX_CONTEXTS = 64
+
+
+class ContextSlot:
+    """One of a kernel's launch contexts: device memory, the host buffer it is uploaded from
+    (page-locked on CUDA) and the event after the launch that uses it (None: free)."""
+
+    __slots__ = ("block", "host", "event")
+
+    def __init__(self, allocator: DeviceMemoryAllocator, words: int) -> None:
+        self.block = DeviceBlock(allocator, words * 8)
+        self.host = allocator.memory.host_array(words, np.int64)
+        self.event: Any = None
 
 
 def written_slots(ir: KernelIR, k: int) -> list[int]:
@@ -132,47 +273,103 @@ class GridKernel:
     """The tasks of one compiled kernel, each callable as a CPU task (``(ctx, begin, end,
     tid)``, arguments ignored) that launches it over the grid with the protocol above.
     ``entries``: the launcher's loaded entry of each task; ``rng``: the program's random
-    states (device storage, one per grid thread at least)."""
+    states (device storage, one per grid thread at least); ``messages``: the kernel's error
+    messages (``assert_messages``); ``sync_errors``: a launch that can fail is synchronous
+    (``debug=True``, as Taichi checks after every launch in debug mode); ``code``: what
+    keeps the entries' code loaded."""
 
     def __init__(self, ir: KernelIR, layout, entries: list[Any], launcher: Launcher,
-                 rng: Storage) -> None:
+                 rng: Storage, messages: list[str] | None = None,
+                 sync_errors: bool = False, code: object = None) -> None:
         self.ir, self.layout, self.launcher = ir, layout, launcher
+        # What keeps the entries' code alive (the loaded module): held with this object by
+        # the launch queue until the next sync point, so a kernel dropped while its launch is
+        # pending is not unloaded under it.
+        self.code = code
         self.allocator = launcher.allocator
+        self.memory = self.allocator.memory
+        self.queue = launcher.queue
         self.blocks, self.threads = launcher.grid
         n = self.blocks * self.threads
         if rng.size < n:
             raise DifftapeError(f"the grid has {n} threads but only {rng.size} random states")
         self.rng = rng
-        # The launch context: device storage; ``host`` is its mirror, which CompiledKernel
-        # packs after begin() and reads after each task (both sync points are here).
-        self.ctx = self.allocator.storage((max(1, layout.size),), np.int64)
-        self.host = self.ctx.write()
+        self.messages = messages or []
+        self.can_fail = bool(self.messages)
+        overflows = any(may_overflow(ir, k) for k in range(len(ir.tasks)))
+        #: enqueued without waiting: nothing to read back (see the module doc)
+        self.asynchronous = not (ir.returns or overflows or (sync_errors and self.can_fail)
+                                 or any(prints(ir, k) for k in range(len(ir.tasks))))
+        # The host's launch context, which CompiledKernel packs after begin() and reads after
+        # a synchronous task; each launch uploads it into a context of the ring.
+        self.host = np.zeros(max(1, layout.size), np.int64)
         self.host[layout.rng] = rng.address
+        self.host[layout.status] = self.queue.status.address
+        self.tag = self.queue.tag()
+        self.host[layout.tag] = self.tag
+        self.ring = [ContextSlot(self.allocator, self.host.size)]
+        self._next = 0
+        self.slot = self.ring[0]  # the current launch's context
+        self._host_newer = True  # the host context is to be uploaded before the next task
         self.entries = entries
+        self.last = len(ir.tasks) - 1
         self.cap = FIRST_STACK_SLOTS
-        self.pool: DeviceBlock | None = None
         self.reruns = 0  # overflowed attempts (for tests and diagnostics)
         self.tasks: list[Callable[[int, int, int, int], None]] = [
             self._task_caller(k) for k in range(len(ir.tasks))]
 
     def begin(self) -> None:
-        """Before the arguments are packed into :attr:`host` (after the allocator's sync):
-        the mirror is current and will be uploaded by the first task."""
-        self.ctx.write()
+        """Before the arguments are packed into :attr:`host`: this launch's context is the
+        next of the ring whose last launch has ended; while all are in flight the ring grows,
+        up to :data:`MAX_CONTEXTS`, and then the launch waits for the oldest."""
+        slot = self.ring[self._next]
+        if slot.event is not None:
+            if not slot.event.query():
+                if len(self.ring) < MAX_CONTEXTS:
+                    slot = ContextSlot(self.allocator, self.host.size)
+                    self.ring.insert(self._next, slot)
+                else:
+                    slot.event.synchronize()
+            slot.event = None
+        self._next = (self._next + 1) % len(self.ring)
+        self.slot = slot
+        self._host_newer = True
+
+    def _enqueue(self, k: int) -> None:
+        """Task ``k`` launched (host writes and the packed context uploaded first,
+        stream-ordered) without waiting for it."""
+        self.allocator.sync()
+        slot = self.slot
+        if self._host_newer:
+            np.copyto(slot.host, self.host)
+            self.memory.upload(slot.block.address, slot.host)
+            self._host_newer = False
+        queue = self.queue
+        try:
+            self.launcher.launch(self.entries[k], slot.block.address)
+        finally:
+            self.rng.device_written()  # the threads advance their states
+        queue.launched[self.tag] = self
+        if self.can_fail:
+            queue.check = True
+        if k == self.last and self.asynchronous:
+            slot.event = self.memory.record()
 
     def _run(self, k: int) -> np.ndarray:
-        """Task ``k`` over the grid once (host writes uploaded first); the launch context
-        as the device left it (errors, overflow flag, returns)."""
-        self.allocator.sync()
-        try:
-            self.launcher.launch(self.entries[k], self.ctx.address)
-            self.launcher.wait(self.ir.name)
-        finally:
-            self.ctx.device_written()
-            self.rng.device_written()  # the threads advanced their states
-        return self.ctx.read()
+        """Task ``k`` over the grid once, waited for (a sync point); the launch context as
+        the device left it (errors, overflow flag, returns), in :attr:`host`."""
+        self._enqueue(k)
+        self.queue.synchronize()  # raises a failed earlier launch's error
+        self.memory.download(self.host, self.slot.block.address)
+        if self.host[self.layout.err_code]:  # ours: the caller raises it
+            self.queue.clear_status()
+        return self.host
 
     def _task_caller(self, k: int) -> Callable[[int, int, int, int], None]:
+        if self.asynchronous:
+            def enqueue(_c: int = 0, _b: int = 0, _e: int = 0, _t: int = 0) -> None:
+                self._enqueue(k)
+            return enqueue
         if not may_overflow(self.ir, k):
             def run(_c: int = 0, _b: int = 0, _e: int = 0, _t: int = 0) -> None:
                 self._run(k)
@@ -182,8 +379,9 @@ class GridKernel:
         overflow = self.layout.overflow
 
         def run_from_snapshot(_c: int = 0, _b: int = 0, _e: int = 0, _t: int = 0) -> None:
-            self.allocator.sync()  # the packed context and host writes, before the snapshot
+            self.allocator.sync()  # host writes, before the snapshot
             saved = self._snapshot(slots)
+            packed = self.host.copy()  # the launch context as packed (and as uploaded)
             quiet = loud_once
             while True:
                 self._set_pool(quiet)
@@ -196,19 +394,18 @@ class GridKernel:
                     self._grow()
                     quiet = loud_once
                 self._restore(saved)
+                self.host[:] = packed
         return run_from_snapshot
 
     # ------------------------------------------------------------------ the stack pool
     def _set_pool(self, quiet: bool = False) -> None:
-        n = self.blocks * self.threads
-        if self.pool is None or self.pool.nbytes < self.cap * n * 8:
-            self.pool = None  # (freed before the larger one is taken)
-            self.pool = DeviceBlock(self.allocator, self.cap * n * 8)
-        lay, ctx = self.layout, self.ctx.write()
-        ctx[lay.stack_pool] = self.pool.address
+        pool = self.queue.stack_pool(self.cap * self.blocks * self.threads * 8)
+        lay, ctx = self.layout, self.host
+        ctx[lay.stack_pool] = pool.address
         ctx[lay.stack_cap] = self.cap
         ctx[lay.overflow] = 0
         ctx[lay.quiet] = int(quiet)
+        self._host_newer = True
 
     def _grow(self) -> None:
         cap = self.cap * 2
@@ -223,28 +420,27 @@ class GridKernel:
     # ------------------------------------------------------------------ snapshots
     def _buffer_bytes(self, slot: int) -> tuple[int, int]:
         """(device address, size in bytes) of buffer ``slot`` in this launch (from the
-        packed context's mirror: uploaded, so equal to the device's)."""
-        lay, buf, host = self.layout, self.ir.buffers[slot], self.ctx.read()
+        packed host context, which the device's equals)."""
+        lay, buf, host = self.layout, self.ir.buffers[slot], self.host
         n = buf.dtype.bits // 8
         for axis, extent in enumerate(buf.shape):
             n *= extent if extent is not None else int(host[lay.buffer_extent[(slot, axis)]])
         return int(host[lay.buffer_ptr[slot]]), n
 
-    def _snapshot(self, slots: list[int]) -> list[tuple[int, DeviceBlock]]:
-        """Device-to-device copies of what the task writes, the context and the random
-        states: (where it came from, the copy)."""
-        memory = self.allocator.memory
+    def _snapshot(self, slots: list[int]) -> list[tuple[int, int, DeviceBlock]]:
+        """Device-to-device copies (stream-ordered, into the program's snapshot blocks) of
+        what the task writes and of the random states: (where from, bytes, the copy). The
+        launch context is restored from the host's packed copy instead."""
         saved = []
-        for address, n in [self._buffer_bytes(s) for s in slots] + [
-                (self.ctx.address, self.ctx.nbytes), (self.rng.address, self.rng.nbytes)]:
-            copy = DeviceBlock(self.allocator, n)
-            memory.copy(copy.address, address, n)
-            saved.append((address, copy))
+        for i, (address, n) in enumerate([self._buffer_bytes(s) for s in slots] +
+                                          [(self.rng.address, self.rng.nbytes)]):
+            copy = self.queue.snapshot_block(i, n)
+            self.memory.copy(copy.address, address, n)
+            saved.append((address, n, copy))
         return saved
 
-    def _restore(self, saved: list[tuple[int, DeviceBlock]]) -> None:
-        memory = self.allocator.memory
-        for address, copy in saved:
-            memory.copy(address, copy.address, copy.nbytes)
-        self.ctx.device_written()
+    def _restore(self, saved: list[tuple[int, int, DeviceBlock]]) -> None:
+        for address, n, copy in saved:
+            self.memory.copy(address, copy.address, n)
+        self.queue.clear_status()  # an overflowed attempt's (spurious) error is forgotten
         self.rng.device_written()

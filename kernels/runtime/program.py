@@ -7,6 +7,7 @@ instances by the program's generation so nothing compiled under an old program i
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import os
 import warnings
@@ -556,9 +557,24 @@ def _no_gpu_reason() -> str | None:
     return cuda_runtime.why_unavailable()
 
 
+def sync() -> None:
+    """``ti.sync()`` for the current local program: on a grid (CUDA, the simulated grid)
+    until every launch so far has ended, raising a failed one's error; nothing on the CPU,
+    whose launches are synchronous."""
+    if _current is not None and _current.launcher is not None:
+        _current.launcher.synchronize()
+
+
+@atexit.register
+def _at_exit() -> None:
+    """The process ends: launches still queued on a grid are waited for, and a failure
+    among them is reported (Python prints an exception raised here) rather than lost."""
+    sync()
+
+
 def reset() -> None:
     """``ti.reset``: drop the current program."""
     global _current
-    if _current is not None:
-        _current.close()
-    _current = None
+    prog, _current = _current, None
+    if prog is not None:
+        prog.close()  # (raises a failure of a launch still queued, once all is released)

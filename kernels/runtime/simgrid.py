@@ -5,10 +5,12 @@ The code is the CUDA target's lowering compiled for the host (``codegen/simgrid.
 for each thread of a ``blocks x threads`` grid, one after another (``reverse``: last thread
 first). :class:`SimulatedLauncher` is the :class:`~.grid.Launcher` that calls it where
 ``runtime/cuda.py``'s ``CudaLauncher`` calls ``cuLaunchKernel``; everything else of a launch
-(the launch context, error word and returns in device memory, the stack pool and the overflow
-rerun from device snapshots, per-thread random states) is ``runtime/grid.py``'s, shared with
-CUDA. Its device memory is :class:`~.storage.SimulatedDeviceAllocator`'s (poisoned host
-mirrors), so a host access that skips a sync point fails in CI.
+(asynchrony and the sync points, the launch contexts, error word and returns in device memory,
+the stack pool and the overflow rerun from device snapshots, per-thread random states) is
+``runtime/grid.py``'s, shared with CUDA. Its device memory is
+:class:`~.storage.SimulatedDeviceAllocator`'s (poisoned host mirrors, and a deferred stream: a
+launch runs only when the host synchronises), so a host access that skips a sync point fails
+in CI.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class SimulatedLauncher(Launcher):
         self.grid = grid
         self.reverse = int(reverse)  # run the grid's threads last first
         self.allocator = SimulatedDeviceAllocator()
+        self.memory = self.allocator.memory
         self.target = get_target()
 
     def load(self, obj: bytes, names: list[str]) -> tuple[object, dict[str, Any]]:
@@ -60,4 +63,8 @@ class SimulatedLauncher(Launcher):
         return engine, {n: GRID_FN(a) for n, a in addresses.items()}
 
     def launch(self, entry: Any, ctx: int) -> None:
-        entry(ctx, self.grid[0], self.grid[1], self.reverse)
+        """Enqueued on the simulated memory's deferred stream: the grid runs when the host
+        synchronises (``runtime/storage.py``'s :class:`~.storage.SimulatedStream`)."""
+        blocks, threads = self.grid
+        reverse = self.reverse
+        self.memory.stream.enqueue(lambda: entry(ctx, blocks, threads, reverse))

@@ -17,6 +17,14 @@ address directly: it goes through the storage's explicit sync points.
   copy; the host copy is stale until the next ``read``/``write``.
 - :meth:`Storage.zero`, :meth:`Storage.copy_from`: device-side clears and copies.
 
+Device memory is ordered by one **stream** per program: uploads, clears, device-to-device
+copies and launches are enqueued on it and the host does not wait for them. A download is a
+sync point: :meth:`DeviceStorage.read` (and a ``write`` of storage a launch changed) first
+calls the allocator's :attr:`DeviceMemoryAllocator.wait` (the grid launcher's
+``synchronize``: the stream drained, a failed launch's error raised), then copies. Memory freed
+while the stream has work queued is released only once it has drained (a pending launch may
+still address it).
+
 Three allocators:
 
 - :class:`HostAllocator` (``ti.cpu``): the storage *is* one C-contiguous NumPy array
@@ -27,16 +35,21 @@ Three allocators:
   a memory (its ``cuda_allocator``), for the CUDA launcher.
 - :class:`SimulatedDeviceAllocator` (``simulate_grid`` / ``DIFFTAPE_SIMULATE_GPU=1``): the
   same, over :class:`SimulatedDeviceMemory`, blocks of separate host memory that kernels on
-  the simulated grid address. Host mirrors are *poisoned* whenever they are stale (NaN in
-  float storage, ``0xA5`` bytes in integer storage) and handed out read-only for reading, so
-  Python-scope code that skips a sync point computes a wrong answer (or fails) in CI instead
-  of silently working on the CPU and failing on a GPU.
+  the simulated grid address, with a deterministic deferred stream (:class:`SimulatedStream`):
+  what is enqueued runs only when the host synchronises, so a download that skipped the sync
+  point reads stale memory, as a race would on a GPU, but every time. Host mirrors are
+  *poisoned* whenever they are stale (NaN in float storage, ``0xA5`` bytes in integer
+  storage) and handed out read-only for reading, so Python-scope code that skips a sync
+  point computes a wrong answer (or fails) in CI instead of silently working on the CPU and
+  failing on a GPU.
 """
 
 from __future__ import annotations
 
 import ctypes
 import weakref
+from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -154,14 +167,74 @@ class HostAllocator(Allocator):
         return HostStorage(array)
 
 
+class SimulatedEvent:
+    """A point in a :class:`SimulatedStream` (pycuda's ``Event`` interface): done once the
+    stream has run everything enqueued before it."""
+
+    __slots__ = ("_stream", "_mark")
+
+    def __init__(self, stream: SimulatedStream, mark: int) -> None:
+        self._stream, self._mark = stream, mark
+
+    def query(self) -> bool:
+        return self._stream.done >= self._mark
+
+    def synchronize(self) -> None:
+        self._stream.run_until(self._mark)
+
+
+class SimulatedStream:
+    """A deterministic deferred stream: operations (closures) are queued in order and run only
+    when the host synchronises with the stream (:meth:`synchronize`) or with an event recorded
+    on it (:meth:`SimulatedEvent.synchronize`), never in between. So on the simulated grid an
+    asynchronous launch has not run when the host call returns, and a host read that does not
+    synchronise first sees the memory as it was: a missing sync point fails in CI."""
+
+    def __init__(self) -> None:
+        self._queue: deque[Callable[[], None]] = deque()
+        self.done = 0  # operations run so far
+        self.enqueued = 0  # operations enqueued so far
+
+    def enqueue(self, op: Callable[[], None]) -> None:
+        self._queue.append(op)
+        self.enqueued += 1
+
+    def record(self) -> SimulatedEvent:
+        return SimulatedEvent(self, self.enqueued)
+
+    def is_done(self) -> bool:
+        return self.done == self.enqueued
+
+    def run_until(self, mark: int) -> None:
+        """Run the queued operations up to the ``mark``-th enqueued one. An operation that
+        raises is dropped with those before it; the rest stay queued."""
+        while self.done < mark:
+            op = self._queue.popleft()
+            self.done += 1
+            op()
+
+    def synchronize(self) -> None:
+        self.run_until(self.enqueued)
+
+    def discard(self) -> None:
+        """Drop what is queued (the program ends)."""
+        self._queue.clear()
+        self.done = self.enqueued
+
+
 class SimulatedDeviceMemory:
     """Device memory for the simulated grid: each block is separate host memory (its own
     NumPy buffer) that only the simulated kernels address; the host reaches it through
-    ``upload``/``download``/``copy``/``memset`` only. The interface is that of
+    ``upload``/``download``/``copy``/``memset`` only, ordered by :attr:`stream` (a
+    :class:`SimulatedStream`) as CUDA's are by the program's stream: ``upload`` (of a copy of
+    the host data taken now), ``copy`` and ``memset`` are enqueued; ``download`` copies what
+    is in the block now, so the caller synchronises first. The interface is that of
     ``runtime/cuda.py``'s ``DeviceAllocator``."""
 
     def __init__(self) -> None:
         self._blocks: dict[int, np.ndarray] = {}
+        self._freed: list[int] = []  # released while the stream had work queued
+        self.stream = SimulatedStream()
         self.bytes_in_use = 0
         self.peak = 0
 
@@ -174,18 +247,28 @@ class SimulatedDeviceMemory:
         return address
 
     def free(self, address: int) -> None:
-        self.bytes_in_use -= self._blocks.pop(address).nbytes
+        if address not in self._blocks:
+            raise KeyError(address)
+        if self.stream.is_done():
+            self.bytes_in_use -= self._blocks.pop(address).nbytes
+        else:  # a queued launch or copy may still address it
+            self._freed.append(address)
 
     def size(self, address: int) -> int:
         return self._blocks[address].nbytes
 
     @property
     def live(self) -> int:
-        return len(self._blocks)
+        return len(self._blocks) - len(self._freed)
+
+    def host_array(self, n: int, dtype: np.dtype) -> np.ndarray:
+        """Host memory for asynchronous uploads (page-locked on CUDA)."""
+        return np.zeros(n, dtype)
 
     def upload(self, address: int, host: np.ndarray) -> None:
         self._check(address, host)
-        ctypes.memmove(address, host.ctypes.data, host.nbytes)
+        data = host.tobytes()  # (what the host holds now: it may change before the copy runs)
+        self.stream.enqueue(lambda: ctypes.memmove(address, data, len(data)))
 
     def download(self, host: np.ndarray, address: int) -> None:
         self._check(address, host)
@@ -194,12 +277,26 @@ class SimulatedDeviceMemory:
     def copy(self, dst: int, src: int, nbytes: int) -> None:
         if nbytes > min(self.size(dst), self.size(src)):
             raise ValueError(f"copy of {nbytes} bytes exceeds a block")
-        ctypes.memmove(dst, src, nbytes)
+        self.stream.enqueue(lambda: ctypes.memmove(dst, src, nbytes))
 
     def memset(self, address: int, value: int, nbytes: int) -> None:
         if nbytes > self.size(address):
             raise ValueError(f"memset of {nbytes} bytes exceeds a block")
-        ctypes.memset(address, value, nbytes)
+        self.stream.enqueue(lambda: ctypes.memset(address, value, nbytes))
+
+    def record(self) -> SimulatedEvent:
+        """An event after everything enqueued so far."""
+        return self.stream.record()
+
+    def synchronize(self) -> None:
+        """Until everything enqueued has run; then memory freed meanwhile is released."""
+        try:
+            self.stream.synchronize()
+        finally:
+            if self._freed and self.stream.is_done():
+                freed, self._freed = self._freed, []
+                for address in freed:
+                    self.bytes_in_use -= self._blocks.pop(address).nbytes
 
     def _check(self, address: int, host: np.ndarray) -> None:
         if not host.flags.c_contiguous:
@@ -208,7 +305,9 @@ class SimulatedDeviceMemory:
             raise ValueError(f"{host.nbytes} bytes do not fit a block of {self.size(address)}")
 
     def close(self) -> None:
+        self.stream.discard()
         self._blocks.clear()
+        self._freed.clear()
         self.bytes_in_use = 0
 
 
@@ -238,6 +337,7 @@ class DeviceStorage(Storage):
 
     def _download(self) -> None:
         if self._stale:
+            self._owner.wait()  # the sync point: the launches that wrote it have ended
             self._owner.memory.download(self._mirror, self._address)
             self._stale = False
 
@@ -298,6 +398,9 @@ class DeviceMemoryAllocator(Allocator):
         self.poison = poison
         self._dirty: list[DeviceStorage] = []
         self._closed = False
+        #: the sync point before a download: the stream drained (the grid launcher replaces
+        #: it with its ``synchronize``, which also raises a failed launch's error)
+        self.wait: Callable[[], None] = memory.synchronize
 
     def storage(self, shape: tuple[int, ...], dtype: np.dtype) -> DeviceStorage:
         return DeviceStorage(self, shape, dtype)

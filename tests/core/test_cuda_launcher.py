@@ -2,7 +2,7 @@
 
 A stand-in for pycuda.driver plays the device: its "device memory" is host memory, and the
 module it loads is the simulated grid's object code (the CUDA target's lowering compiled for
-the host), so a "cuLaunchKernel" (``prepared_call``) runs the grid thread by thread. What is
+the host), so a "cuLaunchKernel" (``prepared_async_call``) runs the grid thread by thread. What is
 checked is everything of a CUDA program but the GPU itself: ti.init picks CUDA when a device is
 found, the context is made current and released, the device heap is sized before any launch,
 the grid comes from the multiprocessor count, every task is launched with the launch context's
@@ -92,7 +92,6 @@ def test_init_cuda_runs_on_the_device_as_on_the_cpu(fake):
     want = _results(ti.cpu)
     blocks, threads = SMS * cuda_runtime.BLOCKS_PER_SM, cuda_runtime.THREADS_PER_BLOCK
     assert launches and all(g == (blocks, 1) and b == (threads, 1, 1) for _, g, b, _ in launches)
-    assert fake.syncs >= len(launches)  # each task's launch is waited for before its read-back
     np.testing.assert_array_equal(got[0], want[0])  # elementwise: bit for bit
     np.testing.assert_allclose(got[1], want[1], rtol=1e-13)  # the gradient
     for g, w in zip(got[2:], want[2:], strict=True):  # reductions: summed in another order
@@ -114,12 +113,42 @@ def test_the_launch_context_lives_in_device_memory(fake):
 
     assert fill(5) == 10
     inst = fill._fast
-    ctx = inst.grid.ctx
+    ctx = inst.grid.ring[0].block  # (it returns a value: synchronous, one context suffices)
     assert fake.in_device_memory(ctx.address) and fake.in_device_memory(x._storage.address)
     assert {a for _, _, _, a in fake.launches} == {ctx.address}
     np.testing.assert_array_equal(x.to_numpy(), 5 + np.arange(8))
     assert fill(7) == 14  # the argument reaches the device on each launch
     np.testing.assert_array_equal(x.to_numpy(), 7 + np.arange(8))
+
+
+def test_launches_are_enqueued_on_the_stream_and_reads_wait_for_them(fake):
+    """A launch with nothing to read back returns before it runs: it, the upload of its
+    launch context (page-locked, from a ring of contexts) and the uploads of host writes are
+    enqueued on the program's stream in order; a read waits for the stream once."""
+    _on(ti.cuda)
+    x = ti.field(ti.i64, shape=16)
+    scale = ti.field(ti.i64, shape=())
+
+    @ti.kernel
+    def add(v: ti.i64):
+        for i in x:
+            x[i] += v * scale[None] + i
+
+    scale[None] = 1
+    add(0)
+    ti.sync()
+    syncs, stream = fake.syncs, fake.streams[-1]
+    for v in range(1, 101):
+        add(v)  # each launch packs its own argument while the earlier ones are pending
+    scale[None] = 1000  # no sync point (no launch wrote it): uploaded after those launches
+    add(1)
+    assert fake.syncs == syncs and not stream.is_done() and len(fake.launches) == 102
+    ring = add._fast.grid.ring
+    assert 1 < len(ring) <= 64 and all(fake.in_device_memory(c.block.address) for c in ring)
+    assert all(c.host.ctypes.data in fake.pinned for c in ring)
+    got = x.to_numpy()
+    assert fake.syncs == syncs + 1 and stream.is_done()
+    np.testing.assert_array_equal(got, np.arange(16) * 102 + sum(range(101)) + 1000)
 
 
 def test_a_bounds_error_on_the_device_raises_as_on_the_cpu(fake):
@@ -147,10 +176,12 @@ def test_a_failed_launch_names_the_kernel_and_the_device(fake):
             x[i] = 1.0
 
     k()
-    fake.fail_next_sync = RuntimeError("cuCtxSynchronize failed: an illegal memory access")
+    ti.sync()
+    k()  # asynchronous: the fault shows when the host waits for the stream
+    fake.fail_next_sync = RuntimeError("cuStreamSynchronize failed: an illegal memory access")
     with pytest.raises(ti.DifftapeError, match=r"kernel 'k' failed on CUDA device 0 "
                                                r"\(Stand-in GPU\): .*illegal memory access"):
-        k()
+        ti.sync()
 
 
 def test_simulate_grid_with_a_device_is_refused(fake):

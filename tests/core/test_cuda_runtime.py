@@ -18,6 +18,7 @@ import pytest
 import difftape as ti
 from difftape.errors import OptionError
 from difftape.runtime import cuda as cuda_runtime
+from difftape.runtime.storage import SimulatedStream
 
 pytestmark = pytest.mark.difftape_only
 
@@ -96,19 +97,29 @@ class _Driver:
 
         return Handle(address)
 
-    def memset_d8(self, address, value, n):
-        self.memory[address][:n] = bytes([value]) * n
+    # A stream runs what is enqueued only when synchronised (as the simulated grid's).
+    Stream = SimulatedStream
 
-    def memcpy_htod(self, address, host):
-        data = host.tobytes()
-        self.memory[address][:len(data)] = data
+    def memset_d8_async(self, address, value, n, stream):
+        def run():
+            self.memory[address][:n] = bytes([value]) * n
+        stream.enqueue(run)
+
+    def memcpy_htod_async(self, address, host, stream):
+        data = host.tobytes()  # pageable: staged when called
+
+        def run():
+            self.memory[address][:len(data)] = data
+        stream.enqueue(run)
 
     def memcpy_dtoh(self, host, address):
         host.view(np.uint8).reshape(-1)[:] = np.frombuffer(
             bytes(self.memory[address][:host.nbytes]), np.uint8)
 
-    def memcpy_dtod(self, dst, src, n):
-        self.memory[dst][:n] = self.memory[src][:n]
+    def memcpy_dtod_async(self, dst, src, n, stream):
+        def run():
+            self.memory[dst][:n] = self.memory[src][:n]
+        stream.enqueue(run)
 
 
 def test_device_selection_and_architecture(monkeypatch):
@@ -132,23 +143,33 @@ def test_allocator_bookkeeping_zeroes_and_checks_sizes():
     b = mem.alloc(300)
     assert (mem.live, mem.bytes_in_use, mem.peak) == (2, 400, 400)
     out = np.ones(25, np.float32)
+    mem.synchronize()  # (clears, uploads and copies are enqueued on the stream)
     mem.download(out, a)
     np.testing.assert_array_equal(out, 0)  # zeroed, whatever the driver handed out
     data = np.arange(25, dtype=np.float32)
     mem.upload(b, data)
     mem.copy(a, b, data.nbytes)
+    data[:] = -1  # pageable: the upload has its own copy
     mem.download(out, a)
-    np.testing.assert_array_equal(out, data)
+    np.testing.assert_array_equal(out, 0)  # not run before the host synchronises
+    mem.synchronize()
+    mem.download(out, a)
+    np.testing.assert_array_equal(out, np.arange(25))
+    c = mem.alloc(8)  # freed while its clear is queued: held until the stream drains
+    mem.free(c)
+    assert c in drv.memory and c not in drv.freed and mem.live == 2
+    mem.synchronize()
+    assert c in drv.freed and mem.bytes_in_use == 400
     with pytest.raises(ValueError, match="do not fit"):
         mem.upload(a, np.zeros(26, np.float32))
     with pytest.raises(ValueError, match="exceeds a block"):
         mem.copy(a, b, 300)
     mem.free(a)
-    assert (mem.live, mem.bytes_in_use, mem.peak) == (1, 300, 400)
+    assert (mem.live, mem.bytes_in_use, mem.peak) == (1, 300, 408)
     with pytest.raises(KeyError):
         mem.free(a)  # freed twice
     mem.close()
-    assert mem.live == 0 and mem.bytes_in_use == 0 and sorted(drv.freed) == sorted([a, b])
+    assert mem.live == 0 and mem.bytes_in_use == 0 and sorted(drv.freed) == sorted([a, b, c])
 
 
 def test_field_storage_in_cuda_memory_syncs_at_the_explicit_points():
@@ -163,8 +184,10 @@ def test_field_storage_in_cuda_memory_syncs_at_the_explicit_points():
     b = alloc.storage((2, 3), np.float32)
     assert isinstance(a, DeviceStorage) and a.address in drv.memory
     a.write()[1, 2] = 5.0
+    alloc.memory.synchronize()
     assert bytes(drv.memory[a.address]) == bytes(24)  # not uploaded before the sync point
     alloc.sync()
+    alloc.memory.synchronize()  # (the upload is enqueued on the stream)
     assert np.frombuffer(bytes(drv.memory[a.address]), np.float32)[5] == 5.0
     drv.memory[a.address][0:4] = np.float32(7).tobytes()  # "a kernel" writes element 0
     a.device_written()

@@ -43,7 +43,8 @@ def _scatter_kernel(n, bins):
 class _Flaky:
     """A launcher over the program's own: each launch runs the task (unless ``run`` is
     False), then, on the calls ``overflows(call number)`` names, sets the overflow flag in the
-    launch context in (simulated) device memory, as a thread whose heap ran out would."""
+    launch context in (simulated) device memory, as a thread whose heap ran out would. Both
+    are enqueued on the program's stream, in order, as the launch itself is."""
 
     def __init__(self, inst, overflows, run=True):
         self.real, self.slot = inst.grid.launcher, inst.layout.overflow
@@ -56,10 +57,9 @@ class _Flaky:
             self.real.launch(entry, ctx)
         self.calls.append(1)
         if self.overflows(len(self.calls)):
-            ctypes.c_int64.from_address(ctx + 8 * self.slot).value = 1
-
-    def wait(self, kernel):
-        self.real.wait(kernel)
+            def overflow():
+                ctypes.c_int64.from_address(ctx + 8 * self.slot).value = 1
+            self.real.memory.stream.enqueue(overflow)
 
 
 def _overflowing_once(inst):

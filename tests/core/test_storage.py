@@ -72,6 +72,8 @@ def test_simulated_device_memory_is_separate_and_synced_explicitly(sim):
             y[i] = 2 * x[i] + 1
 
     double()
+    assert _device_bytes(x.storage)[3] == 0  # the upload is queued before the launch
+    ti.sync()
     assert _device_bytes(x.storage)[3] == 2.0
     assert np.isnan(y.storage._mirror).all()  # stale host copy: poisoned
     want = np.ones(8, np.float32)

@@ -15,7 +15,7 @@ from difftape.codegen.layout import ctx_layout
 from difftape.codegen.llvm_lowering import Lowering
 from difftape.ir.passes import run_pipeline
 from difftape.runtime import cuda as cuda_runtime
-from difftape.runtime import program
+from difftape.runtime import grid, program
 
 pytestmark = pytest.mark.difftape_only
 
@@ -77,8 +77,10 @@ def _launch(drv, device, ir, arrays, blocks=4, threads=64, cubin=False):
         mem.upload(address, np.ascontiguousarray(arr))
         ctx[layout.buffer_ptr[slot]] = address
         blocks_of.append(address)
+    ctx[layout.status] = mem.alloc(8 * grid.STATUS_WORDS)  # unclaimed: the tasks run
     ctx_dev = mem.alloc(ctx.nbytes)
     mem.upload(ctx_dev, ctx)
+    mem.synchronize()  # (uploads are enqueued on the allocator's stream)
     for name in names:
         functions[name](np.uintp(ctx_dev), block=(threads, 1, 1), grid=(blocks, 1))
     drv.Context.synchronize()

@@ -84,6 +84,7 @@ def test_solve_singular_is_refused(ti):
     A.from_numpy(np.array([[1.0, 2.0], [2.0, 4.0]]))
     with pytest.raises(ti.KernelAssertionError, match="singular"):
         run()
+        ti.sync()  # (on a grid the launch is asynchronous: its error comes at a sync point)
     A.from_numpy(np.array([[1.0, 2.0], [2.0, 5.0]]))
     run()
     np.testing.assert_allclose(X.to_numpy(), [1.0, 0.0], atol=1e-6)
@@ -201,6 +202,7 @@ def test_sym_eig_refuses_a_nonsymmetric_matrix(ti):
     A.from_numpy(a)
     with pytest.raises(ti.KernelAssertionError, match="not symmetric"):
         run()
+        ti.sync()  # (on a grid the launch is asynchronous: its error comes at a sync point)
     a[2, 0] = 0.5
     A.from_numpy(a)
     run()

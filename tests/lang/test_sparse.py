@@ -463,6 +463,7 @@ def test_append_to_a_full_list_raises(ti):
     np.testing.assert_array_equal(x.to_numpy(), [1, 2, 3, 0])
     with pytest.raises(ti.KernelAssertionError, match="full"):
         push(3)
+        ti.sync()  # (on a grid the launch is asynchronous: its error comes at a sync point)
 
 
 def test_a_fields_snode_is_one_object(ti):

@@ -94,6 +94,7 @@ def test_builder_overflow_is_refused(ti):
 
     with pytest.raises(ti.KernelAssertionError, match="max_num_triplets"):
         fill(B)
+        ti.sync()  # (on a grid the launch is asynchronous: its error comes at a sync point)
     with pytest.raises(ti.SolverError, match="overflowed"):
         B.build()
     storage = B._triplets.storage.read()
@@ -110,6 +111,7 @@ def test_builder_checks_indices_and_operators(ti):
 
     with pytest.raises(ti.KernelAssertionError, match="outside the matrix"):
         outside(B)
+        ti.sync()  # (on a grid the launch is asynchronous: its error comes at a sync point)
 
     @ti.kernel
     def store(A: ti.types.sparse_matrix_builder()):
