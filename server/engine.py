@@ -274,9 +274,13 @@ class Engine:
             return self._run(handler, name, op, payload)
 
     def _run(self, handler, name: str, op: dict, payload) -> tuple[dict, Any]:
-        if name in PAYLOAD_OPS:
-            return handler(self, op, payload)
-        return handler(self, op), None
+        out = handler(self, op, payload) if name in PAYLOAD_OPS else (handler(self, op), None)
+        if self.prog.launcher is not None:
+            # On a grid (CUDA) launches are asynchronous: wait here, so that a failed launch
+            # is reported as the error of the op that made it (its index in a batch), not of
+            # a later op of the session.
+            self.prog.launcher.synchronize()
+        return out
 
     # ------------------------------------------------------------------ fields
     def _field(self, op: dict) -> Field:

@@ -274,6 +274,28 @@ def test_batch_stops_at_first_error(engine, local):
     assert res[0] == {"result": None} and res[1]["launches"] == 3  # attempted launches
 
 
+def test_batch_on_a_gpu_reports_the_failing_launch(tmp_path, monkeypatch, local):
+    """On a grid (the CUDA launcher on the stand-in device) launches are asynchronous: the
+    engine waits after each op, so a bounds error is the failing launch's, at its index in
+    the batch, and the launches after it do not run."""
+    from cuda_standin import FakeDriver, use
+
+    use(monkeypatch, FakeDriver())
+    engine = Engine(tmp_path / "cache", arch="cuda")
+    try:
+        assert engine.prog.launcher is not None
+        create(engine, local)
+        kid = register(engine, local, "poke")
+        ops = [{"op": "launch", "kernel_id": kid, "args": [k]} for k in (0, N + 3, 1, 2)]
+        with pytest.raises(KernelAssertionError) as info:
+            engine.execute({"op": "batch", "ops": ops})
+        assert info.value.op_index == 1
+        x = read(engine, local.x)
+        assert x[0] == 1.0 and not x[1:].any()  # ran up to the failing op, not after it
+    finally:
+        engine.close()
+
+
 def test_save_load_and_warm_cache(tmp_path, local):
     """The save comes back as the .npz bytes (the gateway writes them where every gateway
     reaches them: a Ray actor's node need not share its disk); ``load`` takes them back in a
