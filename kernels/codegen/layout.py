@@ -4,7 +4,9 @@ Buffers' base pointers, ndarray extents, scalar arguments, temps (kernel-level v
 between tasks), return values, the error report, the random-state pointer, the commit ticket
 of ordered (deterministic) tasks and, for targets whose reverse-mode stacks come from a
 preallocated pool (CUDA), the pool's address, each thread's capacity, the overflow flag and the
-quiet flag (no printing in an attempt that may be rerun) each have a slot. Floats travel as f64
+quiet flag (no printing in an attempt that may be rerun) and the print sink (where ``print``
+writes when the program collects its kernels' output, ``runtime/printsink.py``) each have a
+slot. Floats travel as f64
 bit patterns and integers as i64, so the Python side writes every scalar with one NumPy store
 and the layout does not depend on argument types.
 """
@@ -14,6 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..ir.nodes import KernelIR
+
+#: A print sink (``runtime/printsink.py``) begins with three i64 words, cursor (bytes
+#: reserved), capacity (bytes of text it holds) and lines dropped; its text follows.
+PRINT_SINK_HEADER = 24
 
 
 @dataclass
@@ -31,6 +37,7 @@ class CtxLayout:
     stack_cap: int = 0  # pooled stacks: slots per thread
     overflow: int = 0  # set when a pooled stack or the device heap ran out: rerun larger
     quiet: int = 0  # pooled-stack targets: nonzero while an attempt must not print (a rerun)
+    print_sink: int = 0  # the program's print sink (runtime/printsink.py), 0: C's stdout
     size: int = 0
 
 
@@ -55,5 +62,6 @@ def ctx_layout(ir: KernelIR) -> CtxLayout:
         n += 1
     lay.err_code, lay.err_value, lay.rng, lay.commit = n, n + 1, n + 2, n + 3
     lay.stack_pool, lay.stack_cap, lay.overflow, lay.quiet = n + 4, n + 5, n + 6, n + 7
-    lay.size = n + 8
+    lay.print_sink = n + 8
+    lay.size = n + 9
     return lay
