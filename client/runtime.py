@@ -42,6 +42,7 @@ from difftape.frontend.kernel import (
     compound_return,
     derive,
     has_storage,
+    kernel_prints,
     param_path,
     written_arrays,
 )
@@ -180,6 +181,9 @@ class RemoteRuntime:
         self._queue: list[dict] = []
         self._kernels: dict[tuple, _RemoteKernel] = {}
         self._names: dict[str, str] = {}  # kernel id -> name, for error messages
+        # Ids of the kernels that print: their launches wait for the server (see ``launch``).
+        self.printing: set[str] = set()
+        self.in_job = False  # inside difftape.client.as_job: launches wait for the job
         self._grad_checked: set = set()
         self._flows: dict[tuple, Flow] = {}
         self.closed = False
@@ -377,11 +381,16 @@ class RemoteRuntime:
         rk = self._kernels.get((kernel, key, validate))
         if rk is None:
             ir = kernel.build_ir(self.prog, spec, "validate" if validate else "primal")
+            # debug=True: the server adds the integer overflow reports, as a local compile
+            # does; they are printed lines, which come back like the kernel's own.
+            ir.overflow_checks = self.prog.config.debug
             data = serialize.encode(ir)
             kid = serialize.fingerprint(ir)
             rk = self._kernels[(kernel, key, validate)] = _RemoteKernel(kernel, kid, data, ir,
                                                                         spec)
             self._names[kid] = kernel.name
+            if kernel_prints(ir):
+                self.printing.add(kid)
             self.queue({"op": "register", "ir": data})
         return rk
 
@@ -413,7 +422,10 @@ class RemoteRuntime:
             return self._copy_back(rk, back)
         if rk.returns:
             return rk.convert(self.flush()[-1]["result"])
-        if len(self._queue) >= MAX_QUEUE:
+        if len(self._queue) >= MAX_QUEUE or (rk.kid in self.printing and not self.in_job):
+            # A kernel that prints is waited for, its lines written to sys.stdout before
+            # the launch returns: they come before what the program prints next, as locally
+            # (in a job's block, when the job ends: difftape.client.as_job).
             self.flush()
         return None
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from difftape.graph import wire
 from difftape.runtime import progress as bars
 
 from .transport import HttpTransport, default_server, default_token
@@ -178,8 +179,11 @@ class Job:
 
     def result(self) -> list[dict]:
         """The results of a succeeded job; a failed one raises its error (same classes as
-        a synchronous batch)."""
-        return self.transport.json("GET", f"/v1/jobs/{self.job_id}/result")["results"]
+        a synchronous batch). What the job's kernels printed goes to ``sys.stdout`` (for a
+        failed job, before its error is raised)."""
+        body = self.transport.json("GET", f"/v1/jobs/{self.job_id}/result")
+        wire.show_output(body.get(wire.OUTPUT))
+        return body["results"]
 
 
 @contextlib.contextmanager
@@ -197,7 +201,11 @@ def as_job(job_id: str | None = None, progress: bool | None = None) -> Iterator[
         raise RuntimeError("jobs need an HTTP session")
     rt.flush()
     out: dict = {}
-    yield out
+    rt.in_job = True
+    try:
+        yield out
+    finally:
+        rt.in_job = False
     ops, rt._queue = rt._queue, []
     if not ops:
         return
@@ -205,7 +213,10 @@ def as_job(job_id: str | None = None, progress: bool | None = None) -> Iterator[
     conn.transport = rt.transport
     job = Session(conn, rt.session_id).submit(ops, job_id or f"job-{uuid.uuid4().hex}")
     out.update(job.wait(progress=progress))
-    if out.get("state") == "failed":
+    if out.get("state") == "succeeded":
+        if any(op.get("kernel_id") in rt.printing for op in ops):
+            job.result()  # what the job's kernels printed, written to sys.stdout
+    elif out.get("state") == "failed":
         from difftape.errors import DifftapeError
 
         try:
@@ -215,7 +226,7 @@ def as_job(job_id: str | None = None, progress: bool | None = None) -> Iterator[
             if isinstance(index, int) and 0 <= index < len(ops):
                 rt._after_error(ops, index)
             raise
-    elif out.get("state") != "succeeded":
+    else:
         from .errors import RemoteError
 
         raise RemoteError(f"job {job.job_id} ended {out.get('state')}")

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from difftape.graph import wire
+
 from .errors import RemoteError, error_from_problem
 
 #: Transfers at least this large show a progress bar on stderr (when stderr is a terminal).
@@ -128,10 +130,15 @@ class HttpTransport:
 
     @staticmethod
     def _error(resp) -> Exception:
+        """The exception for an error response; what the request's kernels printed before
+        the error (``output``) is written to ``sys.stdout`` now, before it is raised, as a
+        local run prints those lines before it raises."""
         try:
             body = resp.json()
         except ValueError:
             body = resp.text
+        if isinstance(body, dict):
+            wire.show_output(body.get(wire.OUTPUT))
         return error_from_problem(resp.status_code, body)
 
     def json(self, method: str, path: str, body: Any = None, **kwargs: Any) -> Any:
@@ -157,7 +164,10 @@ class HttpTransport:
 
     # ------------------------------------------------------------------ engine ops
     def batch(self, sid: str, ops: list[dict]) -> list[dict]:
-        return self.json("POST", f"/v1/sessions/{sid}/batch", {"ops": ops})["results"]
+        """Run ``ops``; their results. What their kernels printed goes to ``sys.stdout``."""
+        body = self.json("POST", f"/v1/sessions/{sid}/batch", {"ops": ops})
+        wire.show_output(body.get(wire.OUTPUT))
+        return body["results"]
 
     def write(self, sid: str, fid: int, role: str, arr: np.ndarray) -> None:
         arr = np.ascontiguousarray(arr)
@@ -250,24 +260,28 @@ class LocalTransport:
     def _run(self, op: dict, payload: bytes | None = None) -> tuple[Any, bytes | None]:
         from difftape.errors import DifftapeError, error_location
 
-        wire = json.dumps(op)
+        text = json.dumps(op)
         self.stats.round_trips += 1
-        self.stats.bytes_sent += len(wire) + (len(payload) if payload is not None else 0)
-        op = json.loads(wire)
+        self.stats.bytes_sent += len(text) + (len(payload) if payload is not None else 0)
+        op = json.loads(text)
         try:
             result, out = self.engine.execute(op, payload)
         except DifftapeError as e:
             body = {"detail": getattr(e, "bare_message", None) or str(e),
                     "difftape_error": type(e).__name__, "kernel": getattr(e, "kernel", None),
                     "location": error_location(e), "index": getattr(e, "op_index", None)}
+            wire.show_output(getattr(e, "printed", None))
             raise error_from_problem(422, body) from None
-        wire = json.dumps(result)
-        self.stats.bytes_received += len(wire) + (memoryview(out).nbytes if out is not None
+        text = json.dumps(result)
+        self.stats.bytes_received += len(text) + (memoryview(out).nbytes if out is not None
                                                   else 0)
-        return json.loads(wire), out
+        return json.loads(text), out
 
     def batch(self, sid: str, ops: list[dict]) -> list[dict]:
-        return self._run({"op": "batch", "ops": ops})[0]["results"]
+        """Run ``ops``; their results. What their kernels printed goes to ``sys.stdout``."""
+        body = self._run({"op": "batch", "ops": ops})[0]
+        wire.show_output(body.get(wire.OUTPUT))
+        return body["results"]
 
     def write(self, sid: str, fid: int, role: str, arr: np.ndarray) -> None:
         arr = np.ascontiguousarray(arr)

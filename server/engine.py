@@ -48,6 +48,7 @@ from difftape.ir.passes import run_pipeline
 from difftape.ir.serialize import from_jsonable, jsonable
 from difftape.ir.validate import argument_names, decode_untrusted
 from difftape.runtime import program
+from difftape.runtime.printsink import PrintSink
 
 #: Storage roles of a field: ``grad_dual`` is ``x.grad.dual`` (forward-over-reverse).
 ROLES = ("primal", "grad", "dual", "grad_dual", "mark")
@@ -226,6 +227,11 @@ class Engine:
                              offline_cache=bool(offline_cache),
                              offline_cache_file_path=str(cache_dir) if cache_dir else None)
         self.prog = program.Program(cfg)
+        # What the session's kernels print is collected, never written to this process's
+        # stdout (the server's): each request's lines go back with its response
+        # (difftape.graph.wire's "output"; the sink holds one request's worth).
+        self.prog.print_sink = PrintSink(wire.MAX_OUTPUT_BYTES)
+        self._serving = False  # inside a top-level execute (batch sub-ops are not)
         # CUDA's current context is per thread, and an engine's ops may come on any thread (a
         # Ray actor's, a test's): each op runs with the program's context pushed on the
         # calling thread (a no-op on the thread that made it, the local worker's only one).
@@ -268,6 +274,24 @@ class Engine:
             raise EngineError(f"unknown engine op {name!r}; known: {', '.join(_HANDLERS)}")
         if payload and name not in PAYLOAD_OPS:
             raise EngineError(f"op {name!r} takes no payload")
+        if self._serving:  # an op of a batch or program: its request collects the output
+            return self._bound_run(handler, name, op, payload)
+        self._serving = True
+        sink = self.prog.print_sink
+        try:
+            result, out = self._bound_run(handler, name, op, payload)
+        except BaseException as e:
+            if sink.pending():  # printed before the error: shown before it is raised
+                e.printed = wire.output_document(*sink.take())
+            raise
+        finally:
+            self._serving = False
+        if sink.pending():
+            result = dict(result or {})
+            result[wire.OUTPUT] = wire.output_document(*sink.take())
+        return result, out
+
+    def _bound_run(self, handler, name: str, op: dict, payload) -> tuple[dict, Any]:
         if self._bound is None:
             return self._run(handler, name, op, payload)
         with self._bound():
@@ -581,7 +605,9 @@ class Engine:
                                                                                  False)
             return has_storage(prog, (), buf, role)
 
+        checks = ir.overflow_checks  # the client's debug=True: overflow reports, printed
         ir = derive(ir, variant, storage)
+        ir.overflow_checks = checks
         ir = run_pipeline(ir)
         stats = CompileStats()
         inst = compile_ir(ir, self.prog, stats, k.arg_names)

@@ -75,7 +75,7 @@ class BatchFastPath:
         scope["route"] = _ROUTE
         scope["path_params"] = {"sid": sid}
         try:
-            results = await run_ops(self.service, user, sid, ops)
+            answer = await run_ops(self.service, user, sid, ops)
         except ProblemError as p:
             await _answer(send, p.status, PROBLEM_TYPE,
                           json.dumps(p.body(), allow_nan=True).encode(), p.headers)
@@ -86,7 +86,7 @@ class BatchFastPath:
             await _answer(send, 500, PROBLEM_TYPE, json.dumps(p.body()).encode(), None)
             return
         await _answer(send, 200, "application/json",
-                      json.dumps({"results": results}, separators=(",", ":"),
+                      json.dumps(answer, separators=(",", ":"),
                                  allow_nan=True).encode(), None)
 
 

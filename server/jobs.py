@@ -17,6 +17,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from difftape.graph import wire
+
 from .db import Database, User
 from .problems import ProblemError, quota, server_stopping
 from .sessions import SessionManager
@@ -174,6 +176,7 @@ class JobScheduler:
         self.db.update_job(job.owner.id, job.id, state="running", started=started)
         job.bump()
         results = []
+        printed = None  # what the job's ops printed, capped as one request's (wire.OUTPUT)
         t0 = time.perf_counter()
         try:
             async with self.sessions.use(job.owner, job.sid) as live:
@@ -193,18 +196,24 @@ class JobScheduler:
                     self.sessions.record_kernels(job.sid, [op], [result])
                     if op.get("op") == "launch":
                         self.metrics.launches.labels(op.get("variant", "primal")).inc()
+                    if isinstance(result, dict) and wire.OUTPUT in result:
+                        printed = wire.merge_output(printed, result.pop(wire.OUTPUT))
                     results.append(result)
                     job.done += 1
                     job.bump()
         except ProblemError as p:
             self._account(job, t0)
+            printed = wire.merge_output(printed, p.extra.get(wire.OUTPUT))
+            if printed is not None:
+                p.extra[wire.OUTPUT] = printed
             self._finish(job, "failed", None, p)
             return
         self._account(job, t0)
         if job.cancel:
             self._finish(job, "cancelled", None, None)
         else:
-            self._finish(job, "succeeded", results, None)
+            self._finish(job, "succeeded", results if printed is None else
+                         {"results": results, wire.OUTPUT: printed}, None)
 
     def _account(self, job: Job, t0: float) -> None:
         self.db.add_job_seconds(job.owner.id, time.perf_counter() - t0)

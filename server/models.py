@@ -315,8 +315,18 @@ class BatchBody(Strict):
     ops: list[BatchOp] = Field(max_length=100_000)
 
 
+class PrintedOutput(BaseModel):
+    """What a request's kernels printed (``difftape.graph.wire``): the text's bytes in
+    base64, at most ``wire.MAX_OUTPUT_BYTES`` of them, and how many lines past that were
+    dropped."""
+
+    b64: str
+    dropped: int = 0
+
+
 class BatchResult(BaseModel):
     results: list[Any]
+    output: PrintedOutput | None = None
 
 
 class JobSubmit(Strict):
@@ -345,6 +355,7 @@ class JobInfo(BaseModel):
 class JobResult(BaseModel):
     job_id: str
     results: list[Any]
+    output: PrintedOutput | None = None
 
 
 class Problem(BaseModel):
@@ -359,6 +370,8 @@ class Problem(BaseModel):
     #: A compile error's ``{"file", "line", "source_line"}`` (``difftape.errors.error_location``):
     #: the client's line that the kernel's IR carried, which the client's message names.
     location: dict[str, Any] | None = None
+    #: What the request's kernels printed before the error (``difftape.graph.wire``).
+    output: PrintedOutput | None = None
 
 
 class Health(BaseModel):

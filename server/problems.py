@@ -97,6 +97,8 @@ def engine_problem(err: dict) -> ProblemError:
         extra["index"] = err["index"]
     if err.get("location") is not None:
         extra["location"] = err["location"]
+    if isinstance(err.get("output"), dict):  # printed by the request's kernels before it
+        extra["output"] = err["output"]
     if status == 429 and isinstance(err.get("limit"), str):
         extra["limit"] = err["limit"]
     if status == 500:

@@ -243,6 +243,7 @@ def _error_dict(e: BaseException) -> dict:
             "kernel": getattr(e, "kernel", None),
             "location": error_location(e),
             "index": getattr(e, "op_index", None),
+            "output": getattr(e, "printed", None),  # what the request printed before it
             "limit": getattr(e, "limit", None) if isinstance(getattr(e, "limit", None), str)
             else None}
 

@@ -29,6 +29,7 @@ from ..errors import CompileError
 from ..ir.nodes import Block, Stmt, Task, walk
 from ..types import DType
 from . import vecmath
+from .layout import PRINT_SINK_HEADER
 from .llvm_lowering import TRANSCENDENTAL, FunctionText, Lowering
 
 _LIBM_NAMES = {"sin": "sin", "cos": "cos", "tan": "tan", "asin": "asin", "acos": "acos",
@@ -79,6 +80,9 @@ class CPUTarget:
     free_symbol = "dt_free"
     yield_symbol = "dt_sched_yield"  # a waiting ordered chunk gives its core away
     printf_symbol = "dt_printf"  # print() in kernels: C's printf (one call per line)
+    snprintf_symbol = "dt_snprintf"  # ... or snprintf into the program's print sink
+    #: The launch context's print sink is honoured (``print_call``).
+    print_sink = True
 
     def __init__(self) -> None:
         llvm.initialize_native_target()
@@ -136,7 +140,8 @@ class CPUTarget:
             fn = getattr(gcc, name, None) if gcc is not None else None
             if fn is not None:
                 llvm.add_symbol(name, ctypes.cast(fn, ctypes.c_void_p).value)
-        for name in ("malloc", "realloc", "calloc", "free", "sched_yield", "printf"):
+        for name in ("malloc", "realloc", "calloc", "free", "sched_yield", "printf",
+                     "snprintf"):
             llvm.add_symbol(f"dt_{name}", ctypes.cast(getattr(libc, name), ctypes.c_void_p).value)
         for name in _LIBM_NAMES.values():
             for suffix in ("f", ""):
@@ -308,9 +313,50 @@ entry:
         low.fn.ins(f"call i32 @{self.yield_symbol}()")
 
     def print_call(self, low: Lowering, fmt: str, args: list[str]) -> None:
+        """C's printf; or, where the launch context names a print sink (a program that
+        collects its kernels' output, the service's engine: ``runtime/printsink.py``), the
+        same text, made by C's snprintf, appended to the sink: the line's bytes and its NUL
+        reserved by an atomic add on the sink's cursor and written if they fit in its
+        capacity, else the line counted as dropped (once the sink is full a print costs one
+        load and one atomic add). Local printing is unchanged: the sink slot is 0 there."""
+        fn = low.fn
+        va = "".join(", " + a for a in args)
+        sink = fn.ins(f"load ptr, ptr {low.ctx_slot(low.layout.print_sink)}")
+        direct, collect = fn.label("printf"), fn.label("print_sink")
+        measure, write = fn.label("print_measure"), fn.label("print_write")
+        drop, done = fn.label("print_drop"), fn.label("printed")
+        fn.term(f"br i1 {fn.ins(f'icmp eq ptr {sink}, null')}, label %{direct}, "
+                f"label %{collect}")
+        fn.start_block(direct)
         low.declare(f"declare i32 @{self.printf_symbol}(ptr, ...)")
-        low.fn.ins(f"call i32 (ptr, ...) @{self.printf_symbol}(ptr {fmt}"
-                   + "".join(", " + a for a in args) + ")")
+        fn.ins(f"call i32 (ptr, ...) @{self.printf_symbol}(ptr {fmt}{va})")
+        fn.term(f"br label %{done}")
+        # The sink's header: cursor (bytes reserved), capacity, lines dropped; then the text.
+        fn.start_block(collect)
+        cap = fn.ins(f"load i64, ptr {fn.ins(f'getelementptr i64, ptr {sink}, i64 1', 'p')}")
+        cursor = fn.ins(f"load atomic i64, ptr {sink} monotonic, align 8")
+        fn.term(f"br i1 {fn.ins(f'icmp uge i64 {cursor}, {cap}')}, label %{drop}, "
+                f"label %{measure}")
+        fn.start_block(measure)
+        low.declare(f"declare i32 @{self.snprintf_symbol}(ptr, i64, ptr, ...)")
+        n = fn.ins(f"call i32 (ptr, i64, ptr, ...) @{self.snprintf_symbol}(ptr null, i64 0, "
+                   f"ptr {fmt}{va})")
+        size = fn.ins(f"add i64 {fn.ins(f'sext i32 {n} to i64')}, 1")
+        off = fn.ins(f"atomicrmw add ptr {sink}, i64 {size} monotonic")
+        end = fn.ins(f"add i64 {off}, {size}")
+        fn.term(f"br i1 {fn.ins(f'icmp ule i64 {end}, {cap}')}, label %{write}, "
+                f"label %{drop}")
+        fn.start_block(write)
+        at = fn.ins(f"add i64 {off}, {PRINT_SINK_HEADER}")
+        dst = fn.ins(f"getelementptr i8, ptr {sink}, i64 {at}", "p")
+        fn.ins(f"call i32 (ptr, i64, ptr, ...) @{self.snprintf_symbol}(ptr {dst}, "
+               f"i64 {size}, ptr {fmt}{va})")
+        fn.term(f"br label %{done}")
+        fn.start_block(drop)
+        dropped = fn.ins(f"getelementptr i64, ptr {sink}, i64 2", "p")
+        fn.ins(f"atomicrmw add ptr {dropped}, i64 1 monotonic")
+        fn.term(f"br label %{done}")
+        fn.start_block(done)
 
     def math_call(self, low, name: str, t: DType, args: list[str], paired: bool = False) -> str:
         """A call of libm's ``name`` (libmvec's vector version once vectorized). ``paired``:

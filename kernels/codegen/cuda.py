@@ -110,6 +110,10 @@ def find_ptxas() -> str | None:
 class CUDATarget:
     """PTX for one compute capability (``sm_XX``)."""
 
+    #: ``print`` is vprintf: a program's print sink (``runtime/printsink.py``) is not
+    #: supported (``compile_ir`` refuses a printing kernel in a program that has one).
+    print_sink = False
+
     name = "cuda"
     paired_atomics = False  # f32 atomic adds are native (red.global.add.f32)
     triple = "nvptx64-nvidia-cuda"

@@ -4,11 +4,12 @@ Buffers' base pointers, ndarray extents, scalar arguments, temps (kernel-level v
 between tasks), return values, the error report, the random-state pointer, the commit ticket
 of ordered (deterministic) tasks and, for targets whose reverse-mode stacks come from a
 preallocated pool (CUDA), the pool's address, each thread's capacity, the overflow flag and the
-quiet flag (no printing in an attempt that may be rerun), and for grid targets, whose launches
-are asynchronous, the address of the program's status block and the kernel's tag (a failed
-launch stops the launches queued after it and says which kernel failed) each have a slot.
-Floats travel as f64 bit patterns and integers as i64, so the Python side writes every scalar
-with one NumPy store and the layout does not depend on argument types.
+quiet flag (no printing in an attempt that may be rerun), the print sink (where ``print``
+writes when the program collects its kernels' output, ``runtime/printsink.py``), and for grid
+targets, whose launches are asynchronous, the address of the program's status block and the
+kernel's tag (a failed launch stops the launches queued after it and says which kernel failed)
+each have a slot. Floats travel as f64 bit patterns and integers as i64, so the Python side
+writes every scalar with one NumPy store and the layout does not depend on argument types.
 """
 
 from __future__ import annotations
@@ -16,6 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..ir.nodes import KernelIR
+
+#: A print sink (``runtime/printsink.py``) begins with three i64 words, cursor (bytes
+#: reserved), capacity (bytes of text it holds) and lines dropped; its text follows.
+PRINT_SINK_HEADER = 24
 
 
 @dataclass
@@ -35,6 +40,7 @@ class CtxLayout:
     quiet: int = 0  # pooled-stack targets: nonzero while an attempt must not print (a rerun)
     status: int = 0  # grid targets: the program's status block's address (runtime/grid.py)
     tag: int = 0  # grid targets: the kernel's tag, written there by a launch that fails
+    print_sink: int = 0  # the program's print sink (runtime/printsink.py), 0: C's stdout
     size: int = 0
 
 
@@ -60,5 +66,6 @@ def ctx_layout(ir: KernelIR) -> CtxLayout:
     lay.err_code, lay.err_value, lay.rng, lay.commit = n, n + 1, n + 2, n + 3
     lay.stack_pool, lay.stack_cap, lay.overflow, lay.quiet = n + 4, n + 5, n + 6, n + 7
     lay.status, lay.tag = n + 8, n + 9
-    lay.size = n + 10
+    lay.print_sink = n + 10
+    lay.size = n + 11
     return lay

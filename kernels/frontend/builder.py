@@ -56,7 +56,6 @@ class Builder:
         self.pending_loop_config: dict | None = None  # set by ti.loop_config for the next loop
         self.return_type: DType | list[DType] | None = None
         self.return_annotation: Any = None  # the kernel's `->` annotation (a struct type...)
-        self.remote = False  # compiled for arch=ti.remote (print() is refused there)
         self.kernel_allocas: set[Stmt] = set()
         # Building the IR that reverse mode differentiates: writes do not activate sparse
         # cells (the adjoint only reads activity) and deactivation/append are refused.

@@ -359,7 +359,6 @@ class Kernel:
         parsed = parse_function(self.pyfunc)
         bld = _b.Builder(self.name, parsed.file, default_fp=cfg.default_fp,
                          default_ip=cfg.default_ip, debug=cfg.debug)
-        bld.remote = prog.remote is not None
         rt = self.return_annotation
         if isinstance(rt, ArgPackType):
             raise KernelSyntaxError(f"kernel '{self.name}' is annotated to return an argument "
@@ -542,6 +541,11 @@ def compile_ir(ir: KernelIR, prog, stats: CompileStats | None = None,
                                 locations=False)
     directory = cache.cache_dir(prog.config.offline_cache_file_path) \
         if prog.config.offline_cache else None
+    if prog.print_sink is not None and not target.print_sink and kernel_prints(ir):
+        raise CompileError(f"print() in kernels is not supported by the {target.name} target "
+                           "of a program that collects its kernels' output (a difftape "
+                           "server's engine); store the values in a field and print them "
+                           "in Python scope", kernel=ir.name)
     low = Lowering(ir, layout, target)
     names = target.entry_names(low)
     t0 = time.perf_counter()
@@ -561,6 +565,12 @@ def compile_ir(ir: KernelIR, prog, stats: CompileStats | None = None,
     stats.llvm_s, stats.load_s = t1 - t0, time.perf_counter() - t1
     notify_compiled(ir, layout, stats.cache_hit)  # e.g. the PTX check, cached code too
     return CompiledKernel(ir, layout, engine, addresses, low, prog, arg_names, fields)
+
+
+def kernel_prints(ir: KernelIR) -> bool:
+    """Does the kernel have a ``print`` statement? (Offloaded into tasks or not yet.)"""
+    blocks = [ir.body] if ir.tasks is None else [b for t in ir.tasks for b in task_blocks(t)]
+    return any(s.op == "print" for b in blocks for s in walk(b))
 
 
 @functools.cache
@@ -609,6 +619,8 @@ class CompiledKernel:
             self.ctx_addr = ctypes.addressof(self.ctx)
             self.ctx_i64 = np.frombuffer(self.ctx, dtype=np.int64)
             self.ctx_i64[layout.rng] = prog.rng.address
+            if prog.print_sink is not None:
+                self.ctx_i64[layout.print_sink] = prog.print_sink.address
         self.ctx_f64 = self.ctx_i64.view(np.float64)
         for k, t in enumerate(ir.tasks if self.grid is None else ()):
             address = addresses[low.task_name(k)]
@@ -664,8 +676,10 @@ class CompiledKernel:
         self.arg_structs: dict[int, StructType] = {}
         # Wrappers are instance attributes: no cost for kernels that need none.
         self._inner_launch = self.launch
-        if any(s.op == "print" for t in ir.tasks for b in task_blocks(t) for s in walk(b)):
-            self._inner_launch = self.launch = self._printing_launch
+        if kernel_prints(ir):
+            if prog.print_sink is None:
+                self._inner_launch = self.launch = self._printing_launch
+            # else the lines go to the sink, set in the context (__init__)
         if not prog.allocator.host:  # storage in device memory: see _device_launch
             self._written_fields = written_fields
             self._host_launch = self._inner_launch

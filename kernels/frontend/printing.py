@@ -1,10 +1,12 @@
 """``print()`` inside kernels, with ``str.format`` and f-strings of kernel values.
 
 A print becomes one ``print`` statement of the IR (a runtime call to C's ``printf`` at every
-launch, see :mod:`..ir.printf`), formatted as Taichi formats it: ``sep``/``end`` as in
-Python, floats ``%f`` (f64 with 12 decimals), vectors and matrices as ``[1.000000, 2.000000]``
-and ``[[..], [..]]``, lists and tuples bracketed, Python numbers given directly to ``print``
-as kernel constants (``1.5`` prints ``1.500000``). In ``"...".format(...)`` and f-strings,
+launch, see :mod:`..ir.printf`; under ``arch=ti.remote`` the server's engine collects the
+lines and the client prints them, ``runtime/printsink.py``), formatted as Taichi formats
+it: ``sep``/``end`` as in Python, floats ``%f`` (f64 with 12 decimals), vectors and
+matrices as ``[1.000000, 2.000000]`` and ``[[..], [..]]``, lists and tuples bracketed,
+Python numbers given directly to ``print`` as kernel constants (``1.5`` prints
+``1.500000``). In ``"...".format(...)`` and f-strings,
 compile-time values are formatted by Python, kernel values with their spec turned into a
 printf conversion (``{:.2f}``, ``{:e}``, ``{:08d}``; a spec of another kind than the value,
 ``{:d}`` of a float, is a KernelTypeError).
@@ -155,10 +157,6 @@ def _bracketed(items, spec: str | None, out: list) -> None:
 
 def emit_print(bld: _b.Builder, args: list, sep: str = " ", end: str = "\n") -> None:
     """``print(*args, sep=sep, end=end)`` in a kernel: one ``print`` statement."""
-    if bld.remote:
-        raise bld.error("print() in kernels is not available with arch=ti.remote: the kernel "
-                        "runs on the server, whose output you would not see; store the "
-                        "values in a field (or return them) and print in Python scope")
     if not isinstance(sep, str) or not isinstance(end, str):
         raise bld.error("print(): sep and end must be strings")
     items: list = []

@@ -1,6 +1,7 @@
-"""The wire schema of graphs on a difftape server: the one module the client
-(``difftape.client``), the gateway's request models (``server/models.py``) and the engine
-(``server/engine.py``) import, so the three agree on names, encodings and limits.
+"""The wire schema of graphs, and of what kernels print, on a difftape server: the one
+module the client (``difftape.client``), the gateway (``server/models.py``, its routes and
+job runner) and the engine (``server/engine.py``) import, so they agree on names, encodings
+and limits.
 
 A graph captured under ``arch=ti.remote`` (or a saved graph loaded there) travels once, as
 the saved-graph document of :mod:`.saved` (kernels as frontend IR, launch records over
@@ -19,6 +20,13 @@ graph by that hash and carrying the inputs:
   replay, and the replay answers ``{"arrays": {name: b64}}`` with the bytes of those the
   graph writes (``"written"`` lists the names of all it writes), which the client copies
   back into the caller's array, as a local replay writes the caller's memory.
+
+What kernels print (``print()`` in a kernel) travels as data: the engine's program has a
+print sink (``runtime/printsink.py``) that its kernels print into, and a response whose
+request printed carries ``"output": {"b64": the bytes, base64; "dropped": lines}`` (a
+batch's body, a job's result, the problem body of an error: the lines printed before it),
+at most :data:`MAX_OUTPUT_BYTES` of text per request (per job), the lines past it counted.
+The client writes it to its ``sys.stdout`` as the response arrives (:func:`show_output`).
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import sys
 from typing import Any
 
 #: Engine op names.
@@ -81,3 +90,55 @@ def encode_number(v: int | float) -> int | float | str:
     if isinstance(v, float) and v in (float("inf"), float("-inf")):
         return "Infinity" if v > 0 else "-Infinity"
     return v
+
+
+#: The key of printed output in a response (see the module's docstring).
+OUTPUT = "output"
+#: Bytes of printed text one request (one job) carries at most; later lines are counted.
+MAX_OUTPUT_BYTES = 1 << 20
+
+
+def output_document(text: bytes, dropped: int) -> dict:
+    """``{"b64", "dropped"}``: printed text as it travels."""
+    return {"b64": encode_bytes(text), "dropped": int(dropped)}
+
+
+def output_parts(doc: Any) -> tuple[bytes, int]:
+    """(text, lines dropped) of an ``output`` document; (b"", 0) for none."""
+    if not isinstance(doc, dict):
+        return b"", 0
+    try:
+        text = decode_bytes(doc.get("b64", ""), "printed output")
+    except ValueError:
+        text = b""
+    dropped = doc.get("dropped", 0)
+    return text, dropped if isinstance(dropped, int) and dropped > 0 else 0
+
+
+def merge_output(first: dict | None, then: dict | None) -> dict | None:
+    """Two requests' output as one (a job's ops), still at most :data:`MAX_OUTPUT_BYTES`:
+    what does not fit is dropped whole, its lines counted."""
+    if first is None:
+        return then
+    if then is None:
+        return first
+    (a, da), (b, db) = output_parts(first), output_parts(then)
+    if da or len(a) + len(b) > MAX_OUTPUT_BYTES:
+        return output_document(a, da + b.count(b"\n") + db)
+    return output_document(a + b, db)
+
+
+def show_output(doc: Any, stream: Any = None) -> None:
+    """Write printed output to ``stream`` (the caller's ``sys.stdout``) as a local run
+    prints it, then, if lines were dropped, a line saying how many."""
+    text, dropped = output_parts(doc)
+    if not text and not dropped:
+        return
+    stream = sys.stdout if stream is None else stream
+    out = text.decode("utf-8", "replace")
+    if dropped:
+        if out and not out.endswith("\n"):
+            out += "\n"
+        out += (f"[difftape: {dropped} more lines printed by kernels were dropped: one "
+                f"request carries at most {MAX_OUTPUT_BYTES} bytes of printed output]\n")
+    stream.write(out)

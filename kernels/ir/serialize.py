@@ -99,6 +99,8 @@ def encode(ir: KernelIR, locations: bool = True) -> dict:
         data["deterministic"] = True
     if not ir.fast_math:  # likewise
         data["fast_math"] = False
+    if ir.overflow_checks:  # debug=True's overflow reports (the service's wire format has it)
+        data["overflow_checks"] = True
     if ir.tasks is None:
         data["body"] = enc.block(ir.body)
     else:
@@ -156,7 +158,8 @@ def decode(data: dict) -> KernelIR:
         buffers=[Buffer(_dec_attr(k), T.by_name(t), tuple(shape), name, endim)
                  for k, t, shape, name, endim in data["buffers"]],
         body=[], returns=[T.by_name(t) for t in data["returns"]], debug=data["debug"],
-        deterministic=data.get("deterministic", False), fast_math=data.get("fast_math", True))
+        deterministic=data.get("deterministic", False), fast_math=data.get("fast_math", True),
+        overflow_checks=data.get("overflow_checks", False))
     if "body" in data:
         ir.body = dec.block(data["body"])
     else:

@@ -54,14 +54,12 @@ from .verify import LOOP_FLAGS, IRVerificationError, verify
 # them, and the passes assume they only appear where the compiler put them.
 INTERNAL_OPS = frozenset({"stack_push", "stack_pop", "temp_load", "temp_store", "temp_atomic",
                           "add_overflows", "sub_overflows", "mul_overflows", "shl_overflows"})
-# Ops refused from clients: their effect would happen on the server (print() output).
-LOCAL_ONLY_OPS = frozenset({"print"})
 # Ops that carry an attribute in frontend IR; every other op has none (``null``). (Binary ops
 # get a "reassoc" marker from the reduction pass only.)
 ATTR_OPS = frozenset({"const", "arg", "buf_shape", "loop_index", "load", "store", "atomic",
-                      "local_atomic", "assert", "return", "range_for"})
+                      "local_atomic", "assert", "return", "range_for", "print"})
 TOP_LEVEL_KEYS = ("name", "params", "buffers", "returns", "debug", "body")
-OPTIONAL_KEYS = ("locations",)
+OPTIONAL_KEYS = ("locations", "overflow_checks")
 LOCATION_KEYS = ("files", "lines", "runs")
 MAX_FILES = 256  # distinct source files of one kernel's statements (its funcs' included)
 MAX_PATH = 4096  # a file name's characters
@@ -80,6 +78,7 @@ MAX_NDIM = 12  # buffer axes, element axes included
 MAX_ELEMENT_NDIM = 2  # vectors and matrices
 MAX_RETURNS = 64
 MAX_OPERANDS = MAX_NDIM + 1  # load/store/atomic: one index per axis and a value
+MAX_PRINT_OPERANDS = 1024  # the values one print() shows (a 32x32 matrix)
 MAX_ID = (1 << 63) - 1  # field ids, argument indices and loop ids live in int64 slots
 MAX_EXTENT = (1 << 31) - 1  # indices are i32
 # Nesting above this could exhaust Python's recursion limit in the (recursive) passes and the
@@ -179,6 +178,9 @@ class _Decoder:
         debug = self.expect(data["debug"], bool, "debug", "'debug'")
         ir = KernelIR(name, self.params(data["params"]), self.buffers(data["buffers"]), [],
                       returns=self.returns(data["returns"]), debug=debug)
+        # debug=True's integer overflow reports (ir/passes/overflow.py): printed lines
+        ir.overflow_checks = self.expect(data.get("overflow_checks", False), bool,
+                                         "overflow_checks", "'overflow_checks'")
         self.ir = ir
         ir.body = self.block(data["body"], "body", 1, ())
         return ir
@@ -374,17 +376,14 @@ class _Decoder:
         info = OPS.get(op) if type(op) is str else None
         if info is None:
             raise self.fail(path, f"unknown op {_short(op)}")
-        if op in LOCAL_ONLY_OPS:
-            raise self.fail(path, f"{op}() in kernels is not available remotely: the server's "
-                                  "output would not reach you; return or store the values "
-                                  "and print them in Python scope")
         if op in INTERNAL_OPS:
             raise self.fail(path, f"op '{op}' is internal to the compiler; clients send "
                                   "frontend IR")
         t = None if dtype is None else self.dtype(dtype, path + ".dtype")
         self.expect(args, list, path + ".args", "operands")
-        if info.nargs is not None and len(args) != info.nargs or len(args) > MAX_OPERANDS:
-            want = info.nargs if info.nargs is not None else f"at most {MAX_OPERANDS}"
+        most = MAX_PRINT_OPERANDS if op == "print" else MAX_OPERANDS
+        if info.nargs is not None and len(args) != info.nargs or len(args) > most:
+            want = info.nargs if info.nargs is not None else f"at most {most}"
             raise self.fail(path, f"op '{op}' takes {want} operand{'' if want == 1 else 's'}, "
                                   f"got {len(args)}")
         operands = []
@@ -397,7 +396,10 @@ class _Decoder:
         if len(blocks) != info.nblocks:
             raise self.fail(path, f"op '{op}' takes {info.nblocks} block"
                                   f"{'' if info.nblocks == 1 else 's'}, got {len(blocks)}")
-        s = Stmt(op, t, tuple(operands), self.attr(attr, path))
+        # print's attribute: text around one printf conversion per operand (ir/printf.py,
+        # checked by the verifier; the lowering escapes the text's own '%')
+        s = Stmt(op, t, tuple(operands),
+                 self.attr(attr, path, 2 * MAX_PRINT_OPERANDS + 1 if op == "print" else 4))
         self.paths[s] = path
         self.policy(s, path, depth, loops)
         self.stmts.append(s)  # numbered before its blocks, as serialize.encode does
@@ -407,11 +409,11 @@ class _Decoder:
                          for k, b in enumerate(blocks))
         return s
 
-    def attr(self, x: object, path: str):
-        """Attributes are scalars or one tuple of scalars (``{"t": [...]}``)."""
+    def attr(self, x: object, path: str, most: int = 4):
+        """Attributes are scalars or one tuple of at most ``most`` scalars (``{"t": [...]}``)."""
         if type(x) is dict:
             entries = x.get("t")
-            if len(x) != 1 or type(entries) is not list or len(entries) > 4:
+            if len(x) != 1 or type(entries) is not list or len(entries) > most:
                 raise self.fail(path, 'a tuple attribute is {"t": [scalars]}')
             return tuple(self.scalar(e, path) for e in entries)
         return self.scalar(x, path)

@@ -336,6 +336,9 @@ class Program:
         self._pool = None
         self.tape = None  # the ti.ad.Tape recording kernel launches, if any
         self.remote = None  # arch=ti.remote: the difftape.client runtime running it on a server
+        # Where kernels' print() lines go when not to C's stdout (runtime/printsink.py): set
+        # by a program that collects them for its caller (the service's engine).
+        self.print_sink = None
         self.fwd = None  # the ti.ad.FwdMode (or forward-mode helper) in effect, if any
         # Inside ``ti.graph.capture()``: the recorder (difftape.graph) that launches, fills and
         # copies go to instead of running; host reads refuse while it is set.
@@ -482,12 +485,6 @@ def init(arch: Arch | None = None, default_fp=None, default_ip=None, _test_mode:
         raise OptionError("ti.init(arch=ti.remote, fast_math=False) is not supported: the "
                           "server compiles with its default floating-point settings; run "
                           "locally (arch=ti.cpu) for strict IEEE evaluation")
-    if arch == remote and settings.get("debug") and "debug:remote" not in _warned:
-        _warned.add("debug:remote")
-        warnings.warn("difftape: under arch=ti.remote, debug=True checks asserts (indices are "
-                      "checked on the server anyway) but does not report integer overflow: "
-                      "the report is printed where the kernel runs; run locally to see it",
-                      stacklevel=2)
     if remote_opts and arch != remote:
         if forced is None:
             raise OptionError(f"ti.init({', '.join(remote_opts)}=...) applies to arch=ti.remote "

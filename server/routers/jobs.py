@@ -9,6 +9,8 @@ import json
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from difftape.graph import wire
+
 from ..jobs import TERMINAL
 from ..models import JobInfo, JobResult, JobSubmit, op_count
 from ..problems import ProblemError
@@ -57,13 +59,18 @@ async def cancel_job(request: Request, user: UserDep, job_id: JobIdP) -> JobInfo
     return _info(svc, svc.jobs.cancel(user, job_id))
 
 
-@router.get("/v1/jobs/{job_id}/result", response_model=JobResult)
+@router.get("/v1/jobs/{job_id}/result", response_model=JobResult,
+            response_model_exclude_unset=True)  # "output" only when the job printed
 async def job_result(request: Request, user: UserDep, job_id: JobIdP) -> JobResult:
     """The results of a succeeded job; a failed job answers with its problem."""
     svc = service(request)
     row = svc.jobs.row(user, job_id)
     if row["state"] == "succeeded":
-        return JobResult(job_id=job_id, results=json.loads(row["result"] or "[]"))
+        stored = json.loads(row["result"] or "[]")  # the results; with output, both
+        if isinstance(stored, dict):
+            return JobResult(job_id=job_id, results=stored["results"],
+                             output=stored[wire.OUTPUT])
+        return JobResult(job_id=job_id, results=stored)
     if row["state"] == "failed" and row["problem"]:
         raise ProblemError.from_body(json.loads(row["problem"]))
     raise ProblemError(409, f"job {job_id!r} is {row['state']}; it has no result",

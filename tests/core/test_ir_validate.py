@@ -41,7 +41,6 @@ from difftape.ir.passes import run_pipeline
 from difftape.ir.validate import (
     DEPTH_CEILING,
     INTERNAL_OPS,
-    LOCAL_ONLY_OPS,
     argument_names,
     decode_untrusted,
 )
@@ -307,18 +306,36 @@ def test_every_frontend_op_is_covered(corpus):
             for op, _, _, _, blocks in stack.pop():
                 seen.add(op)
                 stack.extend(blocks)
-    internal = set(INTERNAL_OPS) | LOCAL_ONLY_OPS  # refused from clients (test below)
+    internal = set(INTERNAL_OPS)  # refused from clients
+    internal.add("print")  # tested below (a corpus kernel that prints would print here)
     # buf_shape is ndarray-only (tested below).
     assert set(OPS) - internal - {"buf_shape"} <= seen, set(OPS) - internal - seen
 
 
-def test_print_is_refused_from_clients(corpus):
-    """A kernel's print() would print on the server: the wire format refuses it."""
-    _, _, data = next(iter(corpus.values()))
+def _with_print(corpus, conversion: str) -> dict:
+    """A corpus kernel with ``print("v =", 7)`` (an i32 constant) appended."""
+    _, _, data = corpus["integers"]
     data = json.loads(json.dumps(data))
-    data["body"].append(["print", None, [], ["hello\n"], []])
-    with pytest.raises(IRValidationError, match="not available remotely"):
-        decode_untrusted(data)
+    count, stack = 0, [data["body"]]  # statements are numbered in order, nested ones too
+    while stack:
+        for _, _, _, _, blocks in stack.pop():
+            count += 1
+            stack.extend(blocks)
+    data.pop("locations", None)
+    data["body"].append(["const", "i32", [], 7, []])
+    data["body"].append(["print", None, [count], {"t": ["v = ", conversion, "\n"]}, []])
+    return data
+
+
+def test_print_is_accepted_with_printf_conversions_only(corpus):
+    """print() runs on the server (its lines go back to the client): the wire format takes
+    it, with the conversion the operand's type allows and nothing else; a conversion that
+    would make C's printf read memory (%s, %n) or the wrong register is refused."""
+    ir = decode_untrusted(_with_print(corpus, "%d"))
+    assert any(s.op == "print" for s in walk(ir.body))
+    for bad in ("%s", "%n", "%f", "%lld", "%*d", "d"):
+        with pytest.raises(IRValidationError):
+            decode_untrusted(_with_print(corpus, bad))
 
 
 def test_ndarray_buffers_are_a_parameter(corpus):

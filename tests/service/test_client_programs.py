@@ -655,20 +655,6 @@ def test_struct_arguments_and_returns_remotely(remote):
     same(local, remote(_struct_program))
 
 
-def test_print_in_kernels_is_refused_remotely(remote):
-    """The server's output would not reach the client: refused where the kernel is compiled."""
-
-    def program():
-        @ti.kernel
-        def show(x: ti.i32):
-            print("x =", x)
-
-        with pytest.raises(ti.CompileError, match="arch=ti.remote"):
-            show(1)
-
-    remote(program)
-
-
 def test_unplaced_fields_are_refused_at_launch_remotely(remote):
     """As locally (and in Taichi): a launch refuses while a field, or the .grad of a
     needs_grad field, is not placed; placing the .grad apart lets the Tape run, with the

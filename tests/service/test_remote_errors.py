@@ -9,7 +9,6 @@ and source text. Each program runs locally and remotely (over HTTP to a real ser
 in-process) and the exception's class and text are compared whole.
 """
 
-import warnings
 
 import pytest
 
@@ -32,15 +31,12 @@ def remote(request):
     """Runs a program remotely: over HTTP to the shared server, or in-process."""
 
     def run(program, **options):
-        with warnings.catch_warnings():
-            # debug=True under arch=ti.remote warns that integer overflow is not reported.
-            warnings.simplefilter("ignore", UserWarning)
-            if request.param == "http":
-                service = request.getfixturevalue("service")
-                ti.init(arch=ti.remote, server=service.url, token=service.tokens["alice"],
-                        **options)
-            else:
-                ti.init(arch=ti.remote, transport=LocalTransport(), **options)
+        if request.param == "http":
+            service = request.getfixturevalue("service")
+            ti.init(arch=ti.remote, server=service.url, token=service.tokens["alice"],
+                    **options)
+        else:
+            ti.init(arch=ti.remote, transport=LocalTransport(), **options)
         try:
             return program()
         finally:
@@ -238,28 +234,3 @@ def test_a_kernel_the_server_refuses_to_compile_names_the_line(remote):
     local = run_local(program)
     assert local[1:4] == ("overwrite", HERE, line_of("refused by the compiler"))
     assert remote(program) == local
-
-
-def test_printing_from_a_kernel_is_refused_remotely_naming_the_line(remote, capfd):
-    """print() in a kernel would print on the server, where the user never sees it: under
-    arch=ti.remote it is refused when the kernel is built, naming the line (not dropped)."""
-
-    def program():
-        x = ti.field(ti.f32, shape=2)
-
-        @ti.kernel
-        def show():
-            for i in x:
-                print("x =", x[i])  # marker: the print
-
-        show()
-
-    kind, message = remote(failure(program))
-    assert kind == "CompileError"
-    assert f'File "{HERE}", line {line_of("the print")}, in show' in message
-    assert "print() in kernels is not available with arch=ti.remote" in message
-    assert capfd.readouterr().out == ""
-    out = run_local(lambda: (program(), ti.sync()))
-    assert out == (None, None)
-    assert "x = 0.000000" in capfd.readouterr().out
-

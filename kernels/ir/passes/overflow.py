@@ -7,9 +7,10 @@ the type, then the source line. As in Taichi the report is printed (by the kerne
 it happens) and the kernel goes on with the wrapped-around value, the result integer arithmetic
 has without ``debug``; atomics are not checked (nor are they in Taichi).
 
-Local runs only: under ``arch=ti.remote`` the server's output would not reach the user (its
-kernels are compiled with ``ir.debug`` set for bounds checks, which is why this pass keys on its
-own flag, ``KernelIR.overflow_checks``).
+The pass keys on its own flag, ``KernelIR.overflow_checks`` (``ti.init(debug=True)``), not on
+``ir.debug``: a server compiles every kernel with ``ir.debug`` set for bounds checks, and adds
+the reports only where the client's program asked (the flag travels with the IR); their lines
+reach the client as every kernel's printed output does (``runtime/printsink.py``).
 """
 
 from __future__ import annotations
