@@ -562,9 +562,18 @@ class FunctionTransformer:
                     f"Function has a return type but does not have a return statement: func "
                     f"'{self.name}' is annotated to return a value; add a `return` at the end "
                     "of its body")
-            raise self.bld.error(
-                f"func '{self.name}' is annotated to return a value but not every path "
-                "through it ends in a `return`; add a final `return`")
+            if self.slots is None:  # its returns are all in code that never runs
+                raise self.bld.error(
+                    f"func '{self.name}' is annotated to return a value but not every path "
+                    "through it ends in a `return`; add a final `return`")
+            # Its returns are inside runtime loops/branches (`for i in range(n): return x`):
+            # whether one runs is known only at run time. Falling off the end would leave
+            # the value unset (Taichi returns whatever the slot held), so check it there.
+            ops.runtime_check(
+                self.slots.flag.expr(),
+                f"func '{self.name}' is annotated to return a value but reached the end of "
+                "its body without a `return` (its returns are inside loops or branches that "
+                "did not run one); add a final `return`")
         if self.slots is None or self.slots.value is None:
             return self.return_value
 

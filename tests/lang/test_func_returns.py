@@ -246,7 +246,10 @@ def test_runtime_return_needs_a_return_annotation(ti):
 
 
 @difftape_only
-def test_func_that_does_not_return_on_every_path_is_an_error(ti):
+def test_func_that_does_not_return_on_every_path_is_checked_where_it_runs(ti):
+    # Whether a return inside a runtime branch or loop runs is known only at run time: a
+    # call that takes the path with the return gets its value; one that falls off the end is
+    # a runtime error (Taichi gives whatever its return slot held), not a made-up value.
     @ti.func
     def f(v) -> ti.f32:
         if v > 0:
@@ -256,8 +259,48 @@ def test_func_that_does_not_return_on_every_path_is_an_error(ti):
     def run(v: ti.f32) -> ti.f32:
         return f(v)
 
-    with pytest.raises(ti.CompileError, match="every path"):
-        run(1.0)
+    assert run(1.5) == 1.5
+    with pytest.raises(ti.KernelAssertionError, match="reached the end of its body"):
+        run(-1.0)
+
+
+def test_real_func_returning_from_inside_a_loop(ti):
+    # Taichi's test_function.py::test_return_in_for / test_return_in_while.
+    @ti.real_func
+    def first_square_above(n: ti.i32) -> ti.i32:
+        for i in range(10):
+            if i * i > n:
+                return i * i
+
+    @ti.real_func
+    def forty_two() -> ti.i32:
+        i = 1
+        while i:
+            return 42
+
+    @ti.kernel
+    def run(n: ti.i32) -> ti.i32:
+        return first_square_above(n) + forty_two()
+
+    for n in (0, 5, 80):
+        assert run(n) == next(i * i for i in range(10) if i * i > n) + 42
+
+
+@difftape_only
+def test_real_func_whose_loop_returns_nothing_is_a_runtime_error(ti):
+    @ti.real_func
+    def first_square_above(n: ti.i32) -> ti.i32:
+        for i in range(10):
+            if i * i > n:
+                return i * i
+
+    @ti.kernel
+    def run(n: ti.i32) -> ti.i32:
+        return first_square_above(n)
+
+    assert run(50) == 64
+    with pytest.raises(ti.KernelAssertionError, match="first_square_above"):
+        run(81)
 
 
 @difftape_only
