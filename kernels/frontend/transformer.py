@@ -1368,8 +1368,11 @@ class FunctionTransformer:
         cond = _as_value(self.eval(node.test))
         if isinstance(cond, Matrix):
             raise self._at(node).error(
-                "the condition of `x if c else y` must be a scalar, not a vector/matrix; choose "
-                "elementwise with ti.select(c, x, y), or reduce it with c.any() / c.all()")
+                "Using conditional expression for element-wise select operation on vectors/"
+                "matrices is not supported (the condition of `x if c else y` must be a "
+                'scalar). Please use "ti.select" instead: ti.select(c, x, y) chooses '
+                "elementwise; or reduce the condition with c.any() / c.all()",
+                KernelSyntaxError)
         if not isinstance(cond, Value):
             return self.eval(node.body) if cond else self.eval(node.orelse)
         c = ops.to_condition(cond)

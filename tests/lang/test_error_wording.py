@@ -309,3 +309,16 @@ def test_compile_errors_are_laid_out_as_taichis(ti):
     want = "\n" + _frame(line, "stepped", "^" * len("for _i in range(1, 2, 3):")) + \
         "Range should have 1 or 2 arguments, found 3"
     assert e.value.args[0][:len(want)] == want
+
+
+def test_conditional_expression_with_a_vector_condition(ti):
+    # Taichi's test_if.py::test_ifexpr_vector.
+    v = ti.Vector.field(3, float, shape=4)
+
+    @ti.kernel
+    def clamp_negative():
+        for i in v:
+            v[i] = 0 if v[i] < 0 else v[i]
+
+    with pytest.raises(ti.TaichiSyntaxError, match='Please use "ti.select" instead.'):
+        clamp_negative()
