@@ -235,9 +235,11 @@ def static_assert(cond, msg: str | None = None) -> None:
     AssertionError)."""
     bld = _b.current()
     if isinstance(cond, Value | Matrix):
-        raise (bld.error if bld else TypeError)(
-            "ti.static_assert needs a compile-time condition; this one is a runtime value (use "
-            "`assert`, checked with ti.init(debug=True))")
+        text = ("Static assert with non-static condition: ti.static_assert needs a "
+                "compile-time condition; this one is a runtime value (a kernel variable is "
+                "one, even if assigned a constant); use `assert`, checked with "
+                "ti.init(debug=True)")
+        raise bld.error(text, KernelTypeError) if bld else TypeError(text)
     if not cond:
         text = "static assertion failed" + (f": {msg}" if msg is not None else "")
         raise bld.error(text) if bld else AssertionError(text)
