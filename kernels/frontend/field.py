@@ -10,6 +10,7 @@ is a performance detail; the semantics, including Python-scope indexing, are the
 from __future__ import annotations
 
 import enum
+import functools
 import itertools
 import numbers
 import operator
@@ -40,7 +41,7 @@ from . import ops
 from . import quant as _quant
 from .matrix import Matrix, MatrixType, Vector, _coerce
 from .ops import resolve_dtype
-from .values import GlobalRef
+from .values import GlobalRef, Value
 
 # Names of modules that build on fields: sparse.py (activity of sparse SNodes) and struct.py
 # (struct values and struct fields). They register them when they load (:func:`bind`), so this
@@ -924,7 +925,8 @@ def assign(target, value) -> None:
         if isinstance(value, Matrix):
             if len(value.entries) != len(target.entries):
                 raise _b.require().error(
-                    f"cannot assign a {value._shape_text()} to a {target._shape_text()}")
+                    f"cannot assign '{_tensor_text(value)}' to '{_tensor_text(target)}': "
+                    f"a {value._shape_text()} to a {target._shape_text()}", KernelTypeError)
             for t, v in zip(target.entries, value.entries, strict=True):
                 t.store(v)
         else:
@@ -934,6 +936,14 @@ def assign(target, value) -> None:
     if isinstance(value, Matrix):
         raise _b.require().error(f"cannot assign a {value._shape_text()} to a scalar")
     target.store(value)
+
+
+def _tensor_text(m: Matrix) -> str:
+    """A vector's or matrix's type as Taichi's messages write it: ``[Tensor (3) i32]``."""
+    dts = [e.dtype if isinstance(e, Value) else ops.literal_dtype(e) for e in m.entries]
+    dt = functools.reduce(T.promote, dts)
+    shape = f"{m.n}" if m.ndim == 1 else f"{m.n}, {m.m}"
+    return f"[Tensor ({shape}) {dt}]"
 
 
 def _check_order(order: str, shape) -> None:

@@ -322,3 +322,27 @@ def test_conditional_expression_with_a_vector_condition(ti):
 
     with pytest.raises(ti.TaichiSyntaxError, match='Please use "ti.select" instead.'):
         clamp_negative()
+
+
+def test_assigning_a_vector_of_another_size(ti):
+    # Taichi's test_type_check.py::test_assign and test_ndarray.py's vector assignment.
+    f = ti.Vector.field(4, dtype=ti.i32, shape=())
+
+    @ti.kernel
+    def to_field():
+        f[None] = ti.Vector([1, 2, 3])
+
+    with pytest.raises(ti.TaichiTypeError,
+                       match=r"cannot assign '\[Tensor \(3\) i32\]' to '\[Tensor \(4\) i32\]'"):
+        to_field()
+
+    a = ti.ndarray(ti.types.vector(3, ti.i32), shape=(2,))
+
+    @ti.kernel
+    def to_ndarray(arr: ti.types.ndarray(dtype=ti.types.vector(3, ti.i32), ndim=1)):
+        for i in arr:
+            arr[i] = [1, 2]
+
+    with pytest.raises(ti.TaichiTypeError,
+                       match=r"cannot assign '\[Tensor \(2\) i32\]' to '\[Tensor \(3\) i32\]'"):
+        to_ndarray(a)
