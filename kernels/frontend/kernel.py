@@ -851,8 +851,13 @@ class CompiledKernel:
                 raise
             except (TypeError, ValueError, OverflowError):
                 want = "a number" if kind is _FLOAT else "an integer"
-                raise ArgumentError(f"kernel '{self.ir.name}': argument {arg_index + 1} must be "
-                                    f"{want}, got {type(v).__name__} ({v!r:.40})",
+                # Taichi's words first (programs match them): the argument's path, 0-based.
+                dtype = self.ir.params[self._writers.index((slot, kind))].dtype
+                path = (arg_index, *(comp or ()))
+                raise ArgumentError(f"Argument {path} (type={type(v)}) cannot be converted "
+                                    f"into required type {dtype}: kernel '{self.ir.name}': "
+                                    f"argument {arg_index + 1} must be {want}, got "
+                                    f"{type(v).__name__} ({v!r:.40})",
                                     kernel=self.ir.name) from None
         keep = []
         copies = None
@@ -1101,6 +1106,17 @@ def _ndarray_storage(a, role: str) -> np.ndarray | Storage:
     return s.array if s.host else s
 
 
+def _taichi_element_type(esh: tuple, dtype) -> str:
+    """An ndarray element type as Taichi's messages write it: ``VectorType[2, i32]``,
+    ``MatrixType[2,3, i32]``, or the scalar type."""
+    dt = "any" if dtype is None else _resolve(dtype)
+    if len(esh) == 1:
+        return f"VectorType[{esh[0]}, {dt}]"
+    if len(esh) == 2:
+        return f"MatrixType[{esh[0]},{esh[1]}, {dt}]"
+    return str(dt)
+
+
 def _ndarray_desc(kernel: str, name: str, ann: NdarrayType, a) -> tuple:
     """What a kernel is compiled for, given one ndarray argument: ``(dtype, ndim, element
     shape, has_grad, boundary)``. Everything the generated code assumes about the array is
@@ -1124,11 +1140,16 @@ def _ndarray_desc(kernel: str, name: str, ann: NdarrayType, a) -> tuple:
             if not _element_matches(want, esh, dtype):
                 what = f"{esh} elements of {dtype}" if esh else f"scalar elements of {dtype}"
                 raise refuse(f"must have {_element_text(want)} elements, got an ndarray with "
-                             f"{what}")
+                             f"{what} (Invalid value for argument {name} - required element "
+                             f"type: {_taichi_element_type(want.element_shape, want.dtype)}, "
+                             f"but {_taichi_element_type(esh, dtype)} is provided)")
         elif want is not None:
             if esh or _resolve(want) != dtype:
                 what = f"{esh} elements of {dtype}" if esh else f"{dtype} elements"
-                raise refuse(f"must have {_resolve(want)} elements, got an ndarray with {what}")
+                tensor = f"[Tensor ({', '.join(map(str, esh))}) {dtype}]" if esh else dtype
+                raise refuse(f"must have {_resolve(want)} elements, got an ndarray with {what} "
+                             f"(Expect element type {_resolve(want)} for argument {name}, but "
+                             f"get {tensor})")
         if ann.needs_grad and a.grad is None:
             raise refuse("needs a gradient (needs_grad=True): create it with "
                          "ti.ndarray(..., needs_grad=True)")

@@ -346,3 +346,43 @@ def test_assigning_a_vector_of_another_size(ti):
     with pytest.raises(ti.TaichiTypeError,
                        match=r"cannot assign '\[Tensor \(2\) i32\]' to '\[Tensor \(3\) i32\]'"):
         to_ndarray(a)
+
+
+def test_kernel_argument_of_the_wrong_type(ti):
+    # Taichi's test_kernel_arg_errors.py::test_pass_float_as_i32.
+    @ti.kernel
+    def foo(a: ti.i32):
+        pass
+
+    with pytest.raises(ti.TaichiRuntimeTypeError,
+                       match=r"Argument \(0,\) \(type=<class 'float'>\) cannot be converted "
+                             r"into required type i32"):
+        foo(1.2)
+
+
+def test_ndarray_argument_with_other_elements(ti):
+    # Taichi's test_ndarray.py::test_arg_not_match and test_ndarray_wrong_dtype.
+    @ti.kernel
+    def vec2(a: ti.types.ndarray(dtype=ti.types.vector(2, ti.i32))):
+        pass
+
+    @ti.kernel
+    def mat22(a: ti.types.ndarray(dtype=ti.types.matrix(2, 2, ti.i32))):
+        pass
+
+    @ti.kernel
+    def scalar(arr: ti.types.ndarray(dtype=ti.f32)):
+        pass
+
+    with pytest.raises(ValueError, match=r"Invalid value for argument a - required element "
+                                         r"type: VectorType\[2, i32\], but .* is provided"):
+        vec2(ti.Matrix.ndarray(2, 3, ti.i32, shape=(4, 7)))
+    with pytest.raises(ValueError, match=r"Invalid value for argument a - required element "
+                                         r"type: MatrixType\[2,2, i32\], but .* is provided"):
+        mat22(ti.Vector.ndarray(2, ti.i32, shape=(4, 7)))
+    with pytest.raises(TypeError, match=r"Expect element type f32 for argument arr, but get "
+                                        r"\[Tensor \(3\) i32\]"):
+        scalar(ti.ndarray(ti.types.vector(3, ti.i32), shape=(12, 4)))
+    with pytest.raises(TypeError, match=r"Expect element type f32 for argument arr, but get "
+                                        r"i32"):
+        scalar(ti.ndarray(ti.i32, shape=(12, 4)))
