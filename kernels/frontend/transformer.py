@@ -1042,7 +1042,7 @@ class FunctionTransformer:
             iterable = iterable.inner
         bounds = self._iteration_bounds(iterable)
         guard = self._sparse_guard(iterable)
-        self._range_for(node, bounds, grouped=grouped, guard=guard)
+        self._range_for(node, bounds, grouped=grouped, guard=guard, iterable=iterable)
         if guard is not None:
             self.bld.struct_fors[-1]["loop"] = self.bld.body[-1]
 
@@ -1105,7 +1105,9 @@ class FunctionTransformer:
             raise self.bld.error("loop targets must be names")
 
     def _range_for(self, node: ast.For, bounds: list[tuple], *, grouped: bool,
-                   guard=None) -> None:
+                   guard=None, iterable=None) -> None:
+        """A runtime loop over ``bounds``; ``iterable`` is what the loop iterates (an ndrange,
+        a field, ...), None for ``range(...)``."""
         target = node.target
         names = [target] if isinstance(target, ast.Name) else list(getattr(target, "elts", []))
         if not all(isinstance(n, ast.Name) for n in names):
@@ -1123,10 +1125,19 @@ class FunctionTransformer:
             if len(names) != 1:
                 raise self.bld.error("ti.grouped(...) binds one vector index: `for I in ...`")
         elif len(names) != len(bounds):
-            raise self.bld.error(
-                f"this loop has {len(bounds)} ind{'ex' if len(bounds) == 1 else 'ices'} but "
-                f"{len(names)} loop variable{'s' if len(names) != 1 else ''}; use "
-                f"`for {', '.join('ijkl'[:len(bounds)])} in ...` or ti.grouped(...)")
+            ours = (f"this loop has {len(bounds)} ind{'ex' if len(bounds) == 1 else 'ices'} but "
+                    f"{len(names)} loop variable{'s' if len(names) != 1 else ''}; use "
+                    f"`for {', '.join('ijkl'[:len(bounds)])} in ...` or ti.grouped(...)")
+            if isinstance(iterable, NdRange):  # Taichi's words, and its error classes
+                raise self.bld.error(
+                    "Ndrange for loop with number of the loop variables not equal to the "
+                    f"dimension of the ndrange is not supported: {ours}", KernelSyntaxError)
+            if iterable is not None:
+                raise self.bld.error(
+                    "Number of struct-for indices does not match loop variable "
+                    f"dimensionality ({len(names)} != {len(bounds)}): {ours}",
+                    KernelIndexError)
+            raise self.bld.error(ours)
         config = getattr(self.bld, "pending_loop_config", None) or {}
         self.bld.pending_loop_config = None
         outermost = self.is_kernel and self.bld.at_top_level and self.loop_depth == 0 and \

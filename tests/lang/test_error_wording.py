@@ -386,3 +386,27 @@ def test_ndarray_argument_with_other_elements(ti):
     with pytest.raises(TypeError, match=r"Expect element type f32 for argument arr, but get "
                                         r"i32"):
         scalar(ti.ndarray(ti.i32, shape=(12, 4)))
+
+
+def test_loop_with_another_number_of_variables(ti):
+    # Taichi's test_ndrange.py::test_dimension_error; a struct-for over a field likewise.
+    x = ti.field(ti.i32, shape=(4, 4))
+
+    @ti.kernel
+    def over_ndrange():
+        for i in ti.ndrange(4, 4):  # noqa: B007 (the mismatch is the point)
+            pass
+
+    @ti.kernel
+    def over_field():
+        for i in x:
+            x[i, 0] = 1
+
+    with pytest.raises(ti.TaichiSyntaxError,
+                       match="Ndrange for loop with number of the loop variables not equal to "
+                             "the dimension of the ndrange is not supported"):
+        over_ndrange()
+    with pytest.raises(ti.TaichiCompilationError,  # Taichi: an IndexError inside one
+                       match=r"Number of struct-for indices does not match loop variable "
+                             r"dimensionality \(1 != 2\)"):
+        over_field()
