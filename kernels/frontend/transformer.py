@@ -1855,7 +1855,13 @@ def _convert_to_annotation(bld: _b.Builder, value, ann, what: str):
         m = ann.m if ann.ndim == 2 else 1
         # A size left out (ti.types.vector(), matrix(n=2)) takes any (beyond Taichi).
         if value.ndim != ann.ndim or ann.n not in (None, value.n) or m not in (None, value.m):
-            raise bld.error(f"{what} should be a {ann!r}, got a {value._shape_text()}")
+            # Taichi's words: which of ndim, n, m differs
+            key, want, got = (("ndim", ann.ndim, value.ndim) if value.ndim != ann.ndim else
+                              ("n", ann.n, value.n) if ann.n not in (None, value.n) else
+                              ("m", m, value.m))
+            raise bld.error(f"{what} of type {ann!r} is expected to be a Matrix with {key} "
+                            f"{want}, but got {got}: {what} should be a {ann!r}, got a "
+                            f"{value._shape_text()}", KernelSyntaxError)
         return ops.cast(value._values(), ann.scalar_dtype)
     if isinstance(value, Matrix):
         raise bld.error(f"{what} should be a scalar ({ann!r}), got a {value._shape_text()}")

@@ -410,3 +410,21 @@ def test_loop_with_another_number_of_variables(ti):
                        match=r"Number of struct-for indices does not match loop variable "
                              r"dimensionality \(1 != 2\)"):
         over_field()
+
+
+def test_func_vector_argument_of_another_size(ti):
+    # Taichi's test_function.py::test_func_matrix_arg_with_error.
+    vec3 = ti.types.vector(3, ti.f32)
+
+    @ti.func
+    def test(a: vec3):
+        a[0] = 100
+
+    @ti.kernel
+    def test_error():
+        x = ti.Matrix([3, 4])
+        test(x)
+
+    with pytest.raises(ti.TaichiSyntaxError,
+                       match="is expected to be a Matrix with n 3, but got 2"):
+        test_error()
