@@ -1998,14 +1998,41 @@ def inline_func(bld: _b.Builder, fn, args: list, kwargs: dict):
     tr.real = fn.real
     for name, value in bound.arguments.items():
         tr.scopes[0][name] = _bind_param(bld, tr, name, value, params[name])
-    if len(bld.loop_stack) > 64:
-        raise bld.error("func recursion is too deep (difftape inlines funcs)")
+    _check_recursion(bld, fn)
     bld.loc = Loc.at(parsed.file, parsed.tree.lineno)
     tr.entry = bld.insertion_point()
-    tr.run_body(parsed.tree.body)
+    bld.func_stack.append(fn)
+    try:
+        tr.run_body(parsed.tree.body)
+    finally:
+        bld.func_stack.pop()
     result = tr.finish_func()
     bld.loc = saved_loc
     return result
+
+
+#: How deeply funcs may be inlined into one another: far beyond real programs, well within
+#: Python's recursion limit (each level takes a few dozen Python frames).
+MAX_FUNC_DEPTH = 24
+
+
+def _check_recursion(bld: _b.Builder, fn: Func) -> None:
+    """Refuse what inlining cannot compile: a real func calling itself (its arguments are
+    runtime values, so nothing stops the inlining; Taichi compiles it as a function that
+    calls itself, difftape has no calls) and a chain of funcs deeper than MAX_FUNC_DEPTH
+    (a ti.func recursing on compile-time arguments that do not end it)."""
+    if fn.real and fn in bld.func_stack:
+        raise bld.error(
+            f"@ti.real_func '{fn.__name__}' calls itself: recursion is not supported by "
+            "difftape, which inlines every func (real ones too) where it is called, so a "
+            "recursion that ends on runtime values cannot be compiled; rewrite it as a loop "
+            "(e.g. with an explicit stack in a local vector or a field)", KernelSyntaxError)
+    if len(bld.func_stack) >= MAX_FUNC_DEPTH:
+        raise bld.error(
+            f"funcs are nested more than {MAX_FUNC_DEPTH} deep (here '{fn.__name__}'): "
+            "difftape inlines every func where it is called, so a recursion must end on "
+            "compile-time values (ti.template() arguments tested with ti.static) within "
+            f"{MAX_FUNC_DEPTH} levels; rewrite a deeper one as a loop", KernelSyntaxError)
 
 
 def build_kernel_body(bld: _b.Builder, kernel, args: tuple) -> None:
