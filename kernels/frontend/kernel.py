@@ -366,10 +366,8 @@ class Kernel:
                                     "pack: a pack is a kind of parameter, not a value; return "
                                     "a struct (ti.types.struct) instead", kernel=self.name)
         if rt is not None:
-            if isinstance(rt, MatrixType):
-                bld.return_type = [rt.scalar_dtype] * (rt.n * (rt.m if rt.ndim == 2 else 1))
-            elif isinstance(rt, StructType):
-                bld.return_type = [dt for _, dt in rt.leaves()]
+            if isinstance(rt, MatrixType | StructType | tuple):
+                bld.return_type = _return_leaf_types(rt, cfg)
                 bld.return_annotation = rt
             else:
                 bld.return_type = _scalar_dtype(rt, cfg)
@@ -406,8 +404,7 @@ class Kernel:
         prog.compile_seconds += time.perf_counter() - t0
         if lost is not None:
             inst.lost = lost
-        if isinstance(self.return_annotation, MatrixType | StructType):
-            inst.return_type = self.return_annotation
+        inst.return_type = compound_return_type(self.return_annotation)
         inst.arg_shapes = {k: p.annotation.element_shape for k, p in enumerate(self.params)
                            if isinstance(p.annotation, MatrixType)}
         inst.arg_structs = {k: p.annotation for k, p in enumerate(self.params)
@@ -613,7 +610,7 @@ class CompiledKernel:
             bounds = BOUNDS_FN(addresses[low.bounds_name(k)]) if t.kind == "range" else None
             self.tasks.append((t.kind == "range", TASK_FN(address), bounds, max(1, t.weight),
                                _SCHEDULES[t.schedule], address))
-        self.return_type: MatrixType | StructType | None = None
+        self.return_type: MatrixType | StructType | tuple | None = None
         self.lost = NO_FLOW  # set by Kernel._compile for derivative variants
         self.bounds_out = (ctypes.c_int64 * 2)()
         self.bounds_addr = ctypes.addressof(self.bounds_out)
@@ -995,8 +992,39 @@ def written_arrays(ir: KernelIR) -> frozenset[int]:
     return frozenset(out)
 
 
-def compound_return(rt: MatrixType | StructType, values: list):
-    """A kernel's vector/matrix or struct return value from its scalars."""
+def compound_return_type(rt) -> MatrixType | StructType | tuple | None:
+    """A kernel's return annotation if its value is made of several scalars (a vector/matrix,
+    a struct or a tuple of values), else None."""
+    return rt if isinstance(rt, MatrixType | StructType | tuple) else None
+
+
+def _return_leaf_types(rt, cfg) -> list[T.DType]:
+    """The scalars a compound kernel return is made of, in order."""
+    if isinstance(rt, tuple):
+        return [dt for r in rt for dt in _return_leaf_types(r, cfg)]
+    if isinstance(rt, MatrixType):
+        return [rt.scalar_dtype] * (rt.n * (rt.m if rt.ndim == 2 else 1))
+    if isinstance(rt, StructType):
+        return [dt for _, dt in rt.leaves()]
+    return [_scalar_dtype(rt, cfg)]
+
+
+def compound_return(rt: MatrixType | StructType | tuple, values: list):
+    """A kernel's vector/matrix, struct or tuple return value from its scalars."""
+    if isinstance(rt, tuple):
+        it = iter(values)
+
+        def take(r):
+            if isinstance(r, tuple):
+                return tuple(take(x) for x in r)
+            if isinstance(r, MatrixType):
+                return compound_return(r, [next(it) for _ in range(
+                    r.n * (r.m if r.ndim == 2 else 1))])
+            if isinstance(r, StructType):
+                return r.from_leaves([next(it) for _ in r.leaves()])
+            return next(it)
+
+        return take(rt)
     if isinstance(rt, StructType):
         return rt.from_leaves(values)
     return Matrix._from_entries(values, rt.n, rt.m, rt.ndim)

@@ -511,7 +511,7 @@ class FunctionTransformer:
     def _convert_return(self, value, ann):
         """The returned value as the annotation says: cast to its dtype, shape checked."""
         value = _as_value(value)
-        if self.real and isinstance(ann, StructType):
+        if (self.real or self.is_kernel) and isinstance(ann, StructType):
             self._check_struct_return(value, ann)
         if isinstance(ann, tuple):
             if not isinstance(value, tuple) or len(value) != len(ann):
@@ -984,12 +984,16 @@ class FunctionTransformer:
             raise self.bld.error("this kernel returns a value but has no return annotation; "
                                  "add e.g. `-> ti.f32`")
         ann = self.bld.return_annotation
-        if isinstance(ann, StructType):
-            self._check_struct_return(_as_value(value), ann)
-            value = _convert_to_annotation(self.bld, _as_value(value), ann,
-                                           f"the return value of kernel '{self.name}'")
-        values = value._leaves() if isinstance(value, Struct) else \
-            value.entries if isinstance(value, Matrix) else [value]
+        if isinstance(ann, StructType | tuple):
+            value = self._convert_return(value, ann)
+
+        def leaves(v) -> list:
+            if isinstance(v, tuple):
+                return [x for item in v for x in leaves(item)]
+            return v._leaves() if isinstance(v, Struct) else \
+                v.entries if isinstance(v, Matrix) else [v]
+
+        values = leaves(value)
         types_ = rt if isinstance(rt, list) else [rt]
         if len(values) != len(types_):
             raise self.bld.error(f"kernel returns {len(values)} values, annotation says "

@@ -444,3 +444,27 @@ def test_kernel_returning_bool(ti):
     x.from_numpy(np.array([0.1, -0.2, 0.05, 0.0], np.float32))
     assert all_small(0.5) == 1
     assert all_small(0.15) == 0
+
+
+@pytest.mark.parametrize("spelling", ["literal", "builtin", "typing"])
+def test_real_func_and_kernel_return_a_tuple(ti, spelling):
+    # Taichi's test_return.py::test_real_func_tuple_ret, _39 and _typing_tuple.
+    import typing
+
+    s0 = ti.types.struct(a=ti.math.vec3, b=ti.i16)
+    ret = {"literal": (ti.f32, s0, ti.math.ivec2), "builtin": tuple[ti.f32, s0, ti.math.ivec2],
+           "typing": typing.Tuple[ti.f32, s0, ti.math.ivec2]}[spelling]  # noqa: UP006
+
+    @ti.real_func
+    def foo(x: ti.f32) -> ret:
+        return x * 2, s0(a=ti.math.vec3([100, x, 3]), b=65537), ti.math.ivec2(7, -x)
+
+    @ti.kernel
+    def bar(x: ti.f32) -> ret:
+        return foo(x)
+
+    a, b, c = bar(0.25)
+    assert a == 0.5
+    np.testing.assert_allclose(np.array(b.a), np.float32([100, 0.25, 3]))
+    assert b.b == 65537 - 65536  # i16 wraps, as a cast in C
+    assert list(c) == [7, 0]
