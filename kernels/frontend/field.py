@@ -1263,6 +1263,8 @@ class SNode:
         axes = (axes,) if isinstance(axes, Axis) else tuple(axes)
         dims = (dimensions,) * len(axes) if isinstance(dimensions, numbers.Integral) \
             else tuple(dimensions)
+        if len(dims) == 1:  # one size for every axis, as an int would be (as in Taichi)
+            dims *= len(axes)
         if len(dims) != len(axes):
             raise ShapeError(f"{kind} over {len(axes)} axes needs {len(axes)} sizes, got {dims}")
         if kind in _SPARSE and program.get().remote is not None:
