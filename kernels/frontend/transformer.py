@@ -1940,8 +1940,11 @@ def _bind_param(bld: _b.Builder, tr: FunctionTransformer, name: str, value, ann)
         return value  # the caller's place: assignments in the func write it
     if kind == "ndarray":
         if not isinstance(value, NdarrayArg):
-            raise bld.error(f"{what} is annotated ti.types.ndarray() but got a "
-                            f"{type(value).__name__}; pass an ndarray argument of the kernel")
+            raise bld.error(f"Expected ndarray in the kernel argument for argument {name}: "
+                            f"{what} is annotated ti.types.ndarray() but got a "
+                            f"{type(value).__name__}; pass an ndarray argument of the kernel "
+                            "(a kernel sees ndarrays through its parameters only)",
+                            KernelTypeError)
         buf = value.buf
         why = ndarray_mismatch(ann, buf.dtype, value.field_ndim,
                                tuple(buf.shape[value.field_ndim:]))

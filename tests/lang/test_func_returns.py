@@ -412,6 +412,24 @@ def test_func_ndarray_parameter_needs_an_ndarray(ti):
         with_field()
 
 
+def test_real_func_given_an_ndarray_that_is_no_kernel_argument(ti):
+    # Taichi's test_ndarray.py::test_pass_ndarray_outside_kernel_to_real_func.
+    weight = ti.ndarray(dtype=ti.f32, shape=(2, 2, 2))
+
+    @ti.real_func
+    def bar(weight: ti.types.ndarray(ti.f32, ndim=3)) -> ti.f32:
+        return weight[1, 1, 1]
+
+    @ti.kernel
+    def foo() -> ti.f32:
+        return bar(weight)
+
+    weight.fill(42.0)
+    with pytest.raises(ti.TaichiTypeError,
+                       match=r"Expected ndarray in the kernel argument for argument weight"):
+        foo()
+
+
 @difftape_only
 def test_kernel_annotated_without_return_is_an_error(ti):
     @ti.kernel
