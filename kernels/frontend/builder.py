@@ -55,6 +55,7 @@ class Builder:
         self.loop_stack: list[tuple[str, int | None]] = []  # ("range"|"while", loop id)
         self.pending_loop_config: dict | None = None  # set by ti.loop_config for the next loop
         self.func_stack: list[Any] = []  # the funcs being inlined, outermost first
+        self.read_only: dict[int, str] = {}  # ti.cache_read_only fields: id -> label
         self.return_type: DType | list[DType] | None = None
         self.return_annotation: Any = None  # the kernel's `->` annotation (a struct type...)
         self.remote = False  # compiled for arch=ti.remote (print() is refused there)

@@ -865,6 +865,39 @@ def block_local(*fields) -> None:
                             KernelTypeError)
 
 
+def cache_read_only(*fields) -> None:
+    """``ti.cache_read_only(x, ...)``: Taichi's promise that the kernel only reads ``x`` (a
+    GPU may then read it through its read-only cache). The code difftape generates does not
+    depend on it, but a kernel that broke the promise would read stale values on Taichi's
+    GPUs, so it is checked: the kernel must not write such a field (see
+    :func:`check_read_only`)."""
+    bld = _b.current()
+    if bld is None:
+        raise DifftapeError("ti.cache_read_only() is a hint inside kernels")
+    for f in fields:
+        if not isinstance(f, Field | StructField):
+            raise bld.error(f"ti.cache_read_only() takes fields, got a {type(f).__name__}",
+                            KernelTypeError)
+        for leaf in f.leaf_fields() if isinstance(f, StructField) else [f]:
+            bld.read_only[leaf.id] = leaf._label()
+
+
+def check_read_only(bld: _b.Builder) -> None:
+    """Refuse a kernel that writes a field it declared ``ti.cache_read_only``."""
+    if not bld.read_only:
+        return
+    from ..ir.nodes import walk  # noqa: PLC0415 - only kernels that use the hint pay for it
+
+    for s in walk(bld.body):
+        if s.op in ("store", "atomic"):
+            key = bld.buffers[s.attr if s.op == "store" else s.attr[0]].key
+            if key[0] == "field" and key[1] in bld.read_only:
+                bld.loc = s.loc
+                raise bld.error(f"{bld.read_only[key[1]]} is declared read-only in this kernel "
+                                "(ti.cache_read_only) but this line writes it; drop the hint "
+                                "or the write")
+
+
 def loop_unique(val, covers=None):
     """``loop_unique(val, covers=None)`` (Taichi's ``taichi.lang.misc.loop_unique``): a
     promise that ``val`` differs between the iterations of the enclosing parallel loop, so

@@ -50,7 +50,7 @@ from .annotations import (
     template,
 )
 from .argpack import ArgPackType, bind_view
-from .field import Field, SNode, assign, kernel_element
+from .field import Field, SNode, assign, check_read_only, kernel_element
 from .matrix import Matrix, MatrixType, Vector, _coerce
 from .sparse import struct_for_guard
 from .struct import (
@@ -2088,6 +2088,7 @@ def build_kernel_body(bld: _b.Builder, kernel, args: tuple) -> None:
             tr.scopes[0][p.name] = bind_view(p.annotation, p.name, tr.scopes[0])
             tr.kernel_args.add(p.name)
     tr.run_body(parsed.tree.body)
+    check_read_only(bld)
     bld.finish_stop_grads()
     if bld.return_type is not None and not tr.returned:
         bld.loc = Loc.at(parsed.file, parsed.tree.lineno)
