@@ -29,7 +29,7 @@ from ..errors import (
     ShapeError,
     user_line,
 )
-from ..ir.nodes import Buffer
+from ..ir.nodes import Buffer, walk
 from ..ir.passes.bounds import OUT_OF_RANGE
 from ..quant_types import QuantPlace, QuantType
 from ..runtime import program
@@ -886,8 +886,6 @@ def check_read_only(bld: _b.Builder) -> None:
     """Refuse a kernel that writes a field it declared ``ti.cache_read_only``."""
     if not bld.read_only:
         return
-    from ..ir.nodes import walk  # noqa: PLC0415 - only kernels that use the hint pay for it
-
     for s in walk(bld.body):
         if s.op in ("store", "atomic"):
             key = bld.buffers[s.attr if s.op == "store" else s.attr[0]].key
