@@ -1229,7 +1229,8 @@ def _ndarray_desc(kernel: str, name: str, ann: NdarrayType, a) -> tuple:
                             f"PyTorch, JAX), got {type(a).__name__}", kernel=kernel)
     ndim = axes - len(esh)
     if ann.ndim is not None and ann.ndim != ndim:
-        detail = (f"required ndim={ann.ndim}, but {ndim}d ndarray with shape "
+        detail = (f"Invalid value for argument {name} - required ndim={ann.ndim}, but "
+                  f"{ndim}d ndarray with shape "
                   f"{a.shape} is provided" if isinstance(a, Ndarray) else
                   f"Invalid value for argument {name} - required array has ndim={ann.ndim}, "
                   f"array with {ndim} dimensions is provided; shape {a.shape[:ndim]}")

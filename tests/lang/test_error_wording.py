@@ -176,8 +176,8 @@ def test_ndarray_argument_mismatches(ti):
         ints(np.zeros(3, dtype=np.int64))
     with pytest.raises(ValueError, match="Non contiguous numpy arrays are not supported"):
         ints(np.zeros(6, dtype=np.int32)[::2])
-    with pytest.raises(ValueError, match=r"required ndim=1, but 2d ndarray with shape \(2, 3\) "
-                                         r"is provided"):
+    with pytest.raises(ValueError, match=r"Invalid value for argument x - required ndim=1, but "
+                                         r"2d ndarray with shape \(2, 3\) is provided"):
         ints(ti.ndarray(ti.i32, shape=(2, 3)))
     with pytest.raises(ValueError, match="Invalid value for argument x - required array has "
                                          "ndim=1, array with 2 dimensions is provided"):
