@@ -40,15 +40,15 @@ from difftape.frontend.kernel import (
     LOST_ROLE,
     arg_component,
     compound_return,
+    compound_return_type,
     derive,
     has_storage,
     kernel_prints,
     param_path,
     written_arrays,
 )
-from difftape.frontend.matrix import Matrix, MatrixType, Vector
+from difftape.frontend.matrix import Matrix, Vector
 from difftape.frontend.ndarray import Ndarray, _element_value
-from difftape.frontend.struct import StructType
 from difftape.graph import wire
 from difftape.ir import serialize
 from difftape.ir.serialize import from_jsonable
@@ -127,7 +127,7 @@ class _RemoteKernel:
         self.field_ids = frozenset(b.key[1] for b in ir.buffers if b.key[0] == "field")
         self.returns = bool(ir.returns)
         rt = kernel.return_annotation
-        self.return_type = rt if isinstance(rt, MatrixType | StructType) else None
+        self.return_type = compound_return_type(rt)
 
     def flatten(self, args: tuple) -> list:
         """Scalar params as the IR has them (vectors component by component), converted as

@@ -61,6 +61,7 @@ from .frontend.field import (  # noqa: E402
     ScalarField,
     axes,
     block_local,
+    cache_read_only,
     i,
     ij,
     ijk,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import typing
 
 from .. import types as T
 from ..errors import ArgumentError, KernelSyntaxError
@@ -180,6 +181,12 @@ def _resolve_annotation(ann, fn):
         return None
     if isinstance(ann, type) and issubclass(ann, NdarrayType):
         return NdarrayType()
+    if typing.get_origin(ann) is tuple:  # `-> tuple[ti.f32, S]`, typing.Tuple[...]: as (f32, S)
+        items = typing.get_args(ann)
+        if Ellipsis in items:
+            raise KernelSyntaxError(f"Invalid type annotation {ann!r} of '{fn.__name__}': a "
+                                    "returned tuple needs one type per value, without `...`")
+        return tuple(_resolve_annotation(a, fn) for a in items)
     return ann
 
 

@@ -54,6 +54,8 @@ class Builder:
         self.loop_ids = itertools.count()
         self.loop_stack: list[tuple[str, int | None]] = []  # ("range"|"while", loop id)
         self.pending_loop_config: dict | None = None  # set by ti.loop_config for the next loop
+        self.func_stack: list[Any] = []  # the funcs being inlined, outermost first
+        self.read_only: dict[int, str] = {}  # ti.cache_read_only fields: id -> label
         self.return_type: DType | list[DType] | None = None
         self.return_annotation: Any = None  # the kernel's `->` annotation (a struct type...)
         self.kernel_allocas: set[Stmt] = set()

@@ -10,6 +10,7 @@ is a performance detail; the semantics, including Python-scope indexing, are the
 from __future__ import annotations
 
 import enum
+import functools
 import itertools
 import numbers
 import operator
@@ -28,7 +29,7 @@ from ..errors import (
     ShapeError,
     user_line,
 )
-from ..ir.nodes import Buffer
+from ..ir.nodes import Buffer, walk
 from ..ir.passes.bounds import OUT_OF_RANGE
 from ..quant_types import QuantPlace, QuantType
 from ..runtime import program
@@ -40,7 +41,7 @@ from . import ops
 from . import quant as _quant
 from .matrix import Matrix, MatrixType, Vector, _coerce
 from .ops import resolve_dtype
-from .values import GlobalRef
+from .values import GlobalRef, Value
 
 # Names of modules that build on fields: sparse.py (activity of sparse SNodes) and struct.py
 # (struct values and struct fields). They register them when they load (:func:`bind`), so this
@@ -864,6 +865,37 @@ def block_local(*fields) -> None:
                             KernelTypeError)
 
 
+def cache_read_only(*fields) -> None:
+    """``ti.cache_read_only(x, ...)``: Taichi's promise that the kernel only reads ``x`` (a
+    GPU may then read it through its read-only cache). The code difftape generates does not
+    depend on it, but a kernel that broke the promise would read stale values on Taichi's
+    GPUs, so it is checked: the kernel must not write such a field (see
+    :func:`check_read_only`)."""
+    bld = _b.current()
+    if bld is None:
+        raise DifftapeError("ti.cache_read_only() is a hint inside kernels")
+    for f in fields:
+        if not isinstance(f, Field | StructField):
+            raise bld.error(f"ti.cache_read_only() takes fields, got a {type(f).__name__}",
+                            KernelTypeError)
+        for leaf in f.leaf_fields() if isinstance(f, StructField) else [f]:
+            bld.read_only[leaf.id] = leaf._label()
+
+
+def check_read_only(bld: _b.Builder) -> None:
+    """Refuse a kernel that writes a field it declared ``ti.cache_read_only``."""
+    if not bld.read_only:
+        return
+    for s in walk(bld.body):
+        if s.op in ("store", "atomic"):
+            key = bld.buffers[s.attr if s.op == "store" else s.attr[0]].key
+            if key[0] == "field" and key[1] in bld.read_only:
+                bld.loc = s.loc
+                raise bld.error(f"{bld.read_only[key[1]]} is declared read-only in this kernel "
+                                "(ti.cache_read_only) but this line writes it; drop the hint "
+                                "or the write")
+
+
 def loop_unique(val, covers=None):
     """``loop_unique(val, covers=None)`` (Taichi's ``taichi.lang.misc.loop_unique``): a
     promise that ``val`` differs between the iterations of the enclosing parallel loop, so
@@ -924,7 +956,8 @@ def assign(target, value) -> None:
         if isinstance(value, Matrix):
             if len(value.entries) != len(target.entries):
                 raise _b.require().error(
-                    f"cannot assign a {value._shape_text()} to a {target._shape_text()}")
+                    f"cannot assign '{_tensor_text(value)}' to '{_tensor_text(target)}': "
+                    f"a {value._shape_text()} to a {target._shape_text()}", KernelTypeError)
             for t, v in zip(target.entries, value.entries, strict=True):
                 t.store(v)
         else:
@@ -934,6 +967,14 @@ def assign(target, value) -> None:
     if isinstance(value, Matrix):
         raise _b.require().error(f"cannot assign a {value._shape_text()} to a scalar")
     target.store(value)
+
+
+def _tensor_text(m: Matrix) -> str:
+    """A vector's or matrix's type as Taichi's messages write it: ``[Tensor (3) i32]``."""
+    dts = [e.dtype if isinstance(e, Value) else ops.literal_dtype(e) for e in m.entries]
+    dt = functools.reduce(T.promote, dts)
+    shape = f"{m.n}" if m.ndim == 1 else f"{m.n}, {m.m}"
+    return f"[Tensor ({shape}) {dt}]"
 
 
 def _check_order(order: str, shape) -> None:
@@ -1253,6 +1294,8 @@ class SNode:
         axes = (axes,) if isinstance(axes, Axis) else tuple(axes)
         dims = (dimensions,) * len(axes) if isinstance(dimensions, numbers.Integral) \
             else tuple(dimensions)
+        if len(dims) == 1:  # one size for every axis, as an int would be (as in Taichi)
+            dims *= len(axes)
         if len(dims) != len(axes):
             raise ShapeError(f"{kind} over {len(axes)} axes needs {len(axes)} sizes, got {dims}")
         if kind in _SPARSE and program.get().remote is not None:

@@ -365,10 +365,8 @@ class Kernel:
                                     "pack: a pack is a kind of parameter, not a value; return "
                                     "a struct (ti.types.struct) instead", kernel=self.name)
         if rt is not None:
-            if isinstance(rt, MatrixType):
-                bld.return_type = [rt.scalar_dtype] * (rt.n * (rt.m if rt.ndim == 2 else 1))
-            elif isinstance(rt, StructType):
-                bld.return_type = [dt for _, dt in rt.leaves()]
+            if isinstance(rt, MatrixType | StructType | tuple):
+                bld.return_type = _return_leaf_types(rt, cfg)
                 bld.return_annotation = rt
             else:
                 bld.return_type = _scalar_dtype(rt, cfg)
@@ -405,8 +403,7 @@ class Kernel:
         prog.compile_seconds += time.perf_counter() - t0
         if lost is not None:
             inst.lost = lost
-        if isinstance(self.return_annotation, MatrixType | StructType):
-            inst.return_type = self.return_annotation
+        inst.return_type = compound_return_type(self.return_annotation)
         inst.arg_shapes = {k: p.annotation.element_shape for k, p in enumerate(self.params)
                            if isinstance(p.annotation, MatrixType)}
         inst.arg_structs = {k: p.annotation for k, p in enumerate(self.params)
@@ -627,7 +624,7 @@ class CompiledKernel:
             bounds = BOUNDS_FN(addresses[low.bounds_name(k)]) if t.kind == "range" else None
             self.tasks.append((t.kind == "range", TASK_FN(address), bounds, max(1, t.weight),
                                _SCHEDULES[t.schedule], address))
-        self.return_type: MatrixType | StructType | None = None
+        self.return_type: MatrixType | StructType | tuple | None = None
         self.lost = NO_FLOW  # set by Kernel._compile for derivative variants
         self.bounds_out = (ctypes.c_int64 * 2)()
         self.bounds_addr = ctypes.addressof(self.bounds_out)
@@ -870,8 +867,13 @@ class CompiledKernel:
                 raise
             except (TypeError, ValueError, OverflowError):
                 want = "a number" if kind is _FLOAT else "an integer"
-                raise ArgumentError(f"kernel '{self.ir.name}': argument {arg_index + 1} must be "
-                                    f"{want}, got {type(v).__name__} ({v!r:.40})",
+                # Taichi's words first (programs match them): the argument's path, 0-based.
+                dtype = self.ir.params[self._writers.index((slot, kind))].dtype
+                path = (arg_index, *(comp or ()))
+                raise ArgumentError(f"Argument {path} (type={type(v)}) cannot be converted "
+                                    f"into required type {dtype}: kernel '{self.ir.name}': "
+                                    f"argument {arg_index + 1} must be {want}, got "
+                                    f"{type(v).__name__} ({v!r:.40})",
                                     kernel=self.ir.name) from None
         keep = []
         copies = None
@@ -1009,8 +1011,39 @@ def written_arrays(ir: KernelIR) -> frozenset[int]:
     return frozenset(out)
 
 
-def compound_return(rt: MatrixType | StructType, values: list):
-    """A kernel's vector/matrix or struct return value from its scalars."""
+def compound_return_type(rt) -> MatrixType | StructType | tuple | None:
+    """A kernel's return annotation if its value is made of several scalars (a vector/matrix,
+    a struct or a tuple of values), else None."""
+    return rt if isinstance(rt, MatrixType | StructType | tuple) else None
+
+
+def _return_leaf_types(rt, cfg) -> list[T.DType]:
+    """The scalars a compound kernel return is made of, in order."""
+    if isinstance(rt, tuple):
+        return [dt for r in rt for dt in _return_leaf_types(r, cfg)]
+    if isinstance(rt, MatrixType):
+        return [rt.scalar_dtype] * (rt.n * (rt.m if rt.ndim == 2 else 1))
+    if isinstance(rt, StructType):
+        return [dt for _, dt in rt.leaves()]
+    return [_scalar_dtype(rt, cfg)]
+
+
+def compound_return(rt: MatrixType | StructType | tuple, values: list):
+    """A kernel's vector/matrix, struct or tuple return value from its scalars."""
+    if isinstance(rt, tuple):
+        it = iter(values)
+
+        def take(r):
+            if isinstance(r, tuple):
+                return tuple(take(x) for x in r)
+            if isinstance(r, MatrixType):
+                return compound_return(r, [next(it) for _ in range(
+                    r.n * (r.m if r.ndim == 2 else 1))])
+            if isinstance(r, StructType):
+                return r.from_leaves([next(it) for _ in r.leaves()])
+            return next(it)
+
+        return take(rt)
     if isinstance(rt, StructType):
         return rt.from_leaves(values)
     return Matrix._from_entries(values, rt.n, rt.m, rt.ndim)
@@ -1120,6 +1153,17 @@ def _ndarray_storage(a, role: str) -> np.ndarray | Storage:
     return s.array if s.host else s
 
 
+def _taichi_element_type(esh: tuple, dtype) -> str:
+    """An ndarray element type as Taichi's messages write it: ``VectorType[2, i32]``,
+    ``MatrixType[2,3, i32]``, or the scalar type."""
+    dt = "any" if dtype is None else _resolve(dtype)
+    if len(esh) == 1:
+        return f"VectorType[{esh[0]}, {dt}]"
+    if len(esh) == 2:
+        return f"MatrixType[{esh[0]},{esh[1]}, {dt}]"
+    return str(dt)
+
+
 def _ndarray_desc(kernel: str, name: str, ann: NdarrayType, a) -> tuple:
     """What a kernel is compiled for, given one ndarray argument: ``(dtype, ndim, element
     shape, has_grad, boundary)``. Everything the generated code assumes about the array is
@@ -1143,11 +1187,16 @@ def _ndarray_desc(kernel: str, name: str, ann: NdarrayType, a) -> tuple:
             if not _element_matches(want, esh, dtype):
                 what = f"{esh} elements of {dtype}" if esh else f"scalar elements of {dtype}"
                 raise refuse(f"must have {_element_text(want)} elements, got an ndarray with "
-                             f"{what}")
+                             f"{what} (Invalid value for argument {name} - required element "
+                             f"type: {_taichi_element_type(want.element_shape, want.dtype)}, "
+                             f"but {_taichi_element_type(esh, dtype)} is provided)")
         elif want is not None:
             if esh or _resolve(want) != dtype:
                 what = f"{esh} elements of {dtype}" if esh else f"{dtype} elements"
-                raise refuse(f"must have {_resolve(want)} elements, got an ndarray with {what}")
+                tensor = f"[Tensor ({', '.join(map(str, esh))}) {dtype}]" if esh else dtype
+                raise refuse(f"must have {_resolve(want)} elements, got an ndarray with {what} "
+                             f"(Expect element type {_resolve(want)} for argument {name}, but "
+                             f"get {tensor})")
         if ann.needs_grad and a.grad is None:
             raise refuse("needs a gradient (needs_grad=True): create it with "
                          "ti.ndarray(..., needs_grad=True)")
@@ -1199,7 +1248,8 @@ def _ndarray_desc(kernel: str, name: str, ann: NdarrayType, a) -> tuple:
                             f"PyTorch, JAX), got {type(a).__name__}", kernel=kernel)
     ndim = axes - len(esh)
     if ann.ndim is not None and ann.ndim != ndim:
-        detail = (f"required ndim={ann.ndim}, but {ndim}d ndarray with shape "
+        detail = (f"Invalid value for argument {name} - required ndim={ann.ndim}, but "
+                  f"{ndim}d ndarray with shape "
                   f"{a.shape} is provided" if isinstance(a, Ndarray) else
                   f"Invalid value for argument {name} - required array has ndim={ann.ndim}, "
                   f"array with {ndim} dimensions is provided; shape {a.shape[:ndim]}")

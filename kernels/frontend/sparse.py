@@ -282,12 +282,25 @@ def _list_field(node: SNode, what: str) -> Field:
     return node.fields[0]
 
 
-def append(node, indices, value):
+def _struct_list(node: SNode, target) -> Field:
+    """The first member field of struct field ``target`` whose members make up the list
+    ``node`` (one element of the list is one struct)."""
+    leaves = target.leaf_fields()
+    if {id(f) for f in leaves} != {id(f) for f in node.fields}:
+        raise _b.require().error(f"append: the dynamic SNode holds {len(node.fields)} fields, "
+                                 f"not just the {len(leaves)} members of struct field "
+                                 f"{target.name}; place the struct field alone in it")
+    return leaves[0]
+
+
+def append(node, indices, value, target=None):
     """``ti.append(snode, I, v)``: append ``v`` to the list ``snode[I]``; returns the position
-    it took (the old length). Appending to a full list raises KernelAssertionError."""
+    it took (the old length). Appending to a full list raises KernelAssertionError.
+    ``target``: a struct field whose members are the list's fields (``x[i].append(s)`` of a
+    struct field x): ``v`` is one struct, written member by member."""
     bld = _kernel_only("append")
     node = _node(node, "ti.append")
-    x = _list_field(node, "ti.append")
+    x = _list_field(node, "ti.append") if target is None else _struct_list(node, target)
     if bld.adjoint:
         raise bld.error(f"cannot differentiate ti.append to {x._label()}: the position comes "
                         "from an atomic counter; append in a kernel outside the Tape",
@@ -301,7 +314,11 @@ def append(node, indices, value):
         for lvl, imap in node.activity_terms():
             if lvl is not node:
                 _activate_level(lvl, level_index(idx, imap))
-        assign(kernel_element(x.buffer(), tuple(_x_index(x, node, par, k))), _coerce(value))
+        at = tuple(_x_index(x, node, par, k))
+        if target is None:
+            assign(kernel_element(x.buffer(), at), _coerce(value))
+        else:
+            assign(target[at], value)
     fits = ops.binary("lt", k, node.sizes[0])
     # Storage is dense: a list cannot grow past its declared size (Taichi's can); say so
     # rather than drop the value.
@@ -342,21 +359,23 @@ class DynamicRow:
     """``x[i]`` of a field in a dynamic SNode, one index short: the list, with ``append``,
     ``length`` and ``deactivate`` as in Taichi."""
 
-    def __init__(self, field: Field, par: list) -> None:
-        self.field = field
+    def __init__(self, field, par: list) -> None:
+        self.field = field  # a Field, or a StructField whose members are in the list
         self.par = par
+        self.struct = hasattr(field, "leaf_fields")
+        self.node = (field.leaf_fields()[0] if self.struct else field).parent()
 
     def append(self, value):
-        return append(self.field.parent(), self.par, value)
+        return append(self.node, self.par, value, self.field if self.struct else None)
 
     def length(self):
-        return length(self.field.parent(), self.par)
+        return length(self.node, self.par)
 
     def deactivate(self) -> None:
-        deactivate(self.field.parent(), self.par)
+        deactivate(self.node, self.par)
 
 
-def dynamic_row(field: Field, key) -> DynamicRow | None:
+def dynamic_row(field, key) -> DynamicRow | None:
     """``x[I]`` with one index fewer than the field has: the list (None otherwise)."""
     if key is None:
         key = ()

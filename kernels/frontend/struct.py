@@ -472,6 +472,10 @@ class StructField:
 
     def __getitem__(self, key) -> Struct:
         if _b.current() is not None:
+            if self.leaf_fields()[0]._dynamic() is not None:  # x[i] of a list: one index short
+                row = _field.dynamic_row(self, key)
+                if row is not None:
+                    return row
             entries = {k: f[key] for k, f in self.field_dict.items()}
         else:
             entries = {k: _HostSlot(f, key) if isinstance(f, Field) and not f.element_shape

@@ -50,7 +50,7 @@ from .annotations import (
     template,
 )
 from .argpack import ArgPackType, bind_view
-from .field import Field, SNode, assign, kernel_element
+from .field import Field, SNode, assign, check_read_only, kernel_element
 from .matrix import Matrix, MatrixType, Vector, _coerce
 from .sparse import struct_for_guard
 from .struct import (
@@ -235,9 +235,11 @@ def static_assert(cond, msg: str | None = None) -> None:
     AssertionError)."""
     bld = _b.current()
     if isinstance(cond, Value | Matrix):
-        raise (bld.error if bld else TypeError)(
-            "ti.static_assert needs a compile-time condition; this one is a runtime value (use "
-            "`assert`, checked with ti.init(debug=True))")
+        text = ("Static assert with non-static condition: ti.static_assert needs a "
+                "compile-time condition; this one is a runtime value (a kernel variable is "
+                "one, even if assigned a constant); use `assert`, checked with "
+                "ti.init(debug=True)")
+        raise bld.error(text, KernelTypeError) if bld else TypeError(text)
     if not cond:
         text = "static assertion failed" + (f": {msg}" if msg is not None else "")
         raise bld.error(text) if bld else AssertionError(text)
@@ -509,7 +511,7 @@ class FunctionTransformer:
     def _convert_return(self, value, ann):
         """The returned value as the annotation says: cast to its dtype, shape checked."""
         value = _as_value(value)
-        if self.real and isinstance(ann, StructType):
+        if (self.real or self.is_kernel) and isinstance(ann, StructType):
             self._check_struct_return(value, ann)
         if isinstance(ann, tuple):
             if not isinstance(value, tuple) or len(value) != len(ann):
@@ -562,9 +564,18 @@ class FunctionTransformer:
                     f"Function has a return type but does not have a return statement: func "
                     f"'{self.name}' is annotated to return a value; add a `return` at the end "
                     "of its body")
-            raise self.bld.error(
-                f"func '{self.name}' is annotated to return a value but not every path "
-                "through it ends in a `return`; add a final `return`")
+            if self.slots is None:  # its returns are all in code that never runs
+                raise self.bld.error(
+                    f"func '{self.name}' is annotated to return a value but not every path "
+                    "through it ends in a `return`; add a final `return`")
+            # Its returns are inside runtime loops/branches (`for i in range(n): return x`):
+            # whether one runs is known only at run time. Falling off the end would leave
+            # the value unset (Taichi returns whatever the slot held), so check it there.
+            ops.runtime_check(
+                self.slots.flag.expr(),
+                f"func '{self.name}' is annotated to return a value but reached the end of "
+                "its body without a `return` (its returns are inside loops or branches that "
+                "did not run one); add a final `return`")
         if self.slots is None or self.slots.value is None:
             return self.return_value
 
@@ -973,12 +984,16 @@ class FunctionTransformer:
             raise self.bld.error("this kernel returns a value but has no return annotation; "
                                  "add e.g. `-> ti.f32`")
         ann = self.bld.return_annotation
-        if isinstance(ann, StructType):
-            self._check_struct_return(_as_value(value), ann)
-            value = _convert_to_annotation(self.bld, _as_value(value), ann,
-                                           f"the return value of kernel '{self.name}'")
-        values = value._leaves() if isinstance(value, Struct) else \
-            value.entries if isinstance(value, Matrix) else [value]
+        if isinstance(ann, StructType | tuple):
+            value = self._convert_return(value, ann)
+
+        def leaves(v) -> list:
+            if isinstance(v, tuple):
+                return [x for item in v for x in leaves(item)]
+            return v._leaves() if isinstance(v, Struct) else \
+                v.entries if isinstance(v, Matrix) else [v]
+
+        values = leaves(value)
         types_ = rt if isinstance(rt, list) else [rt]
         if len(values) != len(types_):
             raise self.bld.error(f"kernel returns {len(values)} values, annotation says "
@@ -1031,7 +1046,7 @@ class FunctionTransformer:
             iterable = iterable.inner
         bounds = self._iteration_bounds(iterable)
         guard = self._sparse_guard(iterable)
-        self._range_for(node, bounds, grouped=grouped, guard=guard)
+        self._range_for(node, bounds, grouped=grouped, guard=guard, iterable=iterable)
         if guard is not None:
             self.bld.struct_fors[-1]["loop"] = self.bld.body[-1]
 
@@ -1094,7 +1109,9 @@ class FunctionTransformer:
             raise self.bld.error("loop targets must be names")
 
     def _range_for(self, node: ast.For, bounds: list[tuple], *, grouped: bool,
-                   guard=None) -> None:
+                   guard=None, iterable=None) -> None:
+        """A runtime loop over ``bounds``; ``iterable`` is what the loop iterates (an ndrange,
+        a field, ...), None for ``range(...)``."""
         target = node.target
         names = [target] if isinstance(target, ast.Name) else list(getattr(target, "elts", []))
         if not all(isinstance(n, ast.Name) for n in names):
@@ -1112,10 +1129,19 @@ class FunctionTransformer:
             if len(names) != 1:
                 raise self.bld.error("ti.grouped(...) binds one vector index: `for I in ...`")
         elif len(names) != len(bounds):
-            raise self.bld.error(
-                f"this loop has {len(bounds)} ind{'ex' if len(bounds) == 1 else 'ices'} but "
-                f"{len(names)} loop variable{'s' if len(names) != 1 else ''}; use "
-                f"`for {', '.join('ijkl'[:len(bounds)])} in ...` or ti.grouped(...)")
+            ours = (f"this loop has {len(bounds)} ind{'ex' if len(bounds) == 1 else 'ices'} but "
+                    f"{len(names)} loop variable{'s' if len(names) != 1 else ''}; use "
+                    f"`for {', '.join('ijkl'[:len(bounds)])} in ...` or ti.grouped(...)")
+            if isinstance(iterable, NdRange):  # Taichi's words, and its error classes
+                raise self.bld.error(
+                    "Ndrange for loop with number of the loop variables not equal to the "
+                    f"dimension of the ndrange is not supported: {ours}", KernelSyntaxError)
+            if iterable is not None:
+                raise self.bld.error(
+                    "Number of struct-for indices does not match loop variable "
+                    f"dimensionality ({len(names)} != {len(bounds)}): {ours}",
+                    KernelIndexError)
+            raise self.bld.error(ours)
         config = getattr(self.bld, "pending_loop_config", None) or {}
         self.bld.pending_loop_config = None
         outermost = self.is_kernel and self.bld.at_top_level and self.loop_depth == 0 and \
@@ -1359,8 +1385,11 @@ class FunctionTransformer:
         cond = _as_value(self.eval(node.test))
         if isinstance(cond, Matrix):
             raise self._at(node).error(
-                "the condition of `x if c else y` must be a scalar, not a vector/matrix; choose "
-                "elementwise with ti.select(c, x, y), or reduce it with c.any() / c.all()")
+                "Using conditional expression for element-wise select operation on vectors/"
+                "matrices is not supported (the condition of `x if c else y` must be a "
+                'scalar). Please use "ti.select" instead: ti.select(c, x, y) chooses '
+                "elementwise; or reduce the condition with c.any() / c.all()",
+                KernelSyntaxError)
         if not isinstance(cond, Value):
             return self.eval(node.body) if cond else self.eval(node.orelse)
         c = ops.to_condition(cond)
@@ -1830,7 +1859,13 @@ def _convert_to_annotation(bld: _b.Builder, value, ann, what: str):
         m = ann.m if ann.ndim == 2 else 1
         # A size left out (ti.types.vector(), matrix(n=2)) takes any (beyond Taichi).
         if value.ndim != ann.ndim or ann.n not in (None, value.n) or m not in (None, value.m):
-            raise bld.error(f"{what} should be a {ann!r}, got a {value._shape_text()}")
+            # Taichi's words: which of ndim, n, m differs
+            key, want, got = (("ndim", ann.ndim, value.ndim) if value.ndim != ann.ndim else
+                              ("n", ann.n, value.n) if ann.n not in (None, value.n) else
+                              ("m", m, value.m))
+            raise bld.error(f"{what} of type {ann!r} is expected to be a Matrix with {key} "
+                            f"{want}, but got {got}: {what} should be a {ann!r}, got a "
+                            f"{value._shape_text()}", KernelSyntaxError)
         return ops.cast(value._values(), ann.scalar_dtype)
     if isinstance(value, Matrix):
         raise bld.error(f"{what} should be a scalar ({ann!r}), got a {value._shape_text()}")
@@ -1905,8 +1940,11 @@ def _bind_param(bld: _b.Builder, tr: FunctionTransformer, name: str, value, ann)
         return value  # the caller's place: assignments in the func write it
     if kind == "ndarray":
         if not isinstance(value, NdarrayArg):
-            raise bld.error(f"{what} is annotated ti.types.ndarray() but got a "
-                            f"{type(value).__name__}; pass an ndarray argument of the kernel")
+            raise bld.error(f"Expected ndarray in the kernel argument for argument {name}: "
+                            f"{what} is annotated ti.types.ndarray() but got a "
+                            f"{type(value).__name__}; pass an ndarray argument of the kernel "
+                            "(a kernel sees ndarrays through its parameters only)",
+                            KernelTypeError)
         buf = value.buf
         why = ndarray_mismatch(ann, buf.dtype, value.field_ndim,
                                tuple(buf.shape[value.field_ndim:]))
@@ -1967,14 +2005,41 @@ def inline_func(bld: _b.Builder, fn, args: list, kwargs: dict):
     tr.real = fn.real
     for name, value in bound.arguments.items():
         tr.scopes[0][name] = _bind_param(bld, tr, name, value, params[name])
-    if len(bld.loop_stack) > 64:
-        raise bld.error("func recursion is too deep (difftape inlines funcs)")
+    _check_recursion(bld, fn)
     bld.loc = Loc.at(parsed.file, parsed.tree.lineno)
     tr.entry = bld.insertion_point()
-    tr.run_body(parsed.tree.body)
+    bld.func_stack.append(fn)
+    try:
+        tr.run_body(parsed.tree.body)
+    finally:
+        bld.func_stack.pop()
     result = tr.finish_func()
     bld.loc = saved_loc
     return result
+
+
+#: How deeply funcs may be inlined into one another: far beyond real programs, well within
+#: Python's recursion limit (each level takes a few dozen Python frames).
+MAX_FUNC_DEPTH = 24
+
+
+def _check_recursion(bld: _b.Builder, fn: Func) -> None:
+    """Refuse what inlining cannot compile: a real func calling itself (its arguments are
+    runtime values, so nothing stops the inlining; Taichi compiles it as a function that
+    calls itself, difftape has no calls) and a chain of funcs deeper than MAX_FUNC_DEPTH
+    (a ti.func recursing on compile-time arguments that do not end it)."""
+    if fn.real and fn in bld.func_stack:
+        raise bld.error(
+            f"@ti.real_func '{fn.__name__}' calls itself: recursion is not supported by "
+            "difftape, which inlines every func (real ones too) where it is called, so a "
+            "recursion that ends on runtime values cannot be compiled; rewrite it as a loop "
+            "(e.g. with an explicit stack in a local vector or a field)", KernelSyntaxError)
+    if len(bld.func_stack) >= MAX_FUNC_DEPTH:
+        raise bld.error(
+            f"funcs are nested more than {MAX_FUNC_DEPTH} deep (here '{fn.__name__}'): "
+            "difftape inlines every func where it is called, so a recursion must end on "
+            "compile-time values (ti.template() arguments tested with ti.static) within "
+            f"{MAX_FUNC_DEPTH} levels; rewrite a deeper one as a loop", KernelSyntaxError)
 
 
 def build_kernel_body(bld: _b.Builder, kernel, args: tuple) -> None:
@@ -2023,6 +2088,7 @@ def build_kernel_body(bld: _b.Builder, kernel, args: tuple) -> None:
             tr.scopes[0][p.name] = bind_view(p.annotation, p.name, tr.scopes[0])
             tr.kernel_args.add(p.name)
     tr.run_body(parsed.tree.body)
+    check_read_only(bld)
     bld.finish_stop_grads()
     if bld.return_type is not None and not tr.returned:
         bld.loc = Loc.at(parsed.file, parsed.tree.lineno)

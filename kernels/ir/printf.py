@@ -21,7 +21,7 @@ _GROUPS = {"di": "signed", "oxXu": "unsigned", "fFeEaAgG": "float"}
 
 #: Taichi's conversion per type (f64 with 12 decimals; 8- and 16-bit integers as shorts).
 DEFAULT = {"f16": "%f", "f32": "%f", "f64": "%.12f", "i8": "%hd", "i16": "%hd", "i32": "%d",
-           "i64": "%lld", "u8": "%hu", "u16": "%hu", "u32": "%u", "u64": "%llu"}
+           "i64": "%lld", "u1": "%hu", "u8": "%hu", "u16": "%hu", "u32": "%u", "u64": "%llu"}
 
 
 def _group(conv: str) -> str | None:

@@ -176,8 +176,8 @@ def test_ndarray_argument_mismatches(ti):
         ints(np.zeros(3, dtype=np.int64))
     with pytest.raises(ValueError, match="Non contiguous numpy arrays are not supported"):
         ints(np.zeros(6, dtype=np.int32)[::2])
-    with pytest.raises(ValueError, match=r"required ndim=1, but 2d ndarray with shape \(2, 3\) "
-                                         r"is provided"):
+    with pytest.raises(ValueError, match=r"Invalid value for argument x - required ndim=1, but "
+                                         r"2d ndarray with shape \(2, 3\) is provided"):
         ints(ti.ndarray(ti.i32, shape=(2, 3)))
     with pytest.raises(ValueError, match="Invalid value for argument x - required array has "
                                          "ndim=1, array with 2 dimensions is provided"):
@@ -309,3 +309,122 @@ def test_compile_errors_are_laid_out_as_taichis(ti):
     want = "\n" + _frame(line, "stepped", "^" * len("for _i in range(1, 2, 3):")) + \
         "Range should have 1 or 2 arguments, found 3"
     assert e.value.args[0][:len(want)] == want
+
+
+def test_conditional_expression_with_a_vector_condition(ti):
+    # Taichi's test_if.py::test_ifexpr_vector.
+    v = ti.Vector.field(3, float, shape=4)
+
+    @ti.kernel
+    def clamp_negative():
+        for i in v:
+            v[i] = 0 if v[i] < 0 else v[i]
+
+    with pytest.raises(ti.TaichiSyntaxError, match='Please use "ti.select" instead.'):
+        clamp_negative()
+
+
+def test_assigning_a_vector_of_another_size(ti):
+    # Taichi's test_type_check.py::test_assign and test_ndarray.py's vector assignment.
+    f = ti.Vector.field(4, dtype=ti.i32, shape=())
+
+    @ti.kernel
+    def to_field():
+        f[None] = ti.Vector([1, 2, 3])
+
+    with pytest.raises(ti.TaichiTypeError,
+                       match=r"cannot assign '\[Tensor \(3\) i32\]' to '\[Tensor \(4\) i32\]'"):
+        to_field()
+
+    a = ti.ndarray(ti.types.vector(3, ti.i32), shape=(2,))
+
+    @ti.kernel
+    def to_ndarray(arr: ti.types.ndarray(dtype=ti.types.vector(3, ti.i32), ndim=1)):
+        for i in arr:
+            arr[i] = [1, 2]
+
+    with pytest.raises(ti.TaichiTypeError,
+                       match=r"cannot assign '\[Tensor \(2\) i32\]' to '\[Tensor \(3\) i32\]'"):
+        to_ndarray(a)
+
+
+def test_kernel_argument_of_the_wrong_type(ti):
+    # Taichi's test_kernel_arg_errors.py::test_pass_float_as_i32.
+    @ti.kernel
+    def foo(a: ti.i32):
+        pass
+
+    with pytest.raises(ti.TaichiRuntimeTypeError,
+                       match=r"Argument \(0,\) \(type=<class 'float'>\) cannot be converted "
+                             r"into required type i32"):
+        foo(1.2)
+
+
+def test_ndarray_argument_with_other_elements(ti):
+    # Taichi's test_ndarray.py::test_arg_not_match and test_ndarray_wrong_dtype.
+    @ti.kernel
+    def vec2(a: ti.types.ndarray(dtype=ti.types.vector(2, ti.i32))):
+        pass
+
+    @ti.kernel
+    def mat22(a: ti.types.ndarray(dtype=ti.types.matrix(2, 2, ti.i32))):
+        pass
+
+    @ti.kernel
+    def scalar(arr: ti.types.ndarray(dtype=ti.f32)):
+        pass
+
+    with pytest.raises(ValueError, match=r"Invalid value for argument a - required element "
+                                         r"type: VectorType\[2, i32\], but .* is provided"):
+        vec2(ti.Matrix.ndarray(2, 3, ti.i32, shape=(4, 7)))
+    with pytest.raises(ValueError, match=r"Invalid value for argument a - required element "
+                                         r"type: MatrixType\[2,2, i32\], but .* is provided"):
+        mat22(ti.Vector.ndarray(2, ti.i32, shape=(4, 7)))
+    with pytest.raises(TypeError, match=r"Expect element type f32 for argument arr, but get "
+                                        r"\[Tensor \(3\) i32\]"):
+        scalar(ti.ndarray(ti.types.vector(3, ti.i32), shape=(12, 4)))
+    with pytest.raises(TypeError, match=r"Expect element type f32 for argument arr, but get "
+                                        r"i32"):
+        scalar(ti.ndarray(ti.i32, shape=(12, 4)))
+
+
+def test_loop_with_another_number_of_variables(ti):
+    # Taichi's test_ndrange.py::test_dimension_error; a struct-for over a field likewise.
+    x = ti.field(ti.i32, shape=(4, 4))
+
+    @ti.kernel
+    def over_ndrange():
+        for i in ti.ndrange(4, 4):  # noqa: B007 (the mismatch is the point)
+            pass
+
+    @ti.kernel
+    def over_field():
+        for i in x:
+            x[i, 0] = 1
+
+    with pytest.raises(ti.TaichiSyntaxError,
+                       match="Ndrange for loop with number of the loop variables not equal to "
+                             "the dimension of the ndrange is not supported"):
+        over_ndrange()
+    with pytest.raises(ti.TaichiCompilationError,  # Taichi: an IndexError inside one
+                       match=r"Number of struct-for indices does not match loop variable "
+                             r"dimensionality \(1 != 2\)"):
+        over_field()
+
+
+def test_func_vector_argument_of_another_size(ti):
+    # Taichi's test_function.py::test_func_matrix_arg_with_error.
+    vec3 = ti.types.vector(3, ti.f32)
+
+    @ti.func
+    def test(a: vec3):
+        a[0] = 100
+
+    @ti.kernel
+    def test_error():
+        x = ti.Matrix([3, 4])
+        test(x)
+
+    with pytest.raises(ti.TaichiSyntaxError,
+                       match="is expected to be a Matrix with n 3, but got 2"):
+        test_error()

@@ -671,3 +671,36 @@ def test_layout_aos_and_soa_fields_hold_the_same_values(ti):
 def test_layout_other_than_ti_layout_is_refused(ti):
     with pytest.raises(TypeError, match="ti.Layout"):
         ti.Vector.field(2, ti.f32, shape=3, layout="soa")
+
+
+def test_cache_read_only_hint(ti):
+    # Taichi's test_quant_fixed.py::test_quant_fixed_cache_read_only uses it on a read field.
+    x = ti.field(ti.f32, shape=4)
+    s = ti.types.struct(a=ti.i32, b=ti.f32).field(shape=4)
+    out = ti.field(ti.f32, shape=4)
+
+    @ti.kernel
+    def read():
+        ti.cache_read_only(x, s)
+        for i in out:
+            out[i] = x[i] * 2 + s[i].a + s[i].b
+
+    x.from_numpy(np.arange(4, dtype=np.float32))
+    s.a.from_numpy(np.arange(4, dtype=np.int32) * 10)
+    s.b.fill(0.5)
+    read()
+    np.testing.assert_allclose(out.to_numpy(), np.arange(4) * 2 + np.arange(4) * 10 + 0.5)
+
+
+@pytest.mark.difftape_only  # Taichi's CPU backend ignores the hint
+def test_cache_read_only_field_written_is_refused(ti):
+    y = ti.field(ti.f32, shape=4)
+
+    @ti.kernel
+    def bad():
+        ti.cache_read_only(y)
+        for i in y:
+            y[i] += 1
+
+    with pytest.raises(ti.CompileError, match="read-only in this kernel"):
+        bad()

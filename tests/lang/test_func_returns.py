@@ -246,7 +246,10 @@ def test_runtime_return_needs_a_return_annotation(ti):
 
 
 @difftape_only
-def test_func_that_does_not_return_on_every_path_is_an_error(ti):
+def test_func_that_does_not_return_on_every_path_is_checked_where_it_runs(ti):
+    # Whether a return inside a runtime branch or loop runs is known only at run time: a
+    # call that takes the path with the return gets its value; one that falls off the end is
+    # a runtime error (Taichi gives whatever its return slot held), not a made-up value.
     @ti.func
     def f(v) -> ti.f32:
         if v > 0:
@@ -256,8 +259,48 @@ def test_func_that_does_not_return_on_every_path_is_an_error(ti):
     def run(v: ti.f32) -> ti.f32:
         return f(v)
 
-    with pytest.raises(ti.CompileError, match="every path"):
-        run(1.0)
+    assert run(1.5) == 1.5
+    with pytest.raises(ti.KernelAssertionError, match="reached the end of its body"):
+        run(-1.0)
+
+
+def test_real_func_returning_from_inside_a_loop(ti):
+    # Taichi's test_function.py::test_return_in_for / test_return_in_while.
+    @ti.real_func
+    def first_square_above(n: ti.i32) -> ti.i32:
+        for i in range(10):
+            if i * i > n:
+                return i * i
+
+    @ti.real_func
+    def forty_two() -> ti.i32:
+        i = 1
+        while i:
+            return 42
+
+    @ti.kernel
+    def run(n: ti.i32) -> ti.i32:
+        return first_square_above(n) + forty_two()
+
+    for n in (0, 5, 80):
+        assert run(n) == next(i * i for i in range(10) if i * i > n) + 42
+
+
+@difftape_only
+def test_real_func_whose_loop_returns_nothing_is_a_runtime_error(ti):
+    @ti.real_func
+    def first_square_above(n: ti.i32) -> ti.i32:
+        for i in range(10):
+            if i * i > n:
+                return i * i
+
+    @ti.kernel
+    def run(n: ti.i32) -> ti.i32:
+        return first_square_above(n)
+
+    assert run(50) == 64
+    with pytest.raises(ti.KernelAssertionError, match="first_square_above"):
+        run(81)
 
 
 @difftape_only
@@ -369,6 +412,24 @@ def test_func_ndarray_parameter_needs_an_ndarray(ti):
         with_field()
 
 
+def test_real_func_given_an_ndarray_that_is_no_kernel_argument(ti):
+    # Taichi's test_ndarray.py::test_pass_ndarray_outside_kernel_to_real_func.
+    weight = ti.ndarray(dtype=ti.f32, shape=(2, 2, 2))
+
+    @ti.real_func
+    def bar(weight: ti.types.ndarray(ti.f32, ndim=3)) -> ti.f32:
+        return weight[1, 1, 1]
+
+    @ti.kernel
+    def foo() -> ti.f32:
+        return bar(weight)
+
+    weight.fill(42.0)
+    with pytest.raises(ti.TaichiTypeError,
+                       match=r"Expected ndarray in the kernel argument for argument weight"):
+        foo()
+
+
 @difftape_only
 def test_kernel_annotated_without_return_is_an_error(ti):
     @ti.kernel
@@ -401,3 +462,27 @@ def test_kernel_returning_bool(ti):
     x.from_numpy(np.array([0.1, -0.2, 0.05, 0.0], np.float32))
     assert all_small(0.5) == 1
     assert all_small(0.15) == 0
+
+
+@pytest.mark.parametrize("spelling", ["literal", "builtin", "typing"])
+def test_real_func_and_kernel_return_a_tuple(ti, spelling):
+    # Taichi's test_return.py::test_real_func_tuple_ret, _39 and _typing_tuple.
+    import typing
+
+    s0 = ti.types.struct(a=ti.math.vec3, b=ti.i16)
+    ret = {"literal": (ti.f32, s0, ti.math.ivec2), "builtin": tuple[ti.f32, s0, ti.math.ivec2],
+           "typing": typing.Tuple[ti.f32, s0, ti.math.ivec2]}[spelling]  # noqa: UP006
+
+    @ti.real_func
+    def foo(x: ti.f32) -> ret:
+        return x * 2, s0(a=ti.math.vec3([100, x, 3]), b=65537), ti.math.ivec2(7, -x)
+
+    @ti.kernel
+    def bar(x: ti.f32) -> ret:
+        return foo(x)
+
+    a, b, c = bar(0.25)
+    assert a == 0.5
+    np.testing.assert_allclose(np.array(b.a), np.float32([100, 0.25, 3]))
+    assert b.b == 65537 - 65536  # i16 wraps, as a cast in C
+    assert list(c) == [7, 0]

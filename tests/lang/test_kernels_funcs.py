@@ -592,3 +592,50 @@ def test_func_annotation_is_checked_when_the_func_is_defined(ti):
         @ti.kernel
         def kernel(x: "bar"):  # noqa: F821
             print(x)
+
+
+def test_func_recursion_on_compile_time_arguments(ti):
+    @ti.func
+    def power(x, n: ti.template()):
+        r = 1.0
+        if ti.static(n > 0):
+            r = x * power(x, n - 1)
+        return r
+
+    @ti.kernel
+    def run(x: ti.f32) -> ti.f32:
+        return power(x, 10)
+
+    np.testing.assert_allclose(run(1.5), 1.5**10, rtol=1e-6)
+
+
+@pytest.mark.difftape_only  # Taichi compiles a real func as a function that calls itself
+def test_real_func_recursion_is_refused(ti):
+    # Taichi's test_function.py::test_recursion/test_deep_recursion: difftape inlines funcs.
+    @ti.real_func
+    def sum_to(n: ti.i32) -> ti.i32:
+        if n == 0:
+            return 0
+        return sum_to(n - 1) + n
+
+    @ti.kernel
+    def run(n: ti.i32) -> ti.i32:
+        return sum_to(n)
+
+    with pytest.raises(ti.TaichiSyntaxError, match="'sum_to' calls itself: recursion is not "
+                                                   "supported"):
+        run(100)
+
+
+@pytest.mark.difftape_only  # Taichi: Python's RecursionError
+def test_endless_func_recursion_is_refused(ti):
+    @ti.func
+    def down(n):
+        return down(n - 1) + 1
+
+    @ti.kernel
+    def run(n: ti.i32) -> ti.i32:
+        return down(n)
+
+    with pytest.raises(ti.TaichiSyntaxError, match="funcs are nested more than"):
+        run(3)

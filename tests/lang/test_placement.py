@@ -139,3 +139,18 @@ def test_the_grad_kernel_is_refused_too(ti):
 
     with pytest.raises(RuntimeError, match=_grad_not_placed("grad")):
         double.grad()
+
+
+def test_one_size_for_several_axes_is_used_for_each(ti):
+    # Taichi's test_oop.py: ti.root.dense(ti.ij, (n,)) is dense(ti.ij, (n, n)).
+    val = ti.field(ti.f32)
+    ti.root.dense(ti.ij, (5,)).place(val)
+    assert val.shape == (5, 5)
+
+    @ti.kernel
+    def fill():
+        for i, j in val:
+            val[i, j] = i * 10 + j
+
+    fill()
+    np.testing.assert_array_equal(val.to_numpy(), np.add.outer(np.arange(5) * 10, np.arange(5)))

@@ -26,6 +26,28 @@ def test_print_scalars_strings_and_separators(ti, capfd):
                    "ab\n")
 
 
+def test_print_of_a_bool_cast(ti, capfd):
+    # Taichi's test_print.py::test_print[bool]: a u1 prints as 1/0.
+    @ti.kernel
+    def run():
+        print(ti.cast(123.4, bool), ti.cast(0.0, bool), ti.cast(-2, ti.u1))
+
+    run()
+    assert capfd.readouterr().out == "1 0 1\n"
+
+
+@pytest.mark.difftape_only  # Taichi 1.7.4's LLVM lowering aborts on a runtime u1 in print
+def test_print_of_a_runtime_u1(ti, capfd):
+    @ti.kernel
+    def run(x: ti.f32):
+        b = ti.cast(x, ti.u1)
+        print(b, f"[{b}]")
+
+    run(0.0)
+    run(2.5)
+    assert capfd.readouterr().out == "0 [0]\n1 [1]\n"
+
+
 def test_print_vectors_matrices_and_lists(ti, capfd):
     m = ti.Matrix.field(2, 2, ti.i32, shape=())
 

@@ -499,3 +499,33 @@ def test_parent_of_a_field_made_with_shape(ti):
         return n
 
     assert count() == 20
+
+
+def test_append_a_struct_with_a_matrix_to_a_list(ti):
+    # Taichi's test_dynamic.py::test_append_struct / test_append_matrix_in_struct.
+    mat = ti.types.matrix(n=2, m=2, dtype=ti.u8)
+    struct = ti.types.struct(a=ti.u64, b=mat, c=ti.u16)
+    f = struct.field()
+    ti.root.dense(ti.i, 4).dynamic(ti.j, 6, 4).place(f)
+
+    @ti.kernel
+    def make_list():
+        for i in range(4):
+            for j in range(i + 2):
+                f[i].append(struct(i * j * ti.u64(10**10),
+                                   ti.Matrix([[i * j, i * j * 2], [i * j * 3, i * j * 40]],
+                                             dt=ti.u8),
+                                   i * j * 5000))
+
+    @ti.kernel
+    def lengths() -> ti.types.vector(4, ti.i32):
+        return ti.Vector([f[i].length() for i in range(4)])
+
+    make_list()
+    assert list(lengths()) == [2, 3, 4, 5]
+    for i in range(4):
+        for j in range(i + 2):
+            assert f[i, j].a == i * j * 10**10
+            np.testing.assert_array_equal(
+                np.array(f[i, j].b), np.array([[i * j, i * j * 2], [i * j * 3, i * j * 40]]) % 256)
+            assert f[i, j].c == i * j * 5000 % 65536
