@@ -299,7 +299,8 @@ def install(ti, frames: int) -> Recorder:
     if not hasattr(ti, "rgb_to_hex"):
         ti.rgb_to_hex = rgb_to_hex
     ti.ui = sys.modules["taichi.ui"] = _ui_module()
-    ti.tools.imshow = _imshow
+    if hasattr(ti, "tools"):
+        ti.tools.imshow = _imshow
     return RECORDER
 
 
