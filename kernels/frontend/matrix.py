@@ -663,7 +663,7 @@ class Vector(Matrix):
 
     @staticmethod
     def unit(n: int, i: int, dt=None) -> Vector:
-        dt = dt or float
+        dt = dt or int  # as in Taichi: an integer vector unless asked
         return Matrix._from_entries([ops.cast(1 if k == i else 0, dt) for k in range(n)],
                                     n, 1, 1)
 

@@ -600,3 +600,27 @@ def test_a_kernel_vector_written_by_index_in_a_parallel_loop(ti):
 
     for _ in range(200):
         np.testing.assert_array_equal(fill().to_numpy(), np.arange(n))
+
+
+def test_unit_vector_is_integer_by_default_and_indexes_fields(ti):
+    # Taichi's Vector.unit(n, i, dt=None) makes an int vector: mgpcg_advanced.py steps through
+    # a grid with x[I + ti.Vector.unit(dim, i)].
+    x = ti.field(ti.f32, shape=(3, 3))
+    x.from_numpy(np.arange(9, dtype=np.float32).reshape(3, 3))
+
+    @ti.kernel
+    def neighbours(i: ti.i32, j: ti.i32) -> ti.f32:
+        p = ti.Vector([i, j])
+        s = 0.0
+        for k in ti.static(range(2)):
+            e = ti.Vector.unit(2, k)
+            s += x[p + e] + x[p - e]
+        return s
+
+    assert neighbours(1, 1) == 1 + 7 + 3 + 5
+
+    @ti.kernel
+    def scaled() -> ti.f32:
+        return (ti.Vector.unit(3, 1) * 0.5).y + ti.Vector.unit(3, 2, ti.f32).z / 4
+
+    assert scaled() == 0.75
