@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import math
 import numbers
 import operator
 import warnings
@@ -25,6 +26,7 @@ from ..errors import (
     KernelRuntimeError,
     KernelSyntaxError,
     KernelTypeError,
+    OutOfMemoryError,
     ShapeError,
     user_line,
 )
@@ -109,8 +111,17 @@ class Field(ArrayExchange):
     # ------------------------------------------------------------------ allocation
     def _allocate(self, shape) -> None:
         self._shape = shape = checked_shape(shape)
-        self._storage = self._program.allocator.storage(shape + self.element_shape,
-                                                        self.dtype.np)
+        try:
+            self._storage = self._program.allocator.storage(shape + self.element_shape,
+                                                            self.dtype.np)
+        except MemoryError:
+            gib = math.prod(shape + self.element_shape) * self.dtype.np.itemsize / 2**30
+            raise OutOfMemoryError(
+                f"{self._label()}: shape {shape} of {self.dtype} needs {gib:.3g} GiB, more "
+                "memory than there is. difftape stores every field densely, one under a "
+                "pointer, bitmasked or dynamic SNode at its full capacity (Taichi allocates "
+                "sparse blocks as they are activated): make the field or the SNode's "
+                "capacity smaller") from None
         if self.role == "primal":
             self._program.fields[self.id] = self
             if self in self._program.unplaced:
@@ -1129,6 +1140,8 @@ class SNode:
         axes = (axes,) if isinstance(axes, Axis) else tuple(axes)
         dims = (dimensions,) * len(axes) if isinstance(dimensions, numbers.Integral) \
             else tuple(dimensions)
+        if len(dims) == 1:  # as in Taichi: one size serves every axis
+            dims *= len(axes)
         if len(dims) != len(axes):
             raise ShapeError(f"{kind} over {len(axes)} axes needs {len(axes)} sizes, got {dims}")
         if kind in _SPARSE and program.get().remote is not None:
