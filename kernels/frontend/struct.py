@@ -405,6 +405,9 @@ def dataclass(cls) -> StructType:
 # --------------------------------------------------------------------------- struct fields
 
 
+_LIST_METHODS = ("append", "length", "deactivate")
+
+
 class StructField:
     """A field of structs: one field per member (``x.a`` is the member field), so
     ``x[i].a`` and ``x.a[i]`` are the same element. ``to_numpy``/``from_numpy`` take dicts
@@ -415,7 +418,9 @@ class StructField:
         self.struct_methods = methods
         self.name = name
         for k, f in fields.items():
-            if k not in type(self).__dict__ and not hasattr(StructField, k):
+            # a member shadows the list methods (as Taichi's instance attributes do), not the
+            # properties
+            if k in _LIST_METHODS or k not in type(self).__dict__ and not hasattr(StructField, k):
                 setattr(self, k, f)
 
     @property
@@ -501,6 +506,17 @@ class StructField:
             raise TypeError("copy_from needs a struct field with the same members")
         for k, f in self.field_dict.items():
             f.copy_from(other.field_dict[k])
+
+    # ``x.append(s)``, ``x.length()``, ``x.deactivate()`` of a struct field placed in a 1-D
+    # dynamic SNode: a list of structs
+    def append(self, value):
+        return _field.dynamic_op(self, "append", (), value)
+
+    def length(self):
+        return _field.dynamic_op(self, "length", ())
+
+    def deactivate(self):
+        return _field.dynamic_op(self, "deactivate", ())
 
     def fill(self, value) -> None:
         """Every member of every element set to ``value`` (in a kernel: loops run at each
