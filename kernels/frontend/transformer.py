@@ -1199,6 +1199,11 @@ class FunctionTransformer:
             value.name = node.id  # name unnamed fields after the user's variable, for messages
         return value
 
+    def expr_NamedExpr(self, node: ast.NamedExpr):
+        """``(name := value)``: binds ``name`` as ``name = value`` would, and is its value."""
+        self.assign(node.target, _materialize(self.eval(node.value)))
+        return self.lookup(node.target.id)
+
     def expr_Attribute(self, node: ast.Attribute):
         obj = self.eval(node.value)
         try:

@@ -592,3 +592,21 @@ def test_func_annotation_is_checked_when_the_func_is_defined(ti):
         @ti.kernel
         def kernel(x: "bar"):  # noqa: F821
             print(x)
+
+
+def test_assignment_expression_binds_and_gives_its_value(ti):
+    # Taichi's poisson_disk_sampling.py: samples[0] = (p0 := mouse[None])
+    mouse = ti.Vector.field(2, ti.f32, shape=())
+    samples = ti.Vector.field(2, ti.f32, shape=2)
+    mouse[None] = [0.25, 0.5]
+
+    @ti.kernel
+    def start() -> ti.f32:
+        samples[0] = (p0 := mouse[None])
+        samples[1] = p0 * 2
+        if (n := 3) > 2:
+            n += 1
+        return n + p0.x
+
+    assert start() == 4.25
+    np.testing.assert_array_equal(samples.to_numpy(), [[0.25, 0.5], [0.5, 1.0]])
