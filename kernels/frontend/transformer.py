@@ -686,7 +686,10 @@ class FunctionTransformer:
         self.assign(node.target, value)
 
     def _store(self, what: str, var, value) -> None:
-        """Store ``value`` into the variable (or vector/matrix/struct of places) ``var``."""
+        """Store ``value`` into the variable (or vector/matrix/struct of places) ``var``; a
+        list into a vector/matrix variable is that vector/matrix (as in Taichi)."""
+        if isinstance(var, Matrix) and isinstance(value, list | tuple):
+            value = _coerce(value)
         if isinstance(var, Matrix) and not isinstance(value, Matrix):
             raise self.bld.error(f"{what} is a vector/matrix; cannot assign a scalar to it")
         if isinstance(var, Struct) and isinstance(value, dict):

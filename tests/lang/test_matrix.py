@@ -624,3 +624,19 @@ def test_unit_vector_is_integer_by_default_and_indexes_fields(ti):
         return (ti.Vector.unit(3, 1) * 0.5).y + ti.Vector.unit(3, 2, ti.f32).z / 4
 
     assert scaled() == 0.75
+
+
+def test_assigning_a_list_to_a_vector_variable(ti):
+    # Taichi's mciso_advanced.py: R = float(I), then R = [i + p, j] in a branch
+    out = ti.Vector.field(2, ti.f32, shape=4)
+
+    @ti.kernel
+    def fill():
+        for i in out:
+            R = float(ti.Vector([i, 1]))
+            if i % 2 == 1:
+                R = [i + 0.5, 2]
+            out[i] = R
+
+    fill()
+    np.testing.assert_array_equal(out.to_numpy(), [[0, 1], [1.5, 2], [2, 1], [3.5, 2]])
