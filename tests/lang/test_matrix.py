@@ -640,3 +640,14 @@ def test_assigning_a_list_to_a_vector_variable(ti):
 
     fill()
     np.testing.assert_array_equal(out.to_numpy(), [[0, 1], [1.5, 2], [2, 1], [3.5, 2]])
+
+
+def test_python_scope_vector_arithmetic_with_numpy_arrays(ti):
+    # As in Taichi: a NumPy operand is a vector/matrix of its values (diff_sph.py moves its
+    # camera with camera.curr_position + a NumPy array).
+    v = ti.Vector([1.0, 2.0, 3.0])
+    a = np.array([0.5, 0.25, 2.0])
+    np.testing.assert_array_equal((a + v).to_numpy(), [1.5, 2.25, 5.0])
+    np.testing.assert_array_equal((v - a).to_numpy(), [0.5, 1.75, 1.0])
+    m = ti.Matrix([[1.0, 2.0], [3.0, 4.0]])
+    np.testing.assert_array_equal((np.eye(2) * m).to_numpy(), [[1.0, 0.0], [0.0, 4.0]])
