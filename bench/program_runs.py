@@ -129,11 +129,14 @@ def compare(a: list, b: list, rtol: float) -> tuple[bool, str, float]:
 def last_error(stderr: str) -> str:
     """The line of a traceback that names the exception, with the message lines after it
     (else the last line)."""
-    lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
+    lines = [ln.strip() for ln in stderr.strip().splitlines() if ln.strip()]
     for i in range(len(lines) - 1, -1, -1):
-        if re.match(r"^[\w.]+(Error|Exception|Unavailable|Used)\b", lines[i].strip()):
-            return " ".join(ln.strip() for ln in lines[i:])[:300]
-    return (lines[-1].strip() if lines else "")[:300]
+        if re.match(r"^[\w.]+(Error|Exception|Unavailable|Used)\b", lines[i]):
+            # the message's own lines, without the file names and carets of a quoted source
+            rest = [ln for ln in lines[i + 1:]
+                    if not ln.startswith("File ") and not re.fullmatch(r"[\^~]+", ln)]
+            return " ".join([lines[i], *rest])[:300]
+    return (lines[-1] if lines else "")[:300]
 
 
 def failed_fast(d: Run) -> bool:

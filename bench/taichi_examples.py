@@ -24,7 +24,8 @@ What is compared, per example:
   large values is held to that field's precision; f32 programs on two compilers), bytes (uint8
   images) within 1, other integers and strings exactly; then the numbers printed, in order, at
   ``RTOL`` (timing lines dropped).
-* *first K frames* (``Spec.judged``): a chaotic scene, where rounding differences between two
+* *structure* (``Spec.judged`` 0): a scene animated by the wall clock; *first K frames*
+  (``Spec.judged``): a chaotic scene, where rounding differences between two
   compilers grow to the size of the picture within a few frames: frames after the K-th are
   compared by structure only (the same calls with arrays of the same shapes), prints are not
   compared.
@@ -92,7 +93,13 @@ class Spec:
 
 
 #: Examples that need more than the defaults (keyed by path under examples/).
+#: Why a scene animated by the wall clock is compared by structure only.
+CLOCK = "animated by the wall clock (the two runs draw different moments): structure only"
+
 SPECS: dict[str, Spec] = {
+    "algorithm/marching_squares.py": Spec(judged=0, why=CLOCK),
+    "real_func/algorithm/marching_squares.py": Spec(judged=0, why=CLOCK),
+    "simulation/initial_value_problem.py": Spec(judged=0, why=CLOCK),
     "rendering/sdf_renderer.py": Spec(frames=1, why="one frame (its first shows 11 samples "
                                       "of a 1280x720 path tracer)"),
     "machine_learning/differential_evolution.py": Spec(
@@ -108,6 +115,8 @@ def mode(spec: Spec, source: str) -> str:
     """How the example's output is compared: ``exact``, ``first K frames``, ``distribution``."""
     if RANDOM.search(source):
         return "distribution"
+    if spec.judged == 0:
+        return "structure"
     if spec.judged is not None:
         return f"first {spec.judged} frames"
     return "exact"

@@ -213,6 +213,10 @@ class Camera:
 
     def __init__(self) -> None:
         self.settings: dict = {}
+        # read back by programs that move the camera (Taichi's initial values)
+        self.curr_position = np.array([0.0, 0.0, 0.0])
+        self.curr_lookat = np.array([0.0, 0.0, -1.0])
+        self.curr_up = np.array([0.0, 1.0, 0.0])
 
     SETTINGS = ("position", "lookat", "up", "fov", "z_near", "z_far", "projection_mode")
 
@@ -222,6 +226,8 @@ class Camera:
 
         def setter(*args):
             self.settings[name] = value(args[0] if len(args) == 1 else args)
+            if name in ("position", "lookat", "up"):
+                setattr(self, "curr_" + name, np.asarray(self.settings[name], np.float64))
         return setter
 
     def track_user_inputs(self, *args, **kwargs) -> None:
