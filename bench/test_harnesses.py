@@ -217,6 +217,28 @@ def test_examples_compare_reports_the_first_differing_element():
     assert "gui.lines" in taichi_examples.compare_frames(_frames(a), more, "exact", None).where
 
 
+def test_examples_compare_rows_appended_in_any_order_and_written_files():
+    a = np.arange(12.0).reshape(6, 2)
+    b = np.arange(6.0)
+    perm = [3, 0, 5, 1, 4, 2]
+    ta = [[("gui.triangles", {"0": a, "1": b, "color": 7})]]
+    da = [[("gui.triangles", {"0": a[perm], "1": b[perm], "color": 7})]]
+    assert taichi_examples.compare_frames(ta, da, "exact", None).where
+    assert not taichi_examples.compare_frames(ta, da, "exact", None, unordered=True).where
+    broken = [[("gui.triangles", {"0": a[perm], "1": b, "color": 7})]]  # rows torn apart
+    assert taichi_examples.compare_frames(ta, broken, "exact", None, unordered=True).where
+    d = taichi_examples.Diff()
+    taichi_examples.compare_files({"m.ply": b"ply 1.5 2\n"}, {"m.ply": b"ply 1.5000001 2\n"},
+                                  "exact", d)
+    assert not d.where and d.values == 2  # 1.5 and 2 (1.5000001 within RTOL)
+    taichi_examples.compare_files({"m.ply": b"ply 1.5 2\n"}, {"m.ply": b"ply 1.6 2\n"},
+                                  "exact", d)
+    assert d.where.startswith("file m.ply: line 1: Taichi 1.5 / difftape 1.6")
+    d = taichi_examples.Diff()
+    taichi_examples.compare_files({"a.bin": b"\x00\x01"}, {"b.bin": b""}, "exact", d)
+    assert "files written" in d.where
+
+
 def test_examples_compare_random_states_by_distribution():
     rng = np.random.default_rng(1)
     a, b = rng.random((4000, 2)), rng.random((4000, 2))
