@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import typing
 
 from .. import types as T
 from ..errors import ArgumentError, KernelSyntaxError
@@ -180,6 +181,8 @@ def _resolve_annotation(ann, fn):
         return None
     if isinstance(ann, type) and issubclass(ann, NdarrayType):
         return NdarrayType()
+    if typing.get_origin(ann) is tuple:  # typing.Tuple[f32, vec2] / tuple[...]: several values
+        return tuple(_resolve_annotation(a, fn) for a in typing.get_args(ann))
     return ann
 
 

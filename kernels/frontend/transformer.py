@@ -1858,7 +1858,7 @@ def _annotation_kind(ann, where: str) -> str:
         return "matrix"
     if isinstance(ann, StructType):
         return "struct"
-    if isinstance(ann, T.DType) or ann in (int, float) or (
+    if isinstance(ann, T.DType) or ann in (int, float, bool) or (
             isinstance(ann, type) and issubclass(ann, np.generic)):
         return "scalar"
     raise KernelSyntaxError(f"Invalid type annotation {ann!r} of {where}: use a dtype "

@@ -401,3 +401,33 @@ def test_kernel_returning_bool(ti):
     x.from_numpy(np.array([0.1, -0.2, 0.05, 0.0], np.float32))
     assert all_small(0.5) == 1
     assert all_small(0.15) == 0
+
+
+@pytest.mark.parametrize("decorator", [
+    pytest.param("func", marks=difftape_only),  # Taichi 1.7.4's ti.func fails on the tuple
+    "real_func"])
+def test_typing_tuple_and_bool_return_annotations(ti, decorator):
+    # Taichi's real_func examples: poisson_disk_sampling.py's find_nearest_point ->
+    # typing.Tuple[float, vec2], cornell_box.py's raycast -> bool
+    import typing
+
+    deco = getattr(ti, decorator)
+
+    @deco
+    def nearest(p: ti.math.vec2) -> typing.Tuple[float, ti.math.vec2]:  # noqa: UP006
+        return p.norm(), p * 2
+
+    @deco
+    def positive(x: ti.f32) -> bool:
+        return x > 0
+
+    @ti.kernel
+    def run(x: ti.f32) -> ti.f32:
+        d, q = nearest(ti.math.vec2(3, 4))
+        r = d + q.y
+        if positive(x):
+            r += 100
+        return r
+
+    assert run(1.0) == 113.0
+    assert run(-1.0) == 13.0
