@@ -1330,10 +1330,17 @@ class FunctionTransformer:
                     "explicitly, e.g. `x != 0 and y > 0.5`")
 
     def expr_Compare(self, node: ast.Compare):
-        left = _as_value(self.eval(node.left))
+        left = self.eval(node.left)
         result = None
         for op, comp in zip(node.ops, node.comparators, strict=True):
-            right = _as_value(self.eval(comp))
+            right = self.eval(comp)
+            if type(op) in _PY_COMPARE and _constant_sequence(left) and _constant_sequence(right):
+                # two compile-time lists (shapes: `a.element_shape() == [2]`): Python's ==
+                r = _PY_COMPARE[type(op)](left, right)
+                result = r if result is None else ops.binary("logical_and", result, r)
+                left = right
+                continue
+            left, right = _as_value(left), _as_value(right)
             if isinstance(op, ast.Is | ast.IsNot):
                 # As Taichi: identity of kernel values has no meaning (each use is a new
                 # value); compare values with ==, or objects in Python before the kernel.
@@ -1613,6 +1620,12 @@ def _paired_entries(a, b) -> list[tuple]:
     return list(zip(ea, eb, strict=True))
 
 
+def _constant_sequence(x) -> bool:
+    """A list/tuple of Python numbers only (nothing computed in the kernel)."""
+    return isinstance(x, list | tuple) and not isinstance(x, Matrix) and all(
+        isinstance(e, numbers.Number) and not isinstance(e, Value) for e in x)
+
+
 def _as_value(x):
     """Load places so that a value, not a place, flows on."""
     if isinstance(x, Ref):
@@ -1673,6 +1686,11 @@ class NdarrayArg:
         slot = bld.buffer_slot(self.buf)
         return tuple(Expr(bld.emit("buf_shape", T.i32, (), (slot, a)))
                      for a in range(self.field_ndim))
+
+    def element_shape(self) -> list[int]:
+        """The shape of one element (``[]`` for scalars, ``[n]`` for n-vectors, ``[n, m]``
+        for matrices), known when the kernel is compiled, as Taichi's ``element_shape()``."""
+        return [int(n) for n in self.buf.shape[self.field_ndim:]]
 
     def __getitem__(self, key):
         if not isinstance(key, tuple):
