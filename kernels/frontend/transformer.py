@@ -517,6 +517,11 @@ class FunctionTransformer:
                 raise self.bld.error(f"'{self.name}' is annotated to return {len(ann)} values "
                                      f"but returns {got}")
             return tuple(self._convert_return(v, a) for v, a in zip(value, ann, strict=True))
+        if not self.real and isinstance(value, Matrix) and \
+                _annotation_kind(ann, f"the return of func '{self.name}'") == "scalar":
+            # Taichi's (inlined) func casts its value to a scalar annotation's dtype, a
+            # vector/matrix element by element
+            return ops.cast(value._values(), ops.resolve_dtype(ann))
         return _convert_to_annotation(self.bld, value, ann, f"the return value of '{self.name}'")
 
     def _func_return(self, value, has_value: bool) -> None:

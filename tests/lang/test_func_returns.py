@@ -431,3 +431,19 @@ def test_typing_tuple_and_bool_return_annotations(ti, decorator):
 
     assert run(1.0) == 113.0
     assert run(-1.0) == 13.0
+
+
+def test_a_scalar_dtype_annotation_casts_a_returned_vector(ti):
+    # As in Taichi, a @ti.func's scalar return annotation is the dtype its value is cast to,
+    # element by element for a vector (eulerfluid2d.py: vel_with_boundary(...) -> ti.f32
+    # returns vf[i, j], a 2-vector).
+    @ti.func
+    def as_int(v) -> ti.i32:
+        return v
+
+    @ti.kernel
+    def run() -> ti.f32:
+        w = as_int(ti.Vector([1.5, 2.5]))
+        return w[1] + w[0] * 10
+
+    assert run() == 12.0
