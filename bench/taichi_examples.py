@@ -32,7 +32,8 @@ What is compared, per example:
 * *distribution*: the program fills fields with ``ti.random``/``ti.randn`` in a kernel (found in
   its source), whose streams differ between the backends: the first frame's float arrays are
   compared by per-column mean and standard deviation (within ``SIGMAS`` standard errors of the
-  two samples), later frames by structure only, prints not at all.
+  two samples; the standard deviation also within ``STD_RTOL``), later frames by structure
+  only, prints not at all.
 
 Verdicts: agrees (to the tolerance above; *first K frames*, *in distribution* say which
 comparison), differs (the first differing frame, call, argument, index and the two values),
@@ -78,6 +79,10 @@ EXAMPLES = Path("/work/tivenv/lib/python3.11/site-packages/taichi/examples")
 FRAMES = 3
 RTOL = 1e-3
 SIGMAS = 6.0
+#: A standard deviation may also differ by this fraction: the samples of a picture (pixels)
+#: are not independent draws, its spread is mostly the picture's own, and the Monte Carlo
+#: noise on top moves it by about a percent (cornell_box.py).
+STD_RTOL = 0.05
 RANDOM = re.compile(r"\bti\.(random|randn)\s*\(")
 
 
@@ -209,11 +214,11 @@ def compare_statistics(a, b, where: str, out: Diff) -> None:
     scale = max(float(np.abs(x).max()), 1e-30)
     for c in range(x.shape[1]):
         sa, sb = x[:, c].std(), y[:, c].std()
-        checks = (("mean", x[:, c].mean(), y[:, c].mean(), math.sqrt((sa**2 + sb**2) / n)),
-                  ("std", sa, sb, (sa + sb) / 2 / math.sqrt(2 * n)))
-        for what, u, v, se in checks:
+        checks = (("mean", x[:, c].mean(), y[:, c].mean(), math.sqrt((sa**2 + sb**2) / n), 0),
+                  ("std", sa, sb, (sa + sb) / 2 / math.sqrt(2 * n), STD_RTOL * max(sa, sb)))
+        for what, u, v, se, slack in checks:
             out.worst = max(out.worst, abs(u - v) / scale)
-            if abs(u - v) > SIGMAS * se + 1e-6 * scale:
+            if abs(u - v) > SIGMAS * se + slack + 1e-6 * scale:
                 out.where = (f"{where}, component {c}: {what} Taichi {u:.6g} / difftape {v:.6g}"
                              f" (allowed {SIGMAS:g} standard errors, {SIGMAS * se:.3g})")
                 return

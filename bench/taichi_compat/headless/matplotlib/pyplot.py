@@ -16,10 +16,34 @@ DRAWING = ("plot", "imshow", "scatter", "bar", "hist", "semilogx", "semilogy", "
            "contour", "contourf", "quiver", "matshow", "pcolormesh", "fill", "errorbar", "step")
 
 
+def _drawing(name):
+    """A drawing function that records while ``_record`` records; else None."""
+    record = sys.modules.get("_record")
+    return record.plot_call(name) if record is not None and name in DRAWING else None
+
+
+class _Axes(Nothing):
+    """Axes whose drawing methods record like pyplot's (``ax = plt.gca(); ax.plot(...)``)."""
+
+    def __getattr__(self, name):
+        return _drawing(name) or super().__getattr__(name)
+
+
+def gca(*args, **kwargs):
+    return _Axes()
+
+
+subplot = axes = gca
+
+
+def subplots(*args, **kwargs):
+    """(figure, axes) of one plot; a grid of plots has no headless stand-in."""
+    if args or {"nrows", "ncols"} & set(kwargs):
+        return Nothing(), Nothing()
+    return Nothing(), _Axes()
+
+
 def __getattr__(name):
     if name.startswith("__"):
         raise AttributeError(name)
-    record = sys.modules.get("_record")
-    if record is not None and name in DRAWING:
-        return record.plot_call(name)
-    return Nothing()
+    return _drawing(name) or Nothing()
