@@ -34,26 +34,29 @@ verdict) unless ``--always-baseline``. Writes OUTPUT.json and OUTPUT.md.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import math
-import os
-import re
 import shutil
-import subprocess
 import sys
-import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent
-REPO = BENCH.parent
-COMPAT = BENCH / "taichi_compat"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from program_runs import (  # noqa: E402  (bench/program_runs.py: what the harnesses share)
+    ATOL,
+    Run,
+    add_arguments,
+    compare,
+    failed_fast,
+    report_markdown,
+    run_all,
+    run_one,
+    unfinished,
+    write_runner,
+)
+from program_runs import result_lines as _result_lines  # noqa: E402
 
 F32_RTOL = 1e-3
 F64_RTOL = 1e-7
-ATOL = 1e-9
 #: A chaotic scene whose values differ beyond ``F64_RTOL`` still agrees *within chaos* when every
 #: value's difference is at most this many times the distance between two Taichi runs whose
 #: random inputs differ by one ulp (see ``within_chaos``).
@@ -126,58 +129,11 @@ NOT_RUN = {
     "water_renderer.py": "imports adversarial.py (PyTorch, VGG weights)",
 }
 
-#: Output lines that are timings or progress, not results.
-TIMING = re.compile(r"time|\bms\b|per iter|\[Taichi\]|^\s*\[[IWE] |Kernel Profiler",
-                    re.IGNORECASE)
-NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf)\b")
-
-RUNNER = """\
-import os, random, runpy, sys
-sys.path.append({headless!r})
-random.seed(0)
-import numpy as np
-np.random.seed(0)
-if os.environ.get("DIFFTAICHI_NUDGE"):
-    def _nudged(draw):
-        def nudged(*args, **kwargs):
-            r = draw(*args, **kwargs)
-            up = np.nextafter(r, np.inf)
-            return float(up) if isinstance(r, float) else up
-        return nudged
-    for _name in ("randn", "rand", "random", "random_sample", "uniform", "normal"):
-        setattr(np.random, _name, _nudged(getattr(np.random, _name)))
-    random.random = _nudged(random.random)
-    random.uniform = _nudged(random.uniform)
-import taichi as ti
-import _noop
-ti.GUI = _noop.NoGUI
-if not hasattr(ti, "rgb_to_hex"):
-    ti.rgb_to_hex = _noop.rgb_to_hex
-_init = ti.init
-def _cpu_init(arch=None, **kwargs):
-    kwargs.update({init!r})
-    return _init(arch=ti.cpu, **kwargs)
-ti.init = _cpu_init
-script = {script!r}
-sys.path.insert(0, os.path.dirname(script))
-sys.argv = [script, *{argv!r}]
-runpy.run_path(script, run_name="__main__")
-"""
-
-
-@dataclass
-class Run:
-    rc: int | None
-    seconds: float
-    stdout: str
-    stderr_tail: str
-    timed_out: bool = False
-
-
 def prepare(checkout: Path, root: Path, backend: str, name: str, spec: Example,
-            iters: int, strict: bool = True) -> tuple[Path, list[str]]:
+            iters: int, strict: bool = True, gui: str = "noop") -> tuple[Path, list[str]]:
     """A temporary copy of examples/ with the rewrites applied to ``name``; the argv.
-    ``strict``: a chaotic scene's ``ti.init`` gets ``fast_math=False`` (see ``STRICT``)."""
+    ``strict``: a chaotic scene's ``ti.init`` gets ``fast_math=False`` (see ``STRICT``);
+    ``gui``: which ``ti.GUI`` the run gets (``_launch.run``)."""
     work = root / backend / name[:-3]
     shutil.copytree(checkout / "examples", work)
     script = work / name
@@ -192,68 +148,15 @@ def prepare(checkout: Path, root: Path, backend: str, name: str, spec: Example,
                                "update EXAMPLES in bench/difftaichi.py")
         src = src.replace(old, new)
     script.write_text(src)
-    if backend == "difftape":
-        (work / "_alias" / "taichi").mkdir(parents=True)
-        shutil.copy(COMPAT / "alias.py", work / "_alias" / "taichi" / "__init__.py")
     argv = [a.format(iters=iters) for a in spec.argv]
-    init = STRICT if spec.chaotic and strict else {}
-    (work / "_run_example.py").write_text(RUNNER.format(
-        headless=str(COMPAT / "headless"), script=str(script), argv=argv, init=init))
+    write_runner(work, backend, script, argv, STRICT if spec.chaotic and strict else {},
+                 gui=gui)
     return work, argv
-
-
-def run_one(python: str, work: Path, backend: str, timeout: float, nudge: bool = False) -> Run:
-    """Run the prepared copy; ``nudge``: every float NumPy/``random`` draws is one ulp up."""
-    env = dict(os.environ, MPLBACKEND="Agg", PYTHONDONTWRITEBYTECODE="1",
-               DIFFTAPE_CACHE_DIR=str(work / "_cache"),
-               TI_OFFLINE_CACHE_FILE_PATH=str(work / "_cache"))
-    if nudge:
-        env["DIFFTAICHI_NUDGE"] = "1"
-    if backend == "difftape":
-        env["PYTHONPATH"] = str(work / "_alias")
-    t0 = time.perf_counter()
-    try:
-        p = subprocess.run([python, "_run_example.py"], cwd=work, env=env, capture_output=True,
-                           text=True, timeout=timeout)
-        return Run(p.returncode, time.perf_counter() - t0, p.stdout, p.stderr[-4000:])
-    except subprocess.TimeoutExpired as e:
-        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else e.stdout
-        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr
-        return Run(None, time.perf_counter() - t0, out or "", (err or "")[-4000:], True)
 
 
 def result_lines(stdout: str, spec: Example) -> list[tuple[str, list[float]]]:
     """The printed lines that carry results, with their numbers."""
-    ignore = [re.compile(p) for p in spec.ignore]
-    out = []
-    for line in stdout.splitlines():
-        if TIMING.search(line) or any(p.search(line) for p in ignore):
-            continue
-        nums = [float(x) for x in NUMBER.findall(line)]
-        if nums:
-            out.append((line.strip(), nums))
-    return out
-
-
-def compare(a: list, b: list, rtol: float) -> tuple[bool, str, float]:
-    """(agree, first difference, largest relative difference) of two runs' result lines."""
-    worst = 0.0
-    for i, ((la, na), (lb, nb)) in enumerate(zip(a, b, strict=False)):
-        if len(na) != len(nb):
-            return False, f"line {i + 1}: Taichi `{la}` / difftape `{lb}`", math.inf
-        for x, y in zip(na, nb, strict=True):
-            if math.isnan(x) or math.isnan(y):
-                same = math.isnan(x) and math.isnan(y)
-                rel = 0.0 if same else math.inf
-            else:
-                rel = abs(x - y) / max(abs(x), abs(y), ATOL) if x != y else 0.0
-            worst = max(worst, rel)
-            if rel > rtol and abs(x - y) > ATOL:
-                return False, (f"line {i + 1}: Taichi {x!r} / difftape {y!r} (rel {rel:.2e}); "
-                               f"Taichi `{la}` / difftape `{lb}`"), worst
-    if len(a) != len(b):
-        return False, f"Taichi printed {len(a)} result lines, difftape {len(b)}", worst
-    return True, "", worst
+    return _result_lines(stdout, spec.ignore)
 
 
 @dataclass
@@ -312,40 +215,9 @@ def within_chaos(a: list, b: list, nudged: list, rtol: float) -> Chaos:
     return out
 
 
-def _last_error(stderr: str) -> str:
-    lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
-    for ln in reversed(lines):
-        if re.match(r"^[\w.]+(Error|Exception|Unavailable|Used)\b", ln.strip()):
-            return ln.strip()[:300]
-    return (lines[-1].strip() if lines else "")[:300]
-
-
-def _failed_fast(d: Run) -> bool:
-    """difftape ended with an error (not a hang): the verdict does not depend on Taichi."""
-    return not d.timed_out and d.rc != 0
-
-
 def verdict(t: Run | None, d: Run, spec: Example, rtol: float) -> dict:
-    out: dict = {"taichi_seconds": round(t.seconds, 1) if t else None,
-                 "difftape_seconds": round(d.seconds, 1)}
-    if t is not None and (t.timed_out or t.rc != 0):
-        out.update(verdict="baseline-fails", detail="Taichi: " + (
-            "timed out" if t.timed_out else _last_error(t.stderr_tail)))
-        return out
-    if d.timed_out:
-        out.update(verdict="hang", detail="difftape: no exit within the time limit")
-        return out
-    if d.rc is not None and (d.rc < 0 or d.rc > 128):
-        sig = -d.rc if d.rc < 0 else d.rc - 128
-        out.update(verdict="crash", detail=f"difftape killed by signal {sig}; "
-                   + _last_error(d.stderr_tail))
-        return out
-    if d.rc != 0:
-        err = _last_error(d.stderr_tail)
-        refused = "difftape.errors." in err or re.match(
-            r"^(CompileError|GradientRuleError|ArgumentError|DifftapeError|ShapeError|"
-            r"KernelAssertionError)\b", err)
-        out.update(verdict="refused" if refused else "error", detail=err)
+    out = unfinished(t, d)
+    if "verdict" in out:
         return out
     ta, da = result_lines(t.stdout, spec), result_lines(d.stdout, spec)
     agree, first, worst = compare(ta, da, rtol)
@@ -355,40 +227,22 @@ def verdict(t: Run | None, d: Run, spec: Example, rtol: float) -> dict:
 
 
 def markdown(report: dict) -> str:
-    meta = report["meta"]
-    out = [f"# DiffTaichi examples on difftape vs Taichi {meta['taichi_version']}", "",
-           f"difftape `{meta['difftape_rev']}`, {meta['date']}, {meta['iters']} optimisation "
-           f"iterations, f32 scenes compared at rtol {F32_RTOL:g}, chaotic scenes run in f64 "
-           f"at rtol {F64_RTOL:g}"
-           + ("." if meta.get("fast_math") else " with ti.init(fast_math=False) on both "
-              "(*f64 strict*)."), "",
-           "| example | precision | verdict | values | max rel diff | Taichi s | difftape s "
-           "| detail |", "|---|---|---|---|---|---|---|---|"]
-    for name, r in report["examples"].items():
-        detail = (r.get("detail") or "").replace("|", "\\|")[:300]
-        mrd = r.get("max_rel_diff")
-        out.append(f"| {name} | {r.get('precision', '')} | {r['verdict']} | "
-                   f"{r.get('values_compared', '')} | "
-                   f"{'' if mrd is None else f'{mrd:.1e}'} | {r.get('taichi_seconds', '')} | "
-                   f"{r.get('difftape_seconds', '')} | {detail} |")
-    return "\n".join(out) + "\n"
+    return report_markdown(
+        report, "DiffTaichi examples",
+        f"{report['meta']['iters']} optimisation iterations, f32 scenes compared at rtol "
+        f"{F32_RTOL:g}, chaotic scenes run in f64 at rtol {F64_RTOL:g}",
+        " with ti.init(fast_math=False) on both (*f64 strict*)",
+        [("precision", "precision"), ("verdict", "verdict"), ("values", "values_compared"),
+         ("max rel diff", "max_rel_diff"), ("Taichi s", "taichi_seconds"),
+         ("difftape s", "difftape_seconds"), ("detail", "detail")])
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--checkout", type=Path, required=True,
                     help="a taichi-dev/difftaichi checkout (outside this repository)")
-    ap.add_argument("--output", type=Path, required=True,
-                    help="report path; OUTPUT.json and OUTPUT.md are written")
-    ap.add_argument("--only", nargs="*", help="example file names (default: all)")
     ap.add_argument("--iters", type=int, default=3, help="optimisation iterations (default 3)")
-    ap.add_argument("--timeout", type=float, default=600, help="seconds per run (default 600)")
-    ap.add_argument("--difftape-python", default=str(REPO / ".venv" / "bin" / "python"))
-    ap.add_argument("--taichi-python", default="/work/tivenv/bin/python")
-    ap.add_argument("--keep", action="store_true", help="keep the temporary copies")
-    ap.add_argument("--fast-math", action="store_true",
-                    help="run chaotic scenes with each backend's default floating-point "
-                         "evaluation, not fast_math=False")
+    add_arguments(ap, timeout=600)
     ap.add_argument("--always-baseline", action="store_true",
                     help="run Taichi even where difftape already failed with an error")
     args = ap.parse_args(argv)
@@ -397,82 +251,53 @@ def main(argv: list[str] | None = None) -> int:
     names = sorted(p.name for p in (checkout / "examples").glob("*.py"))
     if args.only:
         names = [n for n in names if n in args.only]
-    output = args.output.with_suffix("") if args.output.suffix in (".json", ".md") else args.output
-    output.parent.mkdir(parents=True, exist_ok=True)
-    root = Path(tempfile.mkdtemp(prefix="difftaichi_"))
-    examples: dict[str, dict] = {}
-    try:
-        for name in names:
-            if name in NOT_RUN or name not in EXAMPLES:
-                examples[name] = {"verdict": "not run",
-                                  "detail": NOT_RUN.get(name, "not listed in EXAMPLES")}
-                continue
-            spec = EXAMPLES[name]
-            runs: dict[str, Run] = {}
-            for backend, python in (("difftape", args.difftape_python),
-                                    ("taichi", args.taichi_python)):
-                if backend == "taichi" and not args.always_baseline and _failed_fast(
-                        runs["difftape"]):
-                    continue  # difftape stopped with an error: Taichi's output is not needed
-                work, _ = prepare(checkout, root, backend, name, spec, args.iters,
-                                  not args.fast_math)
-                runs[backend] = run_one(python, work, backend, args.timeout)
-            rtol = F64_RTOL if spec.chaotic else F32_RTOL
-            r = verdict(runs.get("taichi"), runs["difftape"], spec, rtol)
-            if spec.chaotic and r["verdict"] == "differs":
-                # Is the difference more than rounding amplified by the scene? Ask Taichi how
-                # far its own output moves when its random inputs move by one ulp.
-                work, _ = prepare(checkout, root, "taichi_nudged", name, spec, args.iters,
-                                  not args.fast_math)
-                nudged = run_one(args.taichi_python, work, "taichi", args.timeout, nudge=True)
-                r["taichi_nudged_seconds"] = round(nudged.seconds, 1)
-                if nudged.rc == 0 and not nudged.timed_out:
-                    ta, da, na = (result_lines(x.stdout, spec)
-                                  for x in (runs["taichi"], runs["difftape"], nudged))
-                    c = within_chaos(ta, da, na, rtol)
-                    r["taichi_1ulp_rel_spread"] = c.spread
-                    if c.agree:
-                        r["verdict"] = "agrees within chaos"
-                        r["detail"] = (
-                            f"equal to rtol up to value {c.horizon}, where a 1-ulp nudge of "
-                            f"Taichi's random inputs moves Taichi itself; {c.unjudged} values "
-                            f"after it not judged (Taichi's own 1-ulp spread {c.spread:.1e}, "
-                            f"difftape vs Taichi {r['max_rel_diff']:.1e})")
-                    else:
-                        r["detail"] += f"; against Taichi's own 1-ulp spread: {c.outside}"
-            r["precision"] = ("f64" + ("" if args.fast_math else " strict")) if spec.chaotic \
-                else "f32"
-            if "taichi" not in runs:
-                r["detail"] += " (Taichi not run: difftape stopped with an error)"
-            r["output"] = {b: run.stdout[-3000:] for b, run in runs.items()}
-            r["stderr_tail"] = {b: run.stderr_tail[-1500:] for b, run in runs.items()}
-            examples[name] = r
-            print(f"{name}: {r['verdict']} ({r['taichi_seconds']}s / {r['difftape_seconds']}s) "
-                  f"{r.get('detail', '')[:160]}", flush=True)
-    finally:
-        if args.keep:
-            print(f"temporary copies kept: {root}")
-        else:
-            shutil.rmtree(root, ignore_errors=True)
 
-    def git(*a: str) -> str:
-        return subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    def one(name: str, root: Path) -> dict:
+        if name in NOT_RUN or name not in EXAMPLES:
+            return {"verdict": "not run", "detail": NOT_RUN.get(name, "not listed in EXAMPLES")}
+        spec = EXAMPLES[name]
+        runs: dict[str, Run] = {}
+        for backend, python in (("difftape", args.difftape_python),
+                                ("taichi", args.taichi_python)):
+            if backend == "taichi" and not args.always_baseline and failed_fast(
+                    runs["difftape"]):
+                continue  # difftape stopped with an error: Taichi's output is not needed
+            work, _ = prepare(checkout, root, backend, name, spec, args.iters,
+                              not args.fast_math)
+            runs[backend] = run_one(python, work, backend, args.timeout)
+        rtol = F64_RTOL if spec.chaotic else F32_RTOL
+        r = verdict(runs.get("taichi"), runs["difftape"], spec, rtol)
+        if spec.chaotic and r["verdict"] == "differs":
+            # Is the difference more than rounding amplified by the scene? Ask Taichi how
+            # far its own output moves when its random inputs move by one ulp.
+            work, _ = prepare(checkout, root, "taichi_nudged", name, spec, args.iters,
+                              not args.fast_math)
+            nudged = run_one(args.taichi_python, work, "taichi", args.timeout, nudge=True)
+            r["taichi_nudged_seconds"] = round(nudged.seconds, 1)
+            if nudged.rc == 0 and not nudged.timed_out:
+                ta, da, na = (result_lines(x.stdout, spec)
+                              for x in (runs["taichi"], runs["difftape"], nudged))
+                c = within_chaos(ta, da, na, rtol)
+                r["taichi_1ulp_rel_spread"] = c.spread
+                if c.agree:
+                    r["verdict"] = "agrees within chaos"
+                    r["detail"] = (
+                        f"equal to rtol up to value {c.horizon}, where a 1-ulp nudge of "
+                        f"Taichi's random inputs moves Taichi itself; {c.unjudged} values "
+                        f"after it not judged (Taichi's own 1-ulp spread {c.spread:.1e}, "
+                        f"difftape vs Taichi {r['max_rel_diff']:.1e})")
+                else:
+                    r["detail"] += f"; against Taichi's own 1-ulp spread: {c.outside}"
+        r["precision"] = ("f64" + ("" if args.fast_math else " strict")) if spec.chaotic \
+            else "f32"
+        if "taichi" not in runs:
+            r["detail"] += " (Taichi not run: difftape stopped with an error)"
+        r["output"] = {b: run.stdout[-3000:] for b, run in runs.items()}
+        r["stderr_tail"] = {b: run.stderr_tail[-1500:] for b, run in runs.items()}
+        return r
 
-    tver = subprocess.run(
-        [args.taichi_python, "-c", "import taichi; print('.'.join(map(str, taichi.__version__)))"],
-        capture_output=True, text=True).stdout.strip().splitlines()
-    report = {"meta": {"date": datetime.datetime.now().isoformat(timespec="seconds"),
-                       "difftape_rev": git("rev-parse", "--short", "HEAD")
-                       + ("+dirty" if git("status", "--porcelain", "kernels") else ""),
-                       "taichi_version": tver[-1] if tver else "?", "iters": args.iters,
-                       "fast_math": args.fast_math,
-                       "checkout": str(checkout)},
-              "examples": examples}
-    output.with_suffix(".json").write_text(json.dumps(report, indent=1))
-    md = markdown(report)
-    output.with_suffix(".md").write_text(md)
-    print(md)
-    return 0
+    return run_all(args, names, one, {"iters": args.iters, "fast_math": args.fast_math,
+                                      "checkout": str(checkout)}, markdown, "difftaichi_")
 
 
 if __name__ == "__main__":

@@ -66,12 +66,7 @@ def run(python: str, checkout: Path, root: Path, backend: str, name: str, iters:
         timeout: float, nudge: bool = False) -> tuple[Path, difftaichi.Run]:
     spec = difftaichi.EXAMPLES[name]
     label = backend + ("-nudged" if nudge else "")
-    work, _ = difftaichi.prepare(checkout, root / label, backend, name, spec, iters)
-    runner = work / "_run_example.py"
-    text = runner.read_text()
-    if "ti.GUI = _noop.NoGUI\n" not in text:
-        raise RuntimeError("bench/difftaichi.py's runner changed: update gui_frames.py")
-    runner.write_text(text.replace("ti.GUI = _noop.NoGUI\n", ""))
+    work, _ = difftaichi.prepare(checkout, root / label, backend, name, spec, iters, gui="real")
     result = difftaichi.run_one(python, work, backend, timeout, nudge=nudge)
     if result.rc != 0:
         raise RuntimeError(f"{label} run of {name} failed ({result.rc}):\n{result.stderr_tail}")

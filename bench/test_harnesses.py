@@ -19,6 +19,8 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
 import difftaichi  # noqa: E402
+import program_runs  # noqa: E402
+import taichi_examples  # noqa: E402
 import taichi_suite  # noqa: E402
 
 TAICHI_PYTHON = Path("/work/tivenv/bin/python")
@@ -160,8 +162,7 @@ def test_difftaichi_nudge_moves_random_draws_one_ulp(tmp_path):
                       "print(repr(np.random.randn()), repr(random.random()), "
                       "repr(float(np.random.rand(3)[2])))\n")
     (tmp_path / "taichi.py").write_text("def init(**kwargs):\n    pass\n")  # a stand-in
-    (tmp_path / "_run_example.py").write_text(difftaichi.RUNNER.format(
-        headless=str(difftaichi.COMPAT / "headless"), script=str(script), argv=[], init={}))
+    program_runs.write_runner(tmp_path, "taichi", script, [], {})
     outs = []
     for nudge in ({}, {"DIFFTAICHI_NUDGE": "1"}):
         env = {k: v for k, v in os.environ.items() if k != "DIFFTAICHI_NUDGE"} | nudge
@@ -190,6 +191,110 @@ def test_difftaichi_chaotic_scenes_init_without_fast_math(tmp_path, chaotic, str
     p = subprocess.run([sys.executable, "_run_example.py"], cwd=work, capture_output=True,
                        text=True, check=True)
     assert p.stdout.strip() == want
+
+
+def _frames(*arrays):
+    return [[("gui.circles", {"0": a, "radius": 1.5})] for a in arrays]
+
+
+def test_examples_compare_reports_the_first_differing_element():
+    a = np.linspace(0, 1, 12, dtype=np.float32).reshape(6, 2)
+    assert not taichi_examples.compare_frames(_frames(a), _frames(a * (1 + 1e-5)), "exact",
+                                              None).where
+    off = a.copy()
+    off[4, 1] += 0.05
+    d = taichi_examples.compare_frames(_frames(a, a), _frames(a, off), "exact", None)
+    assert d.where.startswith("frame 1, call 0 gui.circles, argument 0, index [4, 1]")
+    assert "1 of 12 elements differ" in d.where
+    # a chaotic scene judged on its first frame: later values are not held, shapes are
+    assert not taichi_examples.compare_frames(_frames(a, a), _frames(a, off), "exact", 1).where
+    assert "(6, 2) (Taichi) vs ndarray (3, 2)" in taichi_examples.compare_frames(
+        _frames(a, a), _frames(a, a[:3]), "exact", 1).where
+    img = np.full((4, 4, 3), 200, np.uint8)
+    assert not taichi_examples.compare_frames(_frames(img), _frames(img + 1), "exact", None).where
+    assert taichi_examples.compare_frames(_frames(img), _frames(img + 2), "exact", None).where
+    more = [[("gui.circles", {"0": a}), ("gui.lines", {"0": a})]]
+    assert "gui.lines" in taichi_examples.compare_frames(_frames(a), more, "exact", None).where
+
+
+def test_examples_compare_rows_appended_in_any_order_and_written_files():
+    a = np.arange(12.0).reshape(6, 2)
+    b = np.arange(6.0)
+    perm = [3, 0, 5, 1, 4, 2]
+    ta = [[("gui.triangles", {"0": a, "1": b, "color": 7})]]
+    da = [[("gui.triangles", {"0": a[perm], "1": b[perm], "color": 7})]]
+    assert taichi_examples.compare_frames(ta, da, "exact", None).where
+    assert not taichi_examples.compare_frames(ta, da, "exact", None, unordered=True).where
+    broken = [[("gui.triangles", {"0": a[perm], "1": b, "color": 7})]]  # rows torn apart
+    assert taichi_examples.compare_frames(ta, broken, "exact", None, unordered=True).where
+    d = taichi_examples.Diff()
+    taichi_examples.compare_files({"m.ply": b"ply 1.5 2\n"}, {"m.ply": b"ply 1.5000001 2\n"},
+                                  "exact", d)
+    assert not d.where and d.values == 2  # 1.5 and 2 (1.5000001 within RTOL)
+    taichi_examples.compare_files({"m.ply": b"ply 1.5 2\n"}, {"m.ply": b"ply 1.6 2\n"},
+                                  "exact", d)
+    assert d.where.startswith("file m.ply: line 1: Taichi 1.5 / difftape 1.6")
+    d = taichi_examples.Diff()
+    taichi_examples.compare_files({"a.bin": b"\x00\x01"}, {"b.bin": b""}, "exact", d)
+    assert "files written" in d.where
+
+
+def test_examples_compare_random_states_by_distribution():
+    rng = np.random.default_rng(1)
+    a, b = rng.random((4000, 2)), rng.random((4000, 2))
+    assert not taichi_examples.compare_frames(_frames(a), _frames(b), "distribution", None).where
+    d = taichi_examples.compare_frames(_frames(a), _frames(b + [0, 0.05]), "distribution", None)
+    assert "component 1: mean" in d.where
+    assert taichi_examples.mode(taichi_examples.Spec(), "x[i] = ti.random() * 2") \
+        == "distribution"
+    assert taichi_examples.mode(taichi_examples.Spec(judged=2), "x[i] = 2") == "first 2 frames"
+
+
+def test_examples_recording_gui_keeps_what_each_frame_draws(tmp_path):
+    script = tmp_path / "ex.py"
+    script.write_text(textwrap.dedent("""
+        import numpy as np
+        import taichi as ti
+        ti.init(arch=ti.gpu)
+        pos = np.zeros((3, 2))
+        gui = ti.GUI("x", res=(64, 32))
+        while gui.running:
+            pos += 1
+            gui.circles(pos, radius=2, color=0xFF0000)
+            gui.text(f"frame {gui.frame}", (0, 1))
+            gui.show()
+            if gui.frame == 3:
+                break
+        print("loop ended", ti.GUI.ESCAPE != ti.GUI.SPACE)
+        window = ti.ui.Window("w", (8, 8))
+        scene, camera = window.get_scene(), ti.ui.Camera()
+        camera.position(0, 1, 2)
+        for i in range(100):  # never looks at window.running: ended by the frame limit
+            scene.set_camera(camera)
+            scene.particles(pos * i, radius=0.1)
+            window.get_canvas().set_image(np.full((2, 2), i, np.float32))
+            window.show()
+    """))
+    (tmp_path / "taichi.py").write_text(  # a stand-in backend: what ti.init gets
+        "cpu, gpu = 'cpu', 'gpu'\ndef init(**kwargs):\n    print(sorted(kwargs.items()))\n")
+    program_runs.write_runner(tmp_path, "taichi", script, [], {"fast_math": False},
+                              gui="record", frames=5, record=str(tmp_path / "_frames.pkl"))
+    p = subprocess.run([sys.executable, "_run_example.py"], cwd=tmp_path, capture_output=True,
+                       text=True)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split("\n")[:2] == ["[('arch', 'cpu'), ('fast_math', False)]",
+                                        "loop ended True"]
+    frames = taichi_examples.load_frames(tmp_path)
+    assert len(frames) == 5
+    assert [c for c, _ in frames[0]] == ["gui.GUI", "gui.circles", "gui.text"]
+    assert frames[0][1][1]["0"].tolist() == [[1, 1]] * 3  # taken at the call, not at the end
+    assert frames[2][0][1]["0"].tolist() == [[3, 3]] * 3
+    assert frames[2][1][1]["0"] == "frame 2" and frames[2][1][1]["1"].tolist() == [0, 1]
+    assert [c for c, _ in frames[4]] == ["scene.set_camera", "scene.particles",
+                                         "canvas.set_image"]
+    assert frames[4][0][1]["position"].tolist() == [0, 1, 2]
+    assert frames[4][1][1]["0"].tolist() == [[3, 3]] * 3  # i = 1
+    assert frames[4][2][1]["0"].tolist() == [[1, 1], [1, 1]]
 
 
 @pytest.mark.bench

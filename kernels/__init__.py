@@ -32,6 +32,7 @@ from .errors import (  # noqa: E402
     KernelTypeError,
     MediaError,
     OptionError,
+    OutOfMemoryError,
     ShapeError,
     SolverError,
     TaichiAssertionError,

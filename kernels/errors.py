@@ -198,6 +198,11 @@ class ShapeError(DifftapeError, ValueError):
     """Array shapes do not match (e.g. ``from_numpy`` with the wrong shape)."""
 
 
+class OutOfMemoryError(DifftapeError, MemoryError):
+    """Storage larger than this machine can give: a field (difftape stores every field
+    densely, a sparse one at its full capacity) or an ndarray."""
+
+
 class SolverError(DifftapeError, RuntimeError):
     """A ``ti.linalg`` factorisation or solve that cannot give the right answer: the matrix is
     singular, or not symmetric / positive definite as the chosen solver requires (Taichi

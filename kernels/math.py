@@ -238,3 +238,60 @@ def _refract(x, n, eta):
     if k >= 0.0:
         result = eta * x - (eta * dxn + sqrt(k)) * n
     return result
+
+
+# ---------------------------------------------------------------- complex numbers as 2-vectors
+# Taichi's ti.math complex helpers: z = vec2(real, imaginary); the multivalued ones (csqrt,
+# cpow, clog) take the principal branch, arg z in (-pi, pi] (atan2), and map 0 to 0.
+
+
+def cmul(z1, z2):
+    """The complex product ``z1 * z2``."""
+    return vec2(z1[0] * z2[0] - z1[1] * z2[1], z1[0] * z2[1] + z1[1] * z2[0])
+
+
+def cconj(z):
+    """The complex conjugate of ``z``."""
+    return vec2(z[0], -z[1])
+
+
+def cdiv(z1, z2):
+    """The complex quotient ``z1 / z2``."""
+    return cmul(z1, cconj(z2)) / z2.dot(z2)
+
+
+def cinv(z):
+    """The complex reciprocal ``1 / z``."""
+    return cconj(z) / z.dot(z)
+
+
+def cexp(z):
+    """``e ** z``."""
+    return exp(z[0]) * vec2(cos(z[1]), sin(z[1]))
+
+
+def clog(z):
+    """The principal logarithm of ``z``: ``(log |z|, arg z)``."""
+    return vec2(log(z.norm()), atan2(z[1], z[0]))
+
+
+@_func
+def cpow(z, n):
+    """``z ** n`` for a real exponent ``n`` (principal branch; ``0 ** n`` is 0)."""
+    result = vec2(0.0, 0.0)
+    if z[0] != 0.0 or z[1] != 0.0:
+        r = pow(z.norm(), n)
+        angle = atan2(z[1], z[0]) * n
+        result = r * vec2(cos(angle), sin(angle))
+    return result
+
+
+@_func
+def csqrt(z):
+    """The principal square root of ``z`` (``sqrt(0)`` is 0)."""
+    result = vec2(0.0, 0.0)
+    if z[0] != 0.0 or z[1] != 0.0:
+        r = sqrt(z.norm())
+        angle = atan2(z[1], z[0]) * 0.5
+        result = r * vec2(cos(angle), sin(angle))
+    return result

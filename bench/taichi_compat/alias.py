@@ -26,7 +26,10 @@ nothing to the language. What it does:
   CPU), ``taichi.lang.util.has_pytorch/has_paddle/has_clangpp`` (False), ``to_numpy_type``,
   ``taichi.lang.exception`` (the mapping above) and ``taichi.lang.impl.current_cfg()`` (a view
   of difftape's ``ti.init`` configuration: arch, default_fp, default_ip, debug),
-  ``taichi.lang.impl.get_runtime().prog.get_total_compilation_time()``; names in
+  ``taichi.lang.impl.get_runtime().prog.get_total_compilation_time()``,
+  ``taichi._lib.core.with_cuda()`` (whether difftape can run CUDA here) and
+  ``with_vulkan()``, ``with_metal()`` ... (False: difftape has no such backend), which Taichi's
+  examples ask to choose an arch, and ``GGUI_AVAILABLE`` (whether ``ti.ui`` exists); names in
   ``taichi.lang.*`` that difftape has at top level (``static``, ``loop_unique``...) are
   forwarded.
 """
@@ -133,6 +136,13 @@ def _to_numpy_type(dtype):
     return np.dtype(dtype.np).type if hasattr(dtype, "np") else np.dtype(dtype).type
 
 
+def _with_cuda() -> bool:
+    """``taichi._lib.core.with_cuda()``: whether difftape can run CUDA here."""
+    from difftape.runtime import cuda
+
+    return cuda.why_unavailable() is None
+
+
 def _make_shims() -> dict[str, _types.ModuleType]:
     false = lambda: False  # noqa: E731
     shims = {
@@ -148,6 +158,12 @@ def _make_shims() -> dict[str, _types.ModuleType]:
     }
     lang = _internals_module("taichi.lang", {k.rsplit(".", 1)[1]: m for k, m in shims.items()})
     shims["taichi.lang"] = lang
+    core = {f"with_{b}": false for b in ("vulkan", "metal", "opengl", "gles", "amdgpu", "dx11",
+                                          "dx12")}
+    core["with_cuda"] = _with_cuda
+    core["GGUI_AVAILABLE"] = hasattr(_dt, "ui")  # ti.ui exists (examples pick it or ti.GUI)
+    shims["taichi._lib.core"] = _internals_module("taichi._lib.core", core)
+    shims["taichi._lib"] = _internals_module("taichi._lib", {"core": shims["taichi._lib.core"]})
     return shims
 
 
@@ -160,6 +176,10 @@ class _Finder(_abc.MetaPathFinder, _abc.Loader):
     def find_spec(self, fullname, path=None, target=None):
         if not fullname.startswith("taichi."):
             return None
+        parent = _sys.modules.get(fullname.rpartition(".")[0])
+        if parent is not None and parent.__name__ != "taichi" and getattr(
+                getattr(parent, "__spec__", None), "loader", None) is not self:
+            return None  # a package put under taichi.* by someone else: its own path finds it
         module = self._resolve(fullname)
         spec = _machinery.ModuleSpec(fullname, self,
                                               is_package=hasattr(module, "__path__"))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 import functools
 import itertools
+import math
 import numbers
 import operator
 import warnings
@@ -26,6 +27,7 @@ from ..errors import (
     KernelRuntimeError,
     KernelSyntaxError,
     KernelTypeError,
+    OutOfMemoryError,
     ShapeError,
     user_line,
 )
@@ -110,8 +112,17 @@ class Field(ArrayExchange):
     # ------------------------------------------------------------------ allocation
     def _allocate(self, shape) -> None:
         self._shape = shape = checked_shape(shape)
-        self._storage = self._program.allocator.storage(shape + self.element_shape,
-                                                        self.dtype.np)
+        try:
+            self._storage = self._program.allocator.storage(shape + self.element_shape,
+                                                            self.dtype.np)
+        except MemoryError:
+            gib = math.prod(shape + self.element_shape) * self.dtype.np.itemsize / 2**30
+            raise OutOfMemoryError(
+                f"{self._label()}: shape {shape} of {self.dtype} needs {gib:.3g} GiB, more "
+                "memory than there is. difftape stores every field densely, one under a "
+                "pointer, bitmasked or dynamic SNode at its full capacity (Taichi allocates "
+                "sparse blocks as they are activated): make the field or the SNode's "
+                "capacity smaller") from None
         if self.role == "primal":
             self._program.fields[self.id] = self
             if self in self._program.unplaced:

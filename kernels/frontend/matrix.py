@@ -659,7 +659,7 @@ class Vector(Matrix):
 
     @staticmethod
     def unit(n: int, i: int, dt=None) -> Vector:
-        dt = dt or float
+        dt = dt or int  # as in Taichi: an integer vector unless asked
         return Matrix._from_entries([ops.cast(1 if k == i else 0, dt) for k in range(n)],
                                     n, 1, 1)
 
@@ -754,6 +754,10 @@ def _static(x) -> bool:
 
 
 def _coerce(o):
+    """A list/tuple (nested: rows) or a 1-D/2-D NumPy array as a vector/matrix operand (as
+    Taichi takes them); anything else unchanged."""
+    if isinstance(o, np.ndarray) and o.ndim in (1, 2) and o.size:
+        o = o.tolist()
     if isinstance(o, list | tuple):
         return Matrix(o) if o and isinstance(o[0], list | tuple) else Vector(list(o))
     return o

@@ -278,31 +278,37 @@ def _list_field(node: SNode, what: str) -> Field:
         raise bld.error(f"{what}: {node!r} is not a dynamic SNode")
     if len(node.fields) != 1:
         raise bld.error(f"{what}: the dynamic SNode holds {len(node.fields)} fields; appending "
-                        "needs exactly one (place one field, or a vector field, per list)")
+                        "needs exactly one (place one field, or a vector field, per list; a "
+                        "struct field's list appends with x.append(struct))")
     return node.fields[0]
 
 
-def _struct_list(node: SNode, target) -> Field:
-    """The first member field of struct field ``target`` whose members make up the list
-    ``node`` (one element of the list is one struct)."""
-    leaves = target.leaf_fields()
-    if {id(f) for f in leaves} != {id(f) for f in node.fields}:
-        raise _b.require().error(f"append: the dynamic SNode holds {len(node.fields)} fields, "
-                                 f"not just the {len(leaves)} members of struct field "
-                                 f"{target.name}; place the struct field alone in it")
-    return leaves[0]
+def _entries(target, value) -> list[tuple[Field, object]]:
+    """(field, its value): ``target`` a field, or each member field of a struct field with
+    the value's member of that name."""
+    if not isinstance(target, _field.StructField):
+        return [(target, value)]
+    out = []
+    for k, f in target.field_dict.items():
+        out += _entries(f, value[k] if isinstance(value, dict) else getattr(value, k))
+    return out
 
 
-def append(node, indices, value, target=None):
+def append(node, indices, value):
     """``ti.append(snode, I, v)``: append ``v`` to the list ``snode[I]``; returns the position
-    it took (the old length). Appending to a full list raises KernelAssertionError.
-    ``target``: a struct field whose members are the list's fields (``x[i].append(s)`` of a
-    struct field x): ``v`` is one struct, written member by member."""
-    bld = _kernel_only("append")
+    it took (the old length). Appending to a full list raises KernelAssertionError."""
+    _kernel_only("append")
     node = _node(node, "ti.append")
-    x = _list_field(node, "ti.append") if target is None else _struct_list(node, target)
+    x = _list_field(node, "ti.append")
+    return _append(node, indices, [(x, value)], x._label())
+
+
+def _append(node: SNode, indices, entries: list[tuple[Field, object]], label: str):
+    """Append one element to the list ``node[indices]``: each (field, value) of ``entries``
+    stored at the position the list's counter gives (one position for all of them)."""
+    bld = _kernel_only("append")
     if bld.adjoint:
-        raise bld.error(f"cannot differentiate ti.append to {x._label()}: the position comes "
+        raise bld.error(f"cannot differentiate ti.append to {label}: the position comes "
                         "from an atomic counter; append in a kernel outside the Tape",
                         GradientRuleError)
     ops = _ops()
@@ -314,16 +320,14 @@ def append(node, indices, value, target=None):
         for lvl, imap in node.activity_terms():
             if lvl is not node:
                 _activate_level(lvl, level_index(idx, imap))
-        at = tuple(_x_index(x, node, par, k))
-        if target is None:
-            assign(kernel_element(x.buffer(), at), _coerce(value))
-        else:
-            assign(target[at], value)
+        for x, value in entries:
+            assign(kernel_element(x.buffer(), tuple(_x_index(x, node, par, k))),
+                   _coerce(value))
     fits = ops.binary("lt", k, node.sizes[0])
     # Storage is dense: a list cannot grow past its declared size (Taichi's can); say so
     # rather than drop the value.
     bld.emit("assert", None, (fits.stmt,),
-             f"ti.append: the list of {x._label()} is full (dynamic SNode of size "
+             f"ti.append: the list of {label} is full (dynamic SNode of size "
              f"{node.sizes[0]}); declare a larger size"
              + (bld.loc.where(bld.kernel_name) if bld.loc else ""))
     bld.emit("if", None, (fits.stmt,), None, (then, []))
@@ -357,22 +361,33 @@ def length(node, indices):
 
 class DynamicRow:
     """``x[i]`` of a field in a dynamic SNode, one index short: the list, with ``append``,
-    ``length`` and ``deactivate`` as in Taichi."""
+    ``length`` and ``deactivate`` as in Taichi. ``x`` may be a struct field placed in the
+    list (its members share the positions)."""
 
     def __init__(self, field, par: list) -> None:
-        self.field = field  # a Field, or a StructField whose members are in the list
+        self.field = field
         self.par = par
-        self.struct = hasattr(field, "leaf_fields")
-        self.node = (field.leaf_fields()[0] if self.struct else field).parent()
+        self.node = _list_node(field)
 
     def append(self, value):
-        return append(self.node, self.par, value, self.field if self.struct else None)
+        if isinstance(self.field, Field):
+            return append(self.node, self.par, value)
+        return _append(self.node, self.par, _entries(self.field, value), self.field.name)
 
     def length(self):
         return length(self.node, self.par)
 
     def deactivate(self) -> None:
         deactivate(self.node, self.par)
+
+
+def _list_node(x) -> SNode | None:
+    """The dynamic SNode a field, or every member of a struct field, is placed in (else
+    None)."""
+    if isinstance(x, Field):
+        return x._dynamic()
+    nodes = {f._dynamic() for f in x.leaf_fields()}
+    return nodes.pop() if len(nodes) == 1 else None
 
 
 def dynamic_row(field, key) -> DynamicRow | None:
@@ -388,10 +403,12 @@ def dynamic_row(field, key) -> DynamicRow | None:
     return DynamicRow(field, list(key))
 
 
-def dynamic_op(field: Field, op: str, par: tuple, *args):
-    """``x.append(v)`` / ``x.length()`` / ``x.deactivate()`` of a field in a 1-D list."""
-    if field._dynamic() is None:
-        raise DifftapeError(f"{field._label()}.{op}(): the field is not in a dynamic SNode")
+def dynamic_op(field, op: str, par: tuple, *args):
+    """``x.append(v)`` / ``x.length()`` / ``x.deactivate()`` of a field (or a struct field)
+    in a 1-D list."""
+    if _list_node(field) is None:
+        label = field._label() if isinstance(field, Field) else field.name
+        raise DifftapeError(f"{label}.{op}(): the field is not in a dynamic SNode")
     _kernel_only(op)
     row = DynamicRow(field, list(par))
     return getattr(row, op)(*args)

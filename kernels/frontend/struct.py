@@ -197,7 +197,8 @@ class Struct:
     @classmethod
     def field(cls, members: dict, methods: dict | None = None, shape=None,
               name: str = "<Struct>", offset=None, needs_grad: bool = False,
-              needs_dual: bool = False, layout=None) -> StructField:
+              needs_dual: bool = False, layout=None,
+              stype: StructType | None = None) -> StructField:
         """``ti.Struct.field({"a": ti.f32, "v": vec3}, shape=n)``: one field per member
         (nested structs: struct fields), placed together when ``shape`` is given, from
         ``offset`` if given (see ``Field.offset``). ``layout`` is Taichi's memory layout
@@ -215,7 +216,7 @@ class Struct:
             else:
                 fields[k] = make_field(dt, None, needs_grad=needs_grad, needs_dual=needs_dual,
                                        name=f"{name}.{k}")
-        sf = StructField(fields, methods or {}, name)
+        sf = StructField(fields, methods or {}, name, stype)
         if shape is not None:  # placed here with the .grad/.dual asked for
             shape = (shape,) if isinstance(shape, numbers.Integral) else tuple(shape)
             companions = [c for c, need in ((sf.grad, needs_grad), (sf.dual, needs_dual))
@@ -342,7 +343,7 @@ class StructType:
     def field(self, shape=None, needs_grad: bool = False, needs_dual: bool = False,
               name: str = "<Struct>", **kw) -> StructField:
         return Struct.field(self.members, self.methods, shape=shape, name=name,
-                            needs_grad=needs_grad, needs_dual=needs_dual, **kw)
+                            needs_grad=needs_grad, needs_dual=needs_dual, stype=self, **kw)
 
     def leaves(self, prefix: str = "") -> list[tuple[str, Any]]:
         """(path, dtype) of every scalar, in member order: ``a``, ``v[0]``, ``s.b``..."""
@@ -405,17 +406,24 @@ def dataclass(cls) -> StructType:
 # --------------------------------------------------------------------------- struct fields
 
 
+_LIST_METHODS = ("append", "length", "deactivate")
+
+
 class StructField:
     """A field of structs: one field per member (``x.a`` is the member field), so
     ``x[i].a`` and ``x.a[i]`` are the same element. ``to_numpy``/``from_numpy`` take dicts
     of arrays; ``.grad``/``.dual`` are struct fields of the members' ``.grad``/``.dual``."""
 
-    def __init__(self, fields: dict, methods: dict, name: str = "<Struct>") -> None:
+    def __init__(self, fields: dict, methods: dict, name: str = "<Struct>",
+                 stype: StructType | None = None) -> None:
         self.field_dict = fields
         self.struct_methods = methods
         self.name = name
+        self.struct_type = stype  # its elements' type, when made by a ti.types.struct
         for k, f in fields.items():
-            if k not in type(self).__dict__ and not hasattr(StructField, k):
+            # a member shadows the list methods (as Taichi's instance attributes do), not the
+            # properties
+            if k in _LIST_METHODS or k not in type(self).__dict__ and not hasattr(StructField, k):
                 setattr(self, k, f)
 
     @property
@@ -460,7 +468,7 @@ class StructField:
         comps = {k: getattr(f, role) for k, f in self.field_dict.items()}
         if any(c is None for c in comps.values()):
             return None
-        return StructField(comps, self.struct_methods, f"{self.name}.{role}")
+        return StructField(comps, self.struct_methods, f"{self.name}.{role}", self.struct_type)
 
     @property
     def grad(self) -> StructField | None:
@@ -480,7 +488,7 @@ class StructField:
         else:
             entries = {k: _HostSlot(f, key) if isinstance(f, Field) and not f.element_shape
                        else f[key] for k, f in self.field_dict.items()}
-        return Struct._make(entries, self.struct_methods)
+        return Struct._make(entries, self.struct_methods, self.struct_type)
 
     def __setitem__(self, key, value) -> None:
         element = self[key]
@@ -505,6 +513,17 @@ class StructField:
             raise TypeError("copy_from needs a struct field with the same members")
         for k, f in self.field_dict.items():
             f.copy_from(other.field_dict[k])
+
+    # ``x.append(s)``, ``x.length()``, ``x.deactivate()`` of a struct field placed in a 1-D
+    # dynamic SNode: a list of structs
+    def append(self, value):
+        return _field.dynamic_op(self, "append", (), value)
+
+    def length(self):
+        return _field.dynamic_op(self, "length", ())
+
+    def deactivate(self):
+        return _field.dynamic_op(self, "deactivate", ())
 
     def fill(self, value) -> None:
         """Every member of every element set to ``value`` (in a kernel: loops run at each

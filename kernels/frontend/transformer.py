@@ -519,6 +519,11 @@ class FunctionTransformer:
                 raise self.bld.error(f"'{self.name}' is annotated to return {len(ann)} values "
                                      f"but returns {got}")
             return tuple(self._convert_return(v, a) for v, a in zip(value, ann, strict=True))
+        if not self.real and isinstance(value, Matrix) and \
+                _annotation_kind(ann, f"the return of func '{self.name}'") == "scalar":
+            # Taichi's (inlined) func casts its value to a scalar annotation's dtype, a
+            # vector/matrix element by element
+            return ops.cast(value._values(), ops.resolve_dtype(ann))
         return _convert_to_annotation(self.bld, value, ann, f"the return value of '{self.name}'")
 
     def _func_return(self, value, has_value: bool) -> None:
@@ -697,7 +702,10 @@ class FunctionTransformer:
         self.assign(node.target, value)
 
     def _store(self, what: str, var, value) -> None:
-        """Store ``value`` into the variable (or vector/matrix/struct of places) ``var``."""
+        """Store ``value`` into the variable (or vector/matrix/struct of places) ``var``; a
+        list into a vector/matrix variable is that vector/matrix (as in Taichi)."""
+        if isinstance(var, Matrix) and isinstance(value, list | tuple):
+            value = _coerce(value)
         if isinstance(var, Matrix) and not isinstance(value, Matrix):
             raise self.bld.error(f"{what} is a vector/matrix; cannot assign a scalar to it")
         if isinstance(var, Struct) and isinstance(value, dict):
@@ -1228,6 +1236,11 @@ class FunctionTransformer:
             value.name = node.id  # name unnamed fields after the user's variable, for messages
         return value
 
+    def expr_NamedExpr(self, node: ast.NamedExpr):
+        """``(name := value)``: binds ``name`` as ``name = value`` would, and is its value."""
+        self.assign(node.target, _materialize(self.eval(node.value)))
+        return self.lookup(node.target.id)
+
     def expr_Attribute(self, node: ast.Attribute):
         obj = self.eval(node.value)
         try:
@@ -1351,10 +1364,17 @@ class FunctionTransformer:
                     "explicitly, e.g. `x != 0 and y > 0.5`")
 
     def expr_Compare(self, node: ast.Compare):
-        left = _as_value(self.eval(node.left))
+        left = self.eval(node.left)
         result = None
         for op, comp in zip(node.ops, node.comparators, strict=True):
-            right = _as_value(self.eval(comp))
+            right = self.eval(comp)
+            if type(op) in _PY_COMPARE and _constant_sequence(left) and _constant_sequence(right):
+                # two compile-time lists (shapes: `a.element_shape() == [2]`): Python's ==
+                r = _PY_COMPARE[type(op)](left, right)
+                result = r if result is None else ops.binary("logical_and", result, r)
+                left = right
+                continue
+            left, right = _as_value(left), _as_value(right)
             if isinstance(op, ast.Is | ast.IsNot):
                 # As Taichi: identity of kernel values has no meaning (each use is a new
                 # value); compare values with ==, or objects in Python before the kernel.
@@ -1637,6 +1657,12 @@ def _paired_entries(a, b) -> list[tuple]:
     return list(zip(ea, eb, strict=True))
 
 
+def _constant_sequence(x) -> bool:
+    """A list/tuple of Python numbers only (nothing computed in the kernel)."""
+    return isinstance(x, list | tuple) and not isinstance(x, Matrix) and all(
+        isinstance(e, numbers.Number) and not isinstance(e, Value) for e in x)
+
+
 def _as_value(x):
     """Load places so that a value, not a place, flows on."""
     if isinstance(x, Ref):
@@ -1697,6 +1723,11 @@ class NdarrayArg:
         slot = bld.buffer_slot(self.buf)
         return tuple(Expr(bld.emit("buf_shape", T.i32, (), (slot, a)))
                      for a in range(self.field_ndim))
+
+    def element_shape(self) -> list[int]:
+        """The shape of one element (``[]`` for scalars, ``[n]`` for n-vectors, ``[n, m]``
+        for matrices), known when the kernel is compiled, as Taichi's ``element_shape()``."""
+        return [int(n) for n in self.buf.shape[self.field_ndim:]]
 
     def __getitem__(self, key):
         if not isinstance(key, tuple):
@@ -1888,7 +1919,7 @@ def _annotation_kind(ann, where: str) -> str:
         return "matrix"
     if isinstance(ann, StructType):
         return "struct"
-    if isinstance(ann, T.DType) or ann in (int, float) or (
+    if isinstance(ann, T.DType) or ann in (int, float, bool) or (
             isinstance(ann, type) and issubclass(ann, np.generic)):
         return "scalar"
     raise KernelSyntaxError(f"Invalid type annotation {ann!r} of {where}: use a dtype "

@@ -704,3 +704,10 @@ def test_cache_read_only_field_written_is_refused(ti):
 
     with pytest.raises(ti.CompileError, match="read-only in this kernel"):
         bad()
+@pytest.mark.difftape_only
+def test_a_field_larger_than_memory_is_refused_with_the_reason(ti):
+    # Taichi's oit_renderer.py example: a dynamic list per pixel, stored by difftape at its
+    # full capacity (16 TiB here); this was NumPy's MemoryError from deep inside the allocator.
+    x = ti.field(ti.f32)
+    with pytest.raises(ti.OutOfMemoryError, match=r"needs 1\.64e\+04 GiB.*dynamic SNode"):
+        ti.root.dense(ti.ij, (2**14, 2**14)).dynamic(ti.k, 2**14).place(x)

@@ -486,3 +486,47 @@ def test_real_func_and_kernel_return_a_tuple(ti, spelling):
     np.testing.assert_allclose(np.array(b.a), np.float32([100, 0.25, 3]))
     assert b.b == 65537 - 65536  # i16 wraps, as a cast in C
     assert list(c) == [7, 0]
+@pytest.mark.parametrize("decorator", [
+    pytest.param("func", marks=difftape_only),  # Taichi 1.7.4's ti.func fails on the tuple
+    "real_func"])
+def test_typing_tuple_and_bool_return_annotations(ti, decorator):
+    # Taichi's real_func examples: poisson_disk_sampling.py's find_nearest_point ->
+    # typing.Tuple[float, vec2], cornell_box.py's raycast -> bool
+    import typing
+
+    deco = getattr(ti, decorator)
+
+    @deco
+    def nearest(p: ti.math.vec2) -> typing.Tuple[float, ti.math.vec2]:  # noqa: UP006
+        return p.norm(), p * 2
+
+    @deco
+    def positive(x: ti.f32) -> bool:
+        return x > 0
+
+    @ti.kernel
+    def run(x: ti.f32) -> ti.f32:
+        d, q = nearest(ti.math.vec2(3, 4))
+        r = d + q.y
+        if positive(x):
+            r += 100
+        return r
+
+    assert run(1.0) == 113.0
+    assert run(-1.0) == 13.0
+
+
+def test_a_scalar_dtype_annotation_casts_a_returned_vector(ti):
+    # As in Taichi, a @ti.func's scalar return annotation is the dtype its value is cast to,
+    # element by element for a vector (eulerfluid2d.py: vel_with_boundary(...) -> ti.f32
+    # returns vf[i, j], a 2-vector).
+    @ti.func
+    def as_int(v) -> ti.i32:
+        return v
+
+    @ti.kernel
+    def run() -> ti.f32:
+        w = as_int(ti.Vector([1.5, 2.5]))
+        return w[1] + w[0] * 10
+
+    assert run() == 12.0

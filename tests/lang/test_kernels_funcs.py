@@ -639,3 +639,19 @@ def test_endless_func_recursion_is_refused(ti):
 
     with pytest.raises(ti.TaichiSyntaxError, match="funcs are nested more than"):
         run(3)
+def test_assignment_expression_binds_and_gives_its_value(ti):
+    # Taichi's poisson_disk_sampling.py: samples[0] = (p0 := mouse[None])
+    mouse = ti.Vector.field(2, ti.f32, shape=())
+    samples = ti.Vector.field(2, ti.f32, shape=2)
+    mouse[None] = [0.25, 0.5]
+
+    @ti.kernel
+    def start() -> ti.f32:
+        samples[0] = (p0 := mouse[None])
+        samples[1] = p0 * 2
+        if (n := 3) > 2:
+            n += 1
+        return n + p0.x
+
+    assert start() == 4.25
+    np.testing.assert_array_equal(samples.to_numpy(), [[0.25, 0.5], [0.5, 1.0]])

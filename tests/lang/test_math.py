@@ -193,3 +193,34 @@ def test_math_on_vectors_is_elementwise(ti, fp, rtol):
     run()
     want = [np.sin(a), np.exp(a) * 2, np.sqrt(np.abs(a)), np.floor(a * 3), np.maximum(a, 0.1), a**2]
     np.testing.assert_allclose(out.to_numpy(), want, rtol=4 * rtol)
+
+
+def test_complex_helpers_match_numpy(ti):
+    # Taichi's ti.math complex numbers as 2-vectors (mandelbrot_zoom.py iterates
+    # z = cmul(z, z) + c); the truth is NumPy's complex arithmetic.
+
+    vals = [complex(1.5, -0.5), complex(-2.0, 0.75), complex(0.25, 3.0)]
+    names = ["cmul", "cdiv", "cconj", "cinv", "cexp", "clog", "csqrt", "cpow"]
+    out = ti.Vector.field(2, ti.f64, shape=(len(names), len(vals)))
+
+    @ti.kernel
+    def run(a: ti.types.vector(2, ti.f64), b: ti.types.vector(2, ti.f64), j: ti.i32):
+        out[0, j] = ti.math.cmul(a, b)
+        out[1, j] = ti.math.cdiv(a, b)
+        out[2, j] = ti.math.cconj(a)
+        out[3, j] = ti.math.cinv(a)
+        out[4, j] = ti.math.cexp(a)
+        out[5, j] = ti.math.clog(a)
+        out[6, j] = ti.math.csqrt(a)
+        out[7, j] = ti.math.cpow(a, 2.5)
+
+    for j, a in enumerate(vals):
+        b = vals[(j + 1) % len(vals)]
+        run(ti.Vector([a.real, a.imag]), ti.Vector([b.real, b.imag]), j)
+    got = out.to_numpy()
+    for j, a in enumerate(vals):
+        b = vals[(j + 1) % len(vals)]
+        want = [a * b, a / b, a.conjugate(), 1 / a, np.exp(a), np.log(a), np.sqrt(a), a ** 2.5]
+        for k, w in enumerate(want):
+            np.testing.assert_allclose(got[k, j], [w.real, w.imag], rtol=1e-5, atol=1e-6,
+                                       err_msg=names[k])

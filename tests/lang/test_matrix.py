@@ -600,3 +600,54 @@ def test_a_kernel_vector_written_by_index_in_a_parallel_loop(ti):
 
     for _ in range(200):
         np.testing.assert_array_equal(fill().to_numpy(), np.arange(n))
+
+
+def test_unit_vector_is_integer_by_default_and_indexes_fields(ti):
+    # Taichi's Vector.unit(n, i, dt=None) makes an int vector: mgpcg_advanced.py steps through
+    # a grid with x[I + ti.Vector.unit(dim, i)].
+    x = ti.field(ti.f32, shape=(3, 3))
+    x.from_numpy(np.arange(9, dtype=np.float32).reshape(3, 3))
+
+    @ti.kernel
+    def neighbours(i: ti.i32, j: ti.i32) -> ti.f32:
+        p = ti.Vector([i, j])
+        s = 0.0
+        for k in ti.static(range(2)):
+            e = ti.Vector.unit(2, k)
+            s += x[p + e] + x[p - e]
+        return s
+
+    assert neighbours(1, 1) == 1 + 7 + 3 + 5
+
+    @ti.kernel
+    def scaled() -> ti.f32:
+        return (ti.Vector.unit(3, 1) * 0.5).y + ti.Vector.unit(3, 2, ti.f32).z / 4
+
+    assert scaled() == 0.75
+
+
+def test_assigning_a_list_to_a_vector_variable(ti):
+    # Taichi's mciso_advanced.py: R = float(I), then R = [i + p, j] in a branch
+    out = ti.Vector.field(2, ti.f32, shape=4)
+
+    @ti.kernel
+    def fill():
+        for i in out:
+            R = float(ti.Vector([i, 1]))
+            if i % 2 == 1:
+                R = [i + 0.5, 2]
+            out[i] = R
+
+    fill()
+    np.testing.assert_array_equal(out.to_numpy(), [[0, 1], [1.5, 2], [2, 1], [3.5, 2]])
+
+
+def test_python_scope_vector_arithmetic_with_numpy_arrays(ti):
+    # As in Taichi: a NumPy operand is a vector/matrix of its values (diff_sph.py moves its
+    # camera with camera.curr_position + a NumPy array).
+    v = ti.Vector([1.0, 2.0, 3.0])
+    a = np.array([0.5, 0.25, 2.0])
+    np.testing.assert_array_equal((a + v).to_numpy(), [1.5, 2.25, 5.0])
+    np.testing.assert_array_equal((v - a).to_numpy(), [0.5, 1.75, 1.0])
+    m = ti.Matrix([[1.0, 2.0], [3.0, 4.0]])
+    np.testing.assert_array_equal((np.eye(2) * m).to_numpy(), [[1.0, 0.0], [0.0, 4.0]])

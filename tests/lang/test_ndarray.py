@@ -591,3 +591,24 @@ def test_func_ndarray_parameter_is_checked_against_its_annotation(ti):
         wrong_element(arr)
     with pytest.raises(ti.TaichiCompilationError):  # Taichi: when it is indexed
         wrong_ndim(arr)
+
+
+def test_element_shape_of_an_ndarray_argument(ti):
+    # Taichi's real_func stable_fluid_graph.py picks bilerp2 or bilerp3 by
+    # ti.static(vf.element_shape() == [2]) on an ndarray argument.
+    @ti.func
+    def kind(a: ti.template()) -> ti.i32:
+        r = 0
+        if ti.static(a.element_shape() == [2]):
+            r = 2
+        elif ti.static(a.element_shape() == [2, 3]):
+            r = 23
+        return r
+
+    @ti.kernel
+    def k(a: ti.types.ndarray(ndim=1)) -> ti.i32:
+        return kind(a) * 10 + ti.static(len(a.element_shape()))
+
+    assert k(ti.Vector.ndarray(2, ti.f32, 4)) == 21
+    assert k(ti.Matrix.ndarray(2, 3, ti.f32, 4)) == 232
+    assert k(ti.ndarray(ti.f32, 4)) == 0

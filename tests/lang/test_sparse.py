@@ -529,3 +529,41 @@ def test_append_a_struct_with_a_matrix_to_a_list(ti):
             np.testing.assert_array_equal(
                 np.array(f[i, j].b), np.array([[i * j, i * j * 2], [i * j * 3, i * j * 40]]) % 256)
             assert f[i, j].c == i * j * 5000 % 65536
+def test_one_size_serves_every_axis_of_a_node(ti):
+    # As in Taichi (SNode::create_node): a size list of one entry is that size on each axis;
+    # Taichi's mgpcg.py example builds its grid with ti.root.pointer(ti.ijk, [N // 4]).
+    x = ti.field(ti.i32)
+    ti.root.pointer(ti.ij, [2]).dense(ti.ij, [3]).place(x)
+    assert x.shape == (6, 6)
+
+    @ti.kernel
+    def fill():
+        for i, j in ti.ndrange(6, 6):
+            x[i, j] = i * 10 + j
+
+    fill()
+    np.testing.assert_array_equal(x.to_numpy(), np.add.outer(np.arange(6) * 10, np.arange(6)))
+
+
+def test_a_struct_field_in_a_dynamic_list(ti):
+    # Taichi's marching_squares.py: a struct field placed in a dynamic SNode is a list of
+    # structs, with edges.append(Edge(...)), edges.length() and edges.deactivate().
+    Edge = ti.types.struct(a=ti.math.vec2, n=ti.i32)
+    edges = Edge.field()
+    ti.root.dynamic(ti.i, 16, chunk_size=4).place(edges)
+
+    @ti.kernel
+    def build(m: ti.i32) -> ti.i32:
+        edges.deactivate()
+        for i in range(m):
+            edges.append(Edge(ti.math.vec2(i, 2 * i), i * i))
+        return edges.length()
+
+    def entries(m):
+        n, a = edges.n.to_numpy()[:m], edges.a.to_numpy()[:m]
+        return sorted((int(k), v.tolist()) for k, v in zip(n, a, strict=True))
+
+    assert build(5) == 5
+    assert entries(5) == [(i * i, [i, 2 * i]) for i in range(5)]
+    assert build(3) == 3  # the list was cleared first
+    assert entries(3) == [(i * i, [i, 2 * i]) for i in range(3)]

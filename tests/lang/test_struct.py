@@ -335,3 +335,22 @@ def test_kernel_returns_a_struct_of_its_annotated_type(ti):
     got = fine()
     np.testing.assert_array_equal(got.center.to_numpy(), [1, 2, 3])
     assert got.radius == 5.0
+
+
+def test_real_func_returns_an_element_of_a_struct_field(ti):
+    # Taichi's real_func cornell_box.py: raycast(...) -> (SDFObject, vec3, bool) returns
+    # objects[index], an element of an SDFObject struct field: a struct of that type.
+    P = ti.types.struct(a=ti.f32, v=ti.math.vec2)
+    ps = P.field(shape=3)
+    ps[1] = P(a=2.5, v=ti.math.vec2(1, 2))
+
+    @ti.real_func
+    def pick(i: ti.i32) -> P:
+        return ps[i]
+
+    @ti.kernel
+    def run() -> ti.f32:
+        p = pick(1)
+        return p.a + p.v.y
+
+    assert run() == 4.5

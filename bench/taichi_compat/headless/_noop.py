@@ -48,9 +48,10 @@ class Nothing:
         return False
 
 
-def read_png(path: str) -> np.ndarray:
-    """8-bit, non-interlaced PNG (grey, grey+alpha, RGB, RGBA) -> uint8 array (H, W[, C])."""
-    data = open(path, "rb").read()
+def read_png(path: str | bytes) -> np.ndarray:
+    """8-bit, non-interlaced PNG (grey, grey+alpha, RGB, RGBA) -> uint8 array (H, W[, C]);
+    ``path`` a file's path or the file's bytes."""
+    data = path if isinstance(path, bytes) else open(path, "rb").read()
     if data[:8] != b"\x89PNG\r\n\x1a\n":
         raise HeadlessUnavailable(f"{path}: only PNG images can be read headless")
     pos, idat, header = 8, b"", None
