@@ -56,7 +56,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ArgumentError, DifftapeError
-from . import dlpack
+from . import dlpack, program
 from .storage import BorrowedStorage, DeviceMemoryAllocator, DeviceStorage, Storage
 
 _local = threading.local()  # .streams: the caller_stream blocks of this thread, innermost last
@@ -83,8 +83,6 @@ def caller_stream(stream: Any) -> Iterator[None]:
     ``s`` was given so far, and so does each launch with a CUDA array inside; at the end of
     each such launch and of the block, ``s`` waits for ours. Nobody waits on the host. Does
     nothing on a program whose storage is host memory."""
-    from . import program
-
     handle = stream_handle(stream)
     allocator = program.get().allocator
     memory = getattr(allocator, "memory", None)
