@@ -159,6 +159,7 @@ from .frontend.transformer import (  # noqa: E402
     static_print,
 )
 from .runtime import program as _program_mod  # noqa: E402
+from .runtime.devicearrays import caller_stream  # noqa: E402
 from .runtime.log import (  # noqa: E402
     CRITICAL,
     DEBUG,

@@ -15,7 +15,10 @@ depends on the image it is given:
 Streams are deferred (the simulated grid's :class:`SimulatedStream`): nothing enqueued runs
 until the host synchronises, so a read that skips a sync point sees stale memory; copies from
 page-locked host memory read it when the stream runs them, copies from pageable memory when
-they are called, as the real driver does.
+they are called, as the real driver does. A stream waits for an event of another stream
+(``wait_for_event``; the raw driver calls of ``runtime/cuda.py``'s ``CudaDriverApi``, as
+:attr:`FakeDriver.api`, find streams by handle) by running that stream up to the event when
+it gets there: a missing dependency between streams shows as an unseen write.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from difftape.codegen import cuda as cuda_codegen
 from difftape.codegen import simgrid as simgrid_codegen
 from difftape.runtime import cuda as cuda_runtime
 from difftape.runtime.simgrid import GRID_FN
-from difftape.runtime.storage import SimulatedStream
+from difftape.runtime.storage import SimulatedDriverApi, SimulatedStream
 
 SMS = 2  # multiprocessors of the stand-in device: a grid of SMS * 4 blocks of 128 threads
 TOTAL_MEMORY = 8 << 30
@@ -59,6 +62,11 @@ class FakeDriver:
         self.loaded: list[bytes] = []  # the images themselves
         self.refuse_cubins = False  # module_from_buffer refuses cubins (an older driver)
         self.driver_version = driver_version
+        self.allocated_on: dict[int, int] = {}  # address -> device ordinal
+        self.stream_waits = 0  # cuStreamWaitEvent calls (raw, and pycuda's wait_for_event)
+        #: the raw driver calls pycuda lacks (runtime/cuda.py's CudaDriverApi), over these
+        #: blocks and the deferred streams by handle
+        self.api = _CountingApi(self)
         outer = self
 
         class Stream(SimulatedStream):
@@ -77,6 +85,13 @@ class FakeDriver:
                     raise e
                 super().synchronize()
 
+            def wait_for_event(self, event):
+                """(pycuda's, taking an Event, or the simulation's raw point in a stream:
+                ``cuStreamWaitEvent``, deferred.)"""
+                outer.require_context()
+                outer.stream_waits += 1
+                super().wait_for_event(getattr(event, "mark", event))
+
         class Event:
             def record(self, stream=None):
                 self.mark = stream.record()
@@ -92,6 +107,9 @@ class FakeDriver:
         self.Stream, self.Event = Stream, Event
 
         class Context:
+            def __init__(self, ordinal=0):
+                self.ordinal = ordinal
+
             def push(self):
                 outer.stack().append(self)
 
@@ -133,7 +151,7 @@ class FakeDriver:
                 return SMS
 
             def retain_primary_context(self):
-                return Context()
+                return Context(self.ordinal)
 
         self.Context, self.Device = Context, Device
 
@@ -169,10 +187,12 @@ class FakeDriver:
         outer = self
         block = np.full(n, 0xAB, np.uint8)  # not zeroed: the allocator must
         self.blocks[block.ctypes.data] = block
+        self.allocated_on[block.ctypes.data] = self.stack()[-1].ordinal
 
         class Handle(int):
             def free(self):
                 del outer.blocks[int(self)]
+                del outer.allocated_on[int(self)]
 
         return Handle(block.ctypes.data)
 
@@ -247,6 +267,21 @@ class FakeDriver:
         return Module()
 
 
+class _CountingApi(SimulatedDriverApi):
+    """``CudaDriverApi`` for the stand-in: the simulated device's, over the driver's blocks
+    (each on the device whose context allocated it), counting the stream waits."""
+
+    def __init__(self, drv: FakeDriver) -> None:
+        super().__init__(drv.blocks, lambda address: drv.allocated_on[
+            self.address_range(address)[0]])
+        self.drv = drv
+
+    def wait_stream(self, waiting: int, on: int) -> None:
+        self.drv.require_context()
+        self.drv.stream_waits += 1
+        super().wait_stream(waiting, on)
+
+
 def use(monkeypatch, drv: FakeDriver, code: str = "simgrid") -> FakeDriver:
     """Make ``ti.init(arch=ti.cuda)`` (and the server's engines) find ``drv``.
 
@@ -256,6 +291,7 @@ def use(monkeypatch, drv: FakeDriver, code: str = "simgrid") -> FakeDriver:
     for var in ("TI_ARCH", "DIFFTAPE_ARCH", "DIFFTAPE_SIMULATE_GPU", cuda_runtime.DEVICE_VAR):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(cuda_runtime, "load_driver", lambda: drv)
+    monkeypatch.setattr(cuda_runtime, "load_driver_api", lambda: drv.api)
     if code == "simgrid":
         monkeypatch.setenv("DIFFTAPE_PTXAS", "")
         monkeypatch.setattr(cuda_codegen, "get_target",

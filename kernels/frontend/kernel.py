@@ -40,10 +40,11 @@ from ..ir.nodes import Buffer, KernelIR, task_blocks, walk
 from ..ir.passes import run_pipeline
 from ..ir.printer import format_kernel
 from ..runtime import cache, program
-from ..runtime.foreign import call_with_arrays
+from ..runtime.devicearrays import call_with_device_arrays, is_device_array
+from ..runtime.foreign import ArrayExchange, call_with_arrays
 from ..runtime.grid import GridKernel
 from ..runtime.launch import raise_error_word
-from ..runtime.storage import DeviceStorage, Storage
+from ..runtime.storage import BorrowedStorage, DeviceStorage, Storage
 from . import builder as _b
 from .annotations import (
     NdarrayType,
@@ -75,8 +76,9 @@ DETERMINISTIC_CHUNKS = 64
 MIN_CHUNK_WORK = 1 << 12
 _ANY, _SERIAL, _ORDERED = 0, 1, 2
 _SCHEDULES = {"any": _ANY, "serial": _SERIAL, "ordered": _ORDERED}
-#: ndarray arguments taken as they are; others (tensors) go through runtime/foreign.py.
-_NATIVE_ARRAYS = (np.ndarray, Ndarray)
+#: ndarray arguments taken as they are; others (tensors) go through runtime/foreign.py
+#: (Storage: a CUDA array's memory, runtime/devicearrays.py).
+_NATIVE_ARRAYS = (np.ndarray, Ndarray, Storage)
 #: Derivative variants whose launches are checked for derivatives lost through storage without
 #: a companion (autodiff/lost.py), and the companion they need.
 LOST_ROLE = {"fwd": "dual", "grad": "grad", "grad_fwd": "grad"}
@@ -215,11 +217,22 @@ class Kernel:
 
     def foreign_call(self, call: Callable, args: tuple):
         """``call(*args)`` with the PyTorch/JAX/DLPack arrays among the ndarray arguments
-        viewed as NumPy arrays (see runtime/foreign.py)."""
+        viewed as NumPy arrays (see runtime/foreign.py), or, on a grid program, CUDA arrays
+        as their device memory (runtime/devicearrays.py)."""
         if len(args) != len(self.params):
             raise self._arg_count_error(args)
-        return call_with_arrays(call, self.name, [p.name for p in self.params], args,
-                                self._array_args)
+        names = [p.name for p in self.params]
+        allocator = program.get().allocator
+        if not allocator.host and hasattr(getattr(allocator, "memory", None), "borrow"):
+            # (fields and ndarrays are not taken for ndarray parameters, as on the CPU)
+            device = [k for k in self._array_args if is_device_array(args[k])
+                      and not isinstance(args[k], ArrayExchange)]
+            if device:
+                def host_arrays(*a):
+                    return call_with_arrays(call, self.name, names, a, self._array_args)
+                return call_with_device_arrays(host_arrays, self.name, names, args, device,
+                                               allocator)
+        return call_with_arrays(call, self.name, names, args, self._array_args)
 
     def _call_differentiated(self, prog, args: tuple):
         """A launch inside a Tape (recorded) and/or forward mode (the tangent variant)."""
@@ -879,7 +892,12 @@ class CompiledKernel:
         copies = None
         for slot, arg_index, role, extents, writes in self._ndarray_slots:
             arr = _ndarray_storage(args[arg_index], role)
-            if arr.__class__ is DeviceStorage:  # device memory (see _device_launch)
+            if isinstance(arr, DeviceStorage):  # device memory (see _device_launch)
+                if writes and arr.__class__ is BorrowedStorage and arr.readonly:
+                    raise ArgumentError(f"kernel '{self.ir.name}' writes argument "
+                                        f"{arg_index + 1}, but it is read-only (its owner "
+                                        "forbids writes: a JAX array, a read-only export)",
+                                        kernel=self.ir.name)
                 ctx_i64[self.layout.buffer_ptr[slot]] = arr.address
             else:
                 flags = arr.flags
@@ -1201,7 +1219,9 @@ def _ndarray_desc(kernel: str, name: str, ann: NdarrayType, a) -> tuple:
             raise refuse("needs a gradient (needs_grad=True): create it with "
                          "ti.ndarray(..., needs_grad=True)")
         has_grad = a.grad is not None if ann.needs_grad is None else bool(ann.needs_grad)
-    elif isinstance(a, np.ndarray):
+    elif isinstance(a, np.ndarray | Storage):
+        # A NumPy array, or device memory of a foreign CUDA array (runtime/devicearrays.py,
+        # C-contiguous and native-endian: checked there)
         arr = a
         axes = arr.ndim
         try:
@@ -1233,7 +1253,8 @@ def _ndarray_desc(kernel: str, name: str, ann: NdarrayType, a) -> tuple:
             raise refuse(f"must be an array of {_resolve(want)} (Invalid value for argument "
                          f"{name} - required array has dtype={_resolve(want)}), got NumPy "
                          f"dtype {arr.dtype} (convert it with .astype(np.{_resolve(want).np}))")
-        if not (arr.flags.c_contiguous or arr.flags.f_contiguous):
+        if isinstance(arr, np.ndarray) and not (arr.flags.c_contiguous or
+                                                arr.flags.f_contiguous):
             raise refuse("is a strided view of a NumPy array: Non contiguous numpy arrays are "
                          "not supported; pass np.ascontiguousarray(arr), and copy the result "
                          "back if the kernel writes it")
@@ -1269,6 +1290,9 @@ def _ndarray_kind(ann: NdarrayType, a) -> tuple | None:
         edim = ann.dtype.ndim if isinstance(ann.dtype, MatrixType) else 0
         return (a.dtype, a.ndim, a.shape[a.ndim - edim:] if edim else (),
                 flags.c_contiguous or flags.f_contiguous)
+    if isinstance(a, Storage):  # a foreign CUDA array's memory (C-contiguous)
+        edim = ann.dtype.ndim if isinstance(ann.dtype, MatrixType) else 0
+        return (a.dtype, a.ndim, a.shape[a.ndim - edim:] if edim else (), True)
     return None
 
 

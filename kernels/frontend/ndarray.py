@@ -18,6 +18,7 @@ import numpy as np
 
 from ..errors import DifftapeError, KernelIndexError, KernelRuntimeError, ShapeError
 from ..runtime import program
+from ..runtime.devicearrays import borrow, is_device_array
 from ..runtime.foreign import ArrayExchange, array_in, as_numpy
 from ..runtime.storage import HostStorage, Storage
 from ..types import from_numpy as dtype_of
@@ -320,26 +321,39 @@ def from_dlpack(obj, element_shape: tuple[int, ...] = ()):
     """``ti.from_dlpack(t)``: a ``ti.ndarray`` over the memory of ``t`` (a tensor, a JAX
     array, anything exporting DLPack or the array interface), without copying: writes on
     either side are seen by the other. Its trailing axes ``element_shape`` become the
-    element (vector/matrix) shape. The array must be C-contiguous (``t.contiguous()``).
-    Refused when the program's storage is device memory (it would not share)."""
+    element (vector/matrix) shape. The array must be C-contiguous (``t.contiguous()``). On
+    a grid program (``arch=ti.cuda``) a CUDA array is viewed in its device memory
+    (``runtime/devicearrays.py``; order later launches with its owner's stream by
+    ``ti.caller_stream``); a host array is refused there (it would not share)."""
+    allocator = program.get().allocator
+    if not allocator.host and is_device_array(obj) and \
+            hasattr(getattr(allocator, "memory", None), "borrow"):
+        storage, _ = borrow(obj, allocator, "ti.from_dlpack's argument")
+        return _over(storage, element_shape)
     arr = as_numpy(obj, "ti.from_dlpack's argument")
-    if not program.get().allocator.host:
+    if not allocator.host:
         raise DifftapeError("ti.from_dlpack shares the array's host memory, but this "
                             "program's storage is device memory (simulate_grid / "
-                            "DIFFTAPE_SIMULATE_GPU): make a ti.ndarray and copy the array in "
-                            "with from_numpy()")
+                            "DIFFTAPE_SIMULATE_GPU, arch=ti.cuda): pass a CUDA array, or make "
+                            "a ti.ndarray and copy the array in with from_numpy()")
     if not arr.flags.c_contiguous:
         raise DifftapeError("ti.from_dlpack: the array is not C-contiguous (a strided view); "
                             "a ti.ndarray is dense: pass t.contiguous() (a copy)")
+    return _over(HostStorage(arr), element_shape)
+
+
+def _over(storage: Storage, element_shape: tuple[int, ...]) -> Ndarray:
+    """A ti.ndarray whose storage is ``storage`` (shared memory); its trailing axes
+    ``element_shape`` are the element's."""
     esh = tuple(int(n) for n in element_shape)
-    if len(esh) > 2 or arr.shape[arr.ndim - len(esh):] != esh or arr.ndim == len(esh):
+    shape, ndim = storage.shape, storage.ndim
+    if len(esh) > 2 or shape[ndim - len(esh):] != esh or ndim == len(esh):
         raise DifftapeError(f"ti.from_dlpack: element_shape {esh} does not match the array's "
-                            f"trailing axes (shape {arr.shape})")
+                            f"trailing axes (shape {shape})")
     try:
-        dtype = dtype_of(arr.dtype)
+        dtype = dtype_of(storage.dtype)
     except TypeError as e:
         raise DifftapeError(f"ti.from_dlpack: {e}") from None
     out = object.__new__((ScalarNdarray, VectorNdarray, MatrixNdarray)[len(esh)])
-    Ndarray.__init__(out, dtype, arr.shape[:arr.ndim - len(esh)], esh,
-                     _storage=HostStorage(arr))
+    Ndarray.__init__(out, dtype, shape[:ndim - len(esh)], esh, _storage=storage)
     return out

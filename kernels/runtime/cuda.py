@@ -41,6 +41,7 @@ tests/gpu drives what is here on a real device.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import hashlib
 import os
@@ -59,7 +60,7 @@ from ..errors import ArchUnavailableError, DifftapeError, OptionError
 from . import cache
 from .grid import Launcher
 from .log import logger
-from .storage import DeviceMemoryAllocator
+from .storage import DeviceMemoryAllocator, SharedMemory
 
 #: the environment variable that picks the device by ordinal
 DEVICE_VAR = "DIFFTAPE_CUDA_DEVICE"
@@ -127,8 +128,68 @@ def select_device(drv: Any, ordinal: int | None = None) -> DeviceInfo:
     return DeviceInfo(ordinal, dev.name(), tuple(dev.compute_capability()), dev.total_memory())
 
 
+#: ``CUevent_flags``: no timing (the cheapest event, for ordering only)
+_CU_EVENT_DISABLE_TIMING = 2
+#: ``CUpointer_attribute``: the device a pointer's memory is on
+_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9
+
+
+class CudaDriverApi:
+    """The CUDA driver calls pycuda does not offer for handles it did not make (another
+    library's stream, a pointer into memory another library allocated), through ctypes on
+    ``libcuda``, the library pycuda itself links: what ``runtime/storage.py``'s
+    ``SharedMemory`` needs. Called with the program's context current."""
+
+    def __init__(self, lib: Any = None) -> None:
+        if lib is None:
+            import ctypes.util
+
+            name = ctypes.util.find_library("cuda") or "libcuda.so.1"
+            lib = ctypes.CDLL(name)
+        self.lib = lib
+        self._event = ctypes.c_void_p()  # one event, re-recorded: a wait takes its state then
+
+    def _call(self, what: str, rc: int) -> None:
+        if rc:
+            raise DifftapeError(f"{what} failed (CUDA error {rc})")
+
+    def wait_stream(self, waiting: int, on: int) -> None:
+        """Stream ``waiting`` runs what it is given from now on after what stream ``on`` has
+        been given so far: ``cuEventRecord`` on ``on``, ``cuStreamWaitEvent`` on ``waiting``
+        (no host wait)."""
+        lib = self.lib
+        if not self._event.value:
+            self._call("cuEventCreate", lib.cuEventCreate(ctypes.byref(self._event),
+                                                          _CU_EVENT_DISABLE_TIMING))
+        self._call("cuEventRecord", lib.cuEventRecord(self._event, ctypes.c_void_p(on)))
+        self._call("cuStreamWaitEvent", lib.cuStreamWaitEvent(ctypes.c_void_p(waiting),
+                                                              self._event, 0))
+
+    def address_range(self, address: int) -> tuple[int, int] | None:
+        """(base, size) of the device allocation holding ``address``, or None when it lies
+        in none (``cuMemGetAddressRange``)."""
+        base, size = ctypes.c_uint64(), ctypes.c_size_t()
+        rc = self.lib.cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size),
+                                              ctypes.c_uint64(address))
+        return None if rc else (base.value, size.value)
+
+    def pointer_ordinal(self, address: int) -> int:
+        """The device the memory at ``address`` is on (-1: not device memory)."""
+        ordinal = ctypes.c_int()
+        rc = self.lib.cuPointerGetAttribute(ctypes.byref(ordinal),
+                                            _CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                            ctypes.c_uint64(address))
+        return -1 if rc else ordinal.value
+
+
+def load_driver_api() -> CudaDriverApi:
+    """The raw driver calls (:class:`CudaDriverApi`), loaded when first needed (the first
+    foreign array or export of a program)."""
+    return CudaDriverApi()
+
+
 @dataclass
-class DeviceAllocator:
+class DeviceAllocator(SharedMemory):
     """Device memory through ``drv`` (pycuda.driver, or an object with its ``mem_alloc``,
     ``memset_d8_async``, ``memcpy_htod_async``, ``memcpy_dtoh``, ``memcpy_dtod_async``,
     ``Stream``, ``Event`` and ``pagelocked_empty``), with bookkeeping, ordered by one stream
@@ -144,10 +205,21 @@ class DeviceAllocator:
     _live: dict[int, tuple[Any, int]] = field(default_factory=dict)  # address -> (handle, n)
     _freed: list[int] = field(default_factory=list)  # released while the stream was busy
     stream: Any = None
+    ordinal: int = 0  # the device's
+    _api: Any = None
+    what = "CUDA device"
 
     def __post_init__(self) -> None:
         if self.stream is None:
             self.stream = self.drv.Stream()
+        self._init_shared()
+
+    @property
+    def api(self) -> Any:
+        """The raw driver calls of shared memory (:func:`load_driver_api`, on first use)."""
+        if self._api is None:
+            self._api = load_driver_api()
+        return self._api
 
     def alloc(self, nbytes: int) -> int:
         """A zeroed block of ``nbytes`` (at least 1) bytes; its device address."""
@@ -180,7 +252,8 @@ class DeviceAllocator:
         self.bytes_in_use -= n
 
     def size(self, address: int) -> int:
-        return self._live[address][1]
+        entry = self._live.get(address)
+        return entry[1] if entry is not None else self.borrowed_size(address)
 
     @property
     def live(self) -> int:
@@ -237,13 +310,21 @@ class DeviceAllocator:
                              f"{self.size(address)}")
 
     def close(self) -> None:
-        """Free everything still held (after the stream has drained, if it can)."""
+        """Free everything still held (after the stream has drained, if it can) but the
+        blocks an export still views (freed when it ends: :meth:`unpin`)."""
         try:
             self.stream.synchronize()
         except Exception:  # noqa: BLE001 - a lost context: free what can be freed
             pass
         self._freed = []
+        self._borrowed.clear()
+        self._closed = True
         for address in list(self._live):
+            if address not in self._pinned:
+                self._free(address)
+
+    def _free_after_close(self, address: int) -> None:
+        if address in self._live:
             self._free(address)
 
 
@@ -373,10 +454,10 @@ class Assembler:
         return cubin
 
 
-def cuda_allocator(drv: Any) -> DeviceMemoryAllocator:
+def cuda_allocator(drv: Any, ordinal: int = 0) -> DeviceMemoryAllocator:
     """Storage in CUDA device memory through :class:`DeviceAllocator` (``drv``:
-    ``pycuda.driver``)."""
-    return DeviceMemoryAllocator(DeviceAllocator(drv))
+    ``pycuda.driver``) on device ``ordinal``."""
+    return DeviceMemoryAllocator(DeviceAllocator(drv, ordinal=ordinal))
 
 
 #: threads per block of every launch
@@ -418,7 +499,7 @@ class CudaLauncher(Launcher):
                                       self.device.total_memory // HEAP_FRACTION)
             except Exception:  # noqa: BLE001 - a kernel already used the heap: keep its size
                 pass
-            self.allocator = cuda_allocator(drv)
+            self.allocator = cuda_allocator(drv, self.device.ordinal)
             self.memory = self.allocator.memory
             self.target = get_target(self.device.arch)
         except BaseException:

@@ -8,8 +8,9 @@ place: no copy. Two cases copy, once per launch, and say so here and in the READ
 
 * a strided (non-contiguous) tensor: the kernel runs on a C-ordered copy, written back into
   the tensor after the launch (the generated code indexes arrays with their extents only);
-* nothing else. Arrays on another device (CUDA, ...) are refused: difftape runs on the CPU, and
-  moving them is the caller's decision (``t.cpu()``).
+* nothing else. Arrays on another device (CUDA, ...) are refused by a CPU program: moving them
+  is the caller's decision (``t.cpu()``). A grid program (``arch=ti.cuda``) takes CUDA arrays
+  in place and exports its storage as CUDA memory: ``runtime/devicearrays.py``.
 
 Read-only sources (JAX arrays are immutable) are passed read-only: a kernel that writes one is
 refused at launch. Nothing here imports torch or jax.
@@ -22,11 +23,10 @@ from collections.abc import Callable
 import numpy as np
 
 from ..errors import ArgumentError, DifftapeError
-from .storage import shared_array
-
-_DLPACK_CPU = 1
-_DEVICE_NAMES = {2: "CUDA", 3: "CUDA host", 4: "OpenCL", 7: "Vulkan", 8: "Metal", 10: "ROCm",
-                 13: "CUDA managed", 14: "oneAPI"}
+from . import devicearrays
+from .dlpack import CPU as _DLPACK_CPU
+from .dlpack import DEVICE_NAMES as _DEVICE_NAMES
+from .storage import Storage, shared_array
 
 
 def as_numpy(a, what: str = "the array") -> np.ndarray:
@@ -45,8 +45,9 @@ def as_numpy(a, what: str = "the array") -> np.ndarray:
         if device[0] != _DLPACK_CPU:
             name = _DEVICE_NAMES.get(device[0], f"DLPack device type {device[0]}")
             raise DifftapeError(f"{what} ({type(a).__name__}) lives on a {name} device; "
-                                "difftape kernels run on the CPU: move it there first "
-                                "(e.g. tensor.cpu(), a copy)")
+                                "this difftape program's storage is host memory: move it "
+                                "there first (e.g. tensor.cpu(), a copy), or run on the "
+                                "device (ti.init(arch=ti.cuda) takes CUDA arrays in place)")
         try:
             return np.from_dlpack(a)
         except (BufferError, TypeError, ValueError, RuntimeError) as e:
@@ -81,7 +82,7 @@ def call_with_arrays(call: Callable, kernel: str, names: list[str], args: tuple,
     staged: list[tuple[np.ndarray, np.ndarray]] = []
     for k in indices:
         a = args[k]
-        if isinstance(a, np.ndarray | ArrayExchange):
+        if isinstance(a, np.ndarray | ArrayExchange | Storage):
             continue
         try:
             arr = as_numpy(a, f"argument '{names[k]}'")
@@ -108,39 +109,84 @@ class ArrayExchange:
 
     ``__dlpack__``/``__dlpack_device__`` share the storage (``torch.from_dlpack(x)`` sees and
     makes writes without copying; sparse fields share their dense backing store, where
-    inactive cells read 0). ``to_torch``/``to_jax`` return copies and ``from_torch``/
-    ``from_jax`` copy in, as Taichi's ``to_torch``/``from_torch`` do (like ``to_numpy``).
+    inactive cells read 0): host memory on the CPU, CUDA memory on a grid program
+    (``runtime/devicearrays.py``, which honours the consumer's ``stream``). ``to_torch``/
+    ``to_jax`` return copies and ``from_torch``/``from_jax`` copy in, as Taichi's
+    ``to_torch``/``from_torch`` do (like ``to_numpy``); on a grid program, to and from CUDA
+    arrays, the copy is made on the device.
     """
 
     def _dlpack_array(self) -> np.ndarray:
         # Host storage is shared; device storage has no host memory to share.
         return shared_array(self.storage, "__dlpack__")
 
-    def __dlpack__(self, *args, **kwargs):
-        return self._dlpack_array().__dlpack__(*args, **kwargs)
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        if not self.storage.host and _on_device(self.storage):
+            return devicearrays.export(self.storage, stream, max_version, dl_device, copy)
+        kwargs = {k: v for k, v in (("stream", stream), ("max_version", max_version),
+                                    ("dl_device", dl_device), ("copy", copy)) if v is not None}
+        return self._dlpack_array().__dlpack__(**kwargs)
 
     def __dlpack_device__(self) -> tuple[int, int]:
+        if not self.storage.host and _on_device(self.storage):
+            return (devicearrays.dlpack.CUDA, self.storage._owner.memory.ordinal)
         return (_DLPACK_CPU, 0)
 
     def to_torch(self, device=None, **kwargs):
-        """A new PyTorch tensor holding a copy (on ``device``, the CPU by default)."""
+        """A new PyTorch tensor holding a copy (on ``device``, the CPU by default). On a
+        grid program, to a CUDA device: copied on the device, handed over by DLPack."""
         import torch
 
+        if device is not None and not kwargs and not self.storage.host and \
+                _on_device(self.storage) and torch.device(device).type == "cuda":
+            copy = devicearrays.device_copy(self.storage)
+            ordinal = copy._owner.memory.ordinal
+            capsule = devicearrays.export(
+                copy, devicearrays.stream_handle(torch.cuda.current_stream(ordinal)))
+            out = torch.utils.dlpack.from_dlpack(capsule)
+            return out if out.device == torch.device(device) else out.to(device)
         out = torch.from_numpy(self.to_numpy(**kwargs))
         return out.to(device) if device is not None else out
 
     def from_torch(self, tensor) -> None:
-        """Copy a PyTorch tensor in (any device; shapes must match as for from_numpy)."""
+        """Copy a PyTorch tensor in (any device; shapes must match as for from_numpy). A
+        CUDA tensor into a grid program's storage is copied on the device."""
+        if devicearrays.is_device_array(tensor) and not self.storage.host and \
+                _on_device(self.storage):
+            self._copy_device_array(tensor, "the tensor")
+            return
         if getattr(tensor, "device", None) is not None and tensor.device.type != "cpu":
             tensor = tensor.cpu()
         self.from_numpy(as_numpy(tensor, "the tensor"))
 
     def to_jax(self, **kwargs):
-        """A new JAX array holding a copy."""
+        """A new JAX array holding a copy (on a grid program, on the device by DLPack)."""
+        if not kwargs and not self.storage.host and _on_device(self.storage):
+            import jax
+
+            return jax.dlpack.from_dlpack(
+                devicearrays.DeviceExport(devicearrays.device_copy(self.storage)))
         import jax.numpy as jnp
 
         return jnp.asarray(self.to_numpy(**kwargs))
 
     def from_jax(self, array) -> None:
-        """Copy a JAX array in."""
+        """Copy a JAX array in (a GPU one on the device, into a grid program's storage)."""
+        if devicearrays.is_device_array(array) and not self.storage.host and \
+                _on_device(self.storage):
+            self._copy_device_array(array, "the JAX array")
+            return
         self.from_numpy(as_numpy(array, "the JAX array"))
+
+    def _copy_device_array(self, a, what: str) -> None:
+        storage = self.storage
+        with devicearrays.borrowed(a, storage._owner, what) as source:
+            if source.shape != storage.shape:
+                raise DifftapeError(f"{what} has shape {source.shape}; the storage has "
+                                    f"{storage.shape}")
+            storage.copy_from(source)
+
+
+def _on_device(storage: Storage) -> bool:
+    """Is ``storage`` device memory that can be shared (a grid program's)?"""
+    return hasattr(getattr(getattr(storage, "_owner", None), "memory", None), "pin")

@@ -188,6 +188,7 @@ class LaunchQueue:
         context: the block is only cleared here.)"""
         launched, self.launched = self.launched, {}
         self.launcher.wait_stream([k.ir.name for k in launched.values()])
+        self.allocator.held.clear()  # (foreign arrays the launches used: done with)
         if not self.check:
             return
         self.check = False

@@ -47,6 +47,7 @@ Three allocators:
 from __future__ import annotations
 
 import ctypes
+import itertools
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -190,10 +191,32 @@ class SimulatedStream:
     asynchronous launch has not run when the host call returns, and a host read that does not
     synchronise first sees the memory as it was: a missing sync point fails in CI."""
 
+    #: every live stream by :attr:`handle` (what a ``CUstream`` is to the driver API)
+    by_handle: weakref.WeakValueDictionary[int, SimulatedStream] = weakref.WeakValueDictionary()
+    _handles = itertools.count(0x1000)  # (0, 1 and 2 are CUDA's default streams)
+    _legacy: SimulatedStream | None = None
+
     def __init__(self) -> None:
         self._queue: deque[Callable[[], None]] = deque()
         self.done = 0  # operations run so far
         self.enqueued = 0  # operations enqueued so far
+        self.handle = next(SimulatedStream._handles)
+        SimulatedStream.by_handle[self.handle] = self
+
+    @classmethod
+    def resolve(cls, handle: int) -> SimulatedStream:
+        """The stream with driver handle ``handle``; 1 and 2 (``CU_STREAM_LEGACY``,
+        ``CU_STREAM_PER_THREAD``: the default stream, as DLPack names it) are one default
+        stream of the simulated device, made on first use."""
+        if handle in (1, 2):
+            if cls._legacy is None:
+                cls._legacy = cls()
+            return cls._legacy
+        stream = cls.by_handle.get(handle)
+        if stream is None:
+            raise DifftapeError(f"stream handle {handle:#x} is not a stream of the simulated "
+                                "device")
+        return stream
 
     def enqueue(self, op: Callable[[], None]) -> None:
         self._queue.append(op)
@@ -201,6 +224,11 @@ class SimulatedStream:
 
     def record(self) -> SimulatedEvent:
         return SimulatedEvent(self, self.enqueued)
+
+    def wait_for_event(self, event: SimulatedEvent) -> None:
+        """What is enqueued from now on runs after ``event`` (``cuStreamWaitEvent``): when
+        this stream gets here, it first runs the event's stream up to the event."""
+        self.enqueue(event.synchronize)
 
     def is_done(self) -> bool:
         return self.done == self.enqueued
@@ -222,7 +250,115 @@ class SimulatedStream:
         self.done = self.enqueued
 
 
-class SimulatedDeviceMemory:
+class SharedMemory:
+    """What a device memory (:class:`SimulatedDeviceMemory`, ``runtime/cuda.py``'s
+    ``DeviceAllocator``) does for memory it shares with other libraries
+    (``runtime/devicearrays.py``): the program's stream ordered with another stream, borrowed
+    ranges of device memory it did not allocate (a CUDA tensor passed to a kernel), and blocks
+    pinned by an export (a tensor viewing a field) so that closing the program leaves them to
+    their consumer. ``api`` is the driver's raw interface (``SimulatedDriverApi``, or
+    ``runtime/cuda.py``'s ``CudaDriverApi``: ``wait_stream``, ``address_range``,
+    ``pointer_ordinal``), ``ordinal`` the device's number."""
+
+    ordinal = 0
+    api: Any
+
+    def _init_shared(self) -> None:
+        self._borrowed: dict[int, list[int]] = {}  # address -> sizes borrowed there
+        self._pinned: dict[int, int] = {}  # address -> exports alive
+        self._closed = False
+
+    @property
+    def stream_handle(self) -> int:
+        """The program's stream as the driver names it (a ``CUstream``)."""
+        return self.stream.handle
+
+    def wait_for_stream(self, handle: int) -> None:
+        """What the program enqueues from now on runs after what stream ``handle`` has
+        enqueued so far (an event recorded there, which ours waits for: no host wait)."""
+        if handle != self.stream.handle:
+            self.api.wait_stream(self.stream.handle, handle)
+
+    def signal_stream(self, handle: int) -> None:
+        """What stream ``handle`` enqueues from now on runs after what the program has
+        enqueued so far."""
+        if handle != self.stream.handle:
+            self.api.wait_stream(handle, self.stream.handle)
+
+    def borrow(self, address: int, nbytes: int) -> None:
+        """Let kernels and copies address ``nbytes`` at ``address``, memory another library
+        allocated on this device; DifftapeError when it is not device memory of this device
+        in one allocation (never dereferenced otherwise)."""
+        found = self.api.address_range(address)
+        if found is None or address + nbytes > found[0] + found[1]:
+            why = "lies in no allocation of it" if found is None else \
+                "lies in an allocation of it but runs past its end"
+            raise DifftapeError(f"{nbytes} bytes at {address:#x} are not {self.what} memory "
+                                f"(the pointer {why})")
+        ordinal = self.api.pointer_ordinal(address)
+        if ordinal != self.ordinal:
+            raise DifftapeError(f"the memory at {address:#x} is on CUDA device {ordinal}; the "
+                                f"program runs on device {self.ordinal}")
+        self._borrowed.setdefault(address, []).append(nbytes)
+
+    def unborrow(self, address: int, nbytes: int) -> None:
+        sizes = self._borrowed.get(address)
+        if sizes:
+            sizes.remove(nbytes)
+            if not sizes:
+                del self._borrowed[address]
+
+    def borrowed_size(self, address: int) -> int:
+        sizes = self._borrowed.get(address)
+        if not sizes:
+            raise KeyError(address)
+        return max(sizes)
+
+    def pin(self, address: int) -> None:
+        """An export views the block at ``address``: :meth:`close` leaves it allocated."""
+        self._pinned[address] = self._pinned.get(address, 0) + 1
+
+    def unpin(self, address: int) -> None:
+        """An export ended; after :meth:`close`, the last one frees the block."""
+        n = self._pinned.get(address, 0) - 1
+        if n > 0:
+            self._pinned[address] = n
+            return
+        self._pinned.pop(address, None)
+        if self._closed:
+            self._free_after_close(address)
+
+    def _free_after_close(self, address: int) -> None:  # pragma: no cover - subclasses
+        raise NotImplementedError
+
+
+class SimulatedDriverApi:
+    """The raw driver calls of :class:`SharedMemory` on the simulated device (and on the
+    pycuda stand-in of the tests): streams by handle (:meth:`SimulatedStream.resolve`),
+    events that are points in them, and ``blocks`` (address -> host buffer) as the device's
+    allocations."""
+
+    def __init__(self, blocks: dict[int, np.ndarray], ordinal: Callable[[int], int]) -> None:
+        self.blocks = blocks
+        self._ordinal = ordinal
+
+    def wait_stream(self, waiting: int, on: int) -> None:
+        """``cuEventRecord(e, on); cuStreamWaitEvent(waiting, e)``."""
+        SimulatedStream.resolve(waiting).wait_for_event(SimulatedStream.resolve(on).record())
+
+    def address_range(self, address: int) -> tuple[int, int] | None:
+        """``cuMemGetAddressRange``: (base, size) of the allocation holding ``address``."""
+        for base, block in self.blocks.items():
+            if base <= address < base + block.nbytes:
+                return base, block.nbytes
+        return None
+
+    def pointer_ordinal(self, address: int) -> int:
+        """``cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)``."""
+        return self._ordinal(address)
+
+
+class SimulatedDeviceMemory(SharedMemory):
     """Device memory for the simulated grid: each block is separate host memory (its own
     NumPy buffer) that only the simulated kernels address; the host reaches it through
     ``upload``/``download``/``copy``/``memset`` only, ordered by :attr:`stream` (a
@@ -231,12 +367,16 @@ class SimulatedDeviceMemory:
     is in the block now, so the caller synchronises first. The interface is that of
     ``runtime/cuda.py``'s ``DeviceAllocator``."""
 
+    what = "simulated device"
+
     def __init__(self) -> None:
         self._blocks: dict[int, np.ndarray] = {}
         self._freed: list[int] = []  # released while the stream had work queued
         self.stream = SimulatedStream()
         self.bytes_in_use = 0
         self.peak = 0
+        self.api = SimulatedDriverApi(self._blocks, lambda address: self.ordinal)
+        self._init_shared()
 
     def alloc(self, nbytes: int) -> int:
         block = np.zeros(max(1, int(nbytes)), np.uint8)
@@ -255,7 +395,8 @@ class SimulatedDeviceMemory:
             self._freed.append(address)
 
     def size(self, address: int) -> int:
-        return self._blocks[address].nbytes
+        block = self._blocks.get(address)
+        return block.nbytes if block is not None else self.borrowed_size(address)
 
     @property
     def live(self) -> int:
@@ -305,10 +446,20 @@ class SimulatedDeviceMemory:
             raise ValueError(f"{host.nbytes} bytes do not fit a block of {self.size(address)}")
 
     def close(self) -> None:
+        """Release everything but the blocks an export still views (freed by its end)."""
         self.stream.discard()
+        kept = {a: self._blocks[a] for a in self._pinned if a in self._blocks}
         self._blocks.clear()
+        self._blocks.update(kept)
         self._freed.clear()
-        self.bytes_in_use = 0
+        self._borrowed.clear()
+        self.bytes_in_use = sum(b.nbytes for b in kept.values())
+        self._closed = True
+
+    def _free_after_close(self, address: int) -> None:
+        block = self._blocks.pop(address, None)
+        if block is not None:
+            self.bytes_in_use -= block.nbytes
 
 
 class DeviceStorage(Storage):
@@ -317,7 +468,7 @@ class DeviceStorage(Storage):
     the next :meth:`DeviceMemoryAllocator.sync`). Never both: sync runs before every launch."""
 
     __slots__ = ("_owner", "_address", "_mirror", "_readonly", "_stale", "_dirty",
-                 "_finalizer")
+                 "_shared", "_finalizer")
 
     def __init__(self, owner: DeviceMemoryAllocator, shape: tuple[int, ...],
                  dtype: np.dtype) -> None:
@@ -329,6 +480,7 @@ class DeviceStorage(Storage):
         self._readonly.flags.writeable = False
         self._stale = False
         self._dirty = False
+        self._shared = False
         self._finalizer = weakref.finalize(self, owner._release, self._address)
 
     @property
@@ -344,15 +496,29 @@ class DeviceStorage(Storage):
     def read(self) -> np.ndarray:
         if self._stale:
             self._download()
+        elif self._shared:
+            self._refresh()
         return self._readonly
 
     def write(self) -> np.ndarray:
         if self._stale:
             self._download()
+        elif self._shared and not self._dirty:
+            self._refresh()
         if not self._dirty:
             self._dirty = True
             self._owner._dirty.append(self)
         return self._mirror
+
+    def share(self) -> None:
+        """Another library views the memory (an export) and may write it at any time: from
+        now on every host read downloads (after uploading pending host writes)."""
+        self._shared = True
+
+    def _refresh(self) -> None:
+        self._owner.sync()
+        self._stale = True
+        self._download()
 
     def upload(self) -> None:
         if self._dirty:
@@ -379,6 +545,60 @@ class DeviceStorage(Storage):
         self.device_written()
 
 
+class BorrowedStorage(DeviceStorage):
+    """Device memory another library allocated (a CUDA tensor passed to a kernel, or viewed
+    by ``ti.from_dlpack``), borrowed from the program's memory (``SharedMemory.borrow``)
+    while this object lives; then ``release()`` (a DLPack deleter) runs. Host reads always
+    download (the owner may write it at any time); host writes are uploaded at the next sync
+    point, like a field's. ``readonly``: the owner forbids writes (a JAX array, a read-only
+    DLPack export): kernels that write it are refused."""
+
+    __slots__ = ("readonly",)
+
+    def __init__(self, owner: DeviceMemoryAllocator, shape: tuple[int, ...], dtype: np.dtype,
+                 address: int, release: Callable[[], None] | None = None,
+                 readonly: bool = False) -> None:
+        Storage.__init__(self, shape, dtype)
+        owner.memory.borrow(address, self.nbytes)  # (refuses memory it does not know)
+        self._owner, self._address, self.readonly = owner, address, readonly
+        self._mirror = self._readonly = None  # type: ignore[assignment]
+        self._stale = self._dirty = False
+        self._shared = True
+        self._finalizer = weakref.finalize(self, _give_back, owner, address, self.nbytes,
+                                           release)
+
+    def read(self) -> np.ndarray:
+        self._owner.sync()  # (this storage's own host writes too)
+        self._owner.wait()
+        out = np.empty(self.shape, self.dtype)
+        self._owner.memory.download(out, self._address)
+        out.flags.writeable = False
+        return out
+
+    def write(self) -> np.ndarray:
+        if self.readonly:
+            raise DifftapeError("the array is read-only (its owner forbids writes)")
+        if not self._dirty:
+            self._owner.wait()
+            self._mirror = np.empty(self.shape, self.dtype)
+            self._owner.memory.download(self._mirror, self._address)
+            self._dirty = True
+            self._owner._dirty.append(self)
+        return self._mirror
+
+    def device_written(self) -> None:
+        """(No mirror is kept: every read downloads.)"""
+
+
+def _give_back(owner: DeviceMemoryAllocator, address: int, nbytes: int,
+               release: Callable[[], None] | None) -> None:
+    """A borrowed range's end: unborrowed, then the owner's deleter."""
+    if not owner._closed:
+        owner.memory.unborrow(address, nbytes)
+    if release is not None:
+        release()
+
+
 def _poison(mirror: np.ndarray) -> None:
     """Make a stale host mirror obviously wrong: NaN floats, 0xA5 bytes otherwise."""
     if mirror.dtype.kind == "f":
@@ -401,9 +621,19 @@ class DeviceMemoryAllocator(Allocator):
         #: the sync point before a download: the stream drained (the grid launcher replaces
         #: it with its ``synchronize``, which also raises a failed launch's error)
         self.wait: Callable[[], None] = memory.synchronize
+        #: what must outlive the stream's work enqueued so far: (event, objects)
+        self.held: deque[tuple[Any, object]] = deque()
 
     def storage(self, shape: tuple[int, ...], dtype: np.dtype) -> DeviceStorage:
         return DeviceStorage(self, shape, dtype)
+
+    def hold(self, objects: object) -> None:
+        """Keep ``objects`` alive until the stream has run what is enqueued so far (a foreign
+        array a pending launch addresses); what earlier calls held is let go once done."""
+        held = self.held
+        while held and held[0][0].query():
+            held.popleft()
+        held.append((self.memory.record(), objects))
 
     def sync(self) -> None:
         if self._dirty:
@@ -419,6 +649,7 @@ class DeviceMemoryAllocator(Allocator):
         self._dirty = []
         self._closed = True
         self.memory.close()
+        self.held.clear()
 
 
 class SimulatedDeviceAllocator(DeviceMemoryAllocator):

@@ -176,10 +176,13 @@ def test_tape_gradients_on_device_storage(sim):
 
 
 def test_sharing_host_memory_is_refused_for_device_storage(sim):
+    """Device storage is exported as CUDA memory (tests/core/test_device_interop.py), never
+    as host memory; a host array is not viewed by a device program."""
     torch = pytest.importorskip("torch", reason="the [torch] extra (PyTorch) is not installed")
     x = ti.field(ti.f32, shape=4)
-    with pytest.raises(DifftapeError, match="device memory"):
-        torch.from_dlpack(x)
+    assert x.__dlpack_device__() == (2, 0)  # (it used to refuse: now CUDA device memory)
+    with pytest.raises(BufferError, match="CUDA memory of device 0"):
+        x.__dlpack__(dl_device=(1, 0))  # a host view of it asked for
     with pytest.raises(DifftapeError, match="device memory"):
         ti.from_dlpack(torch.zeros(3))
 
