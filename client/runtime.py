@@ -708,6 +708,9 @@ class RemoteField(Field):
         raise DifftapeError(f"{self._label()} lives on the difftape server (arch=ti.remote) "
                             "and has no local storage; use to_numpy() / from_numpy()")
 
+    def _device_storage(self) -> None:
+        return None  # on the server: to_torch/to_jax/from_* go through to_numpy/from_numpy
+
     def _index(self, key) -> list[int]:
         """A Python-scope index, checked here exactly as the local field checks it."""
         return list(self._host_index(key))
@@ -837,6 +840,9 @@ class RemoteNdarray(Ndarray):
     @property
     def storage(self) -> Storage:
         raise DifftapeError(f"{self._label()} {self._remote_doc}")
+
+    def _device_storage(self) -> None:
+        return None  # on the server: to_torch/to_jax/from_* go through to_numpy/from_numpy
 
     def _dlpack_array(self) -> np.ndarray:
         raise DifftapeError(f"{self._label()} {self._remote_doc}: DLPack shares memory, and "

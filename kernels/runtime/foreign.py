@@ -116,19 +116,26 @@ class ArrayExchange:
     arrays, the copy is made on the device.
     """
 
+    def _device_storage(self) -> Storage | None:
+        """The storage when it is a grid program's device memory (the device paths below
+        apply), else None (host storage; the client's remote arrays override this: they
+        have no local storage)."""
+        storage = self.storage
+        return storage if not storage.host and _on_device(storage) else None
+
     def _dlpack_array(self) -> np.ndarray:
         # Host storage is shared; device storage has no host memory to share.
         return shared_array(self.storage, "__dlpack__")
 
     def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
-        if not self.storage.host and _on_device(self.storage):
+        if self._device_storage() is not None:
             return devicearrays.export(self.storage, stream, max_version, dl_device, copy)
         kwargs = {k: v for k, v in (("stream", stream), ("max_version", max_version),
                                     ("dl_device", dl_device), ("copy", copy)) if v is not None}
         return self._dlpack_array().__dlpack__(**kwargs)
 
     def __dlpack_device__(self) -> tuple[int, int]:
-        if not self.storage.host and _on_device(self.storage):
+        if self._device_storage() is not None:
             return (devicearrays.dlpack.CUDA, self.storage._owner.memory.ordinal)
         return (_DLPACK_CPU, 0)
 
@@ -137,8 +144,8 @@ class ArrayExchange:
         grid program, to a CUDA device: copied on the device, handed over by DLPack."""
         import torch
 
-        if device is not None and not kwargs and not self.storage.host and \
-                _on_device(self.storage) and torch.device(device).type == "cuda":
+        if device is not None and not kwargs and self._device_storage() is not None and \
+                torch.device(device).type == "cuda":
             copy = devicearrays.device_copy(self.storage)
             ordinal = copy._owner.memory.ordinal
             capsule = devicearrays.export(
@@ -151,8 +158,7 @@ class ArrayExchange:
     def from_torch(self, tensor) -> None:
         """Copy a PyTorch tensor in (any device; shapes must match as for from_numpy). A
         CUDA tensor into a grid program's storage is copied on the device."""
-        if devicearrays.is_device_array(tensor) and not self.storage.host and \
-                _on_device(self.storage):
+        if devicearrays.is_device_array(tensor) and self._device_storage() is not None:
             self._copy_device_array(tensor, "the tensor")
             return
         if getattr(tensor, "device", None) is not None and tensor.device.type != "cpu":
@@ -161,7 +167,7 @@ class ArrayExchange:
 
     def to_jax(self, **kwargs):
         """A new JAX array holding a copy (on a grid program, on the device by DLPack)."""
-        if not kwargs and not self.storage.host and _on_device(self.storage):
+        if not kwargs and self._device_storage() is not None:
             import jax
 
             return jax.dlpack.from_dlpack(
@@ -172,8 +178,7 @@ class ArrayExchange:
 
     def from_jax(self, array) -> None:
         """Copy a JAX array in (a GPU one on the device, into a grid program's storage)."""
-        if devicearrays.is_device_array(array) and not self.storage.host and \
-                _on_device(self.storage):
+        if devicearrays.is_device_array(array) and self._device_storage() is not None:
             self._copy_device_array(array, "the JAX array")
             return
         self.from_numpy(as_numpy(array, "the JAX array"))
