@@ -313,7 +313,7 @@ def _attach_remote(prog, **options):
 
 _program_mod.register_backend(remote, _attach_remote)
 
-from . import ad, algorithms, graph, profiler, tools  # noqa: E402
+from . import ad, algorithms, experimental, graph, profiler, tools  # noqa: E402
 from .ad import FwdMode, Tape  # noqa: E402
 from .ui.gui import GUI, hex_to_rgb, rgb_to_hex  # noqa: E402
 

@@ -530,3 +530,23 @@ def test_a_scalar_dtype_annotation_casts_a_returned_vector(ti):
         return w[1] + w[0] * 10
 
     assert run() == 12.0
+
+
+def test_experimental_real_func_is_real_func_with_a_deprecation_warning(ti):
+    # Taichi's test_deprecation.py::test_deprecate_experimental_real_func
+    with pytest.warns(DeprecationWarning, match=r"ti.experimental.real_func is deprecated .* "
+                                                r"Use ti.real_func instead"):
+        @ti.experimental.real_func
+        def first_above(a: ti.i32) -> ti.i32:
+            s = 0
+            for i in range(100):
+                if i == a + 1:
+                    return s
+                s = s + i
+            return s
+
+    @ti.kernel
+    def run(a: ti.i32) -> ti.i32:
+        return first_above(a)
+
+    assert run(3) == 0 + 1 + 2 + 3
