@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import time
+import urllib.parse
 from typing import Any
 
 import numpy as np
@@ -95,6 +96,15 @@ class HttpTransport:
         self.stats = TransportStats()
 
     # ------------------------------------------------------------------ plumbing
+    def _unreachable_hint(self) -> str:
+        """What to check when nothing answers at the URL: that a server runs there, the
+        tunnel a laptop reaches it through, and where the URL came from."""
+        port = urllib.parse.urlsplit(self.url).port or 8000
+        return (f"Is a difftape server running there? Start one with `difftape serve` (port "
+                f"8000 by default); from a laptop, open the SSH tunnel to it first: `ssh -N -L "
+                f"{port}:127.0.0.1:{port} HOST`. The URL is ti.init(server=...), else "
+                f"DIFFTAPE_SERVER, else http://127.0.0.1:8000")
+
     def request(self, method: str, path: str, *, idempotent: bool | None = None,
                 **kwargs: Any):
         """Send one request; map error responses to exceptions. Requests that may have
@@ -120,7 +130,8 @@ class HttpTransport:
             except httpx.TimeoutException as e:
                 raise RemoteError(f"{method} {path}: timed out talking to {self.url}") from e
             except httpx.TransportError as e:
-                raise RemoteError(f"{method} {path}: cannot reach {self.url}: {e}") from e
+                raise RemoteError(f"{method} {path}: cannot reach {self.url}: {e}. "
+                                  f"{self._unreachable_hint()}") from e
         if isinstance(content, bytes):
             self.stats.bytes_sent += len(content)  # (array uploads count their own)
         self.stats.bytes_received += len(resp.content)

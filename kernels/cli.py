@@ -31,7 +31,7 @@ def _info(args: argparse.Namespace) -> int:
 
     t = get_target()
     print(f"difftape {__version__}, llvmlite {llvmlite.__version__}")
-    print(f"cpu: {t.cpu}, vector math: {'libmvec ' + t.isa if t.mvec else 'scalar libm'}")
+    print(f"cpu: {t.cpu}, vector math: {t.vector_math}")
     print(f"threads: {program.get().num_threads}, cache: {cache.cache_dir()}")
     return 0
 

@@ -82,9 +82,11 @@ def _local_server():
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
+        # Quiet: uvicorn at warnings, and without the per-request JSON access log (lines a
+        # demo user cannot act on, the /readyz 503s of the start among them); errors still show.
         proc = subprocess.Popen([sys.executable, "-m", "difftape.server", "--port", str(port),
                                  "--data-dir", data, "--arch", "cpu", "--log-level",
-                                 "warning"])
+                                 "warning"], env={**os.environ, "DIFFTAPE_ACCESS_LOG": "0"})
         url = f"http://127.0.0.1:{port}"
         try:
             _wait_ready(url, proc)

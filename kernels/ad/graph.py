@@ -2,8 +2,8 @@
 
 Each launch is a box numbered in recording order; each field gets a new node (a *version*)
 every time a launch writes it, so the graph is acyclic and shows what back-propagation walks:
-gradients flow against the arrows. Reads and writes are taken from the compiled primal IR of
-each launch (the buffers its loads, stores and atomics touch).
+gradients flow against the arrows. Reads and writes are taken from the primal IR of each
+launch as the frontend builds it (the buffers its loads, stores and atomics touch).
 """
 
 from __future__ import annotations
@@ -15,24 +15,26 @@ import subprocess
 from ..errors import MediaError
 from ..frontend.kernel import Kernel
 from ..ir.nodes import walk
+from ..runtime import program
 
 
 def _accesses(kernel, args: tuple) -> tuple[list[str], list[str]]:
-    ir = kernel.instance(args).ir
+    # The IR as the frontend builds it, not a compiled instance: under arch=ti.remote the
+    # fields live on the server and nothing is compiled here (the client builds this IR too).
+    spec = () if kernel._simple else kernel._specialize(args)[1]
+    ir = kernel.build_ir(program.get(), spec)
     reads: dict[str, None] = {}
     writes: dict[str, None] = {}
-    blocks = [b for t in ir.tasks for b in (t.bounds, t.prologue, t.body, t.epilogue)]
-    for block in blocks:
-        for s in walk(block):
-            if s.op == "load":
-                reads[ir.buffers[s.attr].name] = None
-            elif s.op == "store":
-                writes[ir.buffers[s.attr].name] = None
-            elif s.op == "atomic":
-                name = ir.buffers[s.attr[0]].name
-                writes[name] = None
-                if s.attr[1] not in ("add", "sub"):
-                    reads[name] = None
+    for s in walk(ir.body):
+        if s.op == "load":
+            reads[ir.buffers[s.attr].name] = None
+        elif s.op == "store":
+            writes[ir.buffers[s.attr].name] = None
+        elif s.op == "atomic":
+            name = ir.buffers[s.attr[0]].name
+            writes[name] = None
+            if s.attr[1] not in ("add", "sub"):
+                reads[name] = None
     return list(reads), list(writes)
 
 

@@ -110,6 +110,15 @@ class CPUTarget:
         return target.create_target_machine(cpu=self.cpu, features=self.features, opt=3,
                                             jit=True)
 
+    @property
+    def vector_math(self) -> str:
+        """What vectorized math calls run on, in words (``difftape info``): glibc's
+        one-letter variant code (``_ZGVe...``) names the instruction set only to a linker."""
+        if not (self.isa and self.mvec):
+            return "scalar libm"
+        isa = {"e": "AVX-512", "d": "AVX2", "b": "SSE2"}[self.isa]
+        return f"libmvec, {isa} ({self.lanes[32]} x f32, {self.lanes[64]} x f64)"
+
     def _vector_isa(self) -> tuple[str | None, dict[int, int]]:
         feats = set(self.features.split(","))
         if "+avx512f" in feats:

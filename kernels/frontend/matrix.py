@@ -268,6 +268,13 @@ class Matrix:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.to_list()})"
 
+    def __str__(self) -> str:
+        """NumPy's text of the values (``print(x[i])``, f-strings), as Taichi prints a
+        Python-scope vector or matrix; the repr, which names the type, for kernel values."""
+        if any(isinstance(e, Value) for e in self.entries):
+            return repr(self)
+        return str(self.to_numpy())
+
     def _values(self) -> Matrix:
         """A copy whose entries are values (places loaded)."""
         return Matrix._from_entries([e.expr() if isinstance(e, Ref) else e for e in self.entries],

@@ -44,3 +44,24 @@ def test_hanging_arch_runs_with_remote_flag(service, tmp_path, monkeypatch):
     assert 0 < trips <= 8 * len(remote) + 2, trips
     helpers.check_gif(tmp_path / "remote" / "hanging_arch.gif", (160, 160), 5 + 2)  # repeats merge
     helpers.check_png(tmp_path / "remote" / "hanging_arch_loss.png")
+
+
+def test_tape_graph_draws_the_same_graph_remotely(service, tmp_path, monkeypatch):
+    """examples/tape_graph.py under DIFFTAPE_ARCH=remote: ``tape.visualize`` reads what each
+    recorded launch loads and stores from its IR, which the client builds (the fields live
+    on the server), and draws the graph a local run draws."""
+    graph = _example_tests().example("tape_graph")
+    try:
+        graph.main(["--out", str(tmp_path / "local.dot")])
+    finally:
+        ti.reset()
+    monkeypatch.setenv("DIFFTAPE_ARCH", "remote")
+    monkeypatch.setenv("DIFFTAPE_SERVER", service.url)
+    monkeypatch.setenv("DIFFTAPE_TOKEN", service.tokens["alice"])
+    try:
+        graph.main(["--out", str(tmp_path / "remote.dot")])
+    finally:
+        ti.reset()
+    local = (tmp_path / "local.dot").read_text()
+    assert '"launch 0"' in local and "->" in local, local
+    assert (tmp_path / "remote.dot").read_text() == local

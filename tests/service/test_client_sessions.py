@@ -134,9 +134,14 @@ def test_bad_token(service):
 
 
 def test_unreachable_server():
-    with pytest.raises(RemoteError, match="cannot reach"):
+    """The error says what to check: a server running at that URL (through the tunnel, from
+    a laptop), and where the URL came from (a default when nothing named one)."""
+    with pytest.raises(RemoteError, match="cannot reach") as e:
         ti.init(arch=ti.remote, server="http://127.0.0.1:9", token="x", timeout=5)
     ti.reset()
+    msg = str(e.value)
+    assert "difftape serve" in msg and "ssh -N -L" in msg, msg
+    assert "DIFFTAPE_SERVER" in msg and "http://127.0.0.1:8000" in msg, msg
 
 
 def test_killed_worker_is_a_lost_session(service):
