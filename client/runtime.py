@@ -56,6 +56,7 @@ from difftape.runtime import foreign, program
 from difftape.runtime.storage import Storage
 
 from .derivatives import Unrecordable, jacobian, newton, second_order
+from .errors import RemoteError, SessionLostError
 from .graph import GraphRecording, RemoteGraph
 
 #: Queued ops beyond this many are sent without waiting for a synchronisation point.
@@ -352,9 +353,23 @@ class RemoteRuntime:
         return RemoteGraph.loaded(self, doc, mapping, keys)
 
     def close(self) -> None:
-        """End the session (its fields are dropped, as a local ``ti.reset()`` drops them)."""
+        """End the session (its fields are dropped, as a local ``ti.reset()`` drops them).
+
+        Launches still queued are sent first, as a local grid program waits for its queued
+        launches at ``ti.reset()`` and at exit: a failure among them (a bounds error, a failed
+        assert) is raised once the session is released, never dropped. A service that cannot
+        be reached any more (or a session already lost) has nothing left to report or release.
+        """
         if self.closed:
             return
+        failure: DifftapeError | None = None
+        if self._recording is None and self._queue:
+            try:
+                self.flush()
+            except (RemoteError, SessionLostError):
+                pass  # the service or the session is gone: the queued ops never ran
+            except DifftapeError as e:
+                failure = e
         self.closed = True
         self._queue.clear()
         try:
@@ -365,6 +380,8 @@ class RemoteRuntime:
         finally:
             if self.owns_session:
                 self.transport.close()
+        if failure is not None:
+            raise failure
 
     # ------------------------------------------------------------------ kernels
     def _kernel(self, kernel, args: tuple, validate: bool = False) -> _RemoteKernel:
@@ -1021,12 +1038,12 @@ def attach(prog, *, server: str | None = None, token: str | None = None, session
 
 
 def _close_at_exit(ref: weakref.ref) -> None:
+    """The process ends: the session is closed, and a failure of a launch still queued is
+    reported (Python prints an exception raised here, as for a local grid program's queued
+    launches) rather than lost."""
     rt = ref()
     if rt is not None and not rt.closed:
-        try:
-            rt.close()
-        except Exception:  # noqa: BLE001 - never make interpreter exit fail
-            pass
+        rt.close()
 
 
 __all__ = ["RemoteField", "RemoteNdarray", "RemoteRuntime", "RemoteTape", "attach"]

@@ -234,3 +234,60 @@ def test_a_kernel_the_server_refuses_to_compile_names_the_line(remote):
     local = run_local(program)
     assert local[1:4] == ("overwrite", HERE, line_of("refused by the compiler"))
     assert remote(program) == local
+
+
+def _queue_a_bad_write():
+    x = ti.field(ti.f32, shape=4)
+
+    @ti.kernel
+    def poke(k: ti.i32):
+        x[k] = 1.0  # the bad write
+
+    poke(1)
+    poke(7)  # queued: nothing reads afterwards
+
+
+@pytest.mark.parametrize("how", ["http", "inproc"])
+def test_a_failure_still_queued_is_raised_at_reset(request, how):
+    """A launch queued when the program ends is sent then, and its failure raised (as a local
+    grid program raises a queued launch's failure at ti.reset()), not dropped."""
+    if how == "http":
+        service = request.getfixturevalue("service")
+        ti.init(arch=ti.remote, server=service.url, token=service.tokens["alice"])
+    else:
+        ti.init(arch=ti.remote, transport=LocalTransport())
+    try:
+        _queue_a_bad_write()
+    except BaseException:
+        ti.reset()
+        raise
+    with pytest.raises(ti.IndexOutOfRangeError, match=r"(?s)poke.*the bad write"):
+        ti.reset()
+    ti.init(arch=ti.cpu)  # the session was released: a new program starts cleanly
+    ti.reset()
+
+
+def test_a_failure_still_queued_at_exit_is_reported(tmp_path):
+    import subprocess
+    import sys
+    import textwrap
+
+    script = tmp_path / "prog.py"
+    script.write_text(textwrap.dedent("""
+        import difftape as ti
+        from difftape.client import LocalTransport
+
+        ti.init(arch=ti.remote, transport=LocalTransport())
+        x = ti.field(ti.f32, shape=4)
+
+        @ti.kernel
+        def poke(k: ti.i32):
+            x[k] = 1.0  # the bad write
+
+        poke(7)
+        print("program ended")
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=300)
+    assert "program ended" in out.stdout
+    assert "IndexOutOfRangeError" in out.stderr and "the bad write" in out.stderr, out.stderr
