@@ -224,7 +224,10 @@ def percent_items(fmt: str, args) -> list:
         if isinstance(arg, numbers.Number | np.generic) and not isinstance(arg, bool):
             arg = ops.to_expr(arg)
         if not _is_runtime(arg):
-            out.append(spec % (arg,))
+            try:
+                out.append(spec % (arg,))
+            except (TypeError, ValueError) as e:
+                raise ops._err(f"assert message: {e}", KernelTypeError) from None
         elif conv in "sra" and spec == "%" + conv:
             out += _template_items(arg)
         elif not isinstance(arg, Value):

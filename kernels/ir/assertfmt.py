@@ -56,7 +56,8 @@ def check(spec: object, t: DType) -> str | None:
         return None
     m = (_PRINTF if spec.startswith("%") else _PYSPEC).fullmatch(spec)
     if m is None:
-        return f"format {spec!r} is not a supported conversion"
+        return (f"format {spec!r} is not a supported conversion (flags, a width and a "
+                "precision of at most 2 digits each, a number's conversion letter)")
     letter = m.group(1)
     if letter in _INT_LETTERS and t.is_float:
         return f"format {spec!r} shows an integer, the value is {t}"

@@ -217,8 +217,17 @@ def test_unformattable_messages_are_refused_at_compile_time(ti):
     def mapping_key(a: ti.i32):
         assert a < 0, "%(a)d" % {"a": a}
 
+    @ti.kernel
+    def huge_width(a: ti.i32):
+        assert a < 0, "%200d" % a
+
+    @ti.kernel
+    def none_arg(a: ti.i32):
+        assert a < 0, "%d %d" % (a, None)
+
     for k, words in ((too_few, "not enough arguments"), (int_spec_of_float, "f32"),
-                     (too_many, "at most 32"), (mapping_key, "%(name)")):
+                     (too_many, "at most 32"), (mapping_key, "%(name)"),
+                     (huge_width, "at most 2 digits"), (none_arg, "not NoneType")):
         with pytest.raises(ti.CompileError, match=re.escape(words)):
             k(1)
 
