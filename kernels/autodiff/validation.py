@@ -74,7 +74,7 @@ def instrument(ir: KernelIR, prog, mattering: set[int]) -> KernelIR:
                     zero = Stmt("const", i32, (), 0, loc=s.loc)
                     ok = Stmt("eq", i32, (w, zero), loc=s.loc)
                     msg = _message(ir, s, ir.buffers[slot].name)
-                    out += [seen, w, zero, ok, Stmt("assert", None, (ok,), msg, loc=s.loc)]
+                    out += [seen, w, zero, ok, Stmt("assert", None, (ok,), (msg,), loc=s.loc)]
             out.append(s)
             if s.op == "load" and order.get(s) in mattering:
                 m = _mark_buffer(ir, prog, s.attr, slots)

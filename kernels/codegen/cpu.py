@@ -313,7 +313,7 @@ entry:
         low.fn.void(f"call void @{self.free_symbol}(ptr {p})")
 
     # ------------------------------------------------------------------ lowering hooks
-    def error_reported(self, low: Lowering, code: int, value: object) -> None:
+    def error_reported(self, low: Lowering, code: int, values: tuple) -> None:
         """Nothing beyond the launch context's error word: the CPU's launches are synchronous
         and the launcher reads it after each task."""
 

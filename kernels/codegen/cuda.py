@@ -169,8 +169,8 @@ class CUDATarget:
     @staticmethod
     def _status(low: Lowering) -> str:
         """The program's status block (``CtxLayout.status``): word 0 is the tag of the kernel
-        whose launch failed first since the host last looked (0: none), words 1 and 2 its
-        error code and value."""
+        whose launch failed first since the host last looked (0: none), word 1 its error
+        code, the words after it its message's values (``runtime/grid.STATUS_WORDS``)."""
         address = low.fn.ins(f"load i64, ptr {low.ctx_slot(low.layout.status)}")
         return low.fn.ins(f"inttoptr i64 {address} to ptr")
 
@@ -186,9 +186,9 @@ class CUDATarget:
         fn.term("ret void")
         fn.start_block(go)
 
-    def error_reported(self, low: Lowering, code: int, value) -> None:
+    def error_reported(self, low: Lowering, code: int, values: tuple) -> None:
         """Also claim the program's status block (first failure wins, by compare-and-swap)
-        with this kernel's tag, and write the code and value there: the launches queued
+        with this kernel's tag, and write the code and the values there: the launches queued
         after this one see it and return, and the host reads it at its next sync point."""
         fn = low.fn
         status = self._status(low)
@@ -199,9 +199,9 @@ class CUDATarget:
         fn.term(f"br i1 {won}, label %{write}, label %{done}")
         fn.start_block(write)
         fn.void(f"store i64 {code}, ptr " + fn.ins(f"getelementptr i64, ptr {status}, i64 1"))
-        if value is not None:
-            p = fn.ins(f"getelementptr i64, ptr {status}, i64 2")
-            low.store_at(p, value.dtype, low.values[value])
+        for k, v in enumerate(values):
+            p = fn.ins(f"getelementptr i64, ptr {status}, i64 {2 + k}")
+            low.store_at(p, v.dtype, low.values[v])
         fn.term(f"br label %{done}")
         fn.start_block(done)
 

@@ -1,7 +1,9 @@
 """The launch context: one array of 64-bit slots shared by the launcher and the generated code.
 
 Buffers' base pointers, ndarray extents, scalar arguments, temps (kernel-level variables shared
-between tasks), return values, the error report, the random-state pointer, the commit ticket
+between tasks), return values, the error report (the failed check's message number and the
+values its message shows, one slot each: as many as the kernel's longest message needs, at
+least one), the random-state pointer, the commit ticket
 of ordered (deterministic) tasks and, for targets whose reverse-mode stacks come from a
 preallocated pool (CUDA), the pool's address, each thread's capacity, the overflow flag and the
 quiet flag (no printing in an attempt that may be rerun), the print sink (where ``print``
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..ir.assertfmt import assert_messages
 from ..ir.nodes import KernelIR
 
 #: A print sink (``runtime/printsink.py``) begins with three i64 words, cursor (bytes
@@ -31,7 +34,8 @@ class CtxLayout:
     temps: int = 0
     returns: list[int] = field(default_factory=list)
     err_code: int = 0
-    err_value: int = 0
+    err_value: int = 0  # the first of err_values slots: the failed check's message's values
+    err_values: int = 1
     rng: int = 0
     commit: int = 0  # an "ordered" task's next chunk to commit (its begin index)
     stack_pool: int = 0  # pooled stacks: the pool's address
@@ -63,9 +67,11 @@ def ctx_layout(ir: KernelIR) -> CtxLayout:
     for _ in ir.returns:
         lay.returns.append(n)
         n += 1
-    lay.err_code, lay.err_value, lay.rng, lay.commit = n, n + 1, n + 2, n + 3
-    lay.stack_pool, lay.stack_cap, lay.overflow, lay.quiet = n + 4, n + 5, n + 6, n + 7
-    lay.status, lay.tag = n + 8, n + 9
-    lay.print_sink = n + 10
-    lay.size = n + 11
+    lay.err_code, lay.rng, lay.commit = n, n + 1, n + 2
+    lay.stack_pool, lay.stack_cap, lay.overflow, lay.quiet = n + 3, n + 4, n + 5, n + 6
+    lay.status, lay.tag = n + 7, n + 8
+    lay.print_sink = n + 9
+    lay.err_value = n + 10
+    lay.err_values = max([1] + [len(m.types) for m in assert_messages(ir)])
+    lay.size = lay.err_value + lay.err_values
     return lay

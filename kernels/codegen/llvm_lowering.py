@@ -21,6 +21,7 @@ import struct
 from dataclasses import dataclass, field
 
 from .. import types as T
+from ..ir.assertfmt import Message, assert_messages
 from ..ir.nodes import OPS, Block, KernelIR, Stmt, Task, task_blocks, walk
 from ..types import DType
 from . import quant as Q
@@ -42,17 +43,6 @@ def ll_const(value, t: DType) -> str:
         bits = struct.unpack("<Q", struct.pack("<d", float(value)))[0]
         return f"0x{bits:016X}"
     return str(int(value))
-
-
-def assert_messages(ir: KernelIR) -> list[str]:
-    """The distinct assertion messages of a kernel; message k has error code k + 1."""
-    out: list[str] = []
-    for t in ir.tasks or []:
-        for blk in task_blocks(t):
-            for s in walk(blk):
-                if s.op == "assert" and s.attr not in out:
-                    out.append(s.attr)
-    return out
 
 
 # Metadata numbering: loop and other nodes (``Lowering.metadata``) from !1, alias scopes after.
@@ -1181,26 +1171,30 @@ class Lowering:
         fail, cont = fn.label("assert_fail"), fn.label("assert_ok")
         fn.term(f"br i1 {ok}, label %{cont}, label %{fail}")
         fn.start_block(fail)
-        self.report_error(self.messages[s.attr], s.args[1] if len(s.args) > 1 else None)
+        values = s.args[1:]
+        self.report_error(self.messages[Message(s.attr, tuple(v.dtype for v in values))],
+                          values)
         self._return()
         fn.start_block(cont)
 
-    def report_error(self, code: int, value: Stmt | None) -> None:
-        """Write the error word: the first failure wins. Threads that fail at once (chunks
-        on the CPU's pool, a GPU's threads, a warp in one instruction) race for it; a plain
-        store of the code and then of the value could leave one thread's code with another's
-        value (a message naming the wrong index). So the code is claimed by
-        compare-and-swap from 0, and only the thread that claimed it writes its value; the
-        launcher reads both after the launch (a join or the kernel's end orders them)."""
+    def report_error(self, code: int, values: tuple[Stmt, ...]) -> None:
+        """Write the error report: the first failure wins. Threads that fail at once (chunks
+        on the CPU's pool, a GPU's threads, a warp in one instruction) race for it; plain
+        stores of the code and then of the values could leave one thread's code with another's
+        values (a message naming the wrong index). So the code is claimed by
+        compare-and-swap from 0, and only the thread that claimed it writes its values (the
+        slots from ``CtxLayout.err_value`` on); the launcher reads them after the launch (a
+        join or the kernel's end orders them)."""
         fn = self.fn
         p = self.ctx_slot(self.layout.err_code)
         old = fn.ins(f"cmpxchg ptr {p}, i64 0, i64 {code} monotonic monotonic")
-        if value is not None:
+        if values:
             won = fn.ins(f"extractvalue {{ i64, i1 }} {old}, 1")
             write, done = fn.label("err_value"), fn.label("err_done")
             fn.term(f"br i1 {won}, label %{write}, label %{done}")
             fn.start_block(write)
-            self.store_scalar(self.layout.err_value, value.dtype, self.values[value])
+            for k, v in enumerate(values):
+                self.store_scalar(self.layout.err_value + k, v.dtype, self.values[v])
             fn.term(f"br label %{done}")
             fn.start_block(done)
-        self.target.error_reported(self, code, value)
+        self.target.error_reported(self, code, values)

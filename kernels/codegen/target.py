@@ -55,9 +55,9 @@ class Target(Protocol):
         """An i64 value: which random-number state this thread of the task uses."""
 
     # ---------------------------------------------------------------- code inside a body
-    def error_reported(self, low: Lowering, code: int, value: object) -> None:
-        """Code after a failed check has written the launch context's error word (``value``:
-        the offending value's statement, or None); nothing on the CPU."""
+    def error_reported(self, low: Lowering, code: int, values: tuple) -> None:
+        """Code after a failed check has written the launch context's error report
+        (``values``: the statements of the values its message shows); nothing on the CPU."""
 
     def math_call(self, low: Lowering, name: str, t: DType, args: list[str],
                   paired: bool = False) -> str:

@@ -460,7 +460,7 @@ class Field(ArrayExchange):
             if not 0 <= r < n:
                 where = f" and offset {self.offset}" if any(self.offset) else ""
                 raise IndexOutOfRangeError(
-                    f"{OUT_OF_RANGE.format(r + o)} out of range for axis {axis} of "
+                    f"{OUT_OF_RANGE}{r + o} out of range for axis {axis} of "
                     f"'{self._label()}' "
                     f"with shape {self.shape}{where}")
             out.append(r)

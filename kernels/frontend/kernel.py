@@ -27,7 +27,7 @@ from ..autodiff.lost import NO_FLOW, lost_flow
 from ..autodiff.validation import NOT_WITH_FORWARD_MODE
 from ..codegen import get_target
 from ..codegen.layout import CtxLayout, ctx_layout
-from ..codegen.llvm_lowering import Lowering, assert_messages, notify_compiled
+from ..codegen.llvm_lowering import Lowering, notify_compiled
 from ..errors import (
     ArgumentError,
     CallSignatureError,
@@ -36,6 +36,7 @@ from ..errors import (
     KernelSyntaxError,
 )
 from ..ir import serialize
+from ..ir.assertfmt import assert_messages
 from ..ir.nodes import Buffer, KernelIR, task_blocks, walk
 from ..ir.passes import run_pipeline
 from ..ir.printer import format_kernel
@@ -995,10 +996,11 @@ class CompiledKernel:
                     np.copyto(original, staged)
 
     def _raise_assertion(self) -> None:
-        code = int(self.ctx_i64[self.layout.err_code])
-        value = int(self.ctx_i64[self.layout.err_value])
-        self.ctx_i64[self.layout.err_code] = 0
-        raise_error_word(self.messages, code, value, self.ir.name)
+        lay = self.layout
+        code = int(self.ctx_i64[lay.err_code])
+        words = self.ctx_i64[lay.err_value:lay.err_value + lay.err_values].tolist()
+        self.ctx_i64[lay.err_code] = 0
+        raise_error_word(self.messages, code, words, self.ir.name)
 
 
 _FLOAT, _INT, _U64 = "f", "i", "u64"

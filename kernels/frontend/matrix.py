@@ -109,7 +109,7 @@ class Matrix:
             ok = ops.logical_and(ops.binary("ge", e, 0), ops.binary("lt", e, extent))
             where = bld.loc.where(bld.kernel_name) if bld.loc else ""
             bld.emit("assert", None, (ok.stmt, e.stmt),
-                     f"{OUT_OF_RANGE}{axis} out of range for a {self._shape_text()}{where}")
+                     (OUT_OF_RANGE, "", f"{axis} out of range for a {self._shape_text()}{where}"))
         return k
 
     def _flat_index(self, index) -> int | Value:

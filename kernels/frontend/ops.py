@@ -259,7 +259,7 @@ def runtime_check(cond, message: str, loc: Loc | None = None) -> None:
         return
     loc = loc or bld.loc
     where = loc.where(bld.kernel_name) if loc else f"\n  in kernel '{bld.kernel_name}'"
-    bld.emit("assert", None, (to_condition(cond).stmt,), message + where)
+    bld.emit("assert", None, (to_condition(cond).stmt,), (message + where,))
 
 
 #: How the user writes a binary op, for messages.

@@ -10,16 +10,22 @@ Python numbers given directly to ``print`` as kernel constants (``1.5`` prints
 compile-time values are formatted by Python, kernel values with their spec turned into a
 printf conversion (``{:.2f}``, ``{:e}``, ``{:08d}``; a spec of another kind than the value,
 ``{:d}`` of a float, is a KernelTypeError).
+
+The same pieces make the messages of ``assert`` (:func:`assert_message`): an f-string, a
+``str.format`` or ``"..." % args`` of kernel values becomes a template whose values the failing
+thread reports and the host formats (``ir/assertfmt.py``), as Taichi formats them.
 """
 
 from __future__ import annotations
 
 import numbers
+import re
 import string
 
 import numpy as np
 
 from ..errors import KernelSyntaxError, KernelTypeError
+from ..ir import assertfmt
 from ..ir.printf import FormatError, conversion
 from . import builder as _b
 from . import ops
@@ -179,3 +185,102 @@ def emit_print(bld: _b.Builder, args: list, sep: str = " ", end: str = "\n") -> 
         attr.append("")
         values.append(e.stmt)
     bld.emit("print", None, tuple(values), tuple(attr))
+
+
+#: One ``%`` conversion of Python's printf-style formatting (``%%`` included).
+_PERCENT = re.compile(r"%(?:\((?P<key>[^)]*)\))?(?P<flags>[-+ #0]*)(?P<width>\*|\d+)?"
+                      r"(?:\.(?P<prec>\*|\d+))?[hlL]?(?P<conv>.?)", re.S)
+_BARE = {"d": "i", "i": "i", "u": "i", "f": "f", "F": "f"}
+
+
+def percent_items(fmt: str, args) -> list:
+    """``fmt % args`` (an assert's message) as text and (kernel value, spec) items, Python's
+    rules: a tuple gives one argument per conversion, anything else is one argument. A
+    number is a kernel constant (as in Taichi: ``%f`` of ``0.5`` shows ``0.5``); other
+    compile-time values are formatted by Python."""
+    args = list(args) if isinstance(args, tuple) else [args]
+    out: list = []
+    pos = used = 0
+    for m in _PERCENT.finditer(fmt):
+        out.append(fmt[pos:m.start()])
+        pos = m.end()
+        conv = m.group("conv")
+        if conv == "%" and m.group(0) == "%%":
+            out.append("%")
+            continue
+        if m.group("key") is not None:
+            raise ops._err("%(name) mapping keys are not supported in kernel assert messages; "
+                           "use an f-string", KernelSyntaxError)
+        if "*" in (m.group("width") or "") + (m.group("prec") or ""):
+            raise ops._err("'*' widths and precisions are not supported in kernel assert "
+                           "messages", KernelSyntaxError)
+        if not conv or conv not in "diouxXeEfFgGsra":
+            raise ops._err(f"unsupported format character {conv!r} in an assert message "
+                           f"(kernels show numbers: %d, %f, %e, %x, ...)", KernelTypeError)
+        if used == len(args):
+            raise ops._err("not enough arguments for format string", KernelTypeError)
+        arg, used = args[used], used + 1
+        spec = m.group(0)
+        if isinstance(arg, numbers.Number | np.generic) and not isinstance(arg, bool):
+            arg = ops.to_expr(arg)
+        if not _is_runtime(arg):
+            try:
+                out.append(spec % (arg,))
+            except (TypeError, ValueError) as e:
+                raise ops._err(f"assert message: {e}", KernelTypeError) from None
+        elif conv in "sra" and spec == "%" + conv:
+            out += _template_items(arg)
+        elif not isinstance(arg, Value):
+            raise ops._err(f"'{spec}' of a {type(arg).__name__} in an assert message: show a "
+                           "vector with '%s' or an f-string", KernelTypeError)
+        else:
+            # A bare %d of an integer or %f of a float: Taichi's text of the value.
+            e = ops.to_expr(arg)
+            bare = spec == "%" + conv and _BARE.get(conv) == ("f" if e.dtype.is_float else "i")
+            out.append((e, "" if bare else "%" + re.sub("[hlL]", "", spec[1:])))
+    out.append(fmt[pos:])
+    if used != len(args):
+        raise ops._err("not all arguments converted during string formatting", KernelTypeError)
+    return out
+
+
+def _template_items(x) -> list:
+    """What shows ``x`` (as print shows it), its values' specs in ``ir/assertfmt.py``'s terms:
+    a user's format spec (an f-string's ``{x:.3f}``) applied by Python's ``format``."""
+    items: list = []
+    _pieces(x, None, items)
+    return [it if isinstance(it, str) else (it[0], ":" + it[1] if it[1] else "")
+            for it in items]
+
+
+def assert_message(msg) -> tuple[tuple[str, ...], list]:
+    """The template and the kernel values of an assert's message ``msg``: a string, an
+    f-string or ``str.format`` of kernel values (a ``Formatted``), items made by
+    :func:`percent_items`, or a kernel value itself. Stripped, as Taichi strips it."""
+    if isinstance(msg, list):
+        items = msg
+    elif isinstance(msg, str | Formatted) or _is_runtime(msg):
+        items = _template_items(msg)
+    else:
+        items = [str(msg)]
+    texts, specs, values = [""], [], []
+    for it in items:
+        if isinstance(it, str):
+            texts[-1] += it
+            continue
+        e, spec = it
+        why = assertfmt.check(spec, e.dtype)
+        if why:
+            raise ops._err(f"assert message: {why}", KernelTypeError)
+        specs.append(spec)
+        values.append(e)
+        texts.append("")
+    if len(values) > assertfmt.MAX_VALUES:
+        raise ops._err(f"an assert message shows at most {assertfmt.MAX_VALUES} values (as in "
+                       f"Taichi), this one {len(values)}", KernelSyntaxError)
+    texts[0] = texts[0].lstrip()
+    texts[-1] = texts[-1].rstrip()
+    template = [texts[0]]
+    for spec, text in zip(specs, texts[1:], strict=True):
+        template += [spec, text]
+    return tuple(template), values

@@ -327,9 +327,9 @@ def _append(node: SNode, indices, entries: list[tuple[Field, object]], label: st
     # Storage is dense: a list cannot grow past its declared size (Taichi's can); say so
     # rather than drop the value.
     bld.emit("assert", None, (fits.stmt,),
-             f"ti.append: the list of {label} is full (dynamic SNode of size "
-             f"{node.sizes[0]}); declare a larger size"
-             + (bld.loc.where(bld.kernel_name) if bld.loc else ""))
+             (f"ti.append: the list of {label} is full (dynamic SNode of size "
+              f"{node.sizes[0]}); declare a larger size"
+              + (bld.loc.where(bld.kernel_name) if bld.loc else ""),))
     bld.emit("if", None, (fits.stmt,), None, (then, []))
     return k
 

@@ -245,6 +245,15 @@ def static_assert(cond, msg: str | None = None) -> None:
         raise bld.error(text) if bld else AssertionError(text)
 
 
+def _printing():
+    """``printing.py``: print(), f-strings and ``str.format`` of kernel values, and assert
+    messages showing them."""
+    # Function-level: print()/f-strings/assert messages load printing.py (~4 ms) on use.
+    from . import printing
+
+    return printing
+
+
 def static_print(*args, **kwargs) -> None:
     """``ti.static_print``: Python's print, run once while the kernel is compiled."""
     print(*args, **kwargs)
@@ -1012,7 +1021,7 @@ class FunctionTransformer:
 
     def build_Assert(self, node: ast.Assert) -> None:
         cond = self.eval(node.test)
-        msg = self.eval(node.msg) if node.msg is not None else "assertion failed"
+        template, values = self._assert_message(node.msg)
         if not isinstance(cond, Value):
             if cond:
                 return
@@ -1024,7 +1033,29 @@ class FunctionTransformer:
             # The message names the kernel and the line, as a bounds check's does (Taichi's
             # gives the message alone, which leaves the user to find the assert).
             where = self.bld.loc.where(self.bld.kernel_name) if self.bld.loc else ""
-            self.bld.emit("assert", None, (ops.to_condition(cond).stmt,), str(msg) + where)
+            self.bld.emit("assert", None,
+                          (ops.to_condition(cond).stmt, *(e.stmt for e in values)),
+                          template[:-1] + (template[-1] + where,))
+
+    def _assert_message(self, node: ast.expr | None) -> tuple[tuple[str, ...], list]:
+        """An assert's message template and the kernel values it shows (ir/assertfmt.py):
+        ``"..." % args`` (Taichi's printf-style messages; a string on the left, whatever the
+        right), an f-string or ``str.format`` of kernel values, a plain string. Checked with
+        or without ``debug=True``, as Taichi checks it."""
+        if node is None:
+            return ("assertion failed",), []
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod):
+            left, right = self.eval(node.left), self.eval(node.right)
+            if isinstance(left, str):
+                self._at(node)
+                printing = _printing()
+                return printing.assert_message(printing.percent_items(left, right))
+            msg = self._binop(node, left, right)
+        else:
+            msg = self.eval(node)
+        if isinstance(msg, str):
+            return (msg.strip(),), []
+        return _printing().assert_message(msg)
 
     # ------------------------------------------------------------------ for loops
     def build_For(self, node: ast.For) -> None:
@@ -1271,7 +1302,10 @@ class FunctionTransformer:
         return out
 
     def expr_BinOp(self, node: ast.BinOp):
-        a, b = self.eval(node.left), self.eval(node.right)
+        return self._binop(node, self.eval(node.left), self.eval(node.right))
+
+    def _binop(self, node: ast.BinOp, a, b):
+        """``node``'s operation on its operands' values ``a`` and ``b``."""
         self._at(node)
         if type(a) in (list, tuple) and (
                 (isinstance(node.op, ast.Add) and type(b) is type(a)) or
@@ -1530,10 +1564,7 @@ class FunctionTransformer:
                 raise self._at(v).error("a format spec must be known at compile time")
             conv = chr(v.conversion) if v.conversion != -1 else None
             values.append((_as_value(self.eval(v.value)), spec, conv))
-        # Function-level: print()/f-strings in kernels load printing.py (~4 ms import) on use.
-        from . import printing
-
-        return printing.joined(values)
+        return _printing().joined(values)
 
     def expr_Call(self, node: ast.Call):
         fn = self.eval(node.func)
@@ -1563,16 +1594,10 @@ class FunctionTransformer:
             raise self.bld.error(f"kernel '{fn.name}' cannot be called from inside a kernel; "
                                  "make it a @ti.func")
         if fn is print:
-            # Function-level: print()/f-strings in kernels load printing.py (~4 ms import) on use.
-            from .printing import emit_print
-
-            return emit_print(self.bld, [_as_value(a) for a in args], **kwargs)
+            return _printing().emit_print(self.bld, [_as_value(a) for a in args], **kwargs)
         if isinstance(getattr(fn, "__self__", None), str) and \
                 getattr(fn, "__name__", None) == "format":
-            # Function-level: print()/f-strings in kernels load printing.py (~4 ms import) on use.
-            from .printing import format_string
-
-            return format_string(fn.__self__, tuple(_as_value(a) for a in args),
+            return _printing().format_string(fn.__self__, tuple(_as_value(a) for a in args),
                                  {k: _as_value(v) for k, v in kwargs.items()})
         if fn in _PY_BUILTIN_MAP:
             return _PY_BUILTIN_MAP[fn](*args, **kwargs)

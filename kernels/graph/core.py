@@ -445,10 +445,11 @@ class Graph:
         if failed >= 0:
             inst, ctx = self._failures[failed]
             lay = inst.layout
-            code, value = int(ctx[lay.err_code]), int(ctx[lay.err_value])
+            code = int(ctx[lay.err_code])
+            words = ctx[lay.err_value:lay.err_value + lay.err_values].tolist()
             ctx[lay.err_code] = 0
             try:
-                raise_error_word(inst.messages, code, value, inst.ir.name)
+                raise_error_word(inst.messages, code, words, inst.ir.name)
             except DifftapeError as e:
                 e.kernel = getattr(e, "kernel", None) or inst.ir.name  # the launch that failed
                 raise

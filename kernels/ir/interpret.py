@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .assertfmt import render
 from .nodes import Block, KernelIR, Stmt
 from .ops import OPS, evaluate
 from .printf import python_format
@@ -129,7 +130,7 @@ class Interpreter:
             print(text, end="")
         elif op == "assert":
             if not a[0]:
-                raise InterpreterAssertion(s.attr.replace("{}", str(a[1]) if len(a) > 1 else "?"))
+                raise InterpreterAssertion(render(s.attr, [v.dtype for v in s.args[1:]], a[1:]))
         elif op == "if":
             self._block(s.blocks[0] if a[0] else s.blocks[1], env, loops)
         elif op == "range_for":

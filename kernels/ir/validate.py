@@ -47,6 +47,7 @@ import numpy as np
 
 from .. import types as T
 from ..errors import IRValidationError
+from .assertfmt import MAX_VALUES, check_template
 from .nodes import CONTROL, MAX_SOURCE_TEXT, OPS, Buffer, KernelIR, Loc, Param, Stmt
 from .verify import LOOP_FLAGS, IRVerificationError, verify
 
@@ -130,7 +131,7 @@ class _Decoder:
         self.paths: dict[Stmt, str] = {}
         self.loop_ids: set[int] = set()
         self.ir: KernelIR | None = None
-        self.messages: set[str] = set()
+        self.messages: set[tuple[str, ...]] = set()
         self.count = 0  # statements decoded so far
 
     @staticmethod
@@ -381,7 +382,8 @@ class _Decoder:
                                   "frontend IR")
         t = None if dtype is None else self.dtype(dtype, path + ".dtype")
         self.expect(args, list, path + ".args", "operands")
-        most = MAX_PRINT_OPERANDS if op == "print" else MAX_OPERANDS
+        most = MAX_PRINT_OPERANDS if op == "print" else \
+            1 + MAX_VALUES if op == "assert" else MAX_OPERANDS
         if info.nargs is not None and len(args) != info.nargs or len(args) > most:
             want = info.nargs if info.nargs is not None else f"at most {most}"
             raise self.fail(path, f"op '{op}' takes {want} operand{'' if want == 1 else 's'}, "
@@ -397,9 +399,14 @@ class _Decoder:
             raise self.fail(path, f"op '{op}' takes {info.nblocks} block"
                                   f"{'' if info.nblocks == 1 else 's'}, got {len(blocks)}")
         # print's attribute: text around one printf conversion per operand (ir/printf.py,
-        # checked by the verifier; the lowering escapes the text's own '%')
-        s = Stmt(op, t, tuple(operands),
-                 self.attr(attr, path, 2 * MAX_PRINT_OPERANDS + 1 if op == "print" else 4))
+        # checked by the verifier; the lowering escapes the text's own '%'); assert's: its
+        # message template, text around one spec per value (ir/assertfmt.py, checked here)
+        most_attr = 2 * MAX_PRINT_OPERANDS + 1 if op == "print" else \
+            2 * MAX_VALUES + 1 if op == "assert" else 4
+        attr = self.attr(attr, path, most_attr)
+        if op == "assert" and type(attr) is str:
+            attr = (attr,)  # a message without values as IR before templates wrote it
+        s = Stmt(op, t, tuple(operands), attr)
         self.paths[s] = path
         self.policy(s, path, depth, loops)
         self.stmts.append(s)  # numbered before its blocks, as serialize.encode does
@@ -438,13 +445,15 @@ class _Decoder:
         if op == "const":
             self.const(s, path)
         elif op == "assert":
-            # The frontend asserts a condition; the value operand (reported in the message)
-            # belongs to the bounds checks, which read it back as an integer index.
-            if len(s.args) != 1:
-                raise self.fail(path, f"op 'assert' takes 1 operand (the condition), got "
-                                      f"{len(s.args)}")
-            if isinstance(s.attr, str):
-                self.messages.add(s.attr)
+            # The condition, then the values the message shows: its template is data (text
+            # and specs of a strict grammar, ir/assertfmt.py), formatted here when it fails.
+            if not s.args:
+                raise self.fail(path, "op 'assert' takes the condition and the values its "
+                                      "message shows")
+            why = check_template(s.attr, [v.dtype for v in s.args[1:]])
+            if why:
+                raise self.fail(path, why)
+            self.messages.add(s.attr)
             if len(self.messages) > MAX_MESSAGES:
                 raise self.fail(path, f"more than {MAX_MESSAGES} distinct assert messages")
         elif op in ("shl", "shr") and len(s.args) == 2 and s.args[1].op == "const":

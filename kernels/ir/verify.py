@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 from .. import types as T
 from ..errors import DifftapeError
+from .assertfmt import check_template
 from .nodes import ATOMIC_KINDS, OPS, Block, KernelIR, Stmt
 
 
@@ -221,12 +222,12 @@ class _Checker:
         elif op == "if":
             self.cond(s, a[0], "an if condition")
         elif op == "assert":
-            if not 1 <= len(a) <= 2:
-                raise self.fail(s, f"assert takes a condition and at most one value, has "
-                                   f"{len(a)} operands")
+            if not a:
+                raise self.fail(s, "assert takes a condition and the values its message shows")
             self.cond(s, a[0], "an assert condition")
-            if not isinstance(s.attr, str):
-                raise self.fail(s, f"assert message {s.attr!r} is not a string")
+            why = check_template(s.attr, [v.dtype for v in a[1:]])
+            if why:
+                raise self.fail(s, why)
         elif op == "print":
             if not isinstance(s.attr, tuple) or len(s.attr) != 2 * len(a) + 1 or not all(
                     isinstance(x, str) for x in s.attr[::2]):

@@ -29,7 +29,7 @@ runs:
   context back after each task: error word, overflow flag and return values are the device's
   (``runtime/launch.py`` decodes the error word).
 - **Errors of asynchronous launches.** A failed bounds check or assert also claims the
-  program's status block (first failure wins) with its kernel's tag, code and value; every
+  program's status block (first failure wins) with its kernel's tag, code and values; every
   task launched after it returns at once, so nothing queued after a failure runs on. The next
   sync point reads the block and raises the error the CPU would have raised at the launch
   (``KernelAssertionError``/``IndexOutOfRangeError`` naming the kernel, the index, the field
@@ -70,6 +70,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DifftapeError
+from ..ir.assertfmt import MAX_VALUES, Message
 from ..ir.nodes import KernelIR, task_blocks, walk
 from .launch import raise_error_word
 from .storage import DeviceMemoryAllocator, Storage
@@ -144,8 +145,9 @@ class DeviceBlock:
         self._finalizer = weakref.finalize(self, allocator._release, self.address)
 
 
-#: words of the status block: the failed kernel's tag, the error code and the value
-STATUS_WORDS = 3
+#: words of the status block: the failed kernel's tag, the error code and the values its
+#: message shows (at most ``assertfmt.MAX_VALUES``)
+STATUS_WORDS = 2 + MAX_VALUES
 
 
 class LaunchQueue:
@@ -156,7 +158,7 @@ class LaunchQueue:
     (the allocator's ``wait``), a synchronous launch (return values, ``print``, a task that
     may overflow, ``debug=True``) and the program's end call. A failed check of an
     asynchronous launch claims the **status block** (device memory; ``codegen/cuda.py``)
-    with its kernel's tag, code and value, and every task launched after it returns at once;
+    with its kernel's tag, code and values, and every task launched after it returns at once;
     :meth:`synchronize` reads the block (when a launch since the last sync point can fail),
     clears it and raises the error the CPU would have raised at the launch (naming the
     kernel, the index, the field and the line). The stack pool and the snapshot blocks of the
@@ -193,13 +195,13 @@ class LaunchQueue:
             return
         self.check = False
         self.memory.download(self._status, self.status.address)
-        tag, code, value = (int(v) for v in self._status)
+        tag, code = int(self._status[0]), int(self._status[1])
         if not tag:
             return
         self.clear_status()
         kernel = launched.get(tag)
         if kernel is not None and kernel.asynchronous:
-            raise_error_word(kernel.messages, code, value, kernel.ir.name)
+            raise_error_word(kernel.messages, code, self._status[2:].tolist(), kernel.ir.name)
 
     def clear_status(self) -> None:
         """Unclaim the status block (stream-ordered: before the next launch)."""
@@ -280,7 +282,7 @@ class GridKernel:
     keeps the entries' code loaded."""
 
     def __init__(self, ir: KernelIR, layout, entries: list[Any], launcher: Launcher,
-                 rng: Storage, messages: list[str] | None = None,
+                 rng: Storage, messages: list[Message] | None = None,
                  sync_errors: bool = False, code: object = None) -> None:
         self.ir, self.layout, self.launcher = ir, layout, launcher
         # What keeps the entries' code alive (the loaded module): held with this object by

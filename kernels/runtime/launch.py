@@ -1,26 +1,34 @@
-"""What every target's launcher does after a launch: decode the launch context's error word.
+"""What every target's launcher does after a launch: decode the launch context's error report.
 
 The generated code reports a failed bounds check or assertion by writing its message's number
-(1-based, ``llvm_lowering.assert_messages``) into ``CtxLayout.err_code`` and the offending
-value into ``err_value`` (host memory on the CPU, device memory on a GPU, read back after the
-launch). :func:`raise_error_word` turns that pair into the exception the CPU path raises, so a
-GPU launch (and the simulated grid, ``runtime/simgrid.py``) names the index, field and line
+(1-based, ``ir.assertfmt.assert_messages``) into ``CtxLayout.err_code`` and the values its
+message shows (the offending index, an ``assert``'s ``%d``/f-string values) into the slots from
+``err_value`` on (host memory on the CPU, device memory on a GPU, read back after the
+launch). :func:`raise_error_word` turns that report into the exception the CPU path raises, so
+a GPU launch (and the simulated grid, ``runtime/simgrid.py``) names the index, field and line
 the same way.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NoReturn
 
 from ..autodiff.validation import RULE_MARKER
 from ..errors import GradientRuleError, IndexOutOfRangeError, KernelAssertionError
+from ..ir.assertfmt import Message
 from ..ir.passes.bounds import OUT_OF_RANGE
 
 
-def raise_error_word(messages: list[str], code: int, value: int, kernel: str) -> NoReturn:
-    """Raise the error that code ``code`` (nonzero) with value ``value`` stands for."""
-    msg = messages[code - 1] if 0 < code <= len(messages) else "assertion failed"
+def raise_error_word(messages: list[Message], code: int, words: Sequence[int],
+                     kernel: str) -> NoReturn:
+    """Raise the error that code ``code`` (nonzero) with the value words ``words`` (the
+    report's slots, as many as the message shows or more) stands for."""
+    if not 0 < code <= len(messages):
+        raise KernelAssertionError("assertion failed")
+    message = messages[code - 1]
+    msg = message.text(words)
     if msg.startswith(RULE_MARKER):
         raise GradientRuleError(msg[len(RULE_MARKER):], kernel=kernel)
-    cls = IndexOutOfRangeError if msg.startswith(OUT_OF_RANGE) else KernelAssertionError
-    raise cls(msg.replace("{}", str(value), 1))
+    cls = IndexOutOfRangeError if message.template[0] == OUT_OF_RANGE else KernelAssertionError
+    raise cls(msg)

@@ -154,6 +154,40 @@ def test_debug_launches_that_can_fail_are_synchronous(prog):
     np.testing.assert_array_equal(x.to_numpy(), [0, 1, 0, 0])
 
 
+def test_an_asynchronous_assert_reports_its_message_values(prog, monkeypatch):
+    """The status block carries the failed assert's message values (up to MAX_VALUES, of
+    any type), written by the thread that claimed it: the message raised at the sync point
+    shows one failing thread's values, as the synchronous launch's does."""
+    init = grid.GridKernel.__init__
+
+    def asynchronous_errors(self, *args, **kwargs):  # as without debug=True
+        init(self, *args, **{**kwargs, "sync_errors": False})
+
+    monkeypatch.setattr(grid.GridKernel, "__init__", asynchronous_errors)
+    ti.init(arch=ti.cpu, simulate_grid=(3, 4), debug=True)
+    n = 50
+    x = ti.field(ti.i64, shape=n)
+    y = ti.field(ti.f64, shape=n)
+    x.from_numpy(np.arange(n, dtype=np.int64) * 3_000_000_000)
+    y.from_numpy(np.arange(n) / 3.0)
+
+    @ti.kernel
+    def check(limit: ti.i64):
+        for i in x:
+            assert x[i] < limit, f"i={i} x={x[i]} y={y[i]} h={ti.cast(i, ti.u8)}"
+
+    check(3_000_000_000 * n)
+    assert check._fast.grid.asynchronous
+    check(3_000_000_000 * 20)  # fails on the device: raised at the sync point
+    with pytest.raises(ti.KernelAssertionError) as info:
+        ti.sync()
+    first = str(info.value).splitlines()[0]
+    i = int(first.split()[0][2:])
+    assert 20 <= i < n
+    y_text = repr(i / 3.0).removesuffix(".0")  # Taichi's text of a float: no trailing .0
+    assert first == f"i={i} x={i * 3_000_000_000} y={y_text} h={i}"
+
+
 def test_the_program_end_waits_and_reports_a_failure_still_queued(prog):
     x = ti.field(ti.f32, shape=4)
 

@@ -573,7 +573,27 @@ def _mutations():
          "a f32 constant is a number")
     case("assert message", lambda d: L(d).append(
         ["assert", None, [_body_pos(d, "loop_index")[0]], 7, []]), None,
-         "assert message 7 is not a string")
+         "an assert message is .* around its 0 values")
+    # A message with values: template (text, spec, text, ...) around the operands after the
+    # condition (ir/assertfmt.py); specs of a strict grammar, bounded, of the value's kind.
+    case("assert values", lambda d: L(d).append(
+        ["assert", None, [_body_pos(d, "loop_index")[0]] * 2, {"t": ["i=", "%5d", "!"]}, []]),
+         None, None)  # allowed
+    case("assert template length", lambda d: L(d).append(
+        ["assert", None, [_body_pos(d, "loop_index")[0]] * 2, {"t": ["i=", "", "!", "", ""]},
+         []]), None, "around its 1 values")
+    case("assert spec grammar", lambda d: L(d).append(
+        ["assert", None, [_body_pos(d, "loop_index")[0]] * 2, {"t": ["i=", "{0.__class__}", ""]},
+         []]), None, "not a supported conversion")
+    case("assert spec width", lambda d: L(d).append(
+        ["assert", None, [_body_pos(d, "loop_index")[0]] * 2, {"t": ["i=", "%999999d", ""]},
+         []]), None, "not a supported conversion")
+    case("assert spec kind", lambda d: L(d).append(
+        ["assert", None, [_body_pos(d, "loop_index")[0], _body_pos(d, "load")[0]],
+         {"t": ["x=", "%x", ""]}, []]), None, "shows an integer, the value is f32")
+    case("assert too many values", lambda d: L(d).append(
+        ["assert", None, [_body_pos(d, "loop_index")[0]] * 34, {"t": [""] * 67}, []]), None,
+         "op 'assert' takes at most 33 operands")
     case("assert float cond", lambda d: L(d).append(["assert", None, [_body_pos(d, "load")[0]],
                                                      "m", []]), None,
          "an assert condition must be an integer")
@@ -1342,7 +1362,15 @@ class _IRGen:
             else:
                 self.emit(block, "continue", None)
         elif kind == "assert":
-            self.emit(block, "assert", None, (self.cond(block),), "generated {}")
+            # A message without values, or showing one value of any type (ir/assertfmt.py).
+            cond = self.cond(block)
+            if self.draw(st.booleans()):
+                self.emit(block, "assert", None, (cond,), {"t": ["generated"]})
+            else:
+                t = self.pick(GEN_DTYPES)
+                self.emit(block, "assert", None, (cond, self.value(block, t)),
+                          {"t": ["generated ", self.pick(["", "%5e" if t[0] == "f" else "%x"]),
+                                 "!"]})
         elif kind == "random":
             self.emit(block, "random", t)
         elif kind == "return" and top and self.returns:

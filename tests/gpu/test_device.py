@@ -135,12 +135,12 @@ def test_many_threads_failing_report_one_failure_whole(cuda, prog):
     ir = k.build_ir(prog, (), "primal")
     ir.debug = True
     ir = run_pipeline(ir)
-    from difftape.codegen.llvm_lowering import assert_messages
+    from difftape.ir.assertfmt import assert_messages
 
     messages = assert_messages(ir)
     for _ in range(10):
         _, ctx, layout = _launch(drv, device, ir, [np.zeros((n, m))], blocks=64, threads=128)
         code, value = int(ctx[layout.err_code]), int(ctx[layout.err_value])
-        axis = 0 if "axis 0" in messages[code - 1] else 1
+        axis = 0 if "axis 0" in messages[code - 1].template[-1] else 1
         i = value - (n if axis == 0 else m)
         assert 0 <= i < count and i % 2 == axis, (axis, value)

@@ -243,6 +243,28 @@ def test_replay_raises_the_eager_error_of_a_failing_launch(ti):
 
 
 @difftape_only
+def test_replay_shows_a_failed_asserts_values_as_the_eager_launch(ti):
+    ti.init(arch=ti.cpu, debug=True)
+    x = ti.field(ti.f32, shape=4)
+
+    @ti.kernel
+    def check(limit: ti.f32, k: ti.i64):
+        for i in x:
+            assert x[i] < limit, f"x[{i}] = {x[i]} >= {limit} (k={k})"
+
+    x.from_numpy(np.array([0.0, 0.25, 2.5, 0.0], np.float32))
+    with ti.graph.capture() as g:
+        check(g.input("limit", 1.0), g.input("k", 0))
+    g.replay(limit=3.0, k=1)
+    with pytest.raises(ti.KernelAssertionError) as eager:
+        check(1.0, -(2 ** 40))
+    with pytest.raises(ti.KernelAssertionError) as replayed:
+        g.replay(limit=1.0, k=-(2 ** 40))
+    assert str(eager.value).startswith(f"x[2] = 2.5 >= 1 (k={-(2 ** 40)})\n")
+    assert str(replayed.value) == str(eager.value)
+
+
+@difftape_only
 def test_a_graph_of_an_ended_program_is_refused(ti):
     x = ti.field(ti.f32, shape=4)
 

@@ -10,6 +10,7 @@ in-process) and the exception's class and text are compared whole.
 """
 
 
+import numpy as np
 import pytest
 
 import difftape as ti
@@ -97,6 +98,23 @@ def failed_assert():
     check(1.0)
 
 
+def failed_formatted_assert():
+    """A message with run-time values: the failing thread's values come back in the error
+    report; the server formats them with the IR's template (data, checked by the validator,
+    never evaluated)."""
+    x = ti.field(ti.f64, shape=4)
+    fmt = "x[%d]=%.3f, %s >= %f (n=%x)"
+
+    @ti.kernel
+    def check(limit: ti.f32, n: ti.u64):
+        for i in x:
+            assert x[i] < limit, fmt % (i, x[i], x[i], limit, n)  # marker: the formatted assert
+
+    x.from_numpy(np.array([0.125, 0.25, 2.0 / 3.0, 0.0]))
+    check(3.0, 1)
+    check(0.4, 2 ** 64 - 1)
+
+
 def gradient_rule():
     """A derivative the server derives while compiling it (``kernel.grad()``)."""
     x = ti.field(ti.f32, shape=4, needs_grad=True)
@@ -170,6 +188,8 @@ def replayed_bounds_error():
 CASES = [
     (bounds_error, {}, "IndexOutOfRangeError", "fill", "the write out of bounds"),
     (failed_assert, {"debug": True}, "KernelAssertionError", "check", "the assert"),
+    (failed_formatted_assert, {"debug": True}, "KernelAssertionError", "check",
+     "the formatted assert"),
     (gradient_rule, {}, "GradientRuleError", "overwrite", "the overwrite after the read"),
     (lost_derivative, {}, "GradientRuleError", "total", "the read of y without .grad"),
     (lost_derivative_forward, {}, "GradientRuleError", "total", "the read of y without .dual"),
@@ -184,6 +204,8 @@ def test_a_remote_error_is_the_local_error_line_included(remote, program, option
     local = run_local(failure(program), **options)
     assert local[0] == error
     assert_names_the_line(local[1], kernel, marker)
+    if program is failed_formatted_assert:
+        assert local[1].startswith(f"x[2]=0.667, {2 / 3!r} >= 0.4 (n={2 ** 64 - 1:x})\n")
     got = remote(failure(program), **options)
     assert got == local
 

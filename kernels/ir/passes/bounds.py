@@ -10,10 +10,11 @@ from __future__ import annotations
 from ...types import i32
 from ..nodes import Block, KernelIR, Stmt
 
-#: How every bounds-check message starts ("{}" is the index; Taichi's messages start with
-#: "Out of bound access" too): the runtime raises IndexOutOfRangeError for these,
-#: KernelAssertionError for other failed asserts.
-OUT_OF_RANGE = "Out of bound access: index {}"
+#: How every bounds-check message starts (the index follows; Taichi's messages start with
+#: "Out of bound access" too): the runtime raises IndexOutOfRangeError for a message whose
+#: template starts with this text and the index (ir/assertfmt.py), KernelAssertionError for
+#: other failed asserts.
+OUT_OF_RANGE = "Out of bound access: index "
 
 
 def _checks_for(s: Stmt, ir: KernelIR) -> list[Stmt]:
@@ -42,7 +43,7 @@ def _checks_for(s: Stmt, ir: KernelIR) -> list[Stmt]:
             shown = Stmt("add", i32, (idx, c), loc=s.loc)
             extra = [c, shown]
             where = f" and offset {buf.offset}{where}"
-        msg = (f"{OUT_OF_RANGE} out of range for axis {axis} of '{buf.name}' with shape "
+        msg = (OUT_OF_RANGE, "", f" out of range for axis {axis} of '{buf.name}' with shape "
                f"{shape}{where}")
         out += [ext, zero, lo, hi, ok, *extra,
                 Stmt("assert", None, (ok, shown), msg, loc=s.loc)]
