@@ -233,3 +233,35 @@ def setup_session(client: httpx.Client, sid: str, kernels, *names: str) -> dict:
     assert r.status_code == 200, r.text
     res = r.json()["results"]
     return {n: res[len(kernels.fields) + i]["kernel_id"] for i, n in enumerate(names)}
+
+
+def init_remote(request, kind: str, **init) -> None:
+    """``ti.init(arch=ti.remote, ...)`` over HTTP to the shared server (``kind="http"``) or
+    in-process (``"inproc"``)."""
+    import difftape as ti
+    from difftape.client import LocalTransport
+
+    if kind == "http":
+        service = request.getfixturevalue("service")
+        ti.init(arch=ti.remote, server=service.url, token=service.tokens["alice"], **init)
+    else:
+        ti.init(arch=ti.remote, transport=LocalTransport(), **init)
+
+
+@pytest.fixture(params=["http", "inproc"])
+def remote(request):
+    """Runs a program remotely (``ti.init`` options ``init``): over HTTP to the shared
+    server, or in-process; ``remote.kind`` says which."""
+    import difftape as ti
+
+    kind = request.param
+
+    def run(program, **init):
+        init_remote(request, kind, **init)
+        try:
+            return program()
+        finally:
+            ti.reset()
+
+    run.kind = kind
+    return run

@@ -7,7 +7,7 @@ import numpy as np
 
 import difftape as ti
 
-from .test_client_programs import remote, run_local, same  # noqa: F401 - fixture
+from .test_client_programs import run_local, same
 
 
 def program():

@@ -17,25 +17,6 @@ from difftape.client import LocalTransport
 from .test_client_programs import run_local, same
 
 
-@pytest.fixture(params=["http", "inproc"])
-def remote(request):
-    kind = request.param
-
-    def run(program):
-        if kind == "http":
-            service = request.getfixturevalue("service")
-            ti.init(arch=ti.remote, server=service.url, token=service.tokens["alice"])
-        else:
-            ti.init(arch=ti.remote, transport=LocalTransport())
-        try:
-            return program()
-        finally:
-            ti.reset()
-
-    run.kind = kind
-    return run
-
-
 def trips(f):
     before = ti.remote_stats()["round_trips"]
     f()

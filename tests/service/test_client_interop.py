@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 import difftape as ti
-from difftape.client import LocalTransport
 
 from .test_client_programs import same
 
@@ -31,21 +30,12 @@ def run_local(program):
         ti.reset()
 
 
-@pytest.fixture(params=["http", "inproc"])
-def remote(request):
-    """Runs a program remotely: over HTTP to the shared server, or in-process."""
+@pytest.fixture
+def remote(remote):
+    """The service's ``remote`` fixture, with f64 as the default float."""
 
     def run(program):
-        if request.param == "http":
-            service = request.getfixturevalue("service")
-            ti.init(arch=ti.remote, server=service.url, token=service.tokens["alice"],
-                    default_fp=ti.f64)
-        else:
-            ti.init(arch=ti.remote, transport=LocalTransport(), default_fp=ti.f64)
-        try:
-            return program()
-        finally:
-            ti.reset()
+        return remote(program, default_fp=ti.f64)
 
     return run
 

@@ -14,28 +14,8 @@ import numpy as np
 import pytest
 
 import difftape as ti
-from difftape.client import LocalTransport
 
 from .test_client_programs import run_local, same
-
-
-@pytest.fixture(params=["http", "inproc"])
-def remote(request):
-    """Runs a program remotely: over HTTP to the shared server, or in-process."""
-
-    def run(program, **options):
-        if request.param == "http":
-            service = request.getfixturevalue("service")
-            ti.init(arch=ti.remote, server=service.url, token=service.tokens["alice"],
-                    **options)
-        else:
-            ti.init(arch=ti.remote, transport=LocalTransport(), **options)
-        try:
-            return program()
-        finally:
-            ti.reset()
-
-    return run
 
 
 def local(program, **options):

@@ -30,26 +30,6 @@ def run_local(program):
         ti.reset()
 
 
-@pytest.fixture(params=["http", "inproc"])
-def remote(request):
-    """Runs a program remotely: over HTTP to the shared server, or in-process."""
-    kind = request.param
-
-    def run(program):
-        if kind == "http":
-            service = request.getfixturevalue("service")
-            ti.init(arch=ti.remote, server=service.url, token=service.tokens["alice"])
-        else:
-            ti.init(arch=ti.remote, transport=LocalTransport())
-        try:
-            return program()
-        finally:
-            ti.reset()
-
-    run.kind = kind
-    return run
-
-
 def same(a, b) -> None:
     """Bit-for-bit equality of nested results (arrays, numbers, lists, vectors)."""
     if isinstance(a, dict):

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 import difftape as ti
-from difftape.client import LocalTransport
+
+from .conftest import init_remote
 
 HERE = __file__
 
@@ -25,25 +26,6 @@ def run_local(program, **options):
         return program()
     finally:
         ti.reset()
-
-
-@pytest.fixture(params=["http", "inproc"])
-def remote(request):
-    """Runs a program remotely: over HTTP to the shared server, or in-process."""
-
-    def run(program, **options):
-        if request.param == "http":
-            service = request.getfixturevalue("service")
-            ti.init(arch=ti.remote, server=service.url, token=service.tokens["alice"],
-                    **options)
-        else:
-            ti.init(arch=ti.remote, transport=LocalTransport(), **options)
-        try:
-            return program()
-        finally:
-            ti.reset()
-
-    return run
 
 
 def failure(program):
@@ -273,11 +255,7 @@ def _queue_a_bad_write():
 def test_a_failure_still_queued_is_raised_at_reset(request, how):
     """A launch queued when the program ends is sent then, and its failure raised (as a local
     grid program raises a queued launch's failure at ti.reset()), not dropped."""
-    if how == "http":
-        service = request.getfixturevalue("service")
-        ti.init(arch=ti.remote, server=service.url, token=service.tokens["alice"])
-    else:
-        ti.init(arch=ti.remote, transport=LocalTransport())
+    init_remote(request, how)
     try:
         _queue_a_bad_write()
     except BaseException:

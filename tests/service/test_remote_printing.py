@@ -20,27 +20,6 @@ from difftape.graph import wire
 from .test_client_programs import run_local
 
 
-@pytest.fixture(params=["http", "inproc"])
-def remote(request):
-    """Runs a program remotely (``ti.init`` options ``init``): over HTTP to the shared
-    server, or in-process."""
-    kind = request.param
-
-    def run(program, **init):
-        if kind == "http":
-            service = request.getfixturevalue("service")
-            ti.init(arch=ti.remote, server=service.url, token=service.tokens["alice"], **init)
-        else:
-            ti.init(arch=ti.remote, transport=LocalTransport(), **init)
-        try:
-            return program()
-        finally:
-            ti.reset()
-
-    run.kind = kind
-    return run
-
-
 def _outputs(program, remote, capfd) -> tuple[str, str]:
     """(local output, remote output): each run's stdout, program's prints included."""
     capfd.readouterr()
