@@ -19,6 +19,15 @@ they are called, as the real driver does. A stream waits for an event of another
 (``wait_for_event``; the raw driver calls of ``runtime/cuda.py``'s ``CudaDriverApi``, as
 :attr:`FakeDriver.api`, find streams by handle) by running that stream up to the event when
 it gets there: a missing dependency between streams shows as an unseen write.
+
+CUDA graphs (the raw driver calls ``runtime/cuda.py``'s ``CudaGraphExec`` makes through
+:attr:`FakeDriver.api`) are deferred too: between ``begin_capture`` and ``end_capture`` what is
+enqueued on the stream is recorded, not run (a synchronisation there fails, as CUDA's does); an
+instantiated graph is a copy of those operations with the addresses they were captured with,
+which ``launch_graph`` enqueues as one operation on a stream, and which only ``exec_update``
+changes. So a replay that skips the update after an address changed, or the upload of the
+launch contexts its kernels read, computes a wrong answer. :attr:`FakeDriver.graph_calls`
+counts the calls.
 """
 
 from __future__ import annotations
@@ -51,6 +60,7 @@ class FakeDriver:
                  capability: tuple[int, int] = (9, 0)) -> None:
         self.blocks: dict[int, np.ndarray] = {}
         self.launches: list[tuple] = []
+        self.captured_launches: list[tuple] = []  # recorded into CUDA graphs
         self.limits: dict[str, int] = {}
         self.current: dict[int, list[object]] = {}  # thread id -> its context stack
         self.streams: list[object] = []
@@ -64,6 +74,9 @@ class FakeDriver:
         self.driver_version = driver_version
         self.allocated_on: dict[int, int] = {}  # address -> device ordinal
         self.stream_waits = 0  # cuStreamWaitEvent calls (raw, and pycuda's wait_for_event)
+        #: CUDA graph calls by name (begin_capture, end_capture, instantiate, exec_update,
+        #: launch_graph, destroy_graph, destroy_exec)
+        self.graph_calls: dict[str, int] = {}
         #: the raw driver calls pycuda lacks (runtime/cuda.py's CudaDriverApi), over these
         #: blocks and the deferred streams by handle
         self.api = _CountingApi(self)
@@ -75,10 +88,19 @@ class FakeDriver:
             def __init__(self, flags=0):
                 outer.require_context()
                 super().__init__()
+                self.captured = None  # the operations recorded while capturing
+                self.for_capture = False
                 outer.streams.append(self)
+
+            def enqueue(self, op):
+                if self.captured is not None:
+                    self.captured.append(op)
+                else:
+                    super().enqueue(op)
 
             def synchronize(self):
                 outer.require_context()
+                assert self.captured is None, "cuStreamSynchronize on a capturing stream"
                 outer.syncs += 1
                 if outer.fail_next_sync:
                     e, outer.fail_next_sync = outer.fail_next_sync, None
@@ -254,8 +276,11 @@ class FakeDriver:
             def prepared_async_call(self, grid, block, stream, *args):
                 outer.require_context()
                 assert self.arg_types == [np.uintp] and len(args) == 1
-                assert stream is outer.streams[-1]  # the current program's stream
-                outer.launches.append((self.name, grid, block, args[0]))
+                # the current program's stream, or a capture
+                assert stream.captured is not None or stream is \
+                    [s for s in outer.streams if not s.for_capture][-1]
+                (outer.launches if stream.captured is None else outer.captured_launches
+                 ).append((self.name, grid, block, args[0]))
                 if self.fn is not None:
                     fn = self.fn
                     stream.enqueue(lambda: fn(args[0], grid[0], block[0], 0))
@@ -275,11 +300,64 @@ class _CountingApi(SimulatedDriverApi):
         super().__init__(drv.blocks, lambda address: drv.allocated_on[
             self.address_range(address)[0]])
         self.drv = drv
+        self.objects: dict[int, object] = {}  # graph and executable handles -> their ops
+        self.next_handle = 0x5000
 
     def wait_stream(self, waiting: int, on: int) -> None:
         self.drv.require_context()
         self.drv.stream_waits += 1
         super().wait_stream(waiting, on)
+
+    # ------------------------------------------------------------------ CUDA graphs
+    def _count(self, name: str) -> None:
+        self.drv.require_context()
+        self.drv.graph_calls[name] = self.drv.graph_calls.get(name, 0) + 1
+
+    def begin_capture(self, stream: int) -> None:
+        self._count("begin_capture")
+        s = SimulatedStream.resolve(stream)
+        assert s.captured is None, "capture begun twice"
+        s.captured, s.for_capture = [], True
+
+    def end_capture(self, stream: int) -> int:
+        self._count("end_capture")
+        s = SimulatedStream.resolve(stream)
+        ops, s.captured = s.captured, None
+        return self._handle(("graph", tuple(ops)))
+
+    def instantiate(self, graph: int) -> int:
+        self._count("instantiate")
+        return self._handle(["exec", self.objects[graph][1]])
+
+    def exec_update(self, exe: int, graph: int) -> bool:
+        self._count("exec_update")
+        ops = self.objects[graph][1]
+        if len(ops) != len(self.objects[exe][1]):
+            return False  # (CUDA: the topology changed)
+        self.objects[exe][1] = ops
+        return True
+
+    def launch_graph(self, exe: int, stream: int) -> None:
+        self._count("launch_graph")
+        ops = self.objects[exe][1]  # as instantiated or updated now
+
+        def run():
+            for op in ops:
+                op()
+        SimulatedStream.resolve(stream).enqueue(run)
+
+    def destroy_graph(self, graph: int) -> None:
+        self._count("destroy_graph")
+        assert self.objects.pop(graph)[0] == "graph"
+
+    def destroy_exec(self, exe: int) -> None:
+        self._count("destroy_exec")
+        assert self.objects.pop(exe)[0] == "exec"
+
+    def _handle(self, obj) -> int:
+        self.next_handle += 1
+        self.objects[self.next_handle] = obj
+        return self.next_handle
 
 
 def use(monkeypatch, drv: FakeDriver, code: str = "simgrid") -> FakeDriver:

@@ -923,6 +923,12 @@ class CompiledKernel:
                   for slot, arg_index, role, extents, _ in self._ndarray_slots]
         return scalars, arrays
 
+    def written_pointer_slots(self) -> set[int]:
+        """The launch-context slots of the pointers to the fields and ndarrays the kernel
+        writes (for ti.graph on a grid, which marks their storage changed after a replay)."""
+        return {self.layout.buffer_ptr[slot] for slot in _written_slots(self.ir)
+                if self.ir.buffers[slot].key[0] != "private"}
+
     def field_storage(self) -> list[tuple[int, Storage]]:
         """``(pointer slot, storage)`` of each field storage the kernel addresses."""
         out = []

@@ -21,7 +21,7 @@ from ..frontend.matrix import MatrixType
 from ..frontend.ndarray import Ndarray
 from ..frontend.ops import resolve_dtype
 from ..runtime import program
-from .core import Graph, Placeholder, _Input, _Recorder, host_array, refuse_program
+from .core import Graph, Placeholder, _Input, _Recorder, memory, refuse_program
 
 
 class ArgKind(enum.Enum):
@@ -173,7 +173,7 @@ class GraphBuilder:
             inp = _Input(arg.name, "array", example=stand_in, dtype=arg.dtype,
                          element_shape=arg.element_shape, shape=None, ndim=arg.ndim)
             g._inputs[arg.name] = inp
-            g._storage[id(host_array(stand_in.storage))] = (arg.name, "primal")
+            g._storage[id(memory(stand_in.storage))] = (arg.name, "primal")
             value = stand_in
         else:
             kind = "matrix" if arg.tag == ArgKind.MATRIX else "scalar"

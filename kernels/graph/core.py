@@ -5,7 +5,9 @@ running it: every kernel launch (its launch context packed as the launch would p
 whatever the variant: a plain launch, the forward and reverse launches of a ``ti.ad.Tape``,
 the tangent launches of ``ti.ad.FwdMode``, ``kernel.grad()``), and every Python-scope fill,
 copy, element write and gradient clearing. ``g.replay(**inputs)`` (or ``g(**inputs)``) then
-runs the whole recording in one native call (``runtime/graph.py``), with no Python per launch.
+runs the whole recording in one native call (``runtime/graph.py``), with no Python per launch;
+on a grid program (``arch=ti.cuda``, ``simulate_grid``) as graph executables instantiated once
+(CUDA graphs: ``runtime/gridgraph.py``), over device memory.
 
 Everything the step computed in Python while it was captured is frozen into the graph (as a
 CUDA graph freezes its launch arguments). What may change between replays is declared as a
@@ -53,9 +55,11 @@ from ..frontend.ndarray import Ndarray
 from ..ir.nodes import task_blocks, walk
 from ..runtime import graph as native
 from ..runtime import program
+from ..runtime.grid import DeviceBlock
+from ..runtime.gridgraph import GridGraph
 from ..runtime.launch import raise_error_word
 from ..runtime.parallel import ThreadPool
-from ..runtime.storage import shared_array
+from ..runtime.storage import Storage, shared_array
 
 assert (_ANY, _SERIAL, _ORDERED) == (native.ANY, native.SERIAL_SCHEDULE, native.ORDERED)
 
@@ -63,9 +67,21 @@ _FLOAT, _INT = "f", "i"  # CompiledKernel's scalar writer kinds (an int: an unsi
 
 
 def host_array(storage) -> np.ndarray:
-    """The host array of a field's or ndarray's storage (``runtime/storage.py``): a graph's
-    records address host memory, which it replays natively (device storage is refused)."""
+    """The host array of a field's or ndarray's storage (``runtime/storage.py``), for what
+    only host memory allows (saved graphs: device storage is refused)."""
     return shared_array(storage, "ti.graph")
+
+
+def memory(storage: Storage) -> np.ndarray | Storage:
+    """What a graph's records address for ``storage``: its host array on a CPU program (the
+    memory the native replay runs over), the storage itself in device memory (a grid
+    program's: ``runtime/gridgraph.py``). Inputs are bound by the identity of this object."""
+    return storage.array if storage.host else storage
+
+
+def address(mem: np.ndarray | Storage) -> int:
+    """The address of :func:`memory`'s object."""
+    return mem.ctypes.data if isinstance(mem, np.ndarray) else mem.address
 
 
 def _refuse_use(self: Placeholder, *_a: Any, **_k: Any):
@@ -141,6 +157,11 @@ class Graph:
         self._policy: np.ndarray | None = None
         self._prints = False
         self._capturing = False
+        # A grid program's graph (simulate_grid, arch=ti.cuda): device memory, and a replay
+        # by runtime/gridgraph.py; what its records write, as storage or (input, role)
+        self._grid = program.get().launcher is not None
+        self._written: list = []
+        self._grid_graph: GridGraph | None = None
         self.launches = 0  # captured kernel launches
         self.fields: dict[str, Field] = {}  # a loaded graph's fields, by label (saved.py)
         # Array inputs the graph writes (saved.build: a server sends their bytes back to the
@@ -163,10 +184,16 @@ class Graph:
             for role in ("primal", "grad", "dual", "grad_dual"):
                 comp = value.companion(role)
                 if comp is not None:
-                    self._storage[id(host_array(comp.storage))] = (name, role)
+                    self._storage[id(memory(comp.storage))] = (name, role)
             return value
         if isinstance(value, Ndarray | np.ndarray):
-            arr = host_array(value.storage) if isinstance(value, Ndarray) else value
+            if isinstance(value, np.ndarray) and self._grid:
+                raise GraphError(
+                    f"graph input '{name}': a NumPy array on a grid program (simulate_grid, "
+                    "arch=ti.cuda) is copied into device memory at each launch, which a graph "
+                    "replay does not do: use a ti.ndarray (ti.ndarray(dtype, shape), "
+                    "from_numpy) as the input")
+            arr = memory(value.storage) if isinstance(value, Ndarray) else value
             esh = value.element_shape if isinstance(value, Ndarray) else ()
             dtype = value.dtype if isinstance(value, Ndarray) else T.from_numpy(value.dtype)
             inp = _Input(name, "array", example=value, dtype=dtype, element_shape=esh,
@@ -174,7 +201,7 @@ class Graph:
             self._add_input(inp, value)
             self._storage[id(arr)] = (name, "primal")
             if isinstance(value, Ndarray) and value.grad is not None:
-                self._storage[id(host_array(value.grad.storage))] = (name, "grad")
+                self._storage[id(memory(value.grad.storage))] = (name, "grad")
             return value
         if isinstance(value, T.DType | MatrixType):
             ph = Placeholder(name, value, self)
@@ -243,15 +270,24 @@ class Graph:
                 "pass np.ascontiguousarray(a) (and keep using that array)")
         ctx = inst.ctx_i64.copy()
         scalars, arrays = inst.argument_slots()
+        written = inst.written_pointer_slots() if self._grid else ()
         for slot, kind, arg_index, comp in scalars:
             ph = holders.get(arg_index)
             if ph is not None:
                 self._bind_scalar(ph, ctx, slot, kind, comp, inst)
         for ptr, arg_index, role, extents in arrays:
             a = args[arg_index]
-            arr = host_array((a if role == "primal" else getattr(a, role)).storage) \
+            if isinstance(a, Storage):  # a NumPy array a grid launch copied into device memory
+                raise GraphCaptureError(
+                    f"kernel '{inst.ir.name}': a NumPy array argument on a grid program "
+                    "(simulate_grid, arch=ti.cuda) is copied into device memory for each "
+                    f"launch, which a graph replay does not repeat (at {user_line()}): pass "
+                    "a ti.ndarray instead")
+            arr = memory((a if role == "primal" else getattr(a, role)).storage) \
                 if isinstance(a, Ndarray) else a
             bound = self._storage.get(id(arr))
+            if ptr in written:
+                self._written.append(arr if bound is None else bound)
             if bound is None:
                 self._keep.append(arr)
                 continue
@@ -261,7 +297,9 @@ class Graph:
                 if s is not None:
                     inp.slots.append((ctx, s, ("extent", axis)))
         for slot, storage in inst.field_storage():
-            bound = self._storage.get(id(host_array(storage)))
+            bound = self._storage.get(id(memory(storage)))
+            if slot in written:
+                self._written.append(storage if bound is None else bound)
             if bound is not None:
                 self._inputs[bound[0]].slots.append((ctx, slot, bound[1]))
         self._ops.append(("launch", inst, ctx))
@@ -276,96 +314,119 @@ class Graph:
         inp.slots.append((ctx, slot, (kind, scalar_component(ph.name, inp.kind, comp,
                                                              inst.ir.name))))
 
-    def _address(self, arr: np.ndarray, ctx: np.ndarray, index: int, what: str) -> int:
-        """``arr``'s address for slot ``index`` of an op context, bound when it is an
-        input's storage."""
-        if not (arr.flags.c_contiguous and arr.flags.aligned):
+    def _address(self, mem: np.ndarray | Storage, ctx: np.ndarray, index: int,
+                 what: str) -> int:
+        """``mem``'s address for slot ``index`` of an op context, bound when it is an
+        input's storage (``mem``: :func:`memory`'s object, or a constant array)."""
+        if isinstance(mem, np.ndarray) and not (mem.flags.c_contiguous and mem.flags.aligned):
             raise GraphCaptureError(f"{what}: the array is not C-contiguous (at {user_line()})")
-        bound = self._storage.get(id(arr))
+        bound = self._storage.get(id(mem))
         if bound is not None:
             self._inputs[bound[0]].slots.append((ctx, index, bound[1]))
-        self._keep.append(arr)
-        return arr.ctypes.data
+        if self._grid and isinstance(mem, np.ndarray):  # a constant, in device memory
+            return self._constant(mem)
+        self._keep.append(mem)
+        return address(mem)
 
-    def _record_op(self, name: str, arr: np.ndarray, begin: int, end: int, *extra: int,
-                   what: str, source: np.ndarray | None = None) -> None:
+    def _constant(self, arr: np.ndarray) -> int:
+        """The address of constant bytes the records copy from: ``arr`` itself on a CPU
+        program; on a grid, a block of device memory the graph keeps, holding them (uploaded
+        now, stream-ordered before any replay)."""
+        arr = np.ascontiguousarray(arr)
+        self._keep.append(arr)
+        if not self._grid:
+            return arr.ctypes.data
+        prog = program.get()
+        block = DeviceBlock(prog.allocator, arr.nbytes)
+        prog.allocator.memory.upload(block.address, arr.reshape(-1).view(np.uint8))
+        self._keep.append(block)
+        return block.address
+
+    def _record_op(self, name: str, mem: np.ndarray | Storage, begin: int, end: int,
+                   *extra: int, what: str, source: np.ndarray | Storage | None = None) -> None:
         ctx = np.zeros(3, dtype=np.int64)
-        ctx[0] = self._address(arr, ctx, 0, what)
+        ctx[0] = self._address(mem, ctx, 0, what)
         if source is not None:
             ctx[1] = self._address(source, ctx, 1, what)
         for k, v in enumerate(extra):
             ctx[1 + k] = v
         self._ops.append(("op", name, ctx, begin, end))
+        if self._grid:
+            bound = self._storage.get(id(mem))
+            self._written.append(mem if bound is None else bound)
 
-    def zero(self, arr: np.ndarray) -> None:
-        """``Program.zero`` (clearing gradients) inside the capture (``arr``: the storage's
-        host array)."""
-        self._record_op("zero", arr, 0, arr.nbytes, what="clearing an array")
+    def zero(self, mem: np.ndarray | Storage) -> None:
+        """``Program.zero`` (clearing gradients) inside the capture (``mem``: the storage's
+        :func:`memory`)."""
+        self._record_op("zero", mem, 0, mem.nbytes, what="clearing an array")
 
     def fill(self, target: Field | Ndarray, value) -> None:
         """``x.fill(value)`` in Python scope inside the capture."""
         what = f"{_label(target)}.fill()"
         self._dense(target, what)
-        arr = host_array(target.storage)
+        mem = memory(target.storage)
         esh = target.element_shape
-        pattern = np.empty(esh, dtype=arr.dtype)
+        pattern = np.empty(esh, dtype=mem.dtype)
         try:
             pattern[...] = _host_value(value, target)
         except ValueError:  # a value of the whole array's shape: a constant copy
-            self.copy(target, np.broadcast_to(_host_value(value, target), arr.shape), None)
+            self.copy(target, np.broadcast_to(_host_value(value, target), mem.shape), None)
             return
         if not pattern.reshape(-1).view(np.uint8).any():  # all bits zero (-0.0 is not)
-            self.zero(arr)
+            self.zero(mem)
             return
-        pattern = np.ascontiguousarray(pattern)
-        self._keep.append(pattern)
-        count = arr.size // max(1, pattern.size)
-        self._record_op("fill", arr, 0, count, pattern.ctypes.data, pattern.nbytes, what=what)
+        if self._grid:  # device memory: a copy from a constant block holding the filled array
+            self.copy(target, np.broadcast_to(pattern, mem.shape), None)
+            return
+        count = mem.size // max(1, pattern.size)
+        self._record_op("fill", mem, 0, count, self._constant(pattern), pattern.nbytes,
+                        what=what)
 
-    def copy(self, target: Field | Ndarray, source: np.ndarray, origin) -> None:
+    def copy(self, target: Field | Ndarray, source: np.ndarray | Storage, origin) -> None:
         """``from_numpy``/``copy_from`` inside the capture: a copy of the source's memory
         when it is device storage or an input, else of its value now (a constant).
         ``source``: an array, or (``copy_from``) the source's storage."""
-        if not isinstance(source, np.ndarray):
-            source = host_array(source)
+        if isinstance(source, Storage):
+            source = memory(source)
         method = "copy_from" if isinstance(origin, Field | Ndarray) else "from_numpy"
         what = f"{_label(target)}.{method}()"
         self._dense(target, what)
         if isinstance(origin, Field) and origin.sparse_terms:
             raise GraphCaptureError(f"{what}: the source is under a sparse SNode (at "
                                     f"{user_line()}); copy it in a kernel")
-        arr = host_array(target.storage)
+        mem = memory(target.storage)
         live = isinstance(origin, Field | Ndarray) or id(source) in self._storage
-        if live and (source.dtype != arr.dtype or source.shape != arr.shape):
+        if live and (source.dtype != mem.dtype or source.shape != mem.shape):
             raise GraphCaptureError(f"{what}: graph input '{self._storage[id(source)][0]}' "
-                                    f"has dtype {source.dtype}, the target {arr.dtype}; give "
+                                    f"has dtype {source.dtype}, the target {mem.dtype}; give "
                                     f"the input the target's dtype (at {user_line()})")
         if not live:
-            source = np.array(np.broadcast_to(source, arr.shape), dtype=arr.dtype, order="C")
-        self._record_op("copy", arr, 0, arr.nbytes, what=what, source=source)
+            source = np.array(np.broadcast_to(source, mem.shape), dtype=mem.dtype, order="C")
+        self._record_op("copy", mem, 0, mem.nbytes, what=what, source=source)
 
     def write_element(self, target: Field | Ndarray, key: tuple, value) -> None:
         """``x[i] = v`` in Python scope inside the capture: the element's bytes, constant."""
         what = f"writing {_label(target)}[...]"
         self._dense(target, what)
-        arr = host_array(target.storage)
+        mem = memory(target.storage)
         esh = target.element_shape
-        elem = np.empty(esh, dtype=arr.dtype)
+        elem = np.empty(esh, dtype=mem.dtype)
         v = _host_value(value, target)
         if isinstance(target, Field) and not esh and target.dtype.is_int and isinstance(
                 v, numbers.Integral):
             v = target.dtype.wrap(v)  # as Field.__setitem__: integers wrap around
         elem[...] = np.asarray(v).reshape(esh) if esh else v
-        offset = int(np.ravel_multi_index(key, arr.shape[:arr.ndim - len(esh)])) * elem.nbytes
-        self._keep.append(elem)
+        offset = int(np.ravel_multi_index(key, mem.shape[:mem.ndim - len(esh)])) * elem.nbytes
         ctx = np.zeros(3, dtype=np.int64)
-        base = self._address(arr, ctx, 0, what)
-        if id(arr) in self._storage:
+        base = self._address(mem, ctx, 0, what)
+        if id(mem) in self._storage:
             raise GraphCaptureError(f"{what}: element writes into graph inputs are not "
                                     f"supported (at {user_line()}); write in a kernel")
         ctx[0] = base + offset
-        ctx[1] = elem.ctypes.data
+        ctx[1] = self._constant(elem)
         self._ops.append(("op", "copy", ctx, 0, elem.nbytes))
+        if self._grid:
+            self._written.append(mem)
 
     def read(self, what: str) -> None:
         """A host read of device data inside the capture: refused."""
@@ -383,6 +444,9 @@ class Graph:
 
     # ------------------------------------------------------------------ building
     def _finish(self, prog) -> None:
+        if self._grid:
+            self._finish_grid(prog)
+            return
         ops = native.host_ops()
         rows: list[tuple[int, ...]] = []
         self._failures = []
@@ -415,6 +479,53 @@ class Graph:
                                      ThreadPool.MIN_CHUNK_WORK)
         self.prog = prog
 
+    def _finish_grid(self, prog) -> None:
+        """A grid program's graph: its launches and device operations handed to
+        ``runtime/gridgraph.py``, whose argument block holds the launch contexts from now on
+        (the inputs' slots are moved there)."""
+        steps = []
+        for op in self._ops:
+            if op[0] == "launch":
+                steps.append(("launch", op[1].grid, op[2]))
+            else:
+                _, name, ctx, begin, end = op
+                assert name in ("copy", "zero"), name  # (fills are copies on a grid)
+                steps.append((name, ctx, begin, end))
+        gg = GridGraph(prog.launcher, steps)
+        moved = gg.contexts
+        for inp in self._inputs.values():
+            inp.slots = [(moved.get(id(ctx), ctx), slot, how) for ctx, slot, how in inp.slots]
+        self._ops = [("launch", op[1], moved.get(id(op[2]), op[2])) if op[0] == "launch"
+                     else op for op in self._ops]
+        self._grid_graph = gg
+        for inp in self._inputs.values():
+            if inp.has_value:
+                self._bind(inp, inp.value)
+        self.prog = prog
+
+    @property
+    def instantiations(self) -> int:
+        """Graph executables instantiated for this graph (on a grid program: one per device
+        segment, at the first replay; 0 on the CPU, which replays natively)."""
+        return 0 if self._grid_graph is None else self._grid_graph.instantiations
+
+    @property
+    def updates(self) -> int:
+        """Times a grid program's graph executable was updated in place for new input
+        addresses (instead of instantiating it again)."""
+        return 0 if self._grid_graph is None else self._grid_graph.updates
+
+    def _written_storage(self) -> list[Storage]:
+        """The storage a grid replay writes, with the inputs' current values."""
+        out = []
+        for w in self._written:
+            if isinstance(w, tuple):
+                value = self._inputs[w[0]].value
+                w = value.companion(w[1]).storage if isinstance(value, Field) else \
+                    (value.storage if w[1] == "primal" else getattr(value, w[1]).storage)
+            out.append(w)
+        return out
+
     # ------------------------------------------------------------------ replay
     def replay(self, **inputs) -> None:
         """Run the graph: every captured launch, fill and copy in order, in one native call.
@@ -436,6 +547,13 @@ class Graph:
             if not inp.has_value:
                 raise GraphError(f"graph input '{inp.name}' has no value yet: pass "
                                  f"{inp.name}=... to the first replay")
+        if self._grid_graph is not None:
+            try:
+                self._grid_graph.replay()
+            finally:  # (also when a host step raised: what ran before it wrote)
+                for storage in self._written_storage():
+                    storage.device_written()
+            return
         if self._prints:
             sys.stdout.flush()
         failed = prog.pool.run_graph(self._records.ctypes.data, len(self._rows),
@@ -485,14 +603,14 @@ class Graph:
         elif inp.kind == "field":
             self._check_field(inp, value)
             for ctx, slot, role in inp.slots:
-                ctx[slot] = host_array(value.companion(role).storage).ctypes.data
+                ctx[slot] = address(memory(value.companion(role).storage))
         else:
             arrs = self._check_array(inp, value)
             for ctx, slot, how in inp.slots:
                 if isinstance(how, tuple):  # an extent
                     ctx[slot] = arrs["primal"].shape[how[1]]
                 else:
-                    ctx[slot] = arrs[how].ctypes.data
+                    ctx[slot] = address(arrs[how])
         inp.value, inp.has_value = value, True
 
     def _check_field(self, inp: _Input, value) -> None:
@@ -512,11 +630,14 @@ class Graph:
                 raise GraphError(f"graph input '{inp.name}': the graph uses its .{role}, which "
                                  f"the given field has no storage for")
 
-    def _check_array(self, inp: _Input, value) -> dict[str, np.ndarray]:
+    def _check_array(self, inp: _Input, value) -> dict[str, np.ndarray | Storage]:
+        if isinstance(value, np.ndarray) and self._grid:
+            raise GraphError(f"graph input '{inp.name}' is a ti.ndarray on a grid program; "
+                             "got a NumPy array (copy it in with from_numpy)")
         if isinstance(value, Ndarray):
-            arrs = {"primal": host_array(value.storage)}
+            arrs = {"primal": memory(value.storage)}
             if value.grad is not None:
-                arrs["grad"] = host_array(value.grad.storage)
+                arrs["grad"] = memory(value.grad.storage)
             esh, dtype = value.element_shape, value.dtype
         elif isinstance(value, np.ndarray):
             arrs = {"primal": value}
@@ -544,7 +665,8 @@ class Graph:
                              f"{inp.ndim}, got an array of {arr.ndim - len(esh)} dimensions "
                              f"(shape {arr.shape})")
         for a in arrs.values():
-            if not (a.flags.c_contiguous and a.flags.aligned and a.flags.writeable):
+            if isinstance(a, np.ndarray) and not (
+                    a.flags.c_contiguous and a.flags.aligned and a.flags.writeable):
                 raise GraphError(f"graph input '{inp.name}': the array must be C-contiguous, "
                                  "aligned and writable (np.ascontiguousarray)")
         for _, _, how in inp.slots:
@@ -616,14 +738,12 @@ def register_saver(save) -> None:
 
 
 def refuse_program(prog, what: str) -> None:
-    """Refuse to build a graph (``what``) under a program whose launches a native replay
-    cannot run: on the simulated grid (tasks launched from Python, storage in simulated
-    device memory where a replay addresses host memory), or profiled. (Under arch=ti.remote
-    the client records the graph and the server replays it: client/graph.py.)"""
-    if prog.launcher is not None or not prog.allocator.host:
-        raise GraphError(f"{what} is not available with simulate_grid or arch=ti.cuda: a grid "
-                         "launches its tasks from Python and keeps fields and ndarrays in "
-                         "device memory, while a graph replays natively over host memory")
+    """Refuse to build a graph (``what``) under a program whose launches a replay cannot
+    time: profiled. (A CPU program's graph replays natively, a grid program's as graph
+    executables: runtime/gridgraph.py; under arch=ti.remote the client records the graph and
+    the server replays it: client/graph.py.)"""
+    if prog.launcher is None and not prog.allocator.host:  # (no such program today)
+        raise GraphError(f"{what}: this program's storage is device memory without a grid")
     if prog.config.kernel_profiler:
         raise GraphError(f"{what} with kernel_profiler=True: a replay times no single "
                          "launch; profile the eager step instead")
@@ -702,7 +822,7 @@ class _Recorder:
         self.graph._record_launch(inst, args)
 
     def zero(self, storage) -> None:
-        self.graph.zero(host_array(storage))
+        self.graph.zero(memory(storage))
 
     def fill(self, target, value) -> None:
         self.graph.fill(target, value)

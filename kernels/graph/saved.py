@@ -63,6 +63,7 @@ def save(graph: Graph, path: str) -> None:
     prog = graph.prog
     if prog is None:
         raise GraphError("only a captured graph can be saved (after its capture block)")
+    _refuse_grid(prog, "saving a graph")
     storage: dict[int, tuple[int, str, np.ndarray]] = {}
     for fid, f in prog.fields.items():
         for role in ROLES:
@@ -222,6 +223,15 @@ def load(path: str, fields: dict[str, Field] | None = None) -> Graph:
     return build(doc, prog, field_for, create=True, given=set(given))
 
 
+def _refuse_grid(prog, what: str) -> None:
+    """Saved graphs address host memory: their documents are built into CPU replays only
+    (a grid program's graph is captured in that program: runtime/gridgraph.py)."""
+    if prog.launcher is not None:
+        raise GraphError(f"{what} is available on CPU programs only, not on a GPU grid "
+                         "(arch=ti.cuda or simulate_grid): capture the step there with "
+                         "ti.graph.capture() instead")
+
+
 def check_document(doc) -> None:
     """The shape of a graph document (before anything in it is used)."""
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("version") != VERSION:
@@ -244,6 +254,7 @@ def build(doc: dict, prog, field_for, *, create: bool = False, given: set | None
     ``ti.ndarray`` storage the document's ndarray ids name (a server session's; a saved
     file has none); ``checked``: kernels compiled with bounds checks (``ir.debug``), as a
     server compiles every kernel a client sends."""
+    _refuse_grid(prog, "building a graph from a document")
     mapping, manifest = _fields(doc["fields"], field_for, create=create, given=given)
     ndmap = _ndarrays(doc.get("ndarrays", {}), ndarrays or {})
     insts = [_kernel(k, n, prog, mapping, manifest, checked)

@@ -35,6 +35,19 @@
   overflow rerun from device snapshots, random states) is ``runtime/grid.py``'s, the same code
   the simulated grid runs in CI.
 
+- :class:`CudaGraphExec`: a captured ``ti.graph``'s device segment (``runtime/gridgraph.py``)
+  as a CUDA graph: the segment's launches, copies and memsets enqueued on a capture stream
+  between ``cuStreamBeginCapture`` and ``cuStreamEndCapture``, instantiated once
+  (``cuGraphInstantiateWithFlags``), launched with ``cuGraphLaunch`` on the program's stream;
+  new copy/memset addresses are applied by capturing again and ``cuGraphExecUpdate`` on the
+  instantiated graph (its kernel nodes never change: they read their launch contexts from
+  device memory, which the host updates with one copy before the launch). pycuda has no
+  graph API; these seven calls are bound with ctypes on ``libcuda`` (:class:`CudaDriverApi`,
+  which already binds what pycuda lacks), not through NVIDIA's ``cuda-bindings``: that would
+  be a second driver binding with its own handle types to convert pycuda's streams and
+  functions into, versioned against the toolkit, for seven calls whose C signatures have been
+  stable since CUDA 11.4 (``cuGraphExecUpdate`` changed in 12.0: both are handled).
+
 tests/gpu drives what is here on a real device.
 """
 
@@ -49,6 +62,7 @@ import re
 import subprocess
 import tempfile
 import threading
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,7 +72,7 @@ import numpy as np
 
 from ..errors import ArchUnavailableError, DifftapeError, OptionError
 from . import cache
-from .grid import Launcher
+from .grid import GraphExec, Launcher
 from .log import logger
 from .storage import DeviceMemoryAllocator, SharedMemory
 
@@ -132,6 +146,17 @@ def select_device(drv: Any, ordinal: int | None = None) -> DeviceInfo:
 _CU_EVENT_DISABLE_TIMING = 2
 #: ``CUpointer_attribute``: the device a pointer's memory is on
 _CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9
+#: ``CUstreamCaptureMode``: capture only what the capturing thread enqueues
+_CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1
+#: ``CUresult`` of a ``cuGraphExecUpdate`` that the graph's changes do not allow
+CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE = 910
+
+
+class _UpdateResultInfo(ctypes.Structure):
+    """``CUgraphExecUpdateResultInfo`` (CUDA 12's ``cuGraphExecUpdate``)."""
+
+    _fields_ = [("result", ctypes.c_int), ("errorNode", ctypes.c_void_p),
+                ("errorFromNode", ctypes.c_void_p)]
 
 
 class CudaDriverApi:
@@ -180,6 +205,58 @@ class CudaDriverApi:
                                             _CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
                                             ctypes.c_uint64(address))
         return -1 if rc else ordinal.value
+
+    # ------------------------------------------------------------------ CUDA graphs
+    def begin_capture(self, stream: int) -> None:
+        """``cuStreamBeginCapture``: what this thread enqueues on ``stream`` from now on is
+        recorded into a graph, not run."""
+        self._call("cuStreamBeginCapture", self.lib.cuStreamBeginCapture_v2(
+            ctypes.c_void_p(stream), _CU_STREAM_CAPTURE_MODE_THREAD_LOCAL))
+
+    def end_capture(self, stream: int) -> int:
+        """``cuStreamEndCapture``: the graph recorded since :meth:`begin_capture`."""
+        graph = ctypes.c_void_p()
+        self._call("cuStreamEndCapture", self.lib.cuStreamEndCapture(ctypes.c_void_p(stream),
+                                                                     ctypes.byref(graph)))
+        return graph.value
+
+    def instantiate(self, graph: int) -> int:
+        """``cuGraphInstantiateWithFlags``: an executable graph of ``graph``."""
+        exe = ctypes.c_void_p()
+        self._call("cuGraphInstantiateWithFlags", self.lib.cuGraphInstantiateWithFlags(
+            ctypes.byref(exe), ctypes.c_void_p(graph), ctypes.c_ulonglong(0)))
+        return exe.value
+
+    def exec_update(self, exe: int, graph: int) -> bool:
+        """``cuGraphExecUpdate``: ``exe`` takes ``graph``'s node parameters (same topology);
+        False where CUDA finds the change not allowed in place."""
+        lib = self.lib
+        try:
+            update = lib.cuGraphExecUpdate_v2  # CUDA 12: (exec, graph, result info)
+        except AttributeError:
+            update = None
+        if update is not None:
+            rc = update(ctypes.c_void_p(exe), ctypes.c_void_p(graph),
+                        ctypes.byref(_UpdateResultInfo()))
+        else:  # CUDA 11: (exec, graph, error node, result)
+            rc = lib.cuGraphExecUpdate(ctypes.c_void_p(exe), ctypes.c_void_p(graph),
+                                       ctypes.byref(ctypes.c_void_p()),
+                                       ctypes.byref(ctypes.c_int()))
+        if rc == CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE:
+            return False
+        self._call("cuGraphExecUpdate", rc)
+        return True
+
+    def launch_graph(self, exe: int, stream: int) -> None:
+        """``cuGraphLaunch``: the whole graph enqueued on ``stream``."""
+        self._call("cuGraphLaunch", self.lib.cuGraphLaunch(ctypes.c_void_p(exe),
+                                                           ctypes.c_void_p(stream)))
+
+    def destroy_graph(self, graph: int) -> None:
+        self._call("cuGraphDestroy", self.lib.cuGraphDestroy(ctypes.c_void_p(graph)))
+
+    def destroy_exec(self, exe: int) -> None:
+        self._call("cuGraphExecDestroy", self.lib.cuGraphExecDestroy(ctypes.c_void_p(exe)))
 
 
 def load_driver_api() -> CudaDriverApi:
@@ -564,12 +641,25 @@ class CudaLauncher(Launcher):
             f.prepare([np.uintp])  # one parameter: the launch context's device address
         return module, functions
 
-    def launch(self, entry: Any, ctx: int) -> None:
+    def launch(self, entry: Any, ctx: int, stream: Any = None) -> None:
+        """``entry`` over the grid on the program's stream (or ``stream``: a capture)."""
         blocks, threads = self.grid
         try:
-            entry.prepared_async_call((blocks, 1), (threads, 1, 1), self.memory.stream, ctx)
+            entry.prepared_async_call((blocks, 1), (threads, 1, 1),
+                                      stream or self.memory.stream, ctx)
         except Exception as e:  # pycuda.driver.LaunchError / LogicError
             raise DifftapeError(f"{self.name}: cuLaunchKernel failed: {e}") from e
+
+    def instantiate(self, nodes: list[tuple]) -> CudaGraphExec:
+        """A CUDA graph of ``nodes`` (:class:`CudaGraphExec`)."""
+        with self.bound():
+            return CudaGraphExec(self, nodes)
+
+    def capture_stream(self) -> Any:
+        """The stream graphs are captured on (made on first use; never launched on)."""
+        if getattr(self, "_capture_stream", None) is None:
+            self._capture_stream = self.drv.Stream()
+        return self._capture_stream
 
     def wait_stream(self, kernels: list[str]) -> None:
         try:
@@ -582,10 +672,14 @@ class CudaLauncher(Launcher):
     def close(self) -> None:
         """Device memory first, then the context (popped from the thread that made the
         program, which must be the one closing it, or the context would stay current
-        there)."""
+        there). Graph executables still alive are destroyed after the stream drained."""
         try:
             with self.bound():
-                super().close()
+                try:
+                    super().close()
+                finally:
+                    for finalizer in list(CudaGraphExec.alive.get(id(self), ())):
+                        finalizer()
         finally:
             if threading.get_ident() == self._owner:
                 self.drv.Context.pop()
@@ -607,3 +701,82 @@ def nvml_utilization(ordinal: int) -> int | None:
         return int(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
     except Exception:  # noqa: BLE001 - pynvml.NVMLError: no NVML library, no permission
         return None
+
+
+class CudaGraphExec(GraphExec):
+    """A device segment of a captured graph as an instantiated CUDA graph (see the module
+    doc). Made and used with the program's context current (``CudaLauncher.bound``)."""
+
+    #: the finalizers of each launcher's live executables (by ``id`` of the launcher):
+    #: run when the program closes, before its context goes
+    alive: dict[int, set[weakref.finalize]] = {}
+
+    def __init__(self, launcher: CudaLauncher, nodes: list[tuple]) -> None:
+        self.launcher = launcher
+        self.api = launcher.memory.api
+        self.nodes = list(nodes)
+        self.instantiated = 0
+        self.handle = 0
+        self._finalizer: weakref.finalize | None = None
+        self._instantiate()
+
+    def _capture(self, nodes: list[tuple]) -> int:
+        """A CUDA graph (not instantiated) of ``nodes``, by stream capture."""
+        launcher, drv = self.launcher, self.launcher.drv
+        stream = launcher.capture_stream()
+        self.api.begin_capture(stream.handle)
+        try:
+            for node in nodes:
+                if node[0] == "kernel":
+                    launcher.launch(node[1], node[2], stream)
+                elif node[0] == "copy":
+                    drv.memcpy_dtod_async(node[1], node[2], node[3], stream)
+                else:
+                    drv.memset_d8_async(node[1], 0, node[2], stream)
+        finally:
+            graph = self.api.end_capture(stream.handle)
+        return graph
+
+    def _instantiate(self) -> None:
+        graph = self._capture(self.nodes)
+        try:
+            handle = self.api.instantiate(graph)
+        finally:
+            self.api.destroy_graph(graph)
+        if self._finalizer is not None:
+            self._finalizer()
+        self.handle = handle
+        self.instantiated += 1
+        alive = CudaGraphExec.alive.setdefault(id(self.launcher), set())
+        self._finalizer = weakref.finalize(self, _destroy_exec, self.launcher, handle, alive)
+        self._finalizer.atexit = False  # (the process's end frees it with the context)
+        alive.add(self._finalizer)
+
+    def launch(self) -> None:
+        with self.launcher.bound():
+            self.api.launch_graph(self.handle, self.launcher.memory.stream.handle)
+
+    def update(self, nodes: list[tuple]) -> None:
+        """The nodes captured again into a graph whose parameters ``cuGraphExecUpdate``
+        writes into the executable; where CUDA refuses the change in place, the graph is
+        instantiated again (said in the log and counted in :attr:`instantiated`)."""
+        self.check_shape(self.nodes, nodes)
+        with self.launcher.bound():
+            graph = self._capture(nodes)
+            try:
+                updated = self.api.exec_update(self.handle, graph)
+            finally:
+                self.api.destroy_graph(graph)
+            self.nodes = list(nodes)
+            if not updated:
+                logger.warning("difftape: %s: cuGraphExecUpdate refused new copy addresses of "
+                               "a graph; it is instantiated again", self.launcher.name)
+                self._instantiate()
+
+
+def _destroy_exec(launcher: CudaLauncher, handle: int, alive: set) -> None:
+    """An executable's end (the graph dropped, or its program closing)."""
+    for f in [f for f in alive if not f.alive]:  # (this one is no longer alive either)
+        alive.discard(f)
+    with launcher.bound():
+        launcher.memory.api.destroy_exec(handle)

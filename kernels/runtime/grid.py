@@ -110,6 +110,14 @@ class Launcher:
         since the last sync point, for the message of a launch that faulted)."""
         self.allocator.memory.synchronize()
 
+    def instantiate(self, nodes: list[tuple]) -> GraphExec:
+        """A graph executable of ``nodes``, run in order by each :meth:`GraphExec.launch`
+        (``runtime/gridgraph.py`` makes them from a captured ``ti.graph``): ``("kernel",
+        entry, ctx)`` runs a task over the grid with the launch context at device address
+        ``ctx`` (what :meth:`launch` takes), ``("copy", dst, src, nbytes)`` copies device
+        memory, ``("memset", dst, nbytes)`` zeroes it."""
+        raise NotImplementedError
+
     @property
     def queue(self) -> LaunchQueue:
         """The program's sync points (made with the first kernel)."""
@@ -131,6 +139,36 @@ class Launcher:
             self.synchronize()
         finally:
             self.allocator.close()
+
+
+class GraphExec:
+    """An instantiated graph of a :class:`Launcher` (:meth:`Launcher.instantiate`): its
+    ``nodes`` as they were instantiated or last updated. Launching enqueues the whole graph
+    on the program's stream at once; :meth:`update` changes the nodes' parameters (addresses
+    and sizes of copies and memsets) in the executable itself, for a graph of the same shape:
+    what CUDA's ``cuGraphExecUpdate`` does, without instantiating again."""
+
+    nodes: list[tuple]
+    #: times this executable was instantiated (1, or more where an update had to)
+    instantiated = 1
+
+    def launch(self) -> None:
+        """Enqueue the graph on the program's stream (it returns before the graph runs)."""
+        raise NotImplementedError
+
+    def update(self, nodes: list[tuple]) -> None:
+        """The executable runs ``nodes`` from its next launch on (same kinds in the same
+        order, same kernels; other addresses and sizes)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def check_shape(old: list[tuple], new: list[tuple]) -> None:
+        """Refuse an update that changes the graph's shape (node kinds, order, kernels)."""
+        if len(old) != len(new) or any(
+                a[0] != b[0] or (a[0] == "kernel" and a[1:] != b[1:])
+                for a, b in zip(old, new, strict=True)):
+            raise DifftapeError("a graph executable can only be updated with nodes of the "
+                                "same kinds and kernels in the same order")
 
 
 class DeviceBlock:

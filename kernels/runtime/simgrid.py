@@ -11,6 +11,12 @@ the stack pool and the overflow rerun from device snapshots, per-thread random s
 :class:`~.storage.SimulatedDeviceAllocator`'s (poisoned host mirrors, and a deferred stream: a
 launch runs only when the host synchronises), so a host access that skips a sync point fails
 in CI.
+
+Graphs (``ti.graph`` on the grid, ``runtime/gridgraph.py``) get :class:`SimulatedGraphExec`:
+the nodes frozen at instantiation (or at the last update) and run, one after another, as one
+operation of the deferred stream. So a replay that forgets to update the executable after an
+address changed, or to upload the launch contexts the nodes read, computes a wrong answer in
+CI, as it would with a CUDA graph.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import ctypes
 from typing import Any
 
 from ..errors import OptionError
-from .grid import Launcher
+from .grid import GraphExec, Launcher
 from .storage import SimulatedDeviceAllocator
 
 GRID_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
@@ -68,3 +74,33 @@ class SimulatedLauncher(Launcher):
         blocks, threads = self.grid
         reverse = self.reverse
         self.memory.stream.enqueue(lambda: entry(ctx, blocks, threads, reverse))
+
+    def instantiate(self, nodes: list[tuple]) -> SimulatedGraphExec:
+        return SimulatedGraphExec(self, nodes)
+
+
+class SimulatedGraphExec(GraphExec):
+    """A graph executable on the simulated grid (see the module doc)."""
+
+    def __init__(self, launcher: SimulatedLauncher, nodes: list[tuple]) -> None:
+        self.launcher = launcher
+        self.nodes = list(nodes)
+
+    def update(self, nodes: list[tuple]) -> None:
+        self.check_shape(self.nodes, nodes)
+        self.nodes = list(nodes)
+
+    def launch(self) -> None:
+        nodes = tuple(self.nodes)  # as instantiated now: a later update applies to later launches
+        blocks, threads = self.launcher.grid
+        reverse = self.launcher.reverse
+
+        def run() -> None:
+            for node in nodes:
+                if node[0] == "kernel":
+                    node[1](node[2], blocks, threads, reverse)
+                elif node[0] == "copy":
+                    ctypes.memmove(node[1], node[2], node[3])
+                else:
+                    ctypes.memset(node[1], 0, node[2])
+        self.launcher.memory.stream.enqueue(run)

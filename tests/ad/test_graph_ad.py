@@ -13,7 +13,7 @@ from tests.lang.test_graph import assert_replay_matches_eager
 
 from .test_mpm_modes import _build
 
-pytestmark = [pytest.mark.difftape_only, pytest.mark.host_memory]
+pytestmark = pytest.mark.difftape_only
 
 
 def test_tape_step_with_gradient_descent_replays_bit_for_bit(ti):

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 #: synced both ways); ~70 s on a busy 2-core machine with a cold cache
 SUBSET = ["tests/lang/test_loops.py", "tests/lang/test_random_atomics.py",
           "tests/lang/test_scatter.py", "tests/lang/test_sparse.py", "tests/ad/test_control.py",
-          "tests/ad/test_tape.py"]
+          "tests/ad/test_tape.py", "tests/lang/test_graph.py", "tests/ad/test_graph_ad.py"]
 GRID = "3,7"
 
 

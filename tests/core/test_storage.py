@@ -187,15 +187,27 @@ def test_sharing_host_memory_is_refused_for_device_storage(sim):
         ti.from_dlpack(torch.zeros(3))
 
 
-def test_graphs_are_refused_on_device_storage(sim):
-    """A graph replays natively over host memory; GraphBuilder used to record the simulated
-    grid's Python task callers as native entry points instead of refusing."""
+def test_graphs_replay_on_device_storage_and_saving_them_is_refused(sim, tmp_path):
+    """A graph on the simulated grid replays as graph executables over device memory
+    (runtime/gridgraph.py; it used to be refused). GraphBuilder builds the same graphs; a
+    saved graph addresses host memory, so saving one of a grid program is refused."""
     from difftape.errors import GraphError
 
-    with pytest.raises(GraphError, match="simulate_grid"):
-        ti.graph.GraphBuilder()
-    with pytest.raises(GraphError, match="simulate_grid"), ti.graph.capture():
-        pass
+    @ti.kernel
+    def fill(pos: ti.types.ndarray(dtype=ti.f32, ndim=1), v: ti.f32):
+        for i in range(4):
+            pos[i] = v + i
+
+    builder = ti.graph.GraphBuilder()
+    builder.dispatch(fill, ti.graph.Arg(ti.graph.ArgKind.NDARRAY, "pos", ti.f32, ndim=1),
+                     ti.graph.Arg(ti.graph.ArgKind.SCALAR, "v", ti.f32))
+    g = builder.compile()
+    a = ti.ndarray(ti.f32, shape=4)
+    g.run({"pos": a, "v": 2.5})
+    np.testing.assert_array_equal(a.to_numpy(), [2.5, 3.5, 4.5, 5.5])
+    assert g.instantiations == 1
+    with pytest.raises(GraphError, match="CPU programs only"):
+        g.save(str(tmp_path / "g.json"))
 
 
 def test_reset_releases_device_memory():

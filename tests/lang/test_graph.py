@@ -5,14 +5,14 @@ refuse what a replay could not repeat (host reads, other shapes) with an error n
 The ``GraphBuilder`` tests are Taichi's API and also run on Taichi 1.7.4
 (``DIFFTAPE_TEST_PEER=taichi``); ``ti.graph.capture()`` is difftape's (``difftape_only``).
 The Tape / FwdMode / ``kernel.grad`` programs captured here are in tests/ad/test_graph_ad.py.
-A replay addresses host memory (``host_memory``: skipped on the simulated grid, which refuses
-graphs; tests/core/test_storage.py checks the refusal).
+Under ``DIFFTAPE_SIMULATE_GPU`` the same tests replay graphs on the simulated grid
+(runtime/gridgraph.py: graph executables, device memory); tests/core/test_grid_graph.py checks
+what only a grid has (instantiation, updates, asynchronous errors, the CUDA stand-in). NumPy
+arrays as inputs and saved graphs need host memory (``host_memory``).
 """
 
 import numpy as np
 import pytest
-
-pytestmark = pytest.mark.host_memory
 
 difftape_only = pytest.mark.difftape_only
 
@@ -22,6 +22,7 @@ difftape_only = pytest.mark.difftape_only
 
 
 def _storage():
+    """Every field's storage (and .grad/.dual) by (field id, role)."""
     from difftape.runtime import program
 
     out = {}
@@ -29,7 +30,7 @@ def _storage():
         for role in ("primal", "grad", "dual", "grad_dual"):
             c = f.companion(role)
             if c is not None:
-                out[(fid, role)] = c.storage.array
+                out[(fid, role)] = c.storage
     return out
 
 
@@ -37,24 +38,26 @@ def assert_replay_matches_eager(ti, step, repeats=3, declare=None, replays=None)
     """Run ``step`` eagerly ``repeats`` times, restore every field, capture it once and replay
     it ``repeats`` times: every field (and .grad/.dual) must have the same bytes.
     ``declare(g)``: declares the graph's inputs inside the capture and returns the arguments
-    ``step`` takes; ``replays[k]``: the inputs of replay k (the eager step gets them too)."""
+    ``step`` takes; ``replays[k]``: the inputs of replay k (the eager step gets them too).
+    Storage is read and written through its sync points, so this runs on the simulated grid
+    too (device memory; a read waits for the replay's launches)."""
     store = _storage()
-    before = {k: a.copy() for k, a in store.items()}
+    before = {k: s.read().copy() for k, s in store.items()}
     replays = replays or [{}] * repeats
     for kw in replays:
         step(**kw)
-    eager = {k: a.copy() for k, a in store.items()}
-    for k, a in store.items():
-        a[...] = before[k]
+    eager = {k: s.read().copy() for k, s in store.items()}
+    for k, s in store.items():
+        s.write()[...] = before[k]
     with ti.graph.capture() as g:
         args = declare(g) if declare is not None else {}
         step(**args)
-    for k, a in store.items():  # capturing ran nothing
-        assert a.tobytes() == before[k].tobytes(), f"capture changed {k}"
+    for k, s in store.items():  # capturing ran nothing
+        assert s.read().tobytes() == before[k].tobytes(), f"capture changed {k}"
     for kw in replays:
         g.replay(**kw)
-    for k, a in store.items():
-        assert a.tobytes() == eager[k].tobytes(), f"replay differs from eager in {k}"
+    for k, s in store.items():
+        assert s.read().tobytes() == eager[k].tobytes(), f"replay differs from eager in {k}"
     return g
 
 
@@ -113,6 +116,7 @@ def test_a_fill_with_negative_zero_keeps_its_sign(ti):
 
 
 @difftape_only
+@pytest.mark.host_memory  # (NumPy inputs; saved graphs)
 def test_named_inputs_take_new_values_without_recapture(ti):
     n = 64
     x = ti.field(ti.f32, shape=n)
@@ -452,6 +456,7 @@ def _run_saved(tmp_path, mode, graph_file, cache):
 
 
 @difftape_only
+@pytest.mark.host_memory  # (NumPy inputs; saved graphs)
 def test_a_saved_graph_replays_in_another_process_from_the_disk_cache(tmp_path):
     cache = tmp_path / "cache"
     graph_file = tmp_path / "step.graph.json"
@@ -463,6 +468,7 @@ def test_a_saved_graph_replays_in_another_process_from_the_disk_cache(tmp_path):
 
 
 @difftape_only
+@pytest.mark.host_memory  # (NumPy inputs; saved graphs)
 def test_loading_validates_a_graph_file_from_elsewhere(ti, tmp_path):
     import json
 
