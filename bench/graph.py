@@ -12,6 +12,12 @@ ratio column reads replayed / Taichi.
 Replay overhead per captured launch: a graph of ``--launches`` launches of a one-statement
 serial kernel, replayed; difftape's graph against Taichi's ``GraphBuilder`` graph of the same
 launches (``run``). The notes give the load average at start and the eager launch cost.
+
+``--arch cuda`` runs the same on a CUDA device (``ti.init(arch=ti.cuda,
+enable_fallback=False)``): difftape's replay is then CUDA graphs (runtime/gridgraph.py, one
+executable per run of asynchronous launches, instantiated once; the notes give how many and
+how many launches stay host steps), Taichi's eager iteration runs on its CUDA backend. Not run
+on a device yet: no GPU was lent to the session that wrote it.
 """
 
 import argparse
@@ -49,7 +55,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise common.Unsupported("no numpy version: there is no kernel launch to measure")
     load = os.getloadavg()
     ti = common.load_backend(args.backend)
-    common.init(ti)
+    if args.arch == "cuda":
+        ti.init(arch=ti.cuda, **({"enable_fallback": False} if args.backend == "difftape"
+                                 else {}))
+    else:
+        common.init(ti)
     m = diffmpm.build(ti)
     iteration = m.device_iteration
     m.start()
@@ -63,6 +73,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             iteration()
         runs["replayed"] = graph.replay
         extra["graph_launches"] = graph.launches
+        graph.replay()  # (instantiated at the first replay, on a grid)
+        ti.sync()
     timings = {}
     for where, spin in (("quiet", False), ("core 1 busy", True)):
         ctx = Spinner() if spin else _Nothing()
@@ -78,6 +90,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     per_launch, eager_launch = launch_overhead(ti, args.launches, args.repeat)
     rows.append({"label": f"{NAME}: replay overhead per captured launch", "value": per_launch,
                  "unit": "us"})
+    if args.arch != "cpu":
+        for row in rows:
+            row["label"] += f" [{args.arch}]"
     notes = (f"load average at start {load[0]:.2f}; eager launch {eager_launch:.2f} us; "
              f"{args.launches} launches per overhead graph")
     if args.backend == "difftape":
@@ -85,6 +100,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                   f"{timings[('replayed', 'quiet')] / timings[('eager', 'quiet')]:.2f} quiet, "
                   f"{timings[('replayed', 'core 1 busy')] / timings[('eager', 'core 1 busy')]:.2f}"
                   " core 1 busy")
+        gg = graph._grid_graph
+        if gg is not None:
+            hosts = sum(isinstance(p, tuple) for p in gg.parts)
+            notes += (f"; {gg.instantiations} graph executables for {len(gg.parts) - hosts} "
+                      f"device segments, {gg.updates} updates, {hosts} host-step launches")
     else:
         notes += "; Taichi: the replayed rows are its eager iteration (ti.graph holds no Tape)"
     return common.result(NAME, args.backend, rows=rows, notes=notes, load_average=load,
@@ -140,4 +160,6 @@ def launch_overhead(ti, launches: int, repeat: int) -> tuple[float, float]:
 if __name__ == "__main__":
     p = common.parser(__doc__.splitlines()[0], repeat=7, warmup=2)
     p.add_argument("--launches", type=int, default=10_000, help="launches in the overhead graph")
+    p.add_argument("--arch", choices=("cpu", "cuda"), default="cpu",
+                   help="cuda: on a CUDA device (difftape replays CUDA graphs)")
     sys.exit(common.main(NAME, run, p.parse_args()))
