@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import ctypes.util
 import functools
 import hashlib
 import os
@@ -167,8 +168,6 @@ class CudaDriverApi:
 
     def __init__(self, lib: Any = None) -> None:
         if lib is None:
-            import ctypes.util
-
             name = ctypes.util.find_library("cuda") or "libcuda.so.1"
             lib = ctypes.CDLL(name)
         self.lib = lib

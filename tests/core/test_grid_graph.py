@@ -281,3 +281,83 @@ def test_numpy_arrays_in_a_grid_graph_are_refused_saying_what_to_use(grid):
     np.testing.assert_array_equal(nd.to_numpy(), np.full(4, 4.0))
     with pytest.raises(ti.GraphError, match="got a NumPy array"):
         g.replay(arr=host)
+
+
+class _FakeLibcuda:
+    """The graph calls of ``libcuda`` as ctypes makes them (handles as ``c_void_p``, outputs
+    by reference), recorded; ``update_rc``: what ``cuGraphExecUpdate`` returns. Without
+    ``v2`` it is CUDA 11's library (no ``cuGraphExecUpdate_v2``)."""
+
+    def __init__(self, v2=True, update_rc=0):
+        self.calls = []
+        self.update_rc = update_rc
+        if not v2:
+            self.__dict__["cuGraphExecUpdate_v2"] = None  # (looked up, absent: see below)
+
+    def __getattr__(self, name):
+        if name == "cuGraphExecUpdate_v2" and "cuGraphExecUpdate_v2" in self.__dict__:
+            raise AttributeError(name)  # CDLL's answer for a missing symbol
+
+        def call(*args):
+            self.calls.append((name, args))
+            out = {"cuStreamEndCapture": (1, 0x6000), "cuGraphInstantiateWithFlags": (0, 0x7000)}
+            if name in out:
+                k, value = out[name]
+                args[k]._obj.value = value
+            if name.startswith("cuGraphExecUpdate"):
+                return self.update_rc
+            return 0
+        return call
+
+
+def _value(a):
+    return getattr(a, "value", a)
+
+
+@pytest.mark.parametrize("v2", [True, False], ids=["CUDA 12", "CUDA 11"])
+def test_the_cuda_graph_calls_through_ctypes(v2):
+    """runtime/cuda.py's binding of the CUDA graph calls (what the stand-in driver replaces):
+    the right symbols with the handles and flags cuda.h declares, outputs read back, and
+    cuGraphExecUpdate's refusal (CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE) told from an error."""
+    from difftape.errors import DifftapeError
+    from difftape.runtime.cuda import CudaDriverApi
+
+    lib = _FakeLibcuda(v2=v2)
+    api = CudaDriverApi(lib)
+    api.begin_capture(0x42)
+    assert api.end_capture(0x42) == 0x6000
+    assert api.instantiate(0x6000) == 0x7000
+    assert api.exec_update(0x7000, 0x6000) is True
+    api.launch_graph(0x7000, 0x42)
+    api.destroy_graph(0x6000)
+    api.destroy_exec(0x7000)
+    names = [n for n, _ in lib.calls]
+    update = "cuGraphExecUpdate_v2" if v2 else "cuGraphExecUpdate"
+    assert names == ["cuStreamBeginCapture_v2", "cuStreamEndCapture",
+                     "cuGraphInstantiateWithFlags", update, "cuGraphLaunch", "cuGraphDestroy",
+                     "cuGraphExecDestroy"]
+    args = dict(lib.calls)
+    assert [_value(a) for a in args["cuStreamBeginCapture_v2"]] == [0x42, 1]  # thread-local
+    assert _value(args["cuGraphInstantiateWithFlags"][2]) == 0  # no flags
+    assert len(args[update]) == (3 if v2 else 4)
+    assert [_value(a) for a in args["cuGraphLaunch"]] == [0x7000, 0x42]
+    lib.update_rc = 910
+    assert api.exec_update(0x7000, 0x6000) is False  # not allowed in place: instantiate again
+    lib.update_rc = 700
+    with pytest.raises(DifftapeError, match=r"cuGraphExecUpdate failed \(CUDA error 700\)"):
+        api.exec_update(0x7000, 0x6000)
+
+
+def test_an_update_cuda_refuses_instantiates_again_saying_so(fake, monkeypatch, caplog):
+    ti.init(arch=ti.cuda)
+    a = ti.field(ti.f32, shape=8)
+    b = ti.field(ti.f32, shape=8)
+    with ti.graph.capture() as g:
+        g.input("dst", a).fill(2.0)
+    g.replay()
+    monkeypatch.setattr(fake.api, "exec_update", lambda exe, graph: False)
+    g.replay(dst=b)
+    np.testing.assert_array_equal(b.to_numpy(), np.full(8, 2.0))
+    assert (g.instantiations, g.updates) == (2, 1)
+    assert fake.graph_calls["instantiate"] == 2 and fake.graph_calls["destroy_exec"] == 1
+    assert "instantiated again" in caplog.text
