@@ -166,6 +166,7 @@ def borrow(a: object, allocator: DeviceMemoryAllocator, what: str, scalar: bool 
         stream = explicit if explicit is not None else _torch_stream(a, ordinal)
         if stream is not None:
             memory.wait_for_stream(stream)
+        storage.caller = (a, stream)
         return storage, stream
     cai = getattr(a, "__cuda_array_interface__", None)
     if cai is None:
@@ -209,6 +210,7 @@ def _borrow_interface(a: object, cai: dict, allocator: DeviceMemoryAllocator, wh
                             "(ambiguous); the producer must give 1 for the default stream")
     if explicit is not None:
         stream = explicit
+    storage.caller = (a, None if stream is None else int(stream))
     if stream is not None:
         allocator.memory.wait_for_stream(int(stream))
     return storage, None if stream is None else int(stream)
@@ -264,6 +266,42 @@ def call_with_device_arrays(call: Callable, kernel: str, names: list[str], args:
     if unknown:
         allocator.wait()  # a caller's stream we cannot order with: done before returning
     return out
+
+
+@contextlib.contextmanager
+def replayed(storages: Sequence[BorrowedStorage], allocator: DeviceMemoryAllocator
+             ) -> Iterator[None]:
+    """Launches made again over borrowed memory (a ``ti.ad.Tape``'s reverse launches over
+    the CUDA arrays its forward launches took) ordered with the callers' streams as those
+    launches were (:func:`call_with_device_arrays`): each caller's stream now (the innermost
+    :func:`caller_stream`, else PyTorch's current stream for a PyTorch tensor, else the
+    stream the forward launch was ordered with) is waited for before and made to wait after;
+    where none is known the host waits for the launches before this returns. The memory is
+    kept until they have run."""
+    streams: dict[int, None] = {}
+    unknown = False
+    explicit = explicit_stream()
+    memory = allocator.memory
+    for s in storages:
+        origin, stream = s.caller
+        if explicit is not None:
+            stream = explicit
+        elif origin is not None and (now := _torch_stream(origin, memory.ordinal)) is not None:
+            stream = now
+        if stream is None:
+            unknown = True
+        else:
+            streams[stream] = None
+    for stream in streams:
+        memory.wait_for_stream(stream)
+    try:
+        yield
+    finally:
+        for stream in streams:
+            memory.signal_stream(stream)
+        allocator.hold(list(storages))
+    if unknown:
+        allocator.wait()
 
 
 # ---------------------------------------------------------------------------------- out
