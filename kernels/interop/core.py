@@ -41,9 +41,12 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
+from .. import grouped
 from ..ad import Tape, clear_all_gradients
 from ..ad.functional import _backward, _ensure_second_order, clear_all_duals, forward_mode
 from ..errors import DifftapeError
+from ..frontend.annotations import NdarrayType
+from ..frontend.decorators import kernel
 from ..frontend.field import Field
 from ..frontend.ndarray import Ndarray
 from ..runtime import devicearrays, program
@@ -497,6 +500,14 @@ class Exchange:
         for key, s in self._dirty.items():
             s.from_numpy(self._current[key])
         self._dirty.clear()
+
+
+@kernel
+def add_into(dst: NdarrayType(), src: NdarrayType()):
+    """``dst += src`` on the device (storage of one shape; a bridge adding a framework's
+    gradient into a ``.grad``)."""
+    for i in grouped(dst):
+        dst[i] += src[i]
 
 
 def _own(a: Ndarray) -> None:

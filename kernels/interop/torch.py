@@ -46,7 +46,8 @@ from ..errors import DifftapeError
 from ..frontend.field import Field
 from ..runtime import devicearrays, program
 from ..runtime.foreign import as_numpy
-from .core import DeviceCall, DiffProgram, Exchange, _full_shape
+from ..runtime.storage import SimulatedDeviceMemory
+from .core import DeviceCall, DiffProgram, Exchange, _full_shape, add_into
 
 __all__ = ["operator", "Operator", "call"]
 
@@ -95,21 +96,33 @@ def operator(fn: Callable[[], object], inputs: Sequence, outputs: Sequence,
 class CudaTensors:
     """The bridge's device-specific calls to PyTorch, in one place (tests without a GPU
     replace :data:`cuda` with one over simulated device memory): which tensors are CUDA
-    arrays, how PyTorch allocates on their device, and its current stream there."""
+    arrays, how PyTorch allocates on a device, its current stream there, and on which device
+    PyTorch computes for the current program (:func:`call`)."""
 
     def device_array(self, t: torch.Tensor) -> object | None:
         """What exports ``t``'s device memory (DLPack), or None for a CPU tensor."""
         return None if t.device.type == "cpu" else t.detach()
 
-    def empty(self, shape: tuple, dtype: np.dtype, like: torch.Tensor
+    def empty(self, shape: tuple, dtype: np.dtype, device: torch.device
               ) -> tuple[torch.Tensor, object]:
-        """A new tensor on ``like``'s device, and what exports its memory."""
-        t = torch.empty(shape, dtype=_torch_dtype(dtype), device=like.device)
+        """A new tensor on ``device``, and what exports its memory."""
+        t = torch.empty(shape, dtype=_torch_dtype(dtype), device=device)
         return t, t
 
-    def stream(self, like: torch.Tensor) -> int:
-        """PyTorch's current stream on ``like``'s device (a driver handle)."""
-        return devicearrays.stream_handle(torch.cuda.current_stream(like.device))
+    def stream(self, device: torch.device) -> int:
+        """PyTorch's current stream on ``device`` (a driver handle)."""
+        return devicearrays.stream_handle(torch.cuda.current_stream(device))
+
+    def program_device(self) -> torch.device | None:
+        """The CUDA device of the current program when it runs on one PyTorch can use (a
+        grid program on a real device), else None (PyTorch computes on the host)."""
+        prog = program.get()
+        if prog.remote is not None or not devicearrays.shares_device_memory(prog.allocator):
+            return None
+        memory = prog.allocator.memory
+        if isinstance(memory, SimulatedDeviceMemory) or not torch.cuda.is_available():
+            return None
+        return torch.device("cuda", memory.ordinal)
 
 
 #: the seam (see :class:`CudaTensors`)
@@ -148,8 +161,8 @@ def _arrays(p: DiffProgram, groups: Sequence[tuple[str, Sequence]]
                             f"this difftape program's storage is {where}: pass "
                             "tensor.cpu() (a copy), or run the program on the device "
                             "(ti.init(arch=ti.cuda) takes CUDA tensors in place)")
-    like = on_device[0][1]
-    call = DeviceCall(seam.stream(like), lambda shape, dtype: seam.empty(shape, dtype, like))
+    device = on_device[0][1].device
+    call = DeviceCall(seam.stream(device), lambda shape, dtype: seam.empty(shape, dtype, device))
     arrays = iter([a for _, _, a in found])
     return call, [[None if t is None else next(arrays) for t in ts] for _, ts in groups]
 
@@ -331,8 +344,8 @@ def call(fn: Callable, inputs: Sequence, outputs: Sequence) -> None:
                                 "forward mode) is not supported through PyTorch calls")
         _call_forward_mode(fn, inputs, outputs)
         return
-    io = Exchange(inputs)
-    ins = [torch.from_numpy(v) for v in io.values]
+    io = _exchange(inputs)
+    ins = [_tensor(v) for v in io.values]
     if recording:
         ins = [t.requires_grad_() if t.is_floating_point() else t for t in ins]
         with torch.enable_grad():
@@ -345,8 +358,8 @@ def call(fn: Callable, inputs: Sequence, outputs: Sequence) -> None:
     if recording:
         def backward() -> None:
             grads = [s.grad for s in inputs if s.has_grad]
-            io = Exchange([s.grad for s in outputs], accumulated=grads)
-            us = [torch.from_numpy(u) for u in io.values]
+            io = _exchange([s.grad for s in outputs], accumulated=grads)
+            us = [_tensor(u) for u in io.values]
             pairs = [(o, u) for o, u in zip(outs, us, strict=True) if o.requires_grad]
             if pairs:
                 torch.autograd.backward([o for o, _ in pairs], [u for _, u in pairs])
@@ -354,13 +367,13 @@ def call(fn: Callable, inputs: Sequence, outputs: Sequence) -> None:
                 io.zero(s.grad)
             for s, t in zip(inputs, ins, strict=True):
                 if t.grad is not None and s.has_grad:
-                    io.add(s.grad, t.grad.numpy())
+                    io.add(s.grad, _value(io, t.grad))
             io.commit()
 
         def forward() -> None:  # a replay (Tape grad_check): the values only
-            io = Exchange(inputs)
+            io = _exchange(inputs)
             with torch.no_grad():
-                _write(io, _as_tuple(fn(*(torch.from_numpy(v) for v in io.values))), outputs)
+                _write(io, _as_tuple(fn(*(_tensor(v) for v in io.values))), outputs)
             io.commit()
 
         forward.__name__ = getattr(fn, "__name__", type(fn).__name__)
@@ -372,16 +385,16 @@ def _call_forward_mode(fn: Callable, inputs: Sequence, outputs: Sequence) -> Non
 
     # ndarrays have no tangents; the inputs and their tangents are read together
     tangent_of = [s.dual if isinstance(s, Field) and s.has_dual else None for s in inputs]
-    io = Exchange(list(inputs) + [d for d in tangent_of if d is not None])
+    io = _exchange(list(inputs) + [d for d in tangent_of if d is not None])
     values, tangents = io.values[:len(inputs)], iter(io.values[len(inputs):])
     with fwAD.dual_level():
         duals = []
         for d, v in zip(tangent_of, values, strict=True):
-            t = torch.from_numpy(v)
+            t = _tensor(v)
             if d is not None:
                 tangent = next(tangents)
                 if t.is_floating_point():
-                    t = fwAD.make_dual(t, torch.from_numpy(tangent))
+                    t = fwAD.make_dual(t, _tensor(tangent))
             duals.append(t)
         outs = _as_tuple(fn(*duals))
         unpacked = [fwAD.unpack_dual(o) for o in outs]
@@ -392,8 +405,64 @@ def _call_forward_mode(fn: Callable, inputs: Sequence, outputs: Sequence) -> Non
             if u.tangent is None:
                 io.zero(dual)
             else:
-                io.set(dual, u.tangent.detach().numpy().reshape(_full_shape(dual)))
+                io.set(dual, _value(io, u.tangent.reshape(_full_shape(dual))))
     io.commit()
+
+
+class _DeviceExchange:
+    """:class:`~difftape.interop.core.Exchange` on a grid program whose device PyTorch
+    computes on: the values read are new CUDA tensors (copies made on the device), and the
+    storage is set, added into and zeroed on the device, each step ordered with PyTorch's
+    current stream by events (no host synchronisation). A CPU tensor given back is copied
+    in through the host."""
+
+    __slots__ = ("values", "_call")
+
+    def __init__(self, reads: Sequence, device: torch.device) -> None:
+        seam = cuda
+        self._call = DeviceCall(seam.stream(device),
+                                lambda shape, dtype: seam.empty(shape, dtype, device))
+        with self._call.joined():
+            self.values = [self._call.copy_out(s.storage) for s in reads]
+
+    def _borrowed(self, t: torch.Tensor):
+        return self._call.borrow(cuda.device_array(t.contiguous()),
+                                 "difftape.interop.torch.call: a tensor")
+
+    def set(self, s, t: torch.Tensor) -> None:
+        if cuda.device_array(t) is None:
+            s.storage.write()[...] = _numpy_in(t, "difftape.interop.torch.call: a tensor")
+            return
+        with self._call.joined():
+            s.storage.copy_from(self._borrowed(t))
+
+    def zero(self, s) -> None:
+        s.storage.zero()
+
+    def add(self, s, t: torch.Tensor) -> None:
+        if cuda.device_array(t) is None:
+            s.storage.write()[...] += _numpy_in(t, "difftape.interop.torch.call: a tensor")
+            return
+        with self._call.joined():
+            add_into(s.storage, self._borrowed(t))
+
+    def commit(self) -> None:
+        """(Nothing queued: every update is on the device already.)"""
+
+
+def _exchange(reads: Sequence, accumulated: Sequence = ()) -> Exchange | _DeviceExchange:
+    """The storage traffic of a :func:`call`: on the device PyTorch computes on for this
+    program (:meth:`CudaTensors.program_device`), else through host arrays."""
+    device = cuda.program_device()
+    if device is not None:
+        return _DeviceExchange(reads, device)
+    return Exchange(reads, accumulated)
+
+
+def _value(io: Exchange | _DeviceExchange, t: torch.Tensor):
+    """A tensor result as ``io`` takes it: the tensor on the device, else a NumPy array."""
+    t = t.detach()
+    return t if isinstance(io, _DeviceExchange) else t.numpy()
 
 
 def _as_tuple(out) -> tuple:
@@ -413,4 +482,4 @@ def _write(io: Exchange, outs: Sequence, outputs: Sequence) -> None:
             raise DifftapeError(f"difftape.interop.torch.call: output {k} is {what}; the "
                                 f"storage it goes to has shape {shape} and dtype "
                                 f"{dtype} (no silent casts)")
-        io.set(s, o.detach().numpy())
+        io.set(s, _value(io, o))

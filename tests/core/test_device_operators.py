@@ -67,6 +67,7 @@ class SimulatedCudaTorch(interop.CudaTensors):
         self.drv = drv
         self.current = SimulatedStream()
         self.blocks: list[tuple[int, int]] = []
+        self.computes_on_device = False  # (program_device: PyTorch computes on the host)
 
     def device_array(self, t):
         address = t.data_ptr()
@@ -74,7 +75,7 @@ class SimulatedCudaTorch(interop.CudaTensors):
             return _Export(t, self.current)
         return None
 
-    def empty(self, shape, dtype, like):
+    def empty(self, shape, dtype, device):
         n = max(1, int(np.prod(shape)) * dtype.itemsize)
         if self.drv is not None:
             address = int(self.drv.mem_alloc(n))
@@ -89,8 +90,18 @@ class SimulatedCudaTorch(interop.CudaTensors):
         t = torch.from_numpy(view)
         return t, self.device_array(t)
 
-    def stream(self, like):
+    def stream(self, device):
         return self.current.handle
+
+    def program_device(self):
+        return torch.device("cpu") if self.computes_on_device else None
+
+    def adopt(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` copied into a new CUDA tensor (differentiably): what PyTorch computes on the
+        device lives in device memory."""
+        out, _ = self.empty(tuple(t.shape), np.dtype(str(t.dtype).removeprefix("torch.")),
+                            None)
+        return out.copy_(t)
 
     def tensor(self, values) -> torch.Tensor:
         """A CUDA tensor holding ``values`` (written now, as a finished copy)."""
@@ -280,3 +291,47 @@ def test_cuda_tensors_on_a_host_program_are_refused(monkeypatch):
                                                r".*ti.init\(arch=ti.cuda\)"):
         op(seam.tensor(_values(0)))
     ti.reset()
+
+
+def test_a_pytorch_call_inside_a_tape_computes_on_the_device(cuda):
+    """interop.torch.call on a grid program whose device PyTorch uses: the module gets CUDA
+    tensors (copies made on the device), its results and gradients are copied and added into
+    the storage on the device, ordered with PyTorch's stream; gradients as in pure PyTorch."""
+    cuda.computes_on_device = True
+    x = ti.field(ti.f64, N, needs_grad=True)
+    h = ti.field(ti.f64, N, needs_grad=True)
+    loss = ti.field(ti.f64, (), needs_grad=True)
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(N, N, dtype=torch.float64)
+    ref = torch.nn.Linear(N, N, dtype=torch.float64)
+    ref.load_state_dict(lin.state_dict())
+    on_device = []
+
+    def model(t):
+        on_device.append(cuda.device_array(t) is not None)
+        cuda.sync()  # (PyTorch's kernels run in its stream's order: the fake runs it here)
+        t.register_hook(cuda.adopt)  # its gradients are computed on the device
+        out = cuda.adopt(torch.tanh(lin(t)))
+        out.register_hook(lambda g: (cuda.sync(), g)[1])  # (the cotangent, in stream order)
+        return out
+
+    @ti.kernel
+    def square():
+        for i in h:
+            loss[None] += h[i] * h[i] * (i + 1)
+
+    xv = _values(5)
+    x.from_numpy(xv)
+    with ti.ad.Tape(loss):
+        interop.call(model, [x], [h])
+        square()
+    assert on_device == [True]
+    xr = torch.tensor(xv, requires_grad=True)
+    hr = torch.tanh(ref(xr))
+    lr = (hr * hr * torch.arange(1, N + 1)).sum()
+    lr.backward()
+    assert loss[None] == pytest.approx(lr.item(), rel=1e-14)
+    np.testing.assert_allclose(x.grad.to_numpy(), xr.grad.numpy(), rtol=1e-13)
+    for p, q in zip(lin.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-13, atol=0)
+    np.testing.assert_array_equal(h.grad.to_numpy(), np.zeros(N))  # overwritten by the call
