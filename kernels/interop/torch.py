@@ -331,7 +331,9 @@ def call(fn: Callable, inputs: Sequence, outputs: Sequence) -> None:
     inputs' gradients, added into their ``.grad``; the outputs' ``.grad`` are then zeroed (the
     call overwrote them, as a kernel's store does). Under ``ti.ad.FwdMode`` the inputs'
     ``.dual`` are PyTorch forward-mode tangents and the outputs' ``.dual`` receive theirs.
-    The tensors are copies: a kernel may overwrite the inputs later in the recording.
+    The tensors are copies: a kernel may overwrite the inputs later in the recording. On a
+    grid program running on a device PyTorch can use they are CUDA tensors, copied, set and
+    added on the device on PyTorch's current stream (:class:`_DeviceExchange`).
     Under ``arch=ti.remote`` PyTorch runs here and the storage on the server: a call, its
     backward pass and its forward-mode pass each read what they need in one request
     (:class:`~difftape.interop.core.Exchange`)."""
