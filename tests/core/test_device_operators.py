@@ -335,3 +335,35 @@ def test_a_pytorch_call_inside_a_tape_computes_on_the_device(cuda):
     for p, q in zip(lin.parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-13, atol=0)
     np.testing.assert_array_equal(h.grad.to_numpy(), np.zeros(N))  # overwritten by the call
+
+
+def test_a_pytorch_call_under_forward_mode_computes_on_the_device(cuda):
+    cuda.computes_on_device = True
+    x = ti.field(ti.f64, N, needs_dual=True)
+    h = ti.field(ti.f64, N, needs_dual=True)
+    loss = ti.field(ti.f64, (), needs_dual=True)
+    torch.manual_seed(1)
+    lin = torch.nn.Linear(N, N, dtype=torch.float64)
+    on_device = []
+
+    def model(t):
+        on_device.append(cuda.device_array(t) is not None)
+        cuda.sync()  # (PyTorch's kernels run in its stream's order: the fake runs it here)
+        return cuda.adopt(torch.tanh(lin(t)))
+
+    @ti.kernel
+    def square():
+        for i in h:
+            loss[None] += h[i] * h[i] * (i + 1)
+
+    xv, tv = _values(6), _values(7)
+    x.from_numpy(xv)
+    with ti.ad.FwdMode(loss=loss, param=x, seed=tv.tolist()):
+        interop.call(model, [x], [h])
+        square()
+    assert on_device == [True]
+    weights = torch.arange(1, N + 1)
+    value, tangent = torch.func.jvp(lambda xr: (torch.tanh(lin(xr)) ** 2 * weights).sum(),
+                                    (torch.tensor(xv),), (torch.tensor(tv),))
+    assert loss[None] == pytest.approx(value.item(), rel=1e-14)
+    assert loss.dual[None] == pytest.approx(tangent.item(), rel=1e-13)
