@@ -152,10 +152,11 @@ def _record(fn: Callable[[], object]):
 
 
 def _backward(tape) -> None:
-    for entry in reversed(tape.entries):
-        if entry.backward is None:
-            raise DifftapeError(f"'{entry.name}' has no registered gradient")
-        entry.backward(*entry.args, **entry.kwargs)
+    with tape.ordered():
+        for entry in reversed(tape.entries):
+            if entry.backward is None:
+                raise DifftapeError(f"'{entry.name}' has no registered gradient")
+            entry.backward(*entry.args, **entry.kwargs)
 
 
 def vjp(fn: Callable[[], object], inputs: Sequence[Field] | Field,

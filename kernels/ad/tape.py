@@ -8,6 +8,7 @@ gradient cannot be computed correctly is refused (``GradientRuleError``) before 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -19,7 +20,8 @@ from ..errors import DifftapeError, GradientRuleError, KernelRuntimeError
 from ..frontend.field import Field
 from ..frontend.kernel import Kernel
 from ..frontend.ndarray import Ndarray
-from ..runtime import program, progress
+from ..runtime import devicearrays, program, progress
+from ..runtime.storage import BorrowedStorage
 from .graph import tape_dot, write_graph
 
 __all__ = ["Tape", "clear_all_gradients", "grad_for", "grad_replaced", "no_grad",
@@ -210,9 +212,9 @@ class Tape:
         if self.loss is not None:
             self.loss.grad.fill(1)
         # A bar (runtime/progress.py) for long recordings only: it costs a little per launch.
-        with progress.bar(len(self.entries), "Tape backward", unit="launch",
-                          show=None if len(self.entries) >= PROGRESS_MIN_LAUNCHES else False
-                          ) as pb:
+        with self.ordered(), progress.bar(
+                len(self.entries), "Tape backward", unit="launch",
+                show=None if len(self.entries) >= PROGRESS_MIN_LAUNCHES else False) as pb:
             for entry in reversed(self.entries):
                 if entry.backward is None:
                     raise DifftapeError(f"'{entry.name}' is decorated with "
@@ -222,6 +224,19 @@ class Tape:
                 pb.update()
         if self.grad_check:
             self._check_gradients()
+
+    def ordered(self) -> contextlib.AbstractContextManager:
+        """The context of the reverse launches: on a grid program, ordered with the streams
+        of the callers whose CUDA arrays the recorded launches took, as those launches were
+        (``runtime/devicearrays.py``'s ``replayed``); nothing to do otherwise."""
+        allocator = program.get().allocator
+        if getattr(allocator, "host", True):
+            return contextlib.nullcontext()
+        borrowed = {id(a): a for e in self.entries for a in e.args
+                    if isinstance(a, BorrowedStorage)}
+        if not borrowed:
+            return contextlib.nullcontext()
+        return devicearrays.replayed(list(borrowed.values()), allocator)
 
     # ------------------------------------------------------------------ grad_check
     # (Under arch=ti.remote the client's Tape keeps the snapshot and replays on the server.)

@@ -41,7 +41,11 @@ from ..ir.nodes import Buffer, KernelIR, task_blocks, walk
 from ..ir.passes import run_pipeline
 from ..ir.printer import format_kernel
 from ..runtime import cache, program
-from ..runtime.devicearrays import call_with_device_arrays, is_device_array
+from ..runtime.devicearrays import (
+    call_with_device_arrays,
+    is_device_array,
+    shares_device_memory,
+)
 from ..runtime.foreign import ArrayExchange, call_with_arrays
 from ..runtime.grid import GridKernel
 from ..runtime.launch import raise_error_word
@@ -224,7 +228,7 @@ class Kernel:
             raise self._arg_count_error(args)
         names = [p.name for p in self.params]
         allocator = program.get().allocator
-        if not allocator.host and hasattr(getattr(allocator, "memory", None), "borrow"):
+        if shares_device_memory(allocator):
             # (fields and ndarrays are not taken for ndarray parameters, as on the CPU)
             device = [k for k in self._array_args if is_device_array(args[k])
                       and not isinstance(args[k], ArrayExchange)]

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import DifftapeError, KernelIndexError, KernelRuntimeError, ShapeError
 from ..runtime import program
-from ..runtime.devicearrays import borrow, is_device_array
+from ..runtime.devicearrays import borrow, is_device_array, shares_device_memory
 from ..runtime.foreign import ArrayExchange, array_in, as_numpy
 from ..runtime.storage import HostStorage, Storage
 from ..types import from_numpy as dtype_of
@@ -326,8 +326,7 @@ def from_dlpack(obj, element_shape: tuple[int, ...] = ()):
     (``runtime/devicearrays.py``; order later launches with its owner's stream by
     ``ti.caller_stream``); a host array is refused there (it would not share)."""
     allocator = program.get().allocator
-    if not allocator.host and is_device_array(obj) and \
-            hasattr(getattr(allocator, "memory", None), "borrow"):
+    if shares_device_memory(allocator) and is_device_array(obj):
         storage, _ = borrow(obj, allocator, "ti.from_dlpack's argument")
         return _over(storage, element_shape)
     arr = as_numpy(obj, "ti.from_dlpack's argument")

@@ -35,17 +35,69 @@ the recorded program and of its adjoint, as ``ti.ad.hvp`` does: given the backwa
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
+from .. import grouped
 from ..ad import Tape, clear_all_gradients
 from ..ad.functional import _backward, _ensure_second_order, clear_all_duals, forward_mode
 from ..errors import DifftapeError
+from ..frontend.annotations import NdarrayType
+from ..frontend.decorators import kernel
 from ..frontend.field import Field
 from ..frontend.ndarray import Ndarray
-from ..runtime import program
+from ..runtime import devicearrays, program
+from ..runtime.storage import BorrowedStorage, DeviceMemoryAllocator
+
+
+class DeviceCall:
+    """One call of an operator on a framework's CUDA arrays, on a grid program: how the
+    framework allocates (``empty(shape, dtype)`` returns ``(result, array)``: what goes back
+    to the framework, and an object exporting its device memory by DLPack or
+    ``__cuda_array_interface__``) and its current ``stream`` (a driver handle).
+
+    Inside :meth:`joined` our stream runs after what ``stream`` was given so far and
+    ``stream`` runs its later work after ours (``ti.caller_stream``): nobody waits on the
+    host. The framework's arrays are borrowed in place (``runtime/devicearrays.py``: device,
+    dtype and layout checked) and kept alive until the launches that address them have run.
+    """
+
+    def __init__(self, stream: int, empty: Callable[[tuple, np.dtype], tuple[object, object]]
+                 ) -> None:
+        self.stream, self._empty = stream, empty
+        self.allocator: DeviceMemoryAllocator = program.get().allocator
+        self._borrowed: list[BorrowedStorage] = []
+
+    def borrow(self, a: object, what: str) -> BorrowedStorage:
+        """``a``'s device memory as storage (no copy)."""
+        storage, _ = devicearrays.borrow(a, self.allocator, what, scalar=True)
+        self._borrowed.append(storage)
+        return storage
+
+    def empty(self, shape: tuple, dtype: np.dtype) -> tuple[object, BorrowedStorage]:
+        """A new array of the framework's (the caller owns it) and its memory as storage."""
+        result, array = self._empty(tuple(shape), np.dtype(dtype))
+        return result, self.borrow(array, "an array the framework allocated")
+
+    def copy_out(self, storage) -> object:
+        """A new array of the framework's holding a copy of ``storage``, made on the
+        device."""
+        result, out = self.empty(storage.shape, storage.dtype)
+        out.copy_from(storage)
+        return result
+
+    @contextlib.contextmanager
+    def joined(self) -> Iterator[None]:
+        with devicearrays.caller_stream(self.stream):
+            try:
+                yield
+            finally:
+                borrowed, self._borrowed = self._borrowed, []
+                if borrowed:
+                    self.allocator.hold(borrowed)
 
 
 class DiffProgram:
@@ -90,24 +142,31 @@ class DiffProgram:
         self._cotangents: dict[int, np.ndarray] = {}
 
     # ------------------------------------------------------------------ forward
-    def run(self, xs: Sequence[np.ndarray], record: bool,
-            out: Sequence[np.ndarray] | None = None) -> tuple[int, list[np.ndarray]]:
+    def run(self, xs: Sequence, record: bool, out: Sequence[np.ndarray] | None = None,
+            device: DeviceCall | None = None) -> tuple[int, list]:
         """Run ``fn`` on ``xs``; returns a token naming this run (an int below 2**31, so
         that it can travel as an array) and the outputs (the arrays
         ``out`` when given: ndarray outputs are written there in place, field outputs copied
-        there). ``record``: keep a recording for :meth:`vjp`."""
+        there). ``record``: keep a recording for :meth:`vjp`. With ``device`` the arrays are
+        the framework's CUDA arrays and the outputs new ones it allocated
+        (:class:`DeviceCall`)."""
         self._check_outside_derivatives()
+        if device is not None:
+            with device.joined():
+                outs = self._launch(xs, record, None, device, results=True)
+                self._copy_field_outputs(outs, device=device)
+            return self._token, [result for result, _ in outs]
         outs = self._launch(xs, record, out)
         self._copy_field_outputs(outs)
         return self._token, outs
 
-    def _launch(self, xs: Sequence[np.ndarray], record: bool,
-                out: Sequence[np.ndarray] | None) -> list[np.ndarray]:
+    def _launch(self, xs: Sequence, record: bool, out: Sequence[np.ndarray] | None,
+                device: DeviceCall | None = None, results: bool = False) -> list:
         """Bind the storage and run ``fn`` (recorded or not), without reading the field
         outputs back: under ``arch=ti.remote`` everything here is queued, and the read that
         follows (the outputs, or the gradients after a backward pass) is the one request."""
-        self._bind_inputs(xs)
-        outs = self._bind_outputs(out)
+        self._bind_inputs(xs, device)
+        outs = self._bind_outputs(out, device, results)
         if record:
             tape = Tape(loss=None)
             with tape:
@@ -119,15 +178,22 @@ class DiffProgram:
         return outs
 
     # ------------------------------------------------------------------ reverse
-    def vjp(self, token: int | None, xs: Sequence[np.ndarray], us: Sequence[np.ndarray]
-            ) -> list[np.ndarray]:
+    def vjp(self, token: int | None, xs: Sequence, us: Sequence,
+            device: DeviceCall | None = None) -> list:
         """``J(xs)^T us``, one fresh array per input; ``token``: the run being
         differentiated (None: unknown, run again)."""
         self._check_outside_derivatives()
+        if device is not None:
+            with device.joined():
+                return self._vjp(token, xs, us, device)
+        return self._vjp(token, xs, us, None)
+
+    def _vjp(self, token: int | None, xs: Sequence, us: Sequence,
+             device: DeviceCall | None) -> list:
         if token is None or token != self._token or self._tape is None:
-            self._launch(xs, True, None)  # re-run from the saved inputs (see the module doc)
+            self._launch(xs, True, None, device)  # re-run from the saved inputs (module doc)
         else:
-            self._bind_inputs(xs)  # the recording reads the ndarrays' current memory
+            self._bind_inputs(xs, device)  # the recording reads the ndarrays' current memory
         tape, self._tape = self._tape, None  # one backward pass per recording
         self._token = None
         clear_all_gradients()  # (the fields': ndarrays keep theirs, as in Taichi)
@@ -136,107 +202,179 @@ class DiffProgram:
             for a in entry.args:
                 if isinstance(a, Ndarray) and a.grad is not None and id(a) not in declared:
                     self._zero_grad(a)
+        results: dict[int, object] = {}
         for s in self.inputs:
             if isinstance(s, Ndarray):
-                self._zero_grad(s)
+                if device is not None:  # the kernels add into the new array itself
+                    results[id(s)], storage = device.empty(_full_shape(s), s.storage.dtype)
+                    storage.zero()
+                    s.grad.storage = storage
+                else:
+                    self._zero_grad(s)
         for s, u in zip(self.outputs, us, strict=True):
-            u = self._checked(u, s, "cotangent")
+            if device is not None:
+                u = self._checked(device.borrow(u, f"{self.name}: cotangent"), s, "cotangent")
+            else:
+                u = self._checked(u, s, "cotangent")
             if not self._copied(s):
                 # Copied into a buffer of ours (reused: fresh pages cost more than the copy):
                 # the adjoint of a store zeroes the output's adjoint.
-                buf = self._cotangents.get(id(s))
+                key = (id(s), device is not None)
+                buf = self._cotangents.get(key)
                 if buf is None or buf.shape != u.shape:
-                    buf = self._cotangents[id(s)] = np.empty(u.shape, s.storage.dtype)
-                np.copyto(buf, u)
-                s.grad._bind_host_array(buf)
+                    buf = self._cotangents[key] = np.empty(u.shape, s.storage.dtype) \
+                        if device is None else device.allocator.storage(u.shape, u.dtype)
+                if device is None:
+                    np.copyto(buf, u)
+                    s.grad._bind_host_array(buf)
+                else:
+                    buf.copy_from(u)
+                    s.grad.storage = buf
+            elif device is not None:
+                s.grad.storage.copy_from(u)
             else:
                 s.grad.from_numpy(u)
         _backward(tape)
+        if device is not None:
+            return [results[id(s)] if id(s) in results else device.copy_out(s.grad.storage)
+                    for s in self.inputs]
         grads = _values([s.grad for s in self.inputs if self._copied(s)], copy=True)
         return [grads.pop(0) if self._copied(s) else _ndarray_result(s.grad)
                 for s in self.inputs]
 
     # ------------------------------------------------------------------ forward mode
-    def jvp(self, xs: Sequence[np.ndarray], ts: Sequence[np.ndarray | None]
-            ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    def jvp(self, xs: Sequence, ts: Sequence, device: DeviceCall | None = None
+            ) -> tuple[list, list]:
         """The outputs and ``J(xs) ts`` (a None tangent is zero)."""
         self._need_fields("forward-mode derivatives")
         self._check_outside_derivatives()
         _ensure_second_order()  # what a Tape differentiates (fields with .grad) gets a .dual
-        self._bind_inputs(xs)
+        if device is not None:
+            with device.joined():
+                return self._jvp(xs, ts, device)
+        return self._jvp(xs, ts, None)
+
+    def _jvp(self, xs: Sequence, ts: Sequence, device: DeviceCall | None
+             ) -> tuple[list, list]:
+        self._bind_inputs(xs, device)
         clear_all_duals()
         for s, t in zip(self.inputs, ts, strict=True):
             if t is not None:
-                s.dual.from_numpy(self._checked(t, s, "tangent"))
-        outs = self._bind_outputs(None)
+                self._set(s.dual, t, "tangent", device)
+        outs = self._bind_outputs(None, device, results=True)
         try:
             with forward_mode():
                 self.fn()
+            if device is not None:
+                self._copy_field_outputs(outs, device=device)
+                return ([result for result, _ in outs],
+                        [device.copy_out(s.dual.storage) for s in self.outputs])
             touts = self._copy_field_outputs(outs, [s.dual for s in self.outputs])
         finally:
             clear_all_duals()
-        self._token = self._tape = None
+            self._token = self._tape = None
         return outs, touts
 
     # ------------------------------------------------------------------ second order
-    def vjp_derivative(self, xs: Sequence[np.ndarray], us: Sequence[np.ndarray],
-                       ws: Sequence[np.ndarray | None]
-                       ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    def vjp_derivative(self, xs: Sequence, us: Sequence, ws: Sequence,
+                       device: DeviceCall | None = None) -> tuple[list, list]:
         """The vector-Jacobian product of ``(xs, us) -> J(xs)^T us`` with cotangents ``ws``:
         ``(J ws`` for each output, ``(sum_k us_k H_k) ws`` for each input)."""
         self._need_fields("second derivatives")
         self._check_outside_derivatives()
         _ensure_second_order()
-        self._bind_inputs(xs)
+        if device is not None:
+            with device.joined():
+                return self._vjp_derivative(xs, us, ws, device)
+        return self._vjp_derivative(xs, us, ws, None)
+
+    def _vjp_derivative(self, xs: Sequence, us: Sequence, ws: Sequence,
+                        device: DeviceCall | None) -> tuple[list, list]:
+        self._bind_inputs(xs, device)
         clear_all_duals()
         for s, w in zip(self.inputs, ws, strict=True):
             if w is not None:
-                s.dual.from_numpy(self._checked(w, s, "cotangent"))
+                self._set(s.dual, w, "cotangent", device)
         clear_all_gradients()
         try:
             with forward_mode():
                 tape = Tape(loss=None)
                 with tape:
-                    self._bind_outputs(None)
+                    self._bind_outputs(None, device)
                     self.fn()
                 for s, u in zip(self.outputs, us, strict=True):
-                    s.grad.from_numpy(self._checked(u, s, "cotangent"))
+                    self._set(s.grad, u, "cotangent", device)
                 _backward(tape)
-            both = _values([s.dual for s in self.outputs] + [s.grad.dual for s in self.inputs],
-                           copy=True)
+            wanted = [s.dual for s in self.outputs] + [s.grad.dual for s in self.inputs]
+            if device is not None:
+                both = [device.copy_out(f.storage) for f in wanted]
+            else:
+                both = _values(wanted, copy=True)
             d_us, d_xs = both[:len(self.outputs)], both[len(self.outputs):]
         finally:
             clear_all_duals()
-        self._token = self._tape = None
+            self._token = self._tape = None
         return d_us, d_xs
 
     # ------------------------------------------------------------------ storage
-    def _bind_inputs(self, xs: Sequence[np.ndarray]) -> None:
+    def _bind_inputs(self, xs: Sequence, device: DeviceCall | None = None) -> None:
         if len(xs) != len(self.inputs):
             raise DifftapeError(f"{self.name} takes {len(self.inputs)} input(s), got {len(xs)}")
-        for s, x in zip(self.inputs, xs, strict=True):
+        for k, (s, x) in enumerate(zip(self.inputs, xs, strict=True)):
+            if device is not None:  # the framework's device memory, in place
+                x = self._checked(device.borrow(x, f"{self.name}: input {k}"), s, "input")
+                if isinstance(s, Ndarray):
+                    s.storage = x
+                else:
+                    s.storage.copy_from(x)
+                continue
             x = self._checked(x, s, "input")
             if self._copied(s):
                 s.from_numpy(x)
             else:
+                _own(s)
                 s._bind_host_array(x if x.flags.c_contiguous else np.ascontiguousarray(x))
 
-    def _bind_outputs(self, out: Sequence[np.ndarray] | None) -> list[np.ndarray]:
-        outs = []
+    def _bind_outputs(self, out: Sequence[np.ndarray] | None,
+                      device: DeviceCall | None = None, results: bool = False) -> list:
+        """The outputs' arrays, bound or zeroed. With ``device``: (result, storage) pairs:
+        ``results``: ndarray outputs are new arrays of the framework's, which the kernels
+        write in place (field outputs are copied into theirs by :meth:`_copy_field_outputs`);
+        otherwise (a re-run whose outputs nobody reads) storage of ours, and no results."""
+        outs: list = []
         for k, s in enumerate(self.outputs):
+            if device is not None:
+                result = None
+                if not isinstance(s, Ndarray):
+                    s.fill(0)
+                elif results:
+                    result, s.storage = device.empty(_full_shape(s), s.storage.dtype)
+                    s.storage.zero()
+                else:
+                    s.storage = device.allocator.storage(_full_shape(s), s.storage.dtype)
+                outs.append((result, s.storage))
+                continue
             a = out[k] if out is not None else np.empty(self.shapes_out[k], self.dtypes_out[k])
             if self._copied(s):
                 s.fill(0)
             else:
                 a[...] = 0
+                _own(s)
                 s._bind_host_array(a)  # (device memory: copied back by _copy_field_outputs)
             outs.append(a)
         return outs
 
-    def _copy_field_outputs(self, outs: list[np.ndarray], extra: Sequence[Field] = ()
-                            ) -> list[np.ndarray]:
+    def _copy_field_outputs(self, outs: list, extra: Sequence[Field] = (),
+                            device: DeviceCall | None = None) -> list[np.ndarray]:
         """Copy the field outputs into ``outs``; returns copies of the ``extra`` fields'
-        values, read in the same request (tangents, under forward mode)."""
+        values, read in the same request (tangents, under forward mode). With ``device``
+        (``outs`` from :meth:`_bind_outputs`): every output lands in a new array of the
+        framework's, copied on the device."""
+        if device is not None:
+            for k, s in enumerate(self.outputs):
+                if not isinstance(s, Ndarray):
+                    outs[k] = (device.copy_out(s.storage), s.storage)
+            return []
         at = [k for k, s in enumerate(self.outputs) if self._copied(s)]
         values = _values([self.outputs[k] for k in at] + list(extra), copy=False)
         for k, v in zip(at, values, strict=False):
@@ -246,9 +384,18 @@ class DiffProgram:
                 np.copyto(outs[k], s.storage.read())
         return [np.array(v) for v in values[len(at):]]
 
-    def _checked(self, x: np.ndarray, s, what: str) -> np.ndarray:
-        """``x`` if it fits ``s`` (shape and dtype); a clear error otherwise (no conversion:
-        a silent cast would change what is differentiated)."""
+    def _set(self, target: Field, value, what: str, device: DeviceCall | None) -> None:
+        """``target`` (a field's ``.dual`` or ``.grad``) becomes ``value``."""
+        if device is not None:
+            target.storage.copy_from(self._checked(
+                device.borrow(value, f"{self.name}: {what}"), target, what))
+        else:
+            target.from_numpy(self._checked(value, target, what))
+
+    def _checked(self, x, s, what: str):
+        """``x`` (an array, or borrowed device storage) if it fits ``s`` (shape and dtype);
+        a clear error otherwise (no conversion: a silent cast would change what is
+        differentiated)."""
         want = _full_shape(s)
         if tuple(x.shape) != want or x.dtype != np.dtype(s.dtype.np):
             raise DifftapeError(f"{self.name}: {what} for {_label(s)} has shape "
@@ -262,12 +409,16 @@ class DiffProgram:
         return self._remote or not isinstance(s, Ndarray)
 
     def _zero_grad(self, a: Ndarray) -> None:
-        """Zero an ndarray's adjoint: locally a fresh array (an earlier call's gradient was
-        handed out without a copy; in device memory, zeroed there), remotely a queued fill."""
+        """Zero an ndarray's adjoint: a fresh array (an earlier call's gradient was handed
+        out without a copy: on the host its array, on a device the framework's tensor),
+        remotely a queued fill."""
         if self._remote:
             a.grad.fill(0)
-        else:
+        elif a.grad.storage.host:
             a.grad._bind_host_array(np.zeros(a.grad.storage.shape, a.grad.storage.dtype))
+        else:
+            a.grad.storage = program.get().allocator.storage(a.grad.storage.shape,
+                                                             a.grad.storage.dtype)
 
     def _need_fields(self, what: str) -> None:
         if any(isinstance(s, Ndarray) for s in self.inputs + self.outputs):
@@ -349,6 +500,21 @@ class Exchange:
         for key, s in self._dirty.items():
             s.from_numpy(self._current[key])
         self._dirty.clear()
+
+
+@kernel
+def add_into(dst: NdarrayType(), src: NdarrayType()):
+    """``dst += src`` on the device (storage of one shape; a bridge adding a framework's
+    gradient into a ``.grad``)."""
+    for i in grouped(dst):
+        dst[i] += src[i]
+
+
+def _own(a: Ndarray) -> None:
+    """Give ``a`` storage of its own again where a device call left it over a framework's
+    array (which the caller owns: a host call copies into the ndarray's storage)."""
+    if isinstance(a.storage, BorrowedStorage):
+        a.storage = program.get().allocator.storage(a.storage.shape, a.storage.dtype)
 
 
 def _ndarray_result(a: Ndarray) -> np.ndarray:

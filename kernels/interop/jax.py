@@ -18,6 +18,8 @@ Copies: ``pure_callback`` hands the program NumPy arrays and copies its results 
 buffers, so each call copies its outputs once (and field storage its inputs once, as for
 PyTorch). Arrays must have the declared dtype and shape (f64 needs ``jax_enable_x64``).
 Under ``arch=ti.remote`` (field or ndarray storage) each callback is one request to the server.
+JAX GPU arrays reach the program as the host copies ``pure_callback`` makes (on a grid program
+copied to the device again): correct, not zero-copy; that would need an XLA FFI handler.
 """
 
 from __future__ import annotations

@@ -15,8 +15,18 @@ Reverse mode is difftape's Tape (``kernel.grad``), forward mode (``torch.func.jv
 ``torch.autograd.forward_ad``) is difftape's forward mode, and double backward
 (``create_graph=True``, ``gradgradcheck``) is forward-over-reverse (the Hessian-vector
 products of ``ti.ad.hvp``); forward mode and second order need fields as the declared storage.
-Tensors must be on the CPU with the declared dtype and shape (no silent casts); ndarray
-storage shares the tensors' memory, field storage is copied (see ``interop/core.py``).
+Tensors must have the declared dtype and shape (no silent casts); ndarray storage shares the
+tensors' memory, field storage is copied (see ``interop/core.py``).
+
+CUDA tensors, on a grid program (``ti.init(arch=ti.cuda)``): the inputs (and cotangents,
+tangents) are read in place, and the outputs and gradients are new CUDA tensors PyTorch
+allocates on the inputs' device (the caller owns them), written by our kernels: ndarray storage
+in place, field storage by a copy on the device. Everything, forward, backward, double backward
+and forward mode, is ordered with PyTorch's current stream on that device by events, without
+a host synchronisation (``runtime/devicearrays.py``). Refused, saying how to fix it: CUDA
+tensors on a program whose storage is host memory (a CPU program, or ``arch=ti.remote``),
+inputs on different devices (CPU and CUDA, or two CUDA devices), strided CUDA tensors. CPU
+tensors on a grid program are copied to the device and back, as for a kernel.
 Under ``arch=ti.remote`` (field or ndarray storage) the program runs on the server: a call, and its
 backward pass, are one request each.
 The tensors' ``.grad`` are never written by difftape: PyTorch accumulates what the operator
@@ -34,9 +44,10 @@ import torch
 
 from ..errors import DifftapeError
 from ..frontend.field import Field
-from ..runtime import program
+from ..runtime import devicearrays, program
 from ..runtime.foreign import as_numpy
-from .core import DiffProgram, Exchange, _full_shape
+from ..runtime.storage import SimulatedDeviceMemory
+from .core import DeviceCall, DiffProgram, Exchange, _full_shape, add_into
 
 __all__ = ["operator", "Operator", "call"]
 
@@ -50,7 +61,6 @@ class Operator:
         self.__name__ = self.program.name
         self._record = False
         self._last_token: object | None = None
-        self._last_arrays: list[np.ndarray] = []
         # Registered now: the compiler cannot trace a registration.
         self._lib = _register(self)
 
@@ -83,22 +93,99 @@ def operator(fn: Callable[[], object], inputs: Sequence, outputs: Sequence,
     return Operator(fn, inputs, outputs, name)
 
 
-def _vjp(p, n_out: int, saved, ws):
-    """The program's vector-Jacobian products for a saved ``(outputs, inputs)`` call and the
-    cotangents ``ws`` (None: zero): the adjoints of the outputs and of the inputs."""
-    us, xs = saved[:n_out], saved[n_out:]
-    return p.vjp_derivative(
-        [_numpy_in(x, f"{p.name}: input {k}") for k, x in enumerate(xs)],
-        [_numpy_in(u, f"{p.name}: cotangent {k}") for k, u in enumerate(us)],
-        [None if w is None else _numpy_in(w, f"{p.name}: cotangent {k}")
-         for k, w in enumerate(ws)])
+class CudaTensors:
+    """The bridge's device-specific calls to PyTorch, in one place (tests without a GPU
+    replace :data:`cuda` with one over simulated device memory): which tensors are CUDA
+    arrays, how PyTorch allocates on a device, its current stream there, and on which device
+    PyTorch computes for the current program (:func:`call`)."""
+
+    def device_array(self, t: torch.Tensor) -> object | None:
+        """What exports ``t``'s device memory (DLPack), or None for a CPU tensor."""
+        return None if t.device.type == "cpu" else t.detach()
+
+    def empty(self, shape: tuple, dtype: np.dtype, device: torch.device
+              ) -> tuple[torch.Tensor, object]:
+        """A new tensor on ``device``, and what exports its memory."""
+        t = torch.empty(shape, dtype=_torch_dtype(dtype), device=device)
+        return t, t
+
+    def stream(self, device: torch.device) -> int:
+        """PyTorch's current stream on ``device`` (a driver handle)."""
+        return devicearrays.stream_handle(torch.cuda.current_stream(device))
+
+    def program_device(self) -> torch.device | None:
+        """The CUDA device of the current program when it runs on one PyTorch can use (a
+        grid program on a real device), else None (PyTorch computes on the host)."""
+        prog = program.get()
+        if prog.remote is not None or not devicearrays.shares_device_memory(prog.allocator):
+            return None
+        memory = prog.allocator.memory
+        if isinstance(memory, SimulatedDeviceMemory) or not torch.cuda.is_available():
+            return None
+        return torch.device("cuda", memory.ordinal)
+
+
+#: the seam (see :class:`CudaTensors`)
+cuda = CudaTensors()
+
+
+def _arrays(p: DiffProgram, groups: Sequence[tuple[str, Sequence]]
+            ) -> tuple[DeviceCall | None, list[list]]:
+    """The tensors of each ``(what, tensors)`` group as the program takes them: NumPy arrays
+    over CPU tensors' memory, or, when they are CUDA tensors, what exports their device
+    memory, with the :class:`DeviceCall` that orders the call with PyTorch's stream. All on
+    one device (None entries, zero tangents or cotangents, are kept)."""
+    seam = cuda
+    found: list[tuple[str, torch.Tensor, object | None]] = []
+    for what, ts in groups:
+        for k, t in enumerate(ts):
+            if t is not None:
+                found.append((f"{what} {k}", t, seam.device_array(t)))
+    on_device = [f for f in found if f[2] is not None]
+    if not on_device:
+        return None, [[None if t is None else _numpy_in(t, f"{p.name}: {what} {k}")
+                       for k, t in enumerate(ts)] for what, ts in groups]
+    host = [f for f in found if f[2] is None]
+    if host:
+        raise DifftapeError(f"{p.name}: {on_device[0][0]} is on {on_device[0][1].device} but "
+                            f"{host[0][0]} is on {host[0][1].device}: pass all tensors on one "
+                            "device (t.to(device), a copy of your choosing)")
+    devices = sorted({str(t.device) for _, t, _ in on_device})
+    if len(devices) > 1:
+        raise DifftapeError(f"{p.name}: the tensors are on {' and '.join(devices)}: pass all "
+                            "tensors on one device (the program's)")
+    prog = program.get()
+    if prog.remote is not None or not devicearrays.shares_device_memory(prog.allocator):
+        where = "on a server (arch=ti.remote)" if prog.remote is not None else "host memory"
+        raise DifftapeError(f"{p.name}: {on_device[0][0]} is on {on_device[0][1].device}; "
+                            f"this difftape program's storage is {where}: pass "
+                            "tensor.cpu() (a copy), or run the program on the device "
+                            "(ti.init(arch=ti.cuda) takes CUDA tensors in place)")
+    device = on_device[0][1].device
+    call = DeviceCall(seam.stream(device), lambda shape, dtype: seam.empty(shape, dtype, device))
+    arrays = iter([a for _, _, a in found])
+    return call, [[None if t is None else next(arrays) for t in ts] for _, ts in groups]
+
+
+def _tensor(a) -> torch.Tensor:
+    """A result as a tensor (a device call's results are PyTorch's own already)."""
+    return a if isinstance(a, torch.Tensor) else torch.from_numpy(a)
+
+
+def _forward(p: DiffProgram, xs: Sequence[torch.Tensor], record: bool
+             ) -> tuple[int, list[torch.Tensor]]:
+    """Run the program on the tensors ``xs``: its token and the output tensors."""
+    device, (arrays,) = _arrays(p, [("input", xs)])
+    if device is not None:
+        return p.run(arrays, record=record, device=device)
+    outs = [torch.empty(s, dtype=_torch_dtype(d)) for s, d in zip(p.shapes_out, p.dtypes_out,
+                                                                 strict=True)]
+    token, _ = p.run(arrays, record=record, out=[o.numpy() for o in outs])
+    return token, outs
 
 
 def _numpy_in(t: torch.Tensor, what: str) -> np.ndarray:
-    """The tensor's memory as a NumPy array (no copy)."""
-    if t.device.type != "cpu":
-        raise DifftapeError(f"{what} is on {t.device}; difftape runs on the CPU: pass "
-                            "tensor.cpu() (a copy)")
+    """A CPU tensor's memory as a NumPy array (no copy)."""
     try:
         return t.detach().numpy()
     except (TypeError, RuntimeError):  # a dtype NumPy lacks (bfloat16), a tensor subclass
@@ -110,21 +197,14 @@ class _Apply(torch.autograd.Function):
 
     @staticmethod
     def forward(op: Operator, *xs: torch.Tensor):
-        p = op.program
-        arrays = [_numpy_in(x, f"{p.name}: input {k}") for k, x in enumerate(xs)]
-        record = op._record
-        outs = [torch.empty(s, dtype=_torch_dtype(d)) for s, d in zip(p.shapes_out,
-                                                                     p.dtypes_out,
-                                                                     strict=True)]
-        token, _ = p.run(arrays, record=record, out=[o.numpy() for o in outs])
-        op._last_token, op._last_arrays = token, arrays
+        op._last_token, outs = _forward(op.program, xs, op._record)
         return tuple(outs)
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
         op, *xs = inputs
         ctx.op = op
-        ctx.token, ctx.arrays = op._last_token, op._last_arrays
+        ctx.token, ctx.inputs = op._last_token, xs
         ctx.save_for_backward(*xs)
 
     @staticmethod
@@ -139,12 +219,27 @@ class _Apply(torch.autograd.Function):
     @staticmethod
     def jvp(ctx, _op_tangent, *ts):
         p = ctx.op.program
-        arrays = ctx.arrays  # the inputs' memory as the forward saw it
-        tangents = [None if t is None else _numpy_in(t, f"{p.name}: tangent {k}")
-                    for k, t in enumerate(ts)]
-        _, touts = p.jvp(arrays, tangents)
-        outs = tuple(torch.from_numpy(t) for t in touts)
+        # (the inputs as the forward saw them: ctx.inputs; their tangents on the same device)
+        device, (xs, tangents) = _arrays(p, [("input", ctx.inputs), ("tangent", ts)])
+        _, touts = p.jvp(xs, tangents, device=device)
+        outs = tuple(_tensor(t) for t in touts)
         return outs[0] if len(outs) == 1 else outs
+
+
+def _vjp(p, n_out: int, saved, ws):
+    """The program's vector-Jacobian products for a saved ``(outputs' cotangents, inputs)``
+    call and the cotangents ``ws`` (None: zero): the adjoints of the outputs and of the
+    inputs."""
+    us, xs = saved[:n_out], saved[n_out:]
+    device, (xs, us, ws) = _arrays(p, [("input", xs), ("cotangent", us), ("cotangent", ws)])
+    d_us, d_xs = p.vjp_derivative(xs, us, ws, device=device)
+    return [_tensor(d) for d in d_us], [_tensor(d) for d in d_xs]
+
+
+def _grads(p, token, us, xs) -> list[torch.Tensor]:
+    """``J(xs)^T us`` as new tensors (see :meth:`DiffProgram.vjp`)."""
+    device, (xs, us) = _arrays(p, [("input", xs), ("cotangent", us)])
+    return [_tensor(g) for g in p.vjp(token, xs, us, device=device)]
 
 
 class _VJP(torch.autograd.Function):
@@ -152,11 +247,7 @@ class _VJP(torch.autograd.Function):
 
     @staticmethod
     def forward(op: Operator, token, n_out: int, *args: torch.Tensor):
-        p = op.program
-        us, xs = args[:n_out], args[n_out:]
-        grads = p.vjp(token, [_numpy_in(x, f"{p.name}: input {k}") for k, x in enumerate(xs)],
-                      [_numpy_in(u, f"{p.name}: cotangent {k}") for k, u in enumerate(us)])
-        return tuple(torch.from_numpy(g) for g in grads)
+        return tuple(_grads(op.program, token, args[:n_out], args[n_out:]))
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
@@ -167,11 +258,8 @@ class _VJP(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, *ws):
-        p = ctx.op.program
-        args = ctx.saved_tensors
-        d_us, d_xs = _vjp(p, ctx.n_out, args, ws)
-        return (None, None, None, *(torch.from_numpy(d) for d in d_us),
-                *(torch.from_numpy(d) for d in d_xs))
+        d_us, d_xs = _vjp(ctx.op.program, ctx.n_out, ctx.saved_tensors, ws)
+        return (None, None, None, *d_us, *d_xs)
 
 
 def _torch_dtype(d: np.dtype) -> torch.dtype:
@@ -192,22 +280,19 @@ def _register(op: Operator):
 
     @torch.library.custom_op(base, mutates_args=())
     def forward(xs: list[torch.Tensor]) -> list[torch.Tensor]:
-        arrays = [_numpy_in(x, f"{p.name}: input {k}") for k, x in enumerate(xs)]
-        outs = [torch.empty(s, dtype=_torch_dtype(d))
-                for s, d in zip(p.shapes_out, p.dtypes_out, strict=True)]
-        p.run(arrays, record=False, out=[o.numpy() for o in outs])
-        return outs
+        return _forward(p, xs, record=False)[1]
 
     @forward.register_fake
     def _(xs):
-        return [torch.empty(s, dtype=_torch_dtype(d))
+        device = xs[0].device if xs else None
+        return [torch.empty(s, dtype=_torch_dtype(d), device=device)
                 for s, d in zip(p.shapes_out, p.dtypes_out, strict=True)]
 
     @torch.library.custom_op(base + "_vjp", mutates_args=())
     def vjp(us: list[torch.Tensor], xs: list[torch.Tensor]) -> list[torch.Tensor]:
-        grads = p.vjp(None, [_numpy_in(x, f"{p.name}: input {k}") for k, x in enumerate(xs)],
-                      [_numpy_in(u, f"{p.name}: cotangent {k}") for k, u in enumerate(us)])
-        return [torch.from_numpy(np.array(g)) for g in grads]
+        # (copied on the host: an ndarray's gradient array must not alias what the
+        # compiler may keep; on a device each gradient is a new tensor already)
+        return [g if g.device.type != "cpu" else g.clone() for g in _grads(p, None, us, xs)]
 
     @vjp.register_fake
     def _(us, xs):
@@ -226,8 +311,7 @@ def _register(op: Operator):
 
     def backward_vjp(ctx, ws):
         args = ctx.saved_tensors
-        d_us, d_xs = _vjp(p, ctx.n_out, args, ws)
-        return [torch.from_numpy(d) for d in d_us], [torch.from_numpy(d) for d in d_xs]
+        return _vjp(p, ctx.n_out, args, ws)
 
     forward.register_autograd(backward, setup_context=setup)
     vjp.register_autograd(backward_vjp, setup_context=setup_vjp)
@@ -247,7 +331,9 @@ def call(fn: Callable, inputs: Sequence, outputs: Sequence) -> None:
     inputs' gradients, added into their ``.grad``; the outputs' ``.grad`` are then zeroed (the
     call overwrote them, as a kernel's store does). Under ``ti.ad.FwdMode`` the inputs'
     ``.dual`` are PyTorch forward-mode tangents and the outputs' ``.dual`` receive theirs.
-    The tensors are copies: a kernel may overwrite the inputs later in the recording.
+    The tensors are copies: a kernel may overwrite the inputs later in the recording. On a
+    grid program running on a device PyTorch can use they are CUDA tensors, copied, set and
+    added on the device on PyTorch's current stream (:class:`_DeviceExchange`).
     Under ``arch=ti.remote`` PyTorch runs here and the storage on the server: a call, its
     backward pass and its forward-mode pass each read what they need in one request
     (:class:`~difftape.interop.core.Exchange`)."""
@@ -260,8 +346,8 @@ def call(fn: Callable, inputs: Sequence, outputs: Sequence) -> None:
                                 "forward mode) is not supported through PyTorch calls")
         _call_forward_mode(fn, inputs, outputs)
         return
-    io = Exchange(inputs)
-    ins = [torch.from_numpy(v) for v in io.values]
+    io = _exchange(inputs)
+    ins = [_tensor(v) for v in io.values]
     if recording:
         ins = [t.requires_grad_() if t.is_floating_point() else t for t in ins]
         with torch.enable_grad():
@@ -274,8 +360,8 @@ def call(fn: Callable, inputs: Sequence, outputs: Sequence) -> None:
     if recording:
         def backward() -> None:
             grads = [s.grad for s in inputs if s.has_grad]
-            io = Exchange([s.grad for s in outputs], accumulated=grads)
-            us = [torch.from_numpy(u) for u in io.values]
+            io = _exchange([s.grad for s in outputs], accumulated=grads)
+            us = [_tensor(u) for u in io.values]
             pairs = [(o, u) for o, u in zip(outs, us, strict=True) if o.requires_grad]
             if pairs:
                 torch.autograd.backward([o for o, _ in pairs], [u for _, u in pairs])
@@ -283,13 +369,13 @@ def call(fn: Callable, inputs: Sequence, outputs: Sequence) -> None:
                 io.zero(s.grad)
             for s, t in zip(inputs, ins, strict=True):
                 if t.grad is not None and s.has_grad:
-                    io.add(s.grad, t.grad.numpy())
+                    io.add(s.grad, _value(io, t.grad))
             io.commit()
 
         def forward() -> None:  # a replay (Tape grad_check): the values only
-            io = Exchange(inputs)
+            io = _exchange(inputs)
             with torch.no_grad():
-                _write(io, _as_tuple(fn(*(torch.from_numpy(v) for v in io.values))), outputs)
+                _write(io, _as_tuple(fn(*(_tensor(v) for v in io.values))), outputs)
             io.commit()
 
         forward.__name__ = getattr(fn, "__name__", type(fn).__name__)
@@ -301,16 +387,16 @@ def _call_forward_mode(fn: Callable, inputs: Sequence, outputs: Sequence) -> Non
 
     # ndarrays have no tangents; the inputs and their tangents are read together
     tangent_of = [s.dual if isinstance(s, Field) and s.has_dual else None for s in inputs]
-    io = Exchange(list(inputs) + [d for d in tangent_of if d is not None])
+    io = _exchange(list(inputs) + [d for d in tangent_of if d is not None])
     values, tangents = io.values[:len(inputs)], iter(io.values[len(inputs):])
     with fwAD.dual_level():
         duals = []
         for d, v in zip(tangent_of, values, strict=True):
-            t = torch.from_numpy(v)
+            t = _tensor(v)
             if d is not None:
                 tangent = next(tangents)
                 if t.is_floating_point():
-                    t = fwAD.make_dual(t, torch.from_numpy(tangent))
+                    t = fwAD.make_dual(t, _tensor(tangent))
             duals.append(t)
         outs = _as_tuple(fn(*duals))
         unpacked = [fwAD.unpack_dual(o) for o in outs]
@@ -321,8 +407,64 @@ def _call_forward_mode(fn: Callable, inputs: Sequence, outputs: Sequence) -> Non
             if u.tangent is None:
                 io.zero(dual)
             else:
-                io.set(dual, u.tangent.detach().numpy().reshape(_full_shape(dual)))
+                io.set(dual, _value(io, u.tangent.reshape(_full_shape(dual))))
     io.commit()
+
+
+class _DeviceExchange:
+    """:class:`~difftape.interop.core.Exchange` on a grid program whose device PyTorch
+    computes on: the values read are new CUDA tensors (copies made on the device), and the
+    storage is set, added into and zeroed on the device, each step ordered with PyTorch's
+    current stream by events (no host synchronisation). A CPU tensor given back is copied
+    in through the host."""
+
+    __slots__ = ("values", "_call")
+
+    def __init__(self, reads: Sequence, device: torch.device) -> None:
+        seam = cuda
+        self._call = DeviceCall(seam.stream(device),
+                                lambda shape, dtype: seam.empty(shape, dtype, device))
+        with self._call.joined():
+            self.values = [self._call.copy_out(s.storage) for s in reads]
+
+    def _borrowed(self, t: torch.Tensor):
+        return self._call.borrow(cuda.device_array(t.contiguous()),
+                                 "difftape.interop.torch.call: a tensor")
+
+    def set(self, s, t: torch.Tensor) -> None:
+        if cuda.device_array(t) is None:
+            s.storage.write()[...] = _numpy_in(t, "difftape.interop.torch.call: a tensor")
+            return
+        with self._call.joined():
+            s.storage.copy_from(self._borrowed(t))
+
+    def zero(self, s) -> None:
+        s.storage.zero()
+
+    def add(self, s, t: torch.Tensor) -> None:
+        if cuda.device_array(t) is None:
+            s.storage.write()[...] += _numpy_in(t, "difftape.interop.torch.call: a tensor")
+            return
+        with self._call.joined():
+            add_into(s.storage, self._borrowed(t))
+
+    def commit(self) -> None:
+        """(Nothing queued: every update is on the device already.)"""
+
+
+def _exchange(reads: Sequence, accumulated: Sequence = ()) -> Exchange | _DeviceExchange:
+    """The storage traffic of a :func:`call`: on the device PyTorch computes on for this
+    program (:meth:`CudaTensors.program_device`), else through host arrays."""
+    device = cuda.program_device()
+    if device is not None:
+        return _DeviceExchange(reads, device)
+    return Exchange(reads, accumulated)
+
+
+def _value(io: Exchange | _DeviceExchange, t: torch.Tensor):
+    """A tensor result as ``io`` takes it: the tensor on the device, else a NumPy array."""
+    t = t.detach()
+    return t if isinstance(io, _DeviceExchange) else t.numpy()
 
 
 def _as_tuple(out) -> tuple:
@@ -342,4 +484,4 @@ def _write(io: Exchange, outs: Sequence, outputs: Sequence) -> None:
             raise DifftapeError(f"difftape.interop.torch.call: output {k} is {what}; the "
                                 f"storage it goes to has shape {shape} and dtype "
                                 f"{dtype} (no silent casts)")
-        io.set(s, o.detach().numpy())
+        io.set(s, _value(io, o))

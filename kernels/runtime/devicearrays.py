@@ -130,11 +130,13 @@ def _torch_stream(a: object, ordinal: int) -> int | None:
     return stream_handle(torch.cuda.current_stream(ordinal).cuda_stream)
 
 
-def borrow(a: object, allocator: DeviceMemoryAllocator, what: str
+def borrow(a: object, allocator: DeviceMemoryAllocator, what: str, scalar: bool = False
            ) -> tuple[BorrowedStorage, int | None]:
     """``a``'s device memory as storage kernels address (see the module doc), and the
     caller's stream to order with after use (None: unknown). Our stream is ordered after the
-    caller's work before this returns, where the protocol or the caller says how."""
+    caller's work before this returns, where the protocol or the caller says how.
+    ``scalar``: a 0-D array is accepted (device copies take it; a kernel argument needs an
+    axis)."""
     memory = allocator.memory
     ordinal = memory.ordinal
     explicit = explicit_stream()
@@ -154,7 +156,7 @@ def borrow(a: object, allocator: DeviceMemoryAllocator, what: str
         try:
             storage = _storage(allocator, what, view.address, view.shape, view.dtype,
                                view.contiguous, view.readonly, view.release,
-                               dtype_text=f"DLPack {view.type_name}")
+                               dtype_text=f"DLPack {view.type_name}", scalar=scalar)
             if view.device != device:
                 raise DifftapeError(f"{what}: its DLPack tensor is on device {view.device}, "
                                     f"not {device} as __dlpack_device__ said")
@@ -164,15 +166,17 @@ def borrow(a: object, allocator: DeviceMemoryAllocator, what: str
         stream = explicit if explicit is not None else _torch_stream(a, ordinal)
         if stream is not None:
             memory.wait_for_stream(stream)
+        storage.caller = (a, stream)
         return storage, stream
     cai = getattr(a, "__cuda_array_interface__", None)
     if cai is None:
         raise DifftapeError(f"{what} ({type(a).__name__}) is not a CUDA array")
-    return _borrow_interface(a, cai, allocator, what, explicit)
+    return _borrow_interface(a, cai, allocator, what, explicit, scalar)
 
 
 def _borrow_interface(a: object, cai: dict, allocator: DeviceMemoryAllocator, what: str,
-                      explicit: int | None) -> tuple[BorrowedStorage, int | None]:
+                      explicit: int | None, scalar: bool = False
+                      ) -> tuple[BorrowedStorage, int | None]:
     """``__cuda_array_interface__`` (versions 2 and 3)."""
     version = int(cai.get("version", 0))
     if version not in (2, 3):
@@ -198,13 +202,15 @@ def _borrow_interface(a: object, cai: dict, allocator: DeviceMemoryAllocator, wh
             expected *= n
     address, readonly = cai["data"]
     storage = _storage(allocator, what, int(address), shape, dtype, contiguous,
-                       bool(readonly), _keeper(a), dtype_text=f"typestr {cai['typestr']!r}")
+                       bool(readonly), _keeper(a), dtype_text=f"typestr {cai['typestr']!r}",
+                       scalar=scalar)
     stream = cai.get("stream") if version >= 3 else None
     if stream == 0:
         raise DifftapeError(f"{what}: __cuda_array_interface__ stream 0 is disallowed "
                             "(ambiguous); the producer must give 1 for the default stream")
     if explicit is not None:
         stream = explicit
+    storage.caller = (a, None if stream is None else int(stream))
     if stream is not None:
         allocator.memory.wait_for_stream(int(stream))
     return storage, None if stream is None else int(stream)
@@ -218,14 +224,14 @@ def _keeper(a: object) -> Callable[[], object]:
 def _storage(allocator: DeviceMemoryAllocator, what: str, address: int,
              shape: tuple[int, ...], dtype: np.dtype | None, contiguous: bool,
              readonly: bool, release: Callable[[], object] | None,
-             dtype_text: str) -> BorrowedStorage:
+             dtype_text: str, scalar: bool = False) -> BorrowedStorage:
     if dtype is None or dtype.kind not in "fiub":
         raise DifftapeError(f"{what}: its element type ({dtype_text}) has no difftape dtype")
     if not contiguous:
         raise DifftapeError(f"{what} is a strided (non-contiguous) CUDA array: kernels index "
                             "C-ordered memory; pass t.contiguous() (a copy on the device, "
                             "and copy the result back if the kernel writes it)")
-    if not shape or 0 in shape:
+    if (not shape and not scalar) or 0 in shape:
         raise DifftapeError(f"{what} has shape {shape}: an ndarray argument needs at least "
                             "one axis and no empty one")
     return BorrowedStorage(allocator, shape, dtype, address, release, readonly)
@@ -260,6 +266,42 @@ def call_with_device_arrays(call: Callable, kernel: str, names: list[str], args:
     if unknown:
         allocator.wait()  # a caller's stream we cannot order with: done before returning
     return out
+
+
+@contextlib.contextmanager
+def replayed(storages: Sequence[BorrowedStorage], allocator: DeviceMemoryAllocator
+             ) -> Iterator[None]:
+    """Launches made again over borrowed memory (a ``ti.ad.Tape``'s reverse launches over
+    the CUDA arrays its forward launches took) ordered with the callers' streams as those
+    launches were (:func:`call_with_device_arrays`): each caller's stream now (the innermost
+    :func:`caller_stream`, else PyTorch's current stream for a PyTorch tensor, else the
+    stream the forward launch was ordered with) is waited for before and made to wait after;
+    where none is known the host waits for the launches before this returns. The memory is
+    kept until they have run."""
+    streams: dict[int, None] = {}
+    unknown = False
+    explicit = explicit_stream()
+    memory = allocator.memory
+    for s in storages:
+        origin, stream = s.caller
+        if explicit is not None:
+            stream = explicit
+        elif origin is not None and (now := _torch_stream(origin, memory.ordinal)) is not None:
+            stream = now
+        if stream is None:
+            unknown = True
+        else:
+            streams[stream] = None
+    for stream in streams:
+        memory.wait_for_stream(stream)
+    try:
+        yield
+    finally:
+        for stream in streams:
+            memory.signal_stream(stream)
+        allocator.hold(list(storages))
+    if unknown:
+        allocator.wait()
 
 
 # ---------------------------------------------------------------------------------- out
@@ -331,3 +373,10 @@ def borrowed(a: object, allocator: DeviceMemoryAllocator, what: str
         allocator.hold([storage])
     if stream is None:
         allocator.wait()
+
+
+def shares_device_memory(allocator: object) -> bool:
+    """Is ``allocator`` a grid program's device memory that takes other libraries' CUDA
+    arrays in place (the pycuda driver's, or the simulated grid's)?"""
+    return not getattr(allocator, "host", True) and \
+        hasattr(getattr(allocator, "memory", None), "borrow")

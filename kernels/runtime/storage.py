@@ -553,12 +553,15 @@ class BorrowedStorage(DeviceStorage):
     point, like a field's. ``readonly``: the owner forbids writes (a JAX array, a read-only
     DLPack export): kernels that write it are refused."""
 
-    __slots__ = ("readonly",)
+    __slots__ = ("readonly", "caller")
 
     def __init__(self, owner: DeviceMemoryAllocator, shape: tuple[int, ...], dtype: np.dtype,
                  address: int, release: Callable[[], None] | None = None,
                  readonly: bool = False) -> None:
         Storage.__init__(self, shape, dtype)
+        #: (the exporting object, the caller's stream when it was borrowed or None): what
+        #: launches replayed over it later are ordered with (``devicearrays.replayed``)
+        self.caller: tuple[object, int | None] = (None, None)
         owner.memory.borrow(address, self.nbytes)  # (refuses memory it does not know)
         self._owner, self._address, self.readonly = owner, address, readonly
         self._mirror = self._readonly = None  # type: ignore[assignment]

@@ -352,3 +352,30 @@ def test_from_torch_style_copies_of_cuda_arrays_stay_on_the_device(device):
     with ti.caller_stream(t.stream):
         x.from_jax(t)  # (the device path of from_torch/from_jax: a device-to-device copy)
     np.testing.assert_array_equal(x.to_numpy(), np.arange(8))
+
+
+def test_a_tapes_reverse_launches_are_ordered_with_the_callers_stream(device):
+    x = ti.field(ti.f32, 16, needs_grad=True)
+    loss = ti.field(ti.f32, (), needs_grad=True)
+
+    @ti.kernel
+    def weigh(a: ti.types.ndarray()):
+        for i in x:
+            loss[None] += a[i] * x[i]
+
+    t = FakeCudaTensor(device, (16,))
+    t.view[:] = 3.0
+    with ti.ad.Tape(loss):
+        weigh(FakeInterfaceArray(t))  # (its stream: __cuda_array_interface__ v3's)
+    # The reverse launch reads the tensor; the caller's next step, queued on its stream
+    # after the backward pass, overwrites it: it must wait for our reverse launch.
+    t.queue(lambda: t.view.fill(0.0))
+    t.stream.synchronize()
+    np.testing.assert_array_equal(x.grad.to_numpy(), np.full(16, 3.0))
+    # ...and the backward pass runs after the caller's work queued before it (here a write
+    # between the forward and the backward pass, which the Tape's rule forbids: it shows
+    # that the reverse launch waited for it)
+    with ti.ad.Tape(loss):
+        weigh(FakeInterfaceArray(t))
+        t.queue(lambda: t.view.fill(5.0))
+    np.testing.assert_array_equal(x.grad.to_numpy(), np.full(16, 5.0))

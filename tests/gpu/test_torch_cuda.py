@@ -72,3 +72,88 @@ def test_a_field_exports_device_memory_to_torch(torch_cuda):
     c = x.to_torch(device="cuda")
     assert c.device.type == "cuda" and c.data_ptr() != x.storage.address
     assert torch.all(c == 3.0)
+
+
+# ------------------------------------------------------------------ operators on CUDA tensors
+# (tests/core/test_device_operators.py runs the same paths over the stand-in and the simulated
+# grid, where PyTorch is a CPU build)
+
+@pytest.fixture
+def torch_f64(torch_cuda):
+    ti.reset()
+    ti.init(arch=ti.cuda, default_fp=ti.f64)
+    yield torch_cuda
+
+
+def _field_operator(n: int):
+    from difftape.interop.torch import operator
+
+    x = ti.field(ti.f64, n, needs_grad=True)
+    w = ti.field(ti.f64, n, needs_grad=True)
+    y = ti.field(ti.f64, n, needs_grad=True)
+    s = ti.field(ti.f64, (), needs_grad=True)
+
+    @ti.kernel
+    def compute():
+        for i in x:
+            y[i] = ti.sin(x[i]) * w[i] * w[i] + x[(i + 1) % n] * w[i]
+
+    @ti.kernel
+    def total():
+        for i in y:
+            s[None] += y[i] * y[i]
+
+    def run():
+        compute()
+        total()
+
+    return operator(run, inputs=[x, w], outputs=[y, s])
+
+
+def test_a_cuda_operator_passes_gradcheck_in_f64(torch_f64):
+    torch = torch_f64
+    op = _field_operator(5)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.rand(5, dtype=torch.float64, device="cuda", generator=g, requires_grad=True)
+    w = torch.rand(5, dtype=torch.float64, device="cuda", generator=g, requires_grad=True)
+    y, s = op(x, w)
+    assert y.device == x.device and s.device == x.device  # PyTorch's tensors, on the device
+    ref = torch.sin(x) * w * w + torch.roll(x, -1) * w
+    torch.testing.assert_close(y, ref)
+    torch.testing.assert_close(s, (ref * ref).sum())
+    assert torch.autograd.gradcheck(op, (x, w))
+    assert torch.autograd.gradgradcheck(op, (x, w))
+    assert torch.autograd.gradcheck(op, (x, w), check_forward_ad=True, check_backward_ad=False,
+                                    check_undefined_grad=False, check_batched_grad=False)
+    x.grad = torch.full_like(x, 7.0)
+    torch.autograd.grad(s, x)
+    assert torch.all(x.grad == 7.0)  # the caller's .grad is never written by difftape
+
+
+def test_a_cuda_operator_runs_on_a_side_stream_without_waiting(torch_cuda):
+    from difftape.interop.torch import operator
+
+    torch = torch_cuda
+    n = 1 << 20
+    a = ti.ndarray(ti.f32, n, needs_grad=True)
+    b = ti.ndarray(ti.f32, n, needs_grad=True)
+
+    @ti.kernel
+    def cube(a: ti.types.ndarray(), b: ti.types.ndarray()):
+        for i in a:
+            b[i] = a[i] * a[i] * a[i]
+
+    op = operator(lambda: cube(a, b), inputs=[a], outputs=[b])
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        x = torch.zeros(n, device="cuda")
+        torch.cuda._sleep(1 << 24)  # a long producer on the caller's stream...
+        x.fill_(2.0)  # ...then its write, which our forward must wait for
+        x.requires_grad_()
+        y = op(x)
+        out = y * 1.0  # PyTorch's next op waits for our kernel
+        (g,) = torch.autograd.grad(y, x, grad_outputs=torch.full_like(y, 0.5))
+        g2 = g * 1.0  # (the backward pass runs on the forward's stream)
+    side.synchronize()
+    assert torch.all(out == 8.0)
+    assert torch.all(g2 == 6.0)
