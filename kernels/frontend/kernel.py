@@ -552,11 +552,6 @@ def compile_ir(ir: KernelIR, prog, stats: CompileStats | None = None,
                                 locations=False)
     directory = cache.cache_dir(prog.config.offline_cache_file_path) \
         if prog.config.offline_cache else None
-    if prog.print_sink is not None and not target.print_sink and kernel_prints(ir):
-        raise CompileError(f"print() in kernels is not supported by the {target.name} target "
-                           "of a program that collects its kernels' output (a difftape "
-                           "server's engine); store the values in a field and print them "
-                           "in Python scope", kernel=ir.name)
     low = Lowering(ir, layout, target)
     names = target.entry_names(low)
     t0 = time.perf_counter()

@@ -49,7 +49,7 @@ from ..ir.passes import run_pipeline
 from ..ir.validate import argument_names, decode_untrusted
 from ..runtime import program
 from . import wire
-from .core import Graph, _Input, host_array, register_saver
+from .core import Graph, _Input, host_array, refuse_program, register_saver
 
 FORMAT = "difftape-graph"
 VERSION = 1
@@ -243,7 +243,9 @@ def build(doc: dict, prog, field_for, *, create: bool = False, given: set | None
     a new field is made when ``create``, else the document is refused); ``ndarrays``: the
     ``ti.ndarray`` storage the document's ndarray ids name (a server session's; a saved
     file has none); ``checked``: kernels compiled with bounds checks (``ir.debug``), as a
-    server compiles every kernel a client sends."""
+    server compiles every kernel a client sends. Refused on a grid (``refuse_program``), as
+    a capture is: a ``--arch cuda`` server's session gets the error, not a crash."""
+    refuse_program(prog, "a graph (ti.graph.load(), or a remote session's captured graph)")
     mapping, manifest = _fields(doc["fields"], field_for, create=create, given=given)
     ndmap = _ndarrays(doc.get("ndarrays", {}), ndarrays or {})
     insts = [_kernel(k, n, prog, mapping, manifest, checked)
