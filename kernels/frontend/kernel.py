@@ -625,7 +625,7 @@ class CompiledKernel:
             self.ctx_addr = ctypes.addressof(self.ctx)
             self.ctx_i64 = np.frombuffer(self.ctx, dtype=np.int64)
             self.ctx_i64[layout.rng] = prog.rng.address
-            if prog.print_sink is not None:
+            if prog.print_sink is not None and kernel_prints(ir):
                 self.ctx_i64[layout.print_sink] = prog.print_sink.address
         self.ctx_f64 = self.ctx_i64.view(np.float64)
         for k, t in enumerate(ir.tasks if self.grid is None else ()):

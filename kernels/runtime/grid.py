@@ -146,16 +146,58 @@ class Launcher:
             self.allocator.close()
 
 
+class Scratch:
+    """The device memory a grid program holds beyond its fields and ndarrays (launch
+    contexts, the stack pool, snapshot blocks, the print buffer, the status block), in bytes
+    by kind; and :attr:`admit`, which a program under a memory quota sets (the service's
+    engine): ``admit(kind, nbytes, what)`` is called before such a block is allocated and
+    raises to refuse it (``what`` says in words what needs it), so the quota holds for
+    scratch as for fields."""
+
+    def __init__(self) -> None:
+        self.bytes: dict[str, int] = {}
+        self.admit: Callable[[str, int, str], None] | None = None
+
+    def total(self) -> int:
+        return sum(self.bytes.values())
+
+    def block(self, allocator: DeviceMemoryAllocator, kind: str, nbytes: int,
+              what: str) -> DeviceBlock:
+        """A new block of ``nbytes`` counted under ``kind`` (admitted first)."""
+        if self.admit is not None:
+            self.admit(kind, int(nbytes), what)
+        return DeviceBlock(allocator, nbytes, self, kind)
+
+    def _count(self, kind: str, nbytes: int) -> None:
+        n = self.bytes.get(kind, 0) + nbytes
+        if n:
+            self.bytes[kind] = n
+        else:
+            self.bytes.pop(kind, None)
+
+
+def _free_block(allocator: DeviceMemoryAllocator, address: int, scratch: Scratch | None,
+                kind: str, nbytes: int) -> None:
+    allocator._release(address)
+    if scratch is not None:
+        scratch._count(kind, -nbytes)
+
+
 class DeviceBlock:
     """A block of device memory with no host mirror (a stack pool, a snapshot), freed when
-    dropped or when the allocator closes, whichever comes first."""
+    dropped or when the allocator closes, whichever comes first; counted in ``scratch``
+    under ``kind`` while it lives (:meth:`Scratch.block` makes them)."""
 
     __slots__ = ("address", "nbytes", "_finalizer", "__weakref__")
 
-    def __init__(self, allocator: DeviceMemoryAllocator, nbytes: int) -> None:
+    def __init__(self, allocator: DeviceMemoryAllocator, nbytes: int,
+                 scratch: Scratch | None = None, kind: str = "") -> None:
         self.nbytes = int(nbytes)
         self.address = allocator.memory.alloc(self.nbytes)
-        self._finalizer = weakref.finalize(self, allocator._release, self.address)
+        if scratch is not None:
+            scratch._count(kind, self.nbytes)
+        self._finalizer = weakref.finalize(self, _free_block, allocator, self.address, scratch,
+                                           kind, self.nbytes)
 
 
 #: words of the status block: the failed kernel's tag, the error code and the values its
@@ -182,7 +224,10 @@ class LaunchQueue:
         self.launcher = launcher
         self.allocator = launcher.allocator
         self.memory = launcher.allocator.memory
-        self.status = DeviceBlock(self.allocator, STATUS_WORDS * 8)  # zeroed
+        #: the device memory the program holds beyond its storage (see :class:`Scratch`)
+        self.scratch = Scratch()
+        self.status = self.scratch.block(self.allocator, "status block", STATUS_WORDS * 8,
+                                         "the status block")  # zeroed
         self._status = np.zeros(STATUS_WORDS, np.int64)
         self._tags = 0
         #: the kernels launched since the last sync point, by tag (held until it)
@@ -229,7 +274,9 @@ class LaunchQueue:
         """The print buffer's device address, for a kernel that prints (its lines noted
         under its tag until it is dropped)."""
         if self.records is None:
-            self._record_block = DeviceBlock(self.allocator, PRINT_SINK_HEADER + RECORD_BYTES)
+            self._record_block = self.scratch.block(
+                self.allocator, "print buffer", PRINT_SINK_HEADER + RECORD_BYTES,
+                f"the print buffer (kernel '{ir.name}' prints)")
             self.records = PrintRecords(self.memory, self._record_block.address, RECORD_BYTES)
         self.print_lines[kernel.tag] = [(fmt.encode(), kinds)
                                         for fmt, kinds in print_formats(ir)]
@@ -265,20 +312,24 @@ class LaunchQueue:
         """Unclaim the status block (stream-ordered: before the next launch)."""
         self.memory.memset(self.status.address, 0, self.status.nbytes)
 
-    def stack_pool(self, nbytes: int) -> DeviceBlock:
+    def stack_pool(self, nbytes: int, kernel: str) -> DeviceBlock:
         """A block of at least ``nbytes`` for the stacks (the one held if large enough)."""
         if self.pool is None or self.pool.nbytes < nbytes:
             self.pool = None  # (freed before the larger one is taken)
-            self.pool = DeviceBlock(self.allocator, nbytes)
+            self.pool = self.scratch.block(self.allocator, "stack pool", nbytes,
+                                           f"the reverse-mode stack pool of kernel '{kernel}'")
         return self.pool
 
-    def snapshot_block(self, i: int, nbytes: int) -> DeviceBlock:
+    def snapshot_block(self, i: int, nbytes: int, kernel: str) -> DeviceBlock:
         """Snapshot block ``i`` with room for ``nbytes`` (kept between launches)."""
+        what = f"a snapshot of what kernel '{kernel}' writes (for its overflow rerun)"
         while len(self.snapshots) <= i:
-            self.snapshots.append(DeviceBlock(self.allocator, nbytes))
+            self.snapshots.append(self.scratch.block(self.allocator, "snapshot blocks",
+                                                     nbytes, what))
         if self.snapshots[i].nbytes < nbytes:
             self.snapshots[i] = None  # type: ignore[call-overload]
-            self.snapshots[i] = DeviceBlock(self.allocator, nbytes)
+            self.snapshots[i] = self.scratch.block(self.allocator, "snapshot blocks", nbytes,
+                                                   what)
         return self.snapshots[i]
 
 
@@ -292,8 +343,10 @@ class ContextSlot:
 
     __slots__ = ("block", "host", "event")
 
-    def __init__(self, allocator: DeviceMemoryAllocator, words: int) -> None:
-        self.block = DeviceBlock(allocator, words * 8)
+    def __init__(self, allocator: DeviceMemoryAllocator, words: int, scratch: Scratch,
+                 kernel: str) -> None:
+        self.block = scratch.block(allocator, "launch contexts", words * 8,
+                                   f"a launch context of kernel '{kernel}'")
         self.host = allocator.memory.host_array(words, np.int64)
         self.event: Any = None
 
@@ -371,7 +424,7 @@ class GridKernel:
         self.prints = any(prints(ir, k) for k in range(len(ir.tasks)))
         if self.prints:  # its records carry the tag (codegen/cuda.py's print_call)
             self.host[layout.print_sink] = self.queue.print_buffer(self, ir)
-        self.ring = [ContextSlot(self.allocator, self.host.size)]
+        self.ring = [ContextSlot(self.allocator, self.host.size, self.queue.scratch, ir.name)]
         self._next = 0
         self.slot = self.ring[0]  # the current launch's context
         self._host_newer = True  # the host context is to be uploaded before the next task
@@ -390,7 +443,8 @@ class GridKernel:
         if slot.event is not None:
             if not slot.event.query():
                 if len(self.ring) < MAX_CONTEXTS:
-                    slot = ContextSlot(self.allocator, self.host.size)
+                    slot = ContextSlot(self.allocator, self.host.size, self.queue.scratch,
+                                       self.ir.name)
                     self.ring.insert(self._next, slot)
                 else:
                     slot.event.synchronize()
@@ -466,7 +520,7 @@ class GridKernel:
 
     # ------------------------------------------------------------------ the stack pool
     def _set_pool(self) -> None:
-        pool = self.queue.stack_pool(self.cap * self.blocks * self.threads * 8)
+        pool = self.queue.stack_pool(self.cap * self.blocks * self.threads * 8, self.ir.name)
         lay, ctx = self.layout, self.host
         ctx[lay.stack_pool] = pool.address
         ctx[lay.stack_cap] = self.cap
@@ -500,7 +554,7 @@ class GridKernel:
         saved = []
         for i, (address, n) in enumerate([self._buffer_bytes(s) for s in slots] +
                                           [(self.rng.address, self.rng.nbytes)]):
-            copy = self.queue.snapshot_block(i, n)
+            copy = self.queue.snapshot_block(i, n, self.ir.name)
             self.memory.copy(copy.address, address, n)
             saved.append((address, n, copy))
         return saved

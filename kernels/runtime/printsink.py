@@ -34,22 +34,47 @@ _WORDS = PRINT_SINK_HEADER // 8  # cursor, capacity, dropped
 
 class PrintSink:
     """Memory the kernels of one program print into: a header of three i64 words (cursor,
-    capacity, lines dropped) and ``capacity`` bytes of text, each line NUL-terminated."""
+    capacity, lines dropped) and ``capacity`` bytes of text, each line NUL-terminated.
+    Allocated when first needed (:meth:`allocate`: the first kernel that prints), so a
+    program that never prints does not hold it."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = int(capacity)
-        self._words = np.zeros(_WORDS + -(-self.capacity // 8), dtype=np.int64)
-        self._words[1] = self.capacity
-        self._text = self._words[_WORDS:].view(np.uint8)[:self.capacity]
-        self.address = self._words.ctypes.data
+        self._words: np.ndarray | None = None
+
+    @property
+    def allocated(self) -> bool:
+        return self._words is not None
+
+    def allocate(self) -> None:
+        """Take the sink's memory (the header words and the text), if not yet."""
+        if self._words is None:
+            words = np.zeros(_WORDS + -(-self.capacity // 8), dtype=np.int64)
+            words[1] = self.capacity
+            self._text = words[_WORDS:].view(np.uint8)[:self.capacity]
+            self._words = words
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes it holds (0 until allocated)."""
+        return 0 if self._words is None else self._words.nbytes
+
+    @property
+    def address(self) -> int:
+        """Where kernels append (the launch context's ``print_sink``); allocates."""
+        self.allocate()
+        return self._words.ctypes.data
 
     def pending(self) -> bool:
         """Did a kernel print since the last :meth:`take`? (Two loads: cheap per request.)"""
-        return bool(self._words[0] or self._words[2])
+        w = self._words
+        return w is not None and bool(w[0] or w[2])
 
     def take(self) -> tuple[bytes, int]:
         """The text printed since the last call and how many lines were dropped; empties the
         sink. Called between launches (no kernel runs meanwhile)."""
+        if self._words is None:
+            return b"", 0
         used = min(int(self._words[0]), self.capacity)
         dropped = int(self._words[2])
         raw = self._text[:used].tobytes()
@@ -62,6 +87,8 @@ class PrintSink:
 
     def room(self) -> int:
         """Bytes left for lines (each with its NUL)."""
+        if self._words is None:
+            return self.capacity
         return max(0, self.capacity - int(self._words[0]))
 
     def append(self, lines: list[bytes], dropped: int = 0) -> None:
@@ -69,6 +96,7 @@ class PrintSink:
         :class:`PrintRecords`) appended as a kernel appends its own: each whole or, once one
         does not fit, it and every later one counted as dropped; ``dropped`` more lines
         counted as such."""
+        self.allocate()
         words, cap = self._words, self.capacity
         for line in lines:
             cursor = int(words[0])
