@@ -298,7 +298,8 @@ class LaunchQueue:
             if text and not text.endswith("\n"):
                 text += "\n"
             text += (f"[difftape: {dropped} more lines printed by kernels were dropped: the "
-                     f"grid's print buffer holds {RECORD_BYTES} bytes of lines per launch]\n")
+                     f"grid's print buffer holds {self.records.capacity} bytes of lines per "
+                     "launch]\n")
         if text:
             sys.stdout.write(text)
             sys.stdout.flush()
