@@ -57,6 +57,7 @@ class Service:
                          "num_threads": settings.worker_threads,
                          "max_fields": settings.quota_session_fields,
                          "max_kernels": settings.quota_session_kernels,
+                         "max_memory_bytes": settings.quota_field_bytes,
                          "arch": settings.arch}
         self.pool: WorkerPool | RayWorkerPool
         if settings.cluster:

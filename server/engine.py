@@ -37,6 +37,7 @@ from difftape.frontend.kernel import (
     compile_ir,
     derive,
     has_storage,
+    kernel_prints,
 )
 from difftape.frontend.ndarray import Ndarray
 from difftape.graph import saved as saved_graphs
@@ -73,6 +74,11 @@ class QuotaExceededError(DifftapeError):
     def __init__(self, message: str, *, limit: str) -> None:
         super().__init__(message)
         self.limit = limit
+
+
+def _nbytes(dtype: T.DType, shape: list[int], element_shape: list[int]) -> int:
+    """Bytes of one copy of a field's or ndarray's storage."""
+    return int(np.prod(shape + element_shape, dtype=np.int64)) * np.dtype(dtype.np).itemsize
 
 
 def _f64_from_b64(text: Any, what: str) -> np.ndarray:
@@ -216,7 +222,7 @@ class Engine:
     def __init__(self, cache_dir: str | os.PathLike | None = None, *, num_threads: int = 0,
                  random_seed: int = 0, offline_cache: bool = True,
                  max_fields: int | None = None, max_kernels: int | None = None,
-                 arch: str = "cpu") -> None:
+                 arch: str = "cpu", max_memory_bytes: int | None = None) -> None:
         # arch "cuda": the session's kernels and fields on the device (runtime/cuda.py's
         # CudaLauncher); no device there is an error at start, never a fallback to the CPU.
         if arch not in ("cpu", "cuda"):
@@ -239,6 +245,13 @@ class Engine:
         # Objects count, not only bytes: every field and kernel costs memory and bookkeeping.
         self.max_fields = max_fields
         self.max_kernels = max_kernels
+        # The session's memory quota (the gateway's per-user field quota, which it checks
+        # for fields across sessions): here fields, ndarrays and scratch memory together
+        # (:meth:`scratch`), checked before each allocation, so a launch's stack pool or a
+        # printing kernel's buffer cannot take memory the quota does not allow.
+        self.max_memory_bytes = max_memory_bytes
+        if self.prog.launcher is not None:
+            self.prog.launcher.queue.scratch.admit = self._admit_scratch
         self.kernels: dict[str, _Kernel] = {}
         # ti.ndarray storage, under ids of the same (client-chosen) space as the fields.
         self.ndarrays: dict[int, _Ndarray] = {}
@@ -255,6 +268,49 @@ class Engine:
         from difftape.codegen.cpu import get_target
 
         get_target().warm_up()  # load LLVM now: readiness means the compiler is usable
+
+    # ------------------------------------------------------------------ memory
+    def storage_bytes(self) -> int:
+        """Bytes of the session's fields and ndarrays (their companions included)."""
+        return sum(self._field_nbytes(f) for f in [*self.prog.fields.values(),
+                                                   *self.ndarrays.values()])
+
+    def scratch(self) -> dict[str, int]:
+        """Memory the session holds beyond its fields and ndarrays, by kind, in bytes: the
+        print sink (once a kernel prints), the random states and the launch contexts; on a
+        grid also the stack pool, the snapshot blocks of overflow reruns, the print buffer
+        and the status block (``runtime/grid.py``'s ``Scratch``). (Not counted: the
+        reverse-mode stacks CPU threads allocate while a kernel runs, freed when it ends.)"""
+        out = {"print sink": self.prog.print_sink.nbytes, "random states": self.prog.rng.nbytes}
+        launcher = self.prog.launcher
+        if launcher is None:
+            out["launch contexts"] = sum(k.ctx_i64.nbytes for k in self.compiled.values())
+        else:
+            for kind, n in launcher.queue.scratch.bytes.items():
+                out[kind] = out.get(kind, 0) + n
+        return out
+
+    def _check_memory(self, nbytes: int, what: str) -> None:
+        """Refuse ``nbytes`` more (``what`` needs them) past the session's memory quota,
+        saying what holds the memory."""
+        limit = self.max_memory_bytes
+        if limit is None:
+            return
+        fields, scratch = self.storage_bytes(), self.scratch()
+        used = fields + sum(scratch.values())
+        if used + nbytes > limit:
+            parts = ", ".join(f"{k} {n}" for k, n in sorted(scratch.items(), key=lambda kv: -kv[1]))
+            raise QuotaExceededError(
+                f"memory quota exceeded: {what} needs {nbytes} bytes; this session holds "
+                f"{fields} bytes of fields and ndarrays and {used - fields} bytes of scratch "
+                f"memory ({parts}), and its quota is {limit} bytes: free fields or ndarrays "
+                "the session no longer needs (a reverse-mode launch's stack pool grows with "
+                "the loop iterations per index)",
+                limit="field_bytes")
+
+    def _admit_scratch(self, kind: str, nbytes: int, what: str) -> None:
+        """``Scratch.admit``: a grid's scratch block, checked against the quota."""
+        self._check_memory(nbytes, what)
 
     def close(self) -> None:
         """Stop the program's worker threads and drop compiled code."""
@@ -365,6 +421,8 @@ class Engine:
                 raise EngineError(f"field id {fid} already exists with another layout")
         else:
             self._check_count()
+            copies = 1 + bool(op.get("needs_grad")) + bool(op.get("needs_dual"))
+            self._check_memory(copies * _nbytes(dtype, shape, esh), f"field '{name[:200]}'")
             with _current(self.prog):
                 f = Field(dtype, None, esh, name[:200])
                 self.prog.unplaced.remove(f)
@@ -397,6 +455,7 @@ class Engine:
                 raise EngineError(f"ndarray id {fid} already exists with another layout")
         else:
             self._check_count()
+            self._check_memory((1 + grad) * _nbytes(dtype, shape, esh), f"ndarray '{name}'")
             with _current(self.prog):  # an in-process client's program must not see it
                 old = _Ndarray(dtype, shape, esh, needs_grad=grad)
             old.setup(fid, name)
@@ -423,6 +482,7 @@ class Engine:
         if role == "grad_dual":
             self._make_companion(f, "grad")
             f, role = f.grad, "dual"
+        self._check_memory(f.storage.nbytes, f"{f._label()}.{role}")
         with _current(self.prog):
             f._make_companion(role)
         self.epoch += 1  # derivative variants compiled before now would not see it
@@ -609,6 +669,10 @@ class Engine:
         ir = derive(ir, variant, storage)
         ir.overflow_checks = checks
         ir = run_pipeline(ir)
+        sink = self.prog.print_sink
+        if not sink.allocated and kernel_prints(ir):  # taken with the first kernel that prints
+            self._check_memory(sink.capacity, f"the print sink (kernel '{ir.name}' prints)")
+            sink.allocate()
         stats = CompileStats()
         inst = compile_ir(ir, self.prog, stats, k.arg_names)
         if stats.cache_hit:
@@ -1084,7 +1148,8 @@ class Engine:
         return {"fields": meta["fields"] + ndarrays}, None
 
     def op_stats(self, op: dict) -> dict:
-        """Counters and figures for the gateway's /metrics. On a CUDA device also the device
+        """Counters and figures for the gateway's /metrics (``scratch``: :meth:`scratch`, the
+        memory beyond fields that the session's quota counts too). On a CUDA device also the device
         (name, memory used and total, utilisation: ``CudaLauncher.status``), the device
         memory this session holds in all (fields and scratch: launch contexts, stack pools,
         random states) and how its modules were loaded (cubins from the cache, assembled,
@@ -1093,7 +1158,7 @@ class Engine:
         out = {"field_bytes": sum(self._field_nbytes(f) for f in stored),
                "kernels": len(self.kernels), "launches": self.launches,
                "cache_hits": self.cache_hits, "cache_misses": self.cache_misses,
-               "compile_s": self.compile_s}
+               "compile_s": self.compile_s, "scratch": self.scratch()}
         launcher = self.prog.launcher
         if hasattr(launcher, "status"):
             out["device"] = launcher.status()

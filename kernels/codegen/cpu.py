@@ -81,8 +81,6 @@ class CPUTarget:
     yield_symbol = "dt_sched_yield"  # a waiting ordered chunk gives its core away
     printf_symbol = "dt_printf"  # print() in kernels: C's printf (one call per line)
     snprintf_symbol = "dt_snprintf"  # ... or snprintf into the program's print sink
-    #: The launch context's print sink is honoured (``print_call``).
-    print_sink = True
 
     def __init__(self) -> None:
         llvm.initialize_native_target()
@@ -321,7 +319,7 @@ entry:
         low.declare(f"declare i32 @{self.yield_symbol}()")
         low.fn.ins(f"call i32 @{self.yield_symbol}()")
 
-    def print_call(self, low: Lowering, fmt: str, args: list[str]) -> None:
+    def print_call(self, low: Lowering, fmt: str, args: list[str], line: int) -> None:
         """C's printf; or, where the launch context names a print sink (a program that
         collects its kernels' output, the service's engine: ``runtime/printsink.py``), the
         same text, made by C's snprintf, appended to the sink: the line's bytes and its NUL

@@ -34,8 +34,12 @@ the simulated grid runs on the CPU.
   point; every task returns at once while the block is claimed, so the launches queued after
   a failed one do not run on.
 - **Random numbers**: thread ``g`` uses state ``g`` (the launcher provides one per thread).
-- ``print`` is CUDA's ``vprintf``, skipped while the launch context's ``quiet`` flag is set
-  (an attempt that may be rerun after an overflow prints nothing).
+- ``print`` appends a binary record (the line's number and its operands) to the program's
+  print buffer in device memory, which the host formats with C's snprintf at its next sync
+  point (``runtime/printsink.py``): the same text as the CPU's printf, in order, and nothing
+  of an attempt rerun after an overflow (its records are discarded). Not ``vprintf``, whose
+  buffer is lost with the process, drops lines silently when full and interleaves with the
+  host's output wherever the driver flushes it.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ import llvmlite.binding as llvm
 from ..errors import CompileError
 from ..ir.nodes import Block, Task
 from ..types import DType
+from .layout import PRINT_SINK_HEADER
 from .llvm_lowering import TRANSCENDENTAL, Lowering, ll_type
 
 #: the oldest architecture CUDA 13's ptxas accepts; PTX made for it runs on all later GPUs
@@ -109,10 +114,6 @@ def find_ptxas() -> str | None:
 
 class CUDATarget:
     """PTX for one compute capability (``sm_XX``)."""
-
-    #: ``print`` is vprintf: a program's print sink (``runtime/printsink.py``) is not
-    #: supported (``compile_ir`` refuses a printing kernel in a program that has one).
-    print_sink = False
 
     name = "cuda"
     paired_atomics = False  # f32 atomic adds are native (red.global.add.f32)
@@ -316,35 +317,43 @@ class CUDATarget:
         low.declare("declare void @llvm.nvvm.nanosleep(i32)")
         low.fn.void("call void @llvm.nvvm.nanosleep(i32 64)")
 
-    def print_call(self, low: Lowering, fmt: str, args: list[str]) -> None:
-        """Print unless the launch context's ``quiet`` flag is set: a task that may overflow
-        runs quietly until an attempt fits, then once more to print (the launcher's rerun
-        protocol, ``runtime/grid.py``), so a rerun never prints a line twice and an
-        overflowed attempt's values (pops of slots never stored read 0) are never shown."""
+    def print_call(self, low: Lowering, fmt: str, args: list[str], line: int) -> None:
+        """Append the line as a record to the program's print buffer (the launch context's
+        ``print_sink``; ``runtime/printsink.py``'s :class:`~..runtime.printsink.PrintRecords`):
+        the key (the kernel's tag in the high 32 bits, ``line`` in the low ones) and one
+        64-bit word per operand (a double's bits, an integer widened as C's varargs widen
+        it), its place reserved by one atomic add on the buffer's cursor. A record that does
+        not fit is not written and counted as dropped (as is every record after it: the
+        cursor only grows). The host formats the records with C's snprintf after the launch
+        (``fmt`` is not needed here), so the text is the CPU's, byte for byte."""
         fn = low.fn
-        quiet = fn.ins(f"load i64, ptr {low.ctx_slot(low.layout.quiet)}")
-        loud = fn.ins(f"icmp eq i64 {quiet}, 0")
-        say, done = fn.label("print"), fn.label("printed")
-        fn.term(f"br i1 {loud}, label %{say}, label %{done}")
-        fn.start_block(say)
-        self.emit_print(low, fmt, args)
+        size = 8 * (1 + len(args))
+        sink = fn.ins(f"load ptr, ptr {low.ctx_slot(low.layout.print_sink)}")
+        cap = fn.ins(f"load i64, ptr {fn.ins(f'getelementptr i64, ptr {sink}, i64 1', 'p')}")
+        off = fn.ins(f"atomicrmw add ptr {sink}, i64 {size} monotonic")
+        end = fn.ins(f"add i64 {off}, {size}")
+        write, drop, done = fn.label("print_write"), fn.label("print_drop"), fn.label("printed")
+        fn.term(f"br i1 {fn.ins(f'icmp ule i64 {end}, {cap}')}, label %{write}, "
+                f"label %{drop}")
+        fn.start_block(write)
+        at = fn.ins(f"add i64 {off}, {PRINT_SINK_HEADER}")
+        record = fn.ins(f"getelementptr i8, ptr {sink}, i64 {at}", "p")
+        tag = fn.ins(f"load i64, ptr {low.ctx_slot(low.layout.tag)}")
+        key = fn.ins(f"or i64 {fn.ins(f'shl i64 {tag}, 32')}, {line}")
+        fn.void(f"store i64 {key}, ptr {record}")
+        for k, a in enumerate(args):
+            ty, x = a.split(" ", 1)
+            if ty == "double":
+                x = fn.ins(f"bitcast double {x} to i64")
+            elif ty != "i64":
+                x = fn.ins(f"zext {ty} {x} to i64")
+            fn.void(f"store i64 {x}, ptr {fn.ins(f'getelementptr i64, ptr {record}, i64 {k + 1}')}")
+        fn.term(f"br label %{done}")
+        fn.start_block(drop)
+        dropped = fn.ins(f"getelementptr i64, ptr {sink}, i64 2", "p")
+        fn.ins(f"atomicrmw add ptr {dropped}, i64 1 monotonic")
+        fn.term(f"br label %{done}")
         fn.start_block(done)
-
-    def emit_print(self, low: Lowering, fmt: str, args: list[str]) -> None:
-        """``vprintf(fmt, buffer)``: the arguments packed in a local struct, each at its
-        natural alignment (what CUDA's printf expects)."""
-        fn = low.fn
-        low.declare("declare i32 @vprintf(ptr, ptr)")
-        if not args:
-            fn.ins(f"call i32 @vprintf(ptr {fmt}, ptr null)")
-            return
-        types = [a.split(" ", 1)[0] for a in args]
-        struct = "{ " + ", ".join(types) + " }"
-        buf = fn.alloca(struct)
-        for i, a in enumerate(args):
-            p = fn.ins(f"getelementptr {struct}, ptr {buf}, i32 0, i32 {i}", "p")
-            fn.void(f"store {a}, ptr {p}")
-        fn.ins(f"call i32 @vprintf(ptr {fmt}, ptr {buf})")
 
     def module_trailer(self, low: Lowering) -> list[str]:
         # libdevice asks __nvvm_reflect whether to flush denormals: no (IEEE, as the CPU).

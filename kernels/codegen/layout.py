@@ -5,9 +5,9 @@ between tasks), return values, the error report (the failed check's message numb
 values its message shows, one slot each: as many as the kernel's longest message needs, at
 least one), the random-state pointer, the commit ticket
 of ordered (deterministic) tasks and, for targets whose reverse-mode stacks come from a
-preallocated pool (CUDA), the pool's address, each thread's capacity, the overflow flag and the
-quiet flag (no printing in an attempt that may be rerun), the print sink (where ``print``
-writes when the program collects its kernels' output, ``runtime/printsink.py``), and for grid
+preallocated pool (CUDA), the pool's address, each thread's capacity and the overflow flag,
+the print sink (where ``print`` writes when the program collects its kernels' output, and on
+grid targets always: ``runtime/printsink.py``), and for grid
 targets, whose launches are asynchronous, the address of the program's status block and the
 kernel's tag (a failed launch stops the launches queued after it and says which kernel failed)
 each have a slot. Floats travel as f64 bit patterns and integers as i64, so the Python side
@@ -22,7 +22,9 @@ from ..ir.assertfmt import assert_messages
 from ..ir.nodes import KernelIR
 
 #: A print sink (``runtime/printsink.py``) begins with three i64 words, cursor (bytes
-#: reserved), capacity (bytes of text it holds) and lines dropped; its text follows.
+#: reserved), capacity (bytes it holds after the header) and lines dropped; then its lines:
+#: the CPU's text (each line NUL-terminated), or the grid targets' records (a key word, the
+#: kernel's tag << 32 | the line's number, then one word per operand).
 PRINT_SINK_HEADER = 24
 
 
@@ -41,10 +43,9 @@ class CtxLayout:
     stack_pool: int = 0  # pooled stacks: the pool's address
     stack_cap: int = 0  # pooled stacks: slots per thread
     overflow: int = 0  # set when a pooled stack or the device heap ran out: rerun larger
-    quiet: int = 0  # pooled-stack targets: nonzero while an attempt must not print (a rerun)
     status: int = 0  # grid targets: the program's status block's address (runtime/grid.py)
     tag: int = 0  # grid targets: the kernel's tag, written there by a launch that fails
-    print_sink: int = 0  # the program's print sink (runtime/printsink.py), 0: C's stdout
+    print_sink: int = 0  # the print sink (runtime/printsink.py); on the CPU 0: C's stdout
     size: int = 0
 
 
@@ -68,10 +69,10 @@ def ctx_layout(ir: KernelIR) -> CtxLayout:
         lay.returns.append(n)
         n += 1
     lay.err_code, lay.rng, lay.commit = n, n + 1, n + 2
-    lay.stack_pool, lay.stack_cap, lay.overflow, lay.quiet = n + 3, n + 4, n + 5, n + 6
-    lay.status, lay.tag = n + 7, n + 8
-    lay.print_sink = n + 9
-    lay.err_value = n + 10
+    lay.stack_pool, lay.stack_cap, lay.overflow = n + 3, n + 4, n + 5
+    lay.status, lay.tag = n + 6, n + 7
+    lay.print_sink = n + 8
+    lay.err_value = n + 9
     lay.err_values = max([1] + [len(m.types) for m in assert_messages(ir)])
     lay.size = lay.err_value + lay.err_values
     return lay

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from .. import types as T
 from ..ir.assertfmt import Message, assert_messages
 from ..ir.nodes import OPS, Block, KernelIR, Stmt, Task, task_blocks, walk
+from ..ir.printf import line_format, print_formats, vararg_kind
 from ..types import DType
 from . import quant as Q
 from .layout import CtxLayout
@@ -154,6 +155,7 @@ class Lowering:
         self.contract = FAST if ir.fast_math else ""  # see FAST
         self.declarations: set[str] = set()
         self.strings = 0  # constant format strings of print statements so far
+        self.print_lines: dict | None = None  # a print line's number (ir.printf.print_formats)
         self.functions: list[str] = []
         self.symbol = ir.name
         self.messages = {m: k + 1 for k, m in enumerate(assert_messages(ir))}
@@ -1140,12 +1142,13 @@ class Lowering:
 
     def op_print(self, s: Stmt) -> None:
         """One printf call for the whole line: the text is one constant format string with
-        ``%`` doubled, floats passed as double and short integers widened (C's varargs)."""
+        ``%`` doubled, floats passed as double and short integers widened (C's varargs).
+        The target also gets the line's number (``ir.printf.print_formats``), which
+        identifies it where lines travel as records (the grid targets)."""
         fn = self.fn
-        fmt = s.attr[0].replace("%", "%%")
+        fmt = line_format(s.attr, [v.dtype for v in s.args])
         args = []
-        for k, v in enumerate(s.args):
-            fmt += s.attr[2 * k + 1] + s.attr[2 * k + 2].replace("%", "%%")
+        for v in s.args:
             x, t = self.values[v], v.dtype
             if t.is_float:
                 if t.bits != 64:
@@ -1162,7 +1165,10 @@ class Lowering:
         text = "".join(chr(b) if 32 <= b < 127 and b not in (34, 92) else f"\\{b:02X}"
                        for b in data)
         self.declare(f'{name} = private unnamed_addr constant [{len(data)} x i8] c"{text}"')
-        self.target.print_call(self, name, args)
+        if self.print_lines is None:
+            self.print_lines = {f: k for k, f in enumerate(print_formats(self.ir))}
+        kinds = tuple(vararg_kind(v.dtype) for v in s.args)
+        self.target.print_call(self, name, args, self.print_lines[(fmt, kinds)])
 
     def op_assert(self, s: Stmt) -> None:
         fn = self.fn

@@ -10,8 +10,7 @@ host's equivalent (:class:`SimGridTarget` overrides just these):
 - the thread's identity: the special registers (``tid``/``ntid``/``ctaid``/``nctaid``) become
   the entry's parameters ``%gid`` (global thread index) and ``%nthreads`` (grid size);
 - math: the CPU target's libm/libmvec calls instead of libdevice's ``__nv_*``;
-- ``print``: C's printf instead of ``vprintf`` (skipped while quiet, as on CUDA); a
-  spin-wait's pause: ``sched_yield``;
+- a spin-wait's pause: ``sched_yield``;
 - the device heap: libc's ``malloc``/``free`` (bound as ``dt_malloc``/``dt_free``);
 - the module's triple and data layout, compiling and loading: the CPU target's.
 
@@ -101,9 +100,6 @@ done:
 
     def pause(self, low: Lowering) -> None:
         self.host.pause(low)
-
-    def emit_print(self, low: Lowering, fmt: str, args: list[str]) -> None:
-        self.host.print_call(low, fmt, args)  # under CUDA's quiet flag (CUDATarget.print_call)
 
     def module_trailer(self, low: Lowering) -> list[str]:
         return self.host.module_trailer(low)

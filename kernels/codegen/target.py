@@ -87,9 +87,10 @@ class Target(Protocol):
     def pause(self, low: Lowering) -> None:
         """One turn of a spin-wait (an ordered chunk waiting for its predecessor)."""
 
-    def print_call(self, low: Lowering, fmt: str, args: list[str]) -> None:
+    def print_call(self, low: Lowering, fmt: str, args: list[str], line: int) -> None:
         """Print one line: ``fmt`` is a C format string constant (a global's name),
-        ``args`` typed C-varargs operands (floats as double, small integers as i32)."""
+        ``args`` typed C-varargs operands (floats as double, small integers as i32),
+        ``line`` the line's number among the kernel's (``ir.printf.print_formats``)."""
 
     def module_trailer(self, low: Lowering) -> list[str]:
         """Extra module-level text (globals, metadata) after the functions."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 
 from ..types import DType
+from .nodes import KernelIR, task_blocks, walk
 
 #: A printf conversion, the leading ``%`` optional: flags, width, precision, length, type.
 SPEC = re.compile(r"%?([-+ #0]+)?(\d+|\*)?(\.(?:\d+|\*))?(hh|ll|[hljztL])?"
@@ -82,3 +83,36 @@ def python_format(spec: str, value) -> str:
     if conv == "u":
         conv = "d"
     return f"%{flags}{width}{prec}{conv}" % value
+
+
+def line_format(attr: tuple, types: list[DType]) -> str:
+    """The C format string of a whole ``print`` line (one call per line): the literal text
+    with ``%`` doubled around each operand's conversion."""
+    fmt = attr[0].replace("%", "%%")
+    for k in range(len(types)):
+        fmt += attr[2 * k + 1] + attr[2 * k + 2].replace("%", "%%")
+    return fmt
+
+
+def vararg_kind(t: DType) -> str:
+    """How C's varargs pass a ``t``: ``"double"`` (floats), ``"i32"`` (integers of 32 bits
+    or fewer, widened as C's default promotions do) or ``"i64"``."""
+    if t.is_float:
+        return "double"
+    return "i32" if t.bits <= 32 else "i64"
+
+
+def print_formats(ir: KernelIR) -> list[tuple[str, tuple[str, ...]]]:
+    """The kernel's distinct print lines as (C format string, vararg kinds), in a fixed
+    order (task by task, program order): a line's number in this list is what identifies
+    it where prints travel as records (the grid targets' print buffer,
+    ``runtime/printsink.py``). By content, not by statement: two prints of the same text
+    and types are one entry, and a statement the lowering emits twice is found either way."""
+    out: dict[tuple[str, tuple[str, ...]], None] = {}
+    for task in ir.tasks:
+        for block in task_blocks(task):
+            for s in walk(block):
+                if s.op == "print":
+                    types = [v.dtype for v in s.args]
+                    out[(line_format(s.attr, types), tuple(map(vararg_kind, types)))] = None
+    return list(out)

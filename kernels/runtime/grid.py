@@ -51,11 +51,18 @@ runs:
   effect of the overflowed attempt survives: a gradient is never accumulated twice, atomics
   into fields and ndarrays are added once, random numbers repeat, and the error word and
   return values are the rerun's.
-- **Printing.** Output cannot be taken back, so a task that may overflow and prints runs with
-  the launch context's ``quiet`` flag set (its ``print`` statements do nothing) until an
-  attempt fits, and then once more, from the snapshot and with the pool that fitted, to print
-  (the same inputs and random states give the same stack depths). Such a task costs one more
-  run per launch; one that does not print, or cannot overflow, runs as before.
+- **Printing.** ``print`` appends binary records to the program's print buffer in device
+  memory (``runtime/printsink.py``'s :class:`~.printsink.PrintRecords`, made with the first
+  kernel that prints); the host takes them at each sync point, formats them with C's
+  snprintf (the CPU's text, byte for byte) and writes the lines where the program's go: to
+  ``sys.stdout`` locally, or into the program's :class:`~.printsink.PrintSink` where one is
+  set (the service's engine sends them with the response). A launch that prints is
+  synchronous, so its lines are written before the launch returns, in order with the
+  program's own prints as on the CPU (records taken only at sync points would also keep
+  the order of asynchronous launches, but not their order relative to Python's output).
+  Output cannot be taken back, so an attempt that overflowed its stacks has its records
+  discarded before the rerun: a line is printed once, with the values of the attempt that
+  fitted.
 - **Random numbers.** Thread ``g`` uses state ``g`` of the program's random-state storage
   (device memory too), which holds at least one state per grid thread
   (``Program.seed_random``).
@@ -63,16 +70,20 @@ runs:
 
 from __future__ import annotations
 
+import sys
 import weakref
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from ..codegen.layout import PRINT_SINK_HEADER
 from ..errors import DifftapeError
 from ..ir.assertfmt import MAX_VALUES, Message
 from ..ir.nodes import KernelIR, task_blocks, walk
+from ..ir.printf import print_formats
 from .launch import raise_error_word
+from .printsink import RECORD_BYTES, PrintRecords, PrintSink
 from .storage import DeviceMemoryAllocator, Storage
 
 #: slots per thread a kernel's stack pool starts with (doubled on each overflow)
@@ -93,6 +104,8 @@ class Launcher:
     allocator: DeviceMemoryAllocator
     #: the code generator (``codegen``'s CUDA target, or the simulated grid's)
     target: Any
+    #: where the lines the kernels print go (``Program.print_sink``): None, ``sys.stdout``
+    print_sink: PrintSink | None = None
     _queue: LaunchQueue | None = None
 
     def load(self, obj: bytes, names: list[str]) -> tuple[object, dict[str, Any]]:
@@ -169,18 +182,58 @@ class GraphExec:
                 for a, b in zip(old, new, strict=True)):
             raise DifftapeError("a graph executable can only be updated with nodes of the "
                                 "same kinds and kernels in the same order")
+class Scratch:
+    """The device memory a grid program holds beyond its fields and ndarrays (launch
+    contexts, the stack pool, snapshot blocks, the print buffer, the status block), in bytes
+    by kind; and :attr:`admit`, which a program under a memory quota sets (the service's
+    engine): ``admit(kind, nbytes, what)`` is called before such a block is allocated and
+    raises to refuse it (``what`` says in words what needs it), so the quota holds for
+    scratch as for fields."""
+
+    def __init__(self) -> None:
+        self.bytes: dict[str, int] = {}
+        self.admit: Callable[[str, int, str], None] | None = None
+
+    def total(self) -> int:
+        return sum(self.bytes.values())
+
+    def block(self, allocator: DeviceMemoryAllocator, kind: str, nbytes: int,
+              what: str) -> DeviceBlock:
+        """A new block of ``nbytes`` counted under ``kind`` (admitted first)."""
+        if self.admit is not None:
+            self.admit(kind, int(nbytes), what)
+        return DeviceBlock(allocator, nbytes, self, kind)
+
+    def _count(self, kind: str, nbytes: int) -> None:
+        n = self.bytes.get(kind, 0) + nbytes
+        if n:
+            self.bytes[kind] = n
+        else:
+            self.bytes.pop(kind, None)
+
+
+def _free_block(allocator: DeviceMemoryAllocator, address: int, scratch: Scratch | None,
+                kind: str, nbytes: int) -> None:
+    allocator._release(address)
+    if scratch is not None:
+        scratch._count(kind, -nbytes)
 
 
 class DeviceBlock:
     """A block of device memory with no host mirror (a stack pool, a snapshot), freed when
-    dropped or when the allocator closes, whichever comes first."""
+    dropped or when the allocator closes, whichever comes first; counted in ``scratch``
+    under ``kind`` while it lives (:meth:`Scratch.block` makes them)."""
 
     __slots__ = ("address", "nbytes", "_finalizer", "__weakref__")
 
-    def __init__(self, allocator: DeviceMemoryAllocator, nbytes: int) -> None:
+    def __init__(self, allocator: DeviceMemoryAllocator, nbytes: int,
+                 scratch: Scratch | None = None, kind: str = "") -> None:
         self.nbytes = int(nbytes)
         self.address = allocator.memory.alloc(self.nbytes)
-        self._finalizer = weakref.finalize(self, allocator._release, self.address)
+        if scratch is not None:
+            scratch._count(kind, self.nbytes)
+        self._finalizer = weakref.finalize(self, _free_block, allocator, self.address, scratch,
+                                           kind, self.nbytes)
 
 
 #: words of the status block: the failed kernel's tag, the error code and the values its
@@ -207,7 +260,10 @@ class LaunchQueue:
         self.launcher = launcher
         self.allocator = launcher.allocator
         self.memory = launcher.allocator.memory
-        self.status = DeviceBlock(self.allocator, STATUS_WORDS * 8)  # zeroed
+        #: the device memory the program holds beyond its storage (see :class:`Scratch`)
+        self.scratch = Scratch()
+        self.status = self.scratch.block(self.allocator, "status block", STATUS_WORDS * 8,
+                                         "the status block")  # zeroed
         self._status = np.zeros(STATUS_WORDS, np.int64)
         self._tags = 0
         #: the kernels launched since the last sync point, by tag (held until it)
@@ -216,19 +272,28 @@ class LaunchQueue:
         self.pool: DeviceBlock | None = None
         self.snapshots: list[DeviceBlock] = []
         self.allocator.wait = self.synchronize
+        #: the print buffer (made with the first kernel that prints), the print lines of
+        #: each printing kernel's tag, and whether one was launched since the last sync point
+        self.records: PrintRecords | None = None
+        self._record_block: DeviceBlock | None = None
+        self.print_lines: dict[int, list[tuple[bytes, tuple[str, ...]]]] = {}
+        self.printed = False
 
     def tag(self) -> int:
         """A new kernel's tag (what its failed launches write into the status block)."""
         self._tags += 1
         return self._tags
 
-    def synchronize(self) -> None:
-        """The sync point: wait for the stream; raise a failed asynchronous launch's error.
-        (A failed synchronous launch's error is its caller's to raise, from its own launch
-        context: the block is only cleared here.)"""
+    def synchronize(self, take_prints: bool = True) -> None:
+        """The sync point: wait for the stream; write the lines printed meanwhile (unless
+        ``take_prints`` is false: an attempt that may be rerun); raise a failed asynchronous
+        launch's error. (A failed synchronous launch's error is its caller's to raise, from
+        its own launch context: the block is only cleared here.)"""
         launched, self.launched = self.launched, {}
         self.launcher.wait_stream([k.ir.name for k in launched.values()])
         self.allocator.held.clear()  # (foreign arrays the launches used: done with)
+        if self.printed and take_prints:
+            self.take_prints()
         if not self.check:
             return
         self.check = False
@@ -241,24 +306,67 @@ class LaunchQueue:
         if kernel is not None and kernel.asynchronous:
             raise_error_word(kernel.messages, code, self._status[2:].tolist(), kernel.ir.name)
 
+    def print_buffer(self, kernel: GridKernel, ir: KernelIR) -> int:
+        """The print buffer's device address, for a kernel that prints (its lines noted
+        under its tag until it is dropped)."""
+        if self.records is None:
+            self._record_block = self.scratch.block(
+                self.allocator, "print buffer", PRINT_SINK_HEADER + RECORD_BYTES,
+                f"the print buffer (kernel '{ir.name}' prints)")
+            self.records = PrintRecords(self.memory, self._record_block.address, RECORD_BYTES)
+        self.print_lines[kernel.tag] = [(fmt.encode(), kinds)
+                                        for fmt, kinds in print_formats(ir)]
+        weakref.finalize(kernel, self.print_lines.pop, kernel.tag, None)
+        return self._record_block.address
+
+    def take_prints(self) -> None:
+        """Write the lines printed since the last sync point (the stream has drained) where
+        the program's go: its print sink, else ``sys.stdout`` (with a line saying how many
+        were dropped, if the buffer filled)."""
+        self.printed = False
+        sink = self.launcher.print_sink
+        if sink is not None:
+            sink.append(*self.records.take(self.print_lines, sink.room()))
+            return
+        lines, dropped = self.records.take(self.print_lines)
+        text = b"".join(lines).decode("utf-8", "replace")
+        if dropped:
+            if text and not text.endswith("\n"):
+                text += "\n"
+            text += (f"[difftape: {dropped} more lines printed by kernels were dropped: the "
+                     f"grid's print buffer holds {self.records.capacity} bytes of lines per "
+                     "launch]\n")
+        if text:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+
+    def discard_prints(self) -> None:
+        """Forget what was printed since the last sync point (an attempt that overflowed)."""
+        self.printed = False
+        self.records.discard()
+
     def clear_status(self) -> None:
         """Unclaim the status block (stream-ordered: before the next launch)."""
         self.memory.memset(self.status.address, 0, self.status.nbytes)
 
-    def stack_pool(self, nbytes: int) -> DeviceBlock:
+    def stack_pool(self, nbytes: int, kernel: str) -> DeviceBlock:
         """A block of at least ``nbytes`` for the stacks (the one held if large enough)."""
         if self.pool is None or self.pool.nbytes < nbytes:
             self.pool = None  # (freed before the larger one is taken)
-            self.pool = DeviceBlock(self.allocator, nbytes)
+            self.pool = self.scratch.block(self.allocator, "stack pool", nbytes,
+                                           f"the reverse-mode stack pool of kernel '{kernel}'")
         return self.pool
 
-    def snapshot_block(self, i: int, nbytes: int) -> DeviceBlock:
+    def snapshot_block(self, i: int, nbytes: int, kernel: str) -> DeviceBlock:
         """Snapshot block ``i`` with room for ``nbytes`` (kept between launches)."""
+        what = f"a snapshot of what kernel '{kernel}' writes (for its overflow rerun)"
         while len(self.snapshots) <= i:
-            self.snapshots.append(DeviceBlock(self.allocator, nbytes))
+            self.snapshots.append(self.scratch.block(self.allocator, "snapshot blocks",
+                                                     nbytes, what))
         if self.snapshots[i].nbytes < nbytes:
             self.snapshots[i] = None  # type: ignore[call-overload]
-            self.snapshots[i] = DeviceBlock(self.allocator, nbytes)
+            self.snapshots[i] = self.scratch.block(self.allocator, "snapshot blocks", nbytes,
+                                                   what)
         return self.snapshots[i]
 
 
@@ -272,8 +380,10 @@ class ContextSlot:
 
     __slots__ = ("block", "host", "event")
 
-    def __init__(self, allocator: DeviceMemoryAllocator, words: int) -> None:
-        self.block = DeviceBlock(allocator, words * 8)
+    def __init__(self, allocator: DeviceMemoryAllocator, words: int, scratch: Scratch,
+                 kernel: str) -> None:
+        self.block = scratch.block(allocator, "launch contexts", words * 8,
+                                   f"a launch context of kernel '{kernel}'")
         self.host = allocator.memory.host_array(words, np.int64)
         self.event: Any = None
 
@@ -348,7 +458,10 @@ class GridKernel:
         self.host[layout.status] = self.queue.status.address
         self.tag = self.queue.tag()
         self.host[layout.tag] = self.tag
-        self.ring = [ContextSlot(self.allocator, self.host.size)]
+        self.prints = any(prints(ir, k) for k in range(len(ir.tasks)))
+        if self.prints:  # its records carry the tag (codegen/cuda.py's print_call)
+            self.host[layout.print_sink] = self.queue.print_buffer(self, ir)
+        self.ring = [ContextSlot(self.allocator, self.host.size, self.queue.scratch, ir.name)]
         self._next = 0
         self.slot = self.ring[0]  # the current launch's context
         self._host_newer = True  # the host context is to be uploaded before the next task
@@ -367,7 +480,8 @@ class GridKernel:
         if slot.event is not None:
             if not slot.event.query():
                 if len(self.ring) < MAX_CONTEXTS:
-                    slot = ContextSlot(self.allocator, self.host.size)
+                    slot = ContextSlot(self.allocator, self.host.size, self.queue.scratch,
+                                       self.ir.name)
                     self.ring.insert(self._next, slot)
                 else:
                     slot.event.synchronize()
@@ -393,14 +507,17 @@ class GridKernel:
         queue.launched[self.tag] = self
         if self.can_fail:
             queue.check = True
+        if self.prints:
+            queue.printed = True
         if k == self.last and self.asynchronous:
             slot.event = self.memory.record()
 
-    def _run(self, k: int) -> np.ndarray:
-        """Task ``k`` over the grid once, waited for (a sync point); the launch context as
-        the device left it (errors, overflow flag, returns), in :attr:`host`."""
+    def _run(self, k: int, take_prints: bool = True) -> np.ndarray:
+        """Task ``k`` over the grid once, waited for (a sync point, which writes its printed
+        lines unless ``take_prints`` is false); the launch context as the device left it
+        (errors, overflow flag, returns), in :attr:`host`."""
         self._enqueue(k)
-        self.queue.synchronize()  # raises a failed earlier launch's error
+        self.queue.synchronize(take_prints)  # raises a failed earlier launch's error
         self.memory.download(self.host, self.slot.block.address)
         if self.host[self.layout.err_code]:  # ours: the caller raises it
             self.queue.clear_status()
@@ -416,36 +533,35 @@ class GridKernel:
                 self._run(k)
             return run
         slots = written_slots(self.ir, k)
-        loud_once = prints(self.ir, k)
+        printing = prints(self.ir, k)
         overflow = self.layout.overflow
+        queue = self.queue
 
         def run_from_snapshot(_c: int = 0, _b: int = 0, _e: int = 0, _t: int = 0) -> None:
             self.allocator.sync()  # host writes, before the snapshot
             saved = self._snapshot(slots)
             packed = self.host.copy()  # the launch context as packed (and as uploaded)
-            quiet = loud_once
             while True:
-                self._set_pool(quiet)
-                if not self._run(k)[overflow]:
-                    if not quiet:
-                        return
-                    quiet = False  # it fits: once more from the snapshot, printing
-                else:  # (a printing attempt overflows only if depths are racy: quiet again)
-                    self.reruns += 1
-                    self._grow()
-                    quiet = loud_once
+                self._set_pool()
+                if not self._run(k, take_prints=not printing)[overflow]:
+                    if printing:
+                        queue.take_prints()
+                    return
+                self.reruns += 1
+                if printing:  # the overflowed attempt's lines are never shown
+                    queue.discard_prints()
+                self._grow()
                 self._restore(saved)
                 self.host[:] = packed
         return run_from_snapshot
 
     # ------------------------------------------------------------------ the stack pool
-    def _set_pool(self, quiet: bool = False) -> None:
-        pool = self.queue.stack_pool(self.cap * self.blocks * self.threads * 8)
+    def _set_pool(self) -> None:
+        pool = self.queue.stack_pool(self.cap * self.blocks * self.threads * 8, self.ir.name)
         lay, ctx = self.layout, self.host
         ctx[lay.stack_pool] = pool.address
         ctx[lay.stack_cap] = self.cap
         ctx[lay.overflow] = 0
-        ctx[lay.quiet] = int(quiet)
         self._host_newer = True
 
     def _grow(self) -> None:
@@ -475,7 +591,7 @@ class GridKernel:
         saved = []
         for i, (address, n) in enumerate([self._buffer_bytes(s) for s in slots] +
                                           [(self.rng.address, self.rng.nbytes)]):
-            copy = self.queue.snapshot_block(i, n)
+            copy = self.queue.snapshot_block(i, n, self.ir.name)
             self.memory.copy(copy.address, address, n)
             saved.append((address, n, copy))
         return saved

@@ -24,6 +24,7 @@ from ..types import DType
 from . import cache, log
 from . import cuda as cuda_runtime  # (pycuda is imported only when a program asks for CUDA)
 from .grid import Launcher
+from .printsink import PrintSink
 from .simgrid import SimulatedLauncher, parse_grid
 from .storage import Allocator, HostAllocator, Storage
 
@@ -336,9 +337,7 @@ class Program:
         self._pool = None
         self.tape = None  # the ti.ad.Tape recording kernel launches, if any
         self.remote = None  # arch=ti.remote: the difftape.client runtime running it on a server
-        # Where kernels' print() lines go when not to C's stdout (runtime/printsink.py): set
-        # by a program that collects them for its caller (the service's engine).
-        self.print_sink = None
+        self._print_sink: PrintSink | None = None
         self.fwd = None  # the ti.ad.FwdMode (or forward-mode helper) in effect, if any
         # Inside ``ti.graph.capture()``: the recorder (difftape.graph) that launches, fills and
         # copies go to instead of running; host reads refuse while it is set.
@@ -353,6 +352,19 @@ class Program:
         self.profile: list[tuple[str, float, float]] = []
         # Seconds spent compiling kernels (frontend to loaded code), as Taichi reports it.
         self.compile_seconds = 0.0
+
+    @property
+    def print_sink(self) -> PrintSink | None:
+        """Where kernels' print() lines go when not to the process's stdout
+        (``runtime/printsink.py``): set by a program that collects them for its caller (the
+        service's engine). A grid's launcher writes its kernels' lines there too."""
+        return self._print_sink
+
+    @print_sink.setter
+    def print_sink(self, sink: PrintSink | None) -> None:
+        self._print_sink = sink
+        if self.launcher is not None:
+            self.launcher.print_sink = sink
 
     def invalidate_kernels(self) -> None:
         """Make every kernel compile again at its next call (it holds the storage addresses of

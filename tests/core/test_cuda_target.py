@@ -1,14 +1,14 @@
 """The CUDA target (difftape/codegen/cuda.py) without a GPU.
 
-Two kinds of checks. The PTX itself: ptxas accepts it, math is libdevice's and linked in,
-float atomics are native, print is vprintf. And what the CUDA lowering computes: its code,
-compiled for the host (codegen/simgrid.py), is launched by the simulated-grid runtime
-(runtime/simgrid.py, ``ti.init(simulate_grid=(blocks, threads))``), which runs every thread of
-the grid one after another and does what a GPU launcher must: the per-thread stack pool and its
-overflow rerun, the error word, per-thread random states. The results are compared with NumPy:
-the grid-stride loop covers every index once for any grid, per-thread partial sums, serial
-tasks on thread 0, reverse-mode stacks from the pool, a rerun that duplicates no side effect,
-and bounds checks that raise as on the CPU.
+Two kinds of checks. The PTX itself: ptxas accepts it, math is libdevice's and linked in, float
+atomics are native, print appends records to the print buffer. And what the CUDA lowering
+computes: its code, compiled for the host (codegen/simgrid.py), is launched by the
+simulated-grid runtime (runtime/simgrid.py, ``ti.init(simulate_grid=(blocks, threads))``),
+which runs every thread of the grid one after another and does what a GPU launcher must: the
+per-thread stack pool and its overflow rerun, the error word, per-thread random states. The
+results are compared with NumPy: the grid-stride loop covers every index once for any grid,
+per-thread partial sums, serial tasks on thread 0, reverse-mode stacks from the pool, a rerun
+that duplicates no side effect, and bounds checks that raise as on the CPU.
 """
 
 import re
@@ -337,13 +337,13 @@ def test_f16_math_is_refused(prog):
 
 
 @_NEEDS_PTXAS
-def test_ptx_uses_libdevice_native_atomics_and_vprintf(prog, tmp_path):
+def test_ptx_uses_libdevice_native_atomics_and_print_records(prog, tmp_path):
     x = ti.field(ti.f32, shape=64)
     g = ti.field(ti.f32, shape=8)
 
     @ti.kernel
     def k(a: ti.f32):
-        print("a =", a)
+        print("a =", a, ti.u8(7), ti.i64(-1), ti.f64(a))
         for i in x:
             g[i % 8] += ti.exp(x[i]) * ti.atan2(x[i], a)
 
@@ -352,7 +352,8 @@ def test_ptx_uses_libdevice_native_atomics_and_vprintf(prog, tmp_path):
     assert "%nctaid.x" in ptx  # the grid-stride loop's step
     assert not re.search(r"\.extern \.func[^;]*__nv_", ptx)  # libdevice linked in
     assert re.search(r"(atom|red)(\.global)?\.add\.f32", ptx)  # native float atomics
-    assert "vprintf" in ptx
+    # print: a record reserved by an atomic add on the print buffer's cursor, no vprintf
+    assert "vprintf" not in ptx and re.search(r"atom(\.global)?\.add\.u64", ptx)
     path = tmp_path / "k.ptx"
     path.write_text(ptx)
     r = subprocess.run(["ptxas", f"-arch={cuda.DEFAULT_ARCH}", str(path), "-o",

@@ -236,15 +236,23 @@ def setup_session(client: httpx.Client, sid: str, kernels, *names: str) -> dict:
 
 
 def init_remote(request, kind: str, **init) -> None:
-    """``ti.init(arch=ti.remote, ...)`` over HTTP to the shared server (``kind="http"``) or
-    in-process (``"inproc"``)."""
+    """``ti.init(arch=ti.remote, ...)`` over HTTP to the shared server (``kind="http"``),
+    in-process (``"inproc"``), or in-process to an engine whose kernels run on a GPU grid
+    (``"grid"``: a ``--arch cuda`` server's engine on the pycuda stand-in, which runs the
+    CUDA target's lowering on the simulated grid; the test's ``monkeypatch`` installs it)."""
     import difftape as ti
     from difftape.client import LocalTransport
 
     if kind == "http":
         service = request.getfixturevalue("service")
         ti.init(arch=ti.remote, server=service.url, token=service.tokens["alice"], **init)
+    elif kind == "grid":
+        from cuda_standin import FakeDriver, use
+
+        use(request.getfixturevalue("monkeypatch"), FakeDriver())
+        ti.init(arch=ti.remote, transport=LocalTransport(arch="cuda"), **init)
     else:
+        assert kind == "inproc", kind
         ti.init(arch=ti.remote, transport=LocalTransport(), **init)
 
 

@@ -1,7 +1,9 @@
 """print() in kernels under ``arch=ti.remote``: the lines a kernel prints on the server come
 back with the response (the engine's print sink, ``runtime/printsink.py``) and appear on the
 client's ``sys.stdout`` as a local run prints them, in the same order relative to the
-program's own prints, never on the server's stdout; bounded per request.
+program's own prints, never on the server's stdout; bounded per request. Also from an engine
+whose kernels run on a GPU grid (``remote``'s "grid"), where the lines travel from the device
+as records.
 
 Each program runs locally (its kernels' printf on file descriptor 1, captured by ``capfd``)
 and remotely with ``sys.stdout`` redirected to a buffer: what a remote run writes to the fd
@@ -17,7 +19,26 @@ import difftape as ti
 from difftape.client import LocalTransport, as_job
 from difftape.graph import wire
 
+from .conftest import init_remote
 from .test_client_programs import run_local
+
+
+@pytest.fixture(params=["http", "inproc", "grid"])
+def remote(request):
+    """conftest's ``remote``, and also on a GPU grid's engine (``init_remote``'s "grid"):
+    there kernels append print records to a buffer in device memory, which the engine
+    formats after each launch (``runtime/printsink.py``'s ``PrintRecords``)."""
+    kind = request.param
+
+    def run(program, **init):
+        init_remote(request, kind, **init)
+        try:
+            return program()
+        finally:
+            ti.reset()
+
+    run.kind = kind
+    return run
 
 
 def _outputs(program, remote, capfd) -> tuple[str, str]:
@@ -110,7 +131,13 @@ def _graph_program():
 
 
 def test_a_print_inside_a_graph_replayed_remotely(remote, capfd):
-    """Each replay prints its lines before the program's next print, as locally."""
+    """Each replay prints its lines before the program's next print, as locally. (A GPU
+    grid's engine replays no graphs: it refuses the captured graph, saying why.)"""
+    if remote.kind == "grid":
+        with pytest.raises(ti.DifftapeError, match="available on CPU programs only, "
+                           "not on a GPU grid"):
+            remote(_graph_program)
+        return
     local, there = _outputs(_graph_program, remote, capfd)
     assert local.count("step dt =") == 3 and "step dt = 0.500000 k = 3\n" in local
     assert there == local
