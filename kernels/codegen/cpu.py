@@ -74,6 +74,9 @@ class CPUTarget:
     name = "cpu"
     # x86/AArch64 float atomic adds are compare-exchange loops: one on 8 bytes does two.
     paired_atomics = True
+    #: x86 has no saturating float-to-int conversion: casts are written out (see
+    #: ``Lowering._saturating_cast``).
+    native_saturating_casts = False
     # The reverse-mode stack grows with libc's allocator, bound under our own names.
     realloc_symbol = "dt_realloc"
     calloc_symbol = "dt_calloc"

@@ -117,6 +117,7 @@ class CUDATarget:
 
     name = "cuda"
     paired_atomics = False  # f32 atomic adds are native (red.global.add.f32)
+    native_saturating_casts = True  # cvt.rzi.sat: NaN -> 0, out-of-range values clamp
     triple = "nvptx64-nvidia-cuda"
     #: the device heap (private copies of privatized scatter targets)
     malloc_symbol = "malloc"

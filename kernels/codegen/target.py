@@ -38,6 +38,9 @@ class Target(Protocol):
     #: Lower two f32 atomic adds into the components of one aligned 8-byte pair as one
     #: 64-bit atomic (where float atomics are compare-exchange loops anyway: the CPU).
     paired_atomics: bool
+    #: ``llvm.fpto[su]i.sat`` is one instruction: float-to-int casts use it (else they are
+    #: written out as compares and selects that vectorize).
+    native_saturating_casts: bool
 
     @property
     def fingerprint(self) -> str:

@@ -205,6 +205,78 @@ def test_atomic_adds_into_the_two_halves_of_8_bytes_are_one_atomic(prog):
     assert not re.search(r"atomicrmw fadd ptr [^,]+, float", body)
 
 
+def test_float_to_int_casts_vectorize_without_the_saturating_intrinsic(prog):
+    # x86 has no saturating conversion: LLVM expands llvm.fptosi.sat lane by lane (MPM's
+    # g2p spent a fifth of its time there); the cast is written out as compares and selects
+    # around a plain conversion, which vectorize. (Values: test_robustness.py.)
+    x = ti.field(ti.f32, shape=1 << 12)
+    n = ti.field(ti.i32, shape=1 << 12)
+
+    @ti.kernel
+    def k():
+        for i in x:
+            n[i] = ti.cast(x[i] * 128.0 - 0.5, ti.i32)
+
+    ir = _ir(k, prog)
+    opt = get_target().optimized_ir(llvm_lowering.Lowering(ir, ctx_layout(ir), get_target())
+                                    .module())
+    assert "fptosi.sat" not in opt
+    assert re.search(r"fptosi <(4|8|16) x float>", opt)
+
+
+def test_stencil_addresses_are_not_packed_into_vector_registers(prog):
+    # A 3x3 gather from a grid of 2-vectors at a data-dependent cell (MPM's grid-to-particle
+    # transfer). With the field's index in i64, LLVM's SLP vectorizer computed the nine
+    # addresses in a vector register and extracted each one (g2p 69 -> 61 us per launch).
+    g = ti.Vector.field(2, ti.f32, shape=(4, 64, 64))
+    x = ti.Vector.field(2, ti.f32, shape=(4, 256))
+    v = ti.Vector.field(2, ti.f32, shape=(4, 256))
+    c = ti.Matrix.field(2, 2, ti.f32, shape=(4, 256))
+
+    @ti.kernel
+    def gather(f: ti.i32):
+        for p in range(256):
+            base = ti.cast(x[f, p] * 64.0 - 0.5, ti.i32)
+            fx = x[f, p] * 64.0 - ti.cast(base, ti.f32)
+            w = [0.5 * (1.5 - fx) ** 2, 0.75 - (fx - 1.0) ** 2, 0.5 * (fx - 0.5) ** 2]
+            new_v = ti.Vector([0.0, 0.0])
+            new_c = ti.Matrix([[0.0, 0.0], [0.0, 0.0]])
+            for i in ti.static(range(3)):
+                for j in ti.static(range(3)):
+                    dpos = ti.Vector([float(i), float(j)]) - fx
+                    gv = g[f, base[0] + i, base[1] + j]
+                    weight = w[i][0] * w[j][1]
+                    new_v += weight * gv
+                    new_c += weight * gv.outer_product(dpos)
+            v[f + 1, p] = new_v
+            c[f + 1, p] = new_c
+
+    ir = _ir(gather, prog, (None,))
+    opt = get_target().optimized_ir(llvm_lowering.Lowering(ir, ctx_layout(ir), get_target())
+                                    .module())
+    assert not re.search(r"extractelement <\d+ x i64>", opt)
+    rng = np.random.default_rng(3)
+    gv = rng.standard_normal((4, 64, 64, 2)).astype(np.float32)
+    xv = rng.uniform(0.1, 0.9, (4, 256, 2)).astype(np.float32)
+    g.from_numpy(gv)
+    x.from_numpy(xv)
+    gather(1)
+    xs = xv[1].astype(np.float64) * 64.0
+    b = (xs - 0.5).astype(np.int32)
+    fx = xs - b
+    w = [0.5 * (1.5 - fx) ** 2, 0.75 - (fx - 1.0) ** 2, 0.5 * (fx - 0.5) ** 2]
+    want_v, want_c = 0.0, 0.0
+    for i in range(3):
+        for j in range(3):
+            gij = gv[1, b[:, 0] + i, b[:, 1] + j].astype(np.float64)
+            weight = (w[i][:, 0] * w[j][:, 1])[:, None]
+            want_v = want_v + weight * gij
+            dpos = np.array([i, j]) - fx
+            want_c = want_c + weight[:, :, None] * gij[:, :, None] * dpos[:, None, :]
+    np.testing.assert_allclose(v.to_numpy()[2], want_v, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(c.to_numpy()[2], want_c, rtol=1e-4, atol=1e-5)
+
+
 def test_reduction_accuracy_f32(prog):
     n = 1 << 22
     x = ti.field(ti.f32, shape=n)

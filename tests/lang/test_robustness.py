@@ -73,3 +73,30 @@ def test_float_truth_values_and_saturating_casts(ti):
     k()
     # NaN is true (x != 0), casts to 0; 1.5e30 saturates to INT32_MAX, -2e30 to INT32_MIN
     np.testing.assert_array_equal(out.to_numpy(), [10, 101 + 2147, 111, 111 - 2148])
+
+
+@pytest.mark.parametrize("src,dst", [("f32", "i32"), ("f32", "u32"), ("f64", "i32"),
+                                     ("f64", "i64"), ("f64", "u64"), ("f32", "i8"),
+                                     ("f32", "u16"), ("f64", "u8")])
+def test_vectorized_float_to_int_casts_saturate(ti, src, dst):
+    # A loop of casts only: it vectorizes, so every lane takes the vector code's path.
+    vals = [0.0, -0.0, 0.5, -0.5, 1.99, -1.99, 100.7, -100.7, 127.5, 128.0, -128.5, -129.0,
+            255.9, 256.0, 65535.5, 65536.0, 2.0**31 - 256, 2.0**31, -2.0**31, -2.0**31 - 1024,
+            2.0**32, 2.0**63, -2.0**63, 2.0**64, 1e30, -1e30, np.inf, -np.inf, np.nan, -np.nan]
+    ft = np.dtype(src.replace("f", "float"))
+    it = np.dtype(("uint" + dst[1:]) if dst[0] == "u" else ("int" + dst[1:]))
+    a = np.resize(np.array(vals, ft), 256)  # finite values as rounded to the source type
+    x = ti.field(getattr(ti, src), shape=a.size)
+    out = ti.field(getattr(ti, dst), shape=a.size)
+
+    @ti.kernel
+    def k():
+        for i in x:
+            out[i] = ti.cast(x[i], getattr(ti, dst))
+
+    x.from_numpy(a)
+    k()
+    info = np.iinfo(it)
+    want = [0 if np.isnan(v) else info.min if v <= info.min else info.max if v >= info.max
+            else int(np.trunc(v)) for v in a.astype(np.float64)]
+    np.testing.assert_array_equal(out.to_numpy(), np.array(want, it))
