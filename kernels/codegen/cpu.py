@@ -22,7 +22,6 @@ import ctypes
 import ctypes.util
 import functools
 import re
-import threading
 
 import llvmlite
 import llvmlite.binding as llvm
@@ -33,6 +32,7 @@ from ..types import DType
 from . import vecmath
 from .layout import PRINT_SINK_HEADER
 from .llvm_lowering import TRANSCENDENTAL, FunctionText, Lowering
+from .optimize import run_module_pipeline
 
 _LIBM_NAMES = {"sin": "sin", "cos": "cos", "tan": "tan", "asin": "asin", "acos": "acos",
                "atan": "atan", "tanh": "tanh", "exp": "exp", "log": "log", "pow": "pow",
@@ -42,9 +42,6 @@ _ARITY = {"pow": 2, "atan2": 2}
 #: A load or store of a type narrower than 32 bits (an ``i8`` activation mask, a ``u8`` image,
 #: ``f16``) in a module's text: see :meth:`CPUTarget._optimize`.
 _NARROW_ACCESS = re.compile(r"\b(?:load|store)(?: atomic)? (?:i1|i8|i16|half|bfloat)\b")
-#: Held while the loop vectorizer's width option is set and the module optimized: the option
-#: is process-wide, one module's setting must not leak into another's optimization.
-_VECTORIZER_OPTION = threading.Lock()
 
 
 #: What a branch may hold and still be vectorized: arithmetic and the kernel's own locals.
@@ -490,9 +487,7 @@ entry:
         pto.loop_vectorization = True
         pto.slp_vectorization = True
         pb = llvm.create_pass_builder(self.tm, pto)
-        with _VECTORIZER_OPTION:
-            llvm.set_option("", f"-vectorizer-maximize-bandwidth={str(wide).lower()}")
-            pb.getModulePassManager().run(mod, pb)
+        run_module_pipeline(mod, pb, maximize_bandwidth=wide)
         self._inline_vector_math(mod, pb)
 
     @staticmethod
