@@ -40,7 +40,8 @@ _LIBM_NAMES = {"sin": "sin", "cos": "cos", "tan": "tan", "asin": "asin", "acos":
 _ARITY = {"pow": 2, "atan2": 2}
 
 #: A load or store of a type narrower than 32 bits (an ``i8`` activation mask, a ``u8`` image,
-#: ``f16``) in a module's text: see :meth:`CPUTarget._optimize`.
+#: ``f16``) in a module's text: see :meth:`CPUTarget._optimize`. A kernel's local of such a
+#: type (an ``alloca`` before mem2reg) counts too, which errs on the side of the narrower width.
 _NARROW_ACCESS = re.compile(r"\b(?:load|store)(?: atomic)? (?:i1|i8|i16|half|bfloat)\b")
 
 
