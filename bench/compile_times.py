@@ -13,7 +13,8 @@ What is timed, per compiled kernel instance (``taichi_compat/headless/_launch.py
 object emission, loading); on Taichi ``Kernel.materialize`` plus ``compile_kernel`` of its first
 launch. Kernels are matched by name and variant (primal, grad, fwd), instances summed; a
 program's totals are over the kernels both logged (Taichi also logs its library's own kernels,
-as ``to_numpy``'s ``tensor_to_ext_arr``, which in difftape are no kernels).
+as ``to_numpy``'s ``tensor_to_ext_arr``, which in difftape are no kernels; and Taichi compiles
+the kernels of a ``ti.graph`` through the graph, not a launch, so those are difftape's alone).
 
 The report lists the kernels with the largest ratio difftape / Taichi (of those that take at
 least ``--min-seconds`` on difftape) and each program's total. Not a test: the figures depend on
