@@ -414,3 +414,22 @@ def test_service_ray_runs_at_a_tiny_size():
     assert out["ratio"] > 0 and out["transfer_ratio"] > 0
     assert out["transfer_across_nodes_ratio"] > 0
     assert len(out["rows"]) == 13
+
+
+@pytest.mark.bench
+@pytest.mark.skipif(not TAICHI_PYTHON.exists(), reason="needs Taichi 1.7.4 in /work/tivenv")
+def test_compile_times_logs_each_kernel_on_both_backends(tmp_path):
+    """bench/compile_times.py on one example: both backends log a first-launch compilation of
+    each of its kernels (the timings themselves are not judged: they depend on the load)."""
+    import compile_times
+
+    out = tmp_path / "ct"
+    assert compile_times.main(["--output", str(out), "--only", "taichi_bitmasked.py",
+                               "--difftaichi", ""]) == 0
+    report = json.loads(out.with_suffix(".json").read_text())
+    r = report["examples"]["features/sparse/taichi_bitmasked.py"]
+    for backend in ("difftape", "taichi"):
+        # (Taichi's own kernels, as to_numpy's tensor_to_ext_arr, are logged too)
+        assert {"activate", "paint_active_pixels"} <= set(r[backend]), (backend, r)
+        assert all(s > 0 for s in r[backend].values())
+    assert "| features/sparse/taichi_bitmasked.py | 2 |" in out.with_suffix(".md").read_text()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import re
 
 import llvmlite
 import llvmlite.binding as llvm
@@ -31,11 +32,17 @@ from ..types import DType
 from . import vecmath
 from .layout import PRINT_SINK_HEADER
 from .llvm_lowering import TRANSCENDENTAL, FunctionText, Lowering
+from .optimize import run_module_pipeline
 
 _LIBM_NAMES = {"sin": "sin", "cos": "cos", "tan": "tan", "asin": "asin", "acos": "acos",
                "atan": "atan", "tanh": "tanh", "exp": "exp", "log": "log", "pow": "pow",
                "atan2": "atan2"}
 _ARITY = {"pow": 2, "atan2": 2}
+
+#: A load or store of a type narrower than 32 bits (an ``i8`` activation mask, a ``u8`` image,
+#: ``f16``) in a module's text: see :meth:`CPUTarget._optimize`. A kernel's local of such a
+#: type (an ``alloca`` before mem2reg) counts too, which errs on the side of the narrower width.
+_NARROW_ACCESS = re.compile(r"\b(?:load|store)(?: atomic)? (?:i1|i8|i16|half|bfloat)\b")
 
 
 #: What a branch may hold and still be vectorized: arithmetic and the kernel's own locals.
@@ -88,11 +95,6 @@ class CPUTarget:
     def __init__(self) -> None:
         llvm.initialize_native_target()
         llvm.initialize_native_asmprinter()
-        # Let the loop vectorizer pick its width by the narrowest type, not the widest: a
-        # loop of f32 math with an f64 accumulator (our reductions) then runs 8 f32 lanes,
-        # not 4 (N-body primal 1.45x faster; other benchmarks unchanged). A process-wide
-        # LLVM option: it also applies to other llvmlite users in this process.
-        llvm.set_option("", "-vectorizer-maximize-bandwidth")
         self.cpu = llvm.get_host_cpu_name()
         self.features = llvm.get_host_cpu_features().flatten()
         self.tm = self._new_tm()
@@ -459,21 +461,35 @@ entry:
     def compile(self, text: str) -> bytes:
         mod = llvm.parse_assembly(text)
         mod.verify()
-        self._optimize(mod)
+        self._optimize(mod, text)
         return self.tm.emit_object(mod)
 
     def optimized_ir(self, text: str) -> str:
         """The module after O3 (for inspection and tests of vectorization)."""
         mod = llvm.parse_assembly(text)
-        self._optimize(mod)
+        self._optimize(mod, text)
         return str(mod)
 
-    def _optimize(self, mod) -> None:
+    def _optimize(self, mod, text: str) -> None:
+        """O3 with loop and SLP vectorization.
+
+        The loop vectorizer picks its width by the narrowest type a loop loads or stores
+        ("maximize bandwidth"), not the widest, so that a loop of f32 math with an f64
+        accumulator (our reductions) runs twice the lanes (N-body primal 1.45x faster) -- but
+        only where no access is narrower than 32 bits. With bytes in the loop that width is 64
+        lanes (AVX-512), and a loop whose accesses are strided (the outer index of an
+        ``ndrange`` once LLVM has unrolled a short inner loop: activating a block of a
+        ``bitmasked`` field) turned each store into 64 scalar stores or a 64-lane scatter:
+        5,700 instructions from a 100-line kernel and 2.5-20 s of object emission. Without the
+        option a loop runs as many lanes as its widest type fills, which for f32 math on bytes
+        is as many as 32-bit lanes fill.
+        """
+        wide = _NARROW_ACCESS.search(text) is None
         pto = llvm.create_pipeline_tuning_options(3)
         pto.loop_vectorization = True
         pto.slp_vectorization = True
         pb = llvm.create_pass_builder(self.tm, pto)
-        pb.getModulePassManager().run(mod, pb)
+        run_module_pipeline(mod, pb, maximize_bandwidth=wide)
         self._inline_vector_math(mod, pb)
 
     @staticmethod

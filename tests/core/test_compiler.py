@@ -296,6 +296,51 @@ def test_reduction_accuracy_f32(prog):
 
 
 @pytest.mark.skipif(get_target().mvec is None, reason="no glibc libmvec on this machine")
+def _widest_vector(opt: str) -> int:
+    return max((int(n) for n in re.findall(r"<(\d+) x ", opt)), default=1)
+
+
+def test_vector_width_is_bounded_by_32_bit_lanes_when_bytes_are_stored(prog):
+    """Activating a block of a ``bitmasked`` field from a 2D ``ndrange`` (Taichi's example
+    taichi_bitmasked.py) stores an f32 and an activation byte per cell, at a stride of a row
+    in the parallel (outer) index once LLVM has unrolled the short inner loop. Chosen by the
+    byte, the vectorizer's width was 64 lanes (AVX-512): each store became 64 scalar stores
+    or a 64-lane scatter, 5,700 instructions from a 100-line kernel and seconds of object
+    emission. No loop runs more lanes than 32-bit values fill; an f32 loop with an f64
+    accumulator (no bytes) still runs that many f32 lanes, not as many as f64 values fill."""
+    target = get_target()
+    if not target.lanes:
+        pytest.skip("no vector instruction set on this CPU: nothing is vectorized")
+    n = 256
+    x = ti.field(ti.f32)
+    ti.root.bitmasked(ti.ij, (n, n)).place(x)
+
+    @ti.kernel
+    def activate():
+        for i, j in ti.ndrange((100, 125), (100, 125)):
+            x[i, j] = 233
+
+    ir = _ir(activate, prog)
+    opt = target.optimized_ir(llvm_lowering.Lowering(ir, ctx_layout(ir), target).module())
+    assert _widest_vector(_task_body(opt, ir.name)) <= target.lanes[32]
+    activate()
+    want = np.zeros((n, n), np.float32)
+    want[100:125, 100:125] = 233
+    np.testing.assert_array_equal(x.to_numpy(), want)
+
+    y = ti.field(ti.f32, shape=1 << 12)
+    s = ti.field(ti.f64, shape=())
+
+    @ti.kernel
+    def mixed():
+        for i in y:
+            s[None] += ti.f64(y[i] * y[i])
+
+    ir = _ir(mixed, prog)
+    opt = target.optimized_ir(llvm_lowering.Lowering(ir, ctx_layout(ir), target).module())
+    assert f"<{target.lanes[32]} x float>" in _task_body(opt, ir.name)
+
+
 def test_transcendentals_call_vector_math(prog):
     x = ti.field(ti.f32, shape=1 << 10)
 
