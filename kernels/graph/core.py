@@ -59,17 +59,11 @@ from ..runtime.grid import DeviceBlock
 from ..runtime.gridgraph import GridGraph
 from ..runtime.launch import raise_error_word
 from ..runtime.parallel import ThreadPool
-from ..runtime.storage import Storage, shared_array
+from ..runtime.storage import Storage
 
 assert (_ANY, _SERIAL, _ORDERED) == (native.ANY, native.SERIAL_SCHEDULE, native.ORDERED)
 
 _FLOAT, _INT = "f", "i"  # CompiledKernel's scalar writer kinds (an int: an unsigned width)
-
-
-def host_array(storage) -> np.ndarray:
-    """The host array of a field's or ndarray's storage (``runtime/storage.py``), for what
-    only host memory allows (saved graphs: device storage is refused)."""
-    return shared_array(storage, "ti.graph")
 
 
 def memory(storage: Storage) -> np.ndarray | Storage:
@@ -152,6 +146,12 @@ class Graph:
         self._inputs: dict[str, _Input] = {}
         self._storage: dict[int, tuple[str, str]] = {}  # id(np array) -> (input, role)
         self._keep: list = []  # objects whose memory the records address
+        # Constant bytes the records copy or fill from, by the address they use (host memory
+        # on the CPU, a device block on a grid): what saved.save writes as data.
+        self._constants: dict[int, np.ndarray] = {}
+        # On a grid a fill is a copy from a filled constant: its pattern by id(op context),
+        # so that saved.save writes it as the fill it is (a document is target-independent).
+        self._fills: dict[int, np.ndarray] = {}
         self._records: np.ndarray | None = None
         self._failures: list[tuple[CompiledKernel, np.ndarray] | None] = []
         self._policy: np.ndarray | None = None
@@ -315,15 +315,16 @@ class Graph:
                                                              inst.ir.name))))
 
     def _address(self, mem: np.ndarray | Storage, ctx: np.ndarray, index: int,
-                 what: str) -> int:
+                 what: str, constant: bool = False) -> int:
         """``mem``'s address for slot ``index`` of an op context, bound when it is an
-        input's storage (``mem``: :func:`memory`'s object, or a constant array)."""
+        input's storage (``mem``: :func:`memory`'s object, or, ``constant``, an array of
+        bytes frozen at capture; on a grid every NumPy array is one)."""
         if isinstance(mem, np.ndarray) and not (mem.flags.c_contiguous and mem.flags.aligned):
             raise GraphCaptureError(f"{what}: the array is not C-contiguous (at {user_line()})")
         bound = self._storage.get(id(mem))
         if bound is not None:
             self._inputs[bound[0]].slots.append((ctx, index, bound[1]))
-        if self._grid and isinstance(mem, np.ndarray):  # a constant, in device memory
+        if isinstance(mem, np.ndarray) and (constant or self._grid):
             return self._constant(mem)
         self._keep.append(mem)
         return address(mem)
@@ -335,19 +336,22 @@ class Graph:
         arr = np.ascontiguousarray(arr)
         self._keep.append(arr)
         if not self._grid:
+            self._constants[arr.ctypes.data] = arr
             return arr.ctypes.data
         prog = program.get()
-        block = DeviceBlock(prog.allocator, arr.nbytes)
+        block = DeviceBlock(prog.allocator, max(1, arr.nbytes))
         prog.allocator.memory.upload(block.address, arr.reshape(-1).view(np.uint8))
         self._keep.append(block)
+        self._constants[block.address] = arr
         return block.address
 
     def _record_op(self, name: str, mem: np.ndarray | Storage, begin: int, end: int,
-                   *extra: int, what: str, source: np.ndarray | Storage | None = None) -> None:
+                   *extra: int, what: str, source: np.ndarray | Storage | None = None,
+                   constant: bool = False) -> None:
         ctx = np.zeros(3, dtype=np.int64)
         ctx[0] = self._address(mem, ctx, 0, what)
         if source is not None:
-            ctx[1] = self._address(source, ctx, 1, what)
+            ctx[1] = self._address(source, ctx, 1, what, constant)
         for k, v in enumerate(extra):
             ctx[1 + k] = v
         self._ops.append(("op", name, ctx, begin, end))
@@ -377,6 +381,7 @@ class Graph:
             return
         if self._grid:  # device memory: a copy from a constant block holding the filled array
             self.copy(target, np.broadcast_to(pattern, mem.shape), None)
+            self._fills[id(self._ops[-1][2])] = pattern
             return
         count = mem.size // max(1, pattern.size)
         self._record_op("fill", mem, 0, count, self._constant(pattern), pattern.nbytes,
@@ -402,7 +407,8 @@ class Graph:
                                     f"the input the target's dtype (at {user_line()})")
         if not live:
             source = np.array(np.broadcast_to(source, mem.shape), dtype=mem.dtype, order="C")
-        self._record_op("copy", mem, 0, mem.nbytes, what=what, source=source)
+        self._record_op("copy", mem, 0, mem.nbytes, what=what, source=source,
+                        constant=not live)
 
     def write_element(self, target: Field | Ndarray, key: tuple, value) -> None:
         """``x[i] = v`` in Python scope inside the capture: the element's bytes, constant."""

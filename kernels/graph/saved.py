@@ -19,6 +19,12 @@ only the scalar parameters taken from the file; every fill/copy range is checked
 storage. The loaded graph's fields are new fields of the current program (``g.fields``, by
 label), or the caller's own (``load(path, fields={label: field})``, checked alike).
 
+The document is target-independent: a graph captured on a grid program (``simulate_grid``,
+``arch=ti.cuda``) saves the document the CPU saves (its storage located by device address,
+a fill written as the fill it is), and a document loads on any target: on a grid it is built
+into the grid replay of the code compiled there (``runtime/gridgraph.py``: graph executables),
+its constants uploaded into device memory once.
+
 A difftape server builds the graphs clients send it (:mod:`.wire`) with the same code
 (:func:`build`), over its session's fields and ``ti.ndarray`` storage (which a document sent
 to a server may also bind to kernel arguments: ``ndarrays``, a launch's ``arrays``, inputs of
@@ -48,8 +54,9 @@ from ..ir import serialize
 from ..ir.passes import run_pipeline
 from ..ir.validate import argument_names, decode_untrusted
 from ..runtime import program
+from ..runtime.storage import Storage
 from . import wire
-from .core import Graph, _Input, host_array, register_saver
+from .core import Graph, _Input, address, memory, register_saver
 
 FORMAT = "difftape-graph"
 VERSION = 1
@@ -63,15 +70,14 @@ def save(graph: Graph, path: str) -> None:
     prog = graph.prog
     if prog is None:
         raise GraphError("only a captured graph can be saved (after its capture block)")
-    _refuse_grid(prog, "saving a graph")
-    storage: dict[int, tuple[int, str, np.ndarray]] = {}
+    storage: dict[int, tuple[int, str, np.ndarray | Storage]] = {}
     for fid, f in prog.fields.items():
         for role in ROLES:
             c = f.companion(role)
             if c is not None:
-                arr = host_array(c.storage)
-                storage[arr.ctypes.data] = (fid, role, arr)
-    constants = {a.ctypes.data: a for a in graph._keep if isinstance(a, np.ndarray)}
+                mem = memory(c.storage)  # (host memory on the CPU, device memory on a grid)
+                storage[address(mem)] = (fid, role, mem)
+    constants = graph._constants
     used: set[int] = set()
 
     def locate(addr: int) -> tuple[int, str, int]:
@@ -114,8 +120,13 @@ def save(graph: Graph, path: str) -> None:
         fid, role, offset = locate(int(ctx[0]))
         entry: dict[str, Any] = {"op": name, "field": fid, "role": role, "offset": offset,
                                  "begin": int(begin), "end": int(end)}
+        pattern = graph._fills.get(id(ctx))
+        if pattern is not None:  # a grid's fill, recorded as a copy of the filled bytes
+            name = entry["op"] = "fill"
+            k = pattern.nbytes
+            entry["begin"], entry["end"] = int(begin) // k, int(end) // k
         if name == "fill":
-            pattern = constants[int(ctx[1])]
+            pattern = constants[int(ctx[1])] if pattern is None else pattern
             entry["pattern"] = base64.b64encode(pattern.tobytes()).decode()
         elif name == "copy":
             src = int(ctx[1])
@@ -206,9 +217,6 @@ def load(path: str, fields: dict[str, Field] | None = None) -> Graph:
     Under ``arch=ti.remote`` the fields are made on the server and the document goes there
     (``difftape.client``), where it is validated and compiled the same way."""
     prog = program.get()
-    if prog.launcher is not None:
-        raise GraphError("ti.graph.load runs graphs on the CPU, not on a GPU grid (arch=ti.cuda "
-                         "or simulate_grid)")
     doc = read_document(path)
     check_document(doc)
     given = fields or {}
@@ -221,15 +229,6 @@ def load(path: str, fields: dict[str, Field] | None = None) -> Graph:
         return prog.remote.load_graph(doc, mapping,
                                       {fid: m["key"] for fid, m in manifest.items()})
     return build(doc, prog, field_for, create=True, given=set(given))
-
-
-def _refuse_grid(prog, what: str) -> None:
-    """Saved graphs address host memory: their documents are built into CPU replays only
-    (a grid program's graph is captured in that program: runtime/gridgraph.py)."""
-    if prog.launcher is not None:
-        raise GraphError(f"{what} is available on CPU programs only, not on a GPU grid "
-                         "(arch=ti.cuda or simulate_grid): capture the step there with "
-                         "ti.graph.capture() instead")
 
 
 def check_document(doc) -> None:
@@ -254,19 +253,24 @@ def build(doc: dict, prog, field_for, *, create: bool = False, given: set | None
     ``ti.ndarray`` storage the document's ndarray ids name (a server session's; a saved
     file has none); ``checked``: kernels compiled with bounds checks (``ir.debug``), as a
     server compiles every kernel a client sends."""
-    _refuse_grid(prog, "building a graph from a document")
     mapping, manifest = _fields(doc["fields"], field_for, create=create, given=given)
     ndmap = _ndarrays(doc.get("ndarrays", {}), ndarrays or {})
     insts = [_kernel(k, n, prog, mapping, manifest, checked)
              for n, k in enumerate(doc["kernels"])]
     g = Graph()
     ctxs: list[np.ndarray | None] = []
+    written: list[tuple[np.ndarray, int, Storage]] = []
     for n, op in enumerate(doc["ops"]):
-        ctxs.append(_op(g, op, n, insts, mapping, ndmap))
+        ctxs.append(_op(g, op, n, insts, mapping, ndmap, written))
     if len(doc["inputs"]) > wire.MAX_INPUTS:
         raise _bad(f"more than {wire.MAX_INPUTS} inputs")
     for n, spec in enumerate(doc["inputs"]):
         _input(g, spec, n, ctxs, doc["ops"], mapping, ndmap)
+    if g._grid:  # what a grid replay marks changed: an input's (by name) or the storage
+        bound = {(id(ctx), slot): (inp.name, how) for inp in g._inputs.values()
+                 if inp.kind in ("field", "array")
+                 for ctx, slot, how in inp.slots if not isinstance(how, tuple)}
+        g._written = [bound.get((id(ctx), slot), st) for ctx, slot, st in written]
     g.fields = {manifest[fid]["key"]: mapping[fid] for fid in mapping}
     g._finish(prog)
     return g
@@ -400,8 +404,10 @@ def _kernel(data, n: int, prog, mapping: dict[int, Field], manifest: dict[int, d
     return inst
 
 
-def _storage(mapping: dict[int, Field], ndmap: dict[int, Ndarray], op: dict) -> np.ndarray:
-    """The storage a fill/copy/zero op addresses: ``field`` or ``ndarray`` id, ``role``."""
+def _storage(mapping: dict[int, Field], ndmap: dict[int, Ndarray], op: dict
+             ) -> np.ndarray | Storage:
+    """The memory (:func:`~.core.memory`) a fill/copy/zero op addresses: ``field`` or
+    ``ndarray`` id, ``role``."""
     role = op.get("role")
     if "ndarray" in op:
         nd = ndmap.get(op["ndarray"]) if isinstance(op["ndarray"], int) else None
@@ -409,17 +415,17 @@ def _storage(mapping: dict[int, Field], ndmap: dict[int, Ndarray], op: dict) -> 
         if s is None:
             raise _bad(f"an op addresses ndarray {op['ndarray']!r:.20} .{role!r:.20}, which is "
                        "not in the graph")
-        return host_array(s.storage)
+        return memory(s.storage)
     fid = op.get("field")
     f = mapping.get(fid) if isinstance(fid, int) else None
     c = f.companion(role) if f is not None and role in ROLES else None
     if c is None:
         raise _bad(f"an op addresses field {fid!r:.20} .{role!r:.20}, which is not in the graph")
-    return host_array(c.storage)
+    return memory(c.storage)
 
 
 def _bind_arrays(inst, spec, n: int, ndmap: dict[int, Ndarray], ctx: np.ndarray,
-                 keep: list) -> None:
+                 keep: list, written: list) -> None:
     """A launch's ``arrays`` (``[{"arg", "id", "grad"}]``, as the engine's ``launch``): the
     ndarray storage of each ndarray argument, checked against the kernel's buffers for it
     (dtype, axes, element shape), its pointer and extents written into the context."""
@@ -435,6 +441,7 @@ def _bind_arrays(inst, spec, n: int, ndmap: dict[int, Ndarray], ctx: np.ndarray,
         bound[a["arg"]] = ndmap[a["id"]]
         if a.get("grad") is True:
             grads.add(a["arg"])
+    writes = inst.written_pointer_slots()
     if grads != inst.array_grads:
         raise _bad(f"op {n}: the .grad of its ndarray arguments is not what kernel "
                    f"'{inst.ir.name}' was compiled for")
@@ -444,7 +451,7 @@ def _bind_arrays(inst, spec, n: int, ndmap: dict[int, Ndarray], ctx: np.ndarray,
         if s is None:
             raise _bad(f"op {n}: kernel '{inst.ir.name}' needs ndarray argument {arg + 1}"
                        f"{'' if role == 'primal' else ' with .' + role}")
-        arr = host_array(s.storage)
+        arr = memory(s.storage)
         for buf in inst.ir.buffers:
             if buf.key == ("ndarray", arg, role):
                 esh = tuple(buf.shape[len(buf.shape) - buf.element_ndim:])
@@ -453,15 +460,21 @@ def _bind_arrays(inst, spec, n: int, ndmap: dict[int, Ndarray], ctx: np.ndarray,
                     raise _bad(f"op {n}: kernel '{inst.ir.name}' takes argument {arg + 1} as "
                                f"{buf.dtype} of {len(buf.shape)} axes, element {esh}; the "
                                f"ndarray is {s.dtype} of shape {arr.shape}")
-        ctx[ptr] = arr.ctypes.data
+        ctx[ptr] = address(arr)
         for axis, e in enumerate(extents):
             if e is not None:
                 ctx[e] = arr.shape[axis]
         keep.append(arr)
+        if ptr in writes:
+            written.append((ctx, ptr, s.storage))
 
 
 def _op(g: Graph, op, n: int, insts: list, mapping: dict[int, Field],
-        ndmap: dict[int, Ndarray]) -> np.ndarray | None:
+        ndmap: dict[int, Ndarray], written: list) -> np.ndarray | None:
+    """Op ``n`` of the document, checked and recorded into ``g``; returns a launch's
+    context. ``written`` gains ``(context, slot, storage)`` for what the op writes (a grid
+    replay marks it changed). Constant bytes go through ``g._constant`` (device memory on
+    a grid, where a fill is a copy from a filled constant)."""
     if not isinstance(op, dict):
         raise _bad(f"op {n} must be an object")
     name = op.get("op")
@@ -475,7 +488,9 @@ def _op(g: Graph, op, n: int, insts: list, mapping: dict[int, Field],
         ctx = inst.ctx_i64.copy()  # this process's pointers, random state, zeroed error word
         for slot, v in zip(inst.layout.params, params, strict=True):
             ctx[slot] = _int(v, -(1 << 63), (1 << 63) - 1, f"op {n}'s parameter")
-        _bind_arrays(inst, op.get("arrays", []), n, ndmap, ctx, g._keep)
+        _bind_arrays(inst, op.get("arrays", []), n, ndmap, ctx, g._keep, written)
+        writes = inst.written_pointer_slots()
+        written.extend((ctx, slot, st) for slot, st in inst.field_storage() if slot in writes)
         g._ops.append(("launch", inst, ctx))
         g._keep.append(inst)
         g.launches += 1
@@ -487,17 +502,22 @@ def _op(g: Graph, op, n: int, insts: list, mapping: dict[int, Field],
     begin = _int(op.get("begin"), 0, arr.nbytes, f"op {n}'s begin")
     end = _int(op.get("end"), begin, arr.nbytes, f"op {n}'s end")
     ctx = np.zeros(3, dtype=np.int64)
-    ctx[0] = arr.ctypes.data + offset
+    ctx[0] = address(arr) + offset
     g._keep.append(arr)
+    written.append((ctx, 0, arr))
     if name == "fill":
         pattern = _bytes(op.get("pattern"), n)
         k = len(pattern)
         if k == 0 or offset != 0 or arr.nbytes % k or end * k > arr.nbytes:
             raise _bad(f"op {n}: a fill pattern of {k} bytes over elements [{begin}, {end}) "
                        f"does not fit {arr.nbytes} bytes")
-        buf = np.frombuffer(pattern, dtype=np.uint8).copy()
-        g._keep.append(buf)
-        ctx[1], ctx[2] = buf.ctypes.data, k
+        buf = np.frombuffer(pattern, dtype=np.uint8)
+        if g._grid:  # device memory: a copy from a constant holding the filled bytes
+            ctx[1] = g._constant(np.tile(buf, end))
+            g._ops.append(("op", "copy", ctx, begin * k, end * k))
+            g._fills[id(ctx)] = buf
+            return None
+        ctx[1], ctx[2] = g._constant(buf), k
     elif name == "copy":
         if offset + end > arr.nbytes:
             raise _bad(f"op {n}: bytes [{begin}, {end}) at offset {offset} exceed the target")
@@ -507,6 +527,7 @@ def _op(g: Graph, op, n: int, insts: list, mapping: dict[int, Field],
                 raise _bad(f"op {n}: {len(data)} bytes of data for a copy of {end - begin}")
             buf = np.zeros(end, dtype=np.uint8)  # the copy reads src + begin
             buf[begin:] = np.frombuffer(data, dtype=np.uint8)
+            ctx[1] = g._constant(buf)
         else:
             src = op.get("source")
             if not isinstance(src, list) or len(src) != 3:
@@ -515,9 +536,8 @@ def _op(g: Graph, op, n: int, insts: list, mapping: dict[int, Field],
             soff = _int(src[2], 0, buf.nbytes, f"op {n}'s source offset")
             if soff + end > buf.nbytes:
                 raise _bad(f"op {n}: the source is too small")
-            buf = buf.view(np.uint8).reshape(-1)[soff:]
-        g._keep.append(buf)
-        ctx[1] = buf.ctypes.data
+            g._keep.append(buf)
+            ctx[1] = address(buf) + soff
     elif offset + end > arr.nbytes:
         raise _bad(f"op {n}: bytes [{begin}, {end}) exceed the target")
     g._ops.append(("op", name, ctx, begin, end))
@@ -537,13 +557,13 @@ def _bind_storage(g: Graph, inp: _Input, roles: dict[str, np.ndarray], ctxs: lis
     """Bind ``inp`` to every place the graph addresses the storage of ``roles``: launch
     pointers (and, for ndarrays, their extents), fill/copy/zero targets and copy sources.
     Array inputs written by a launch are noted in ``g.written_inputs``."""
-    addresses = {a.ctypes.data: role for role, a in roles.items()}
+    addresses = {address(a): role for role, a in roles.items()}
     for op, ctx in zip(g._ops, ctxs, strict=True):
         if op[0] == "launch":
             inst = op[1]
             for slot, st in inst.field_storage():
-                arr = host_array(st)
-                role = addresses.get(arr.ctypes.data)
+                arr = memory(st)
+                role = addresses.get(address(arr))
                 if role is not None and arr is roles[role]:
                     inp.slots.append((ctx, slot, role))
             for ptr, arg, role, extents in inst.argument_slots()[1]:
@@ -591,7 +611,7 @@ def _input(g: Graph, spec, n: int, ctxs: list, ops: list, mapping: dict[int, Fie
         inp = _Input(name, "field", example=f, dtype=f.dtype, element_shape=f.element_shape,
                      shape=f.shape, value=f, has_value=True)
         g._inputs[name] = inp
-        _bind_storage(g, inp, {r: host_array(f.companion(r).storage) for r in ROLES
+        _bind_storage(g, inp, {r: memory(f.companion(r).storage) for r in ROLES
                                if f.companion(r) is not None}, ctxs)
         return
     if kind == "array":
@@ -602,9 +622,9 @@ def _input(g: Graph, spec, n: int, ctxs: list, ops: list, mapping: dict[int, Fie
                      element_shape=tuple(nd.element_shape), shape=tuple(nd.storage.shape), value=nd,
                      has_value=True)
         g._inputs[name] = inp
-        roles = {"primal": host_array(nd.storage)}
+        roles = {"primal": memory(nd.storage)}
         if nd.grad is not None:
-            roles["grad"] = host_array(nd.grad.storage)
+            roles["grad"] = memory(nd.grad.storage)
         _bind_storage(g, inp, roles, ctxs)
         return
     if kind not in ("scalar", "matrix"):

@@ -361,3 +361,159 @@ def test_an_update_cuda_refuses_instantiates_again_saying_so(fake, monkeypatch, 
     assert (g.instantiations, g.updates) == (2, 1)
     assert fake.graph_calls["instantiate"] == 2 and fake.graph_calls["destroy_exec"] == 1
     assert "instantiated again" in caplog.text
+
+
+# ---------------------------------------------------------------------------------------------
+# saved graphs on a grid: the document is target-independent (kernels as IR, storage by name)
+
+def _saved_step_program():
+    """A Tape step with a scalar input, a fill, an element write and a copy between fields."""
+    n = 48
+    x = ti.field(ti.f32, shape=n, needs_grad=True, name="x")
+    v = ti.Vector.field(2, ti.f32, shape=n, name="v")
+    keep = ti.field(ti.f32, shape=n, name="keep")
+    loss = ti.field(ti.f32, shape=(), needs_grad=True, name="loss")
+
+    @ti.kernel
+    def f(a: ti.f32):
+        for i in x:
+            loss[None] += ti.sin(x[i] * a) ** 2
+            v[i] = ti.Vector([x[i], a])
+
+    @ti.kernel
+    def upd(lr: ti.f32):
+        for i in x:
+            x[i] -= lr * x.grad[i]
+
+    def step(lr):
+        keep.copy_from(x)
+        with ti.ad.Tape(loss):
+            f(1.5)
+        upd(lr)
+        v.fill(0.25)
+        v[3] = [7.0, 8.0]
+
+    x.from_numpy(np.linspace(0, 1, n).astype(np.float32))
+    return x, v, keep, loss, step
+
+
+def _state(fields):
+    return {k: (f.to_numpy(), f.grad.to_numpy() if k in ("x", "loss") else None)
+            for k, f in fields.items()}
+
+
+def _same_state(a, b):
+    for k in a:
+        for u, w in zip(a[k], b[k], strict=True):
+            assert (u is None and w is None) or u.tobytes() == w.tobytes(), k
+
+
+@pytest.mark.parametrize("load_on", ["grid", "cpu"])
+def test_a_graph_saved_on_a_grid_loads_and_replays_equal_to_the_eager_step(tmp_path, load_on):
+    """Saved on the simulated grid, loaded on the grid or the CPU: each replay equals the
+    eager step on the target it runs on (a reduction's order is the target's)."""
+    lrs = (0.1, 0.3, 0.05)
+
+    def init():
+        ti.init(arch=ti.cpu, simulate_grid=GRID) if load_on == "grid" else ti.init(arch=ti.cpu)
+
+    init()  # the truth: the eager step where the graph is loaded
+    x, v, keep, loss, step = _saved_step_program()
+    x0 = x.to_numpy()
+    for lr in lrs:
+        step(lr)
+    eager = _state({"x": x, "v": v, "keep": keep, "loss": loss})
+    ti.reset()
+
+    ti.init(arch=ti.cpu, simulate_grid=GRID)
+    x, v, keep, loss, step = _saved_step_program()
+    with ti.graph.capture() as g:
+        step(g.input("lr", 0.1))
+    path = str(tmp_path / "step.graph.json")
+    g.save(path)
+    if load_on == "grid":  # (the graph it was saved from replays alike)
+        for lr in lrs:
+            g.replay(lr=lr)
+        _same_state(eager, _state({"x": x, "v": v, "keep": keep, "loss": loss}))
+    ti.reset()
+
+    init()
+    loaded = ti.graph.load(path)
+    assert sorted(loaded.fields) == ["keep", "loss", "v", "x"]
+    loaded.fields["x"].from_numpy(x0)
+    for lr in lrs:
+        loaded.replay(lr=lr)
+    _same_state(eager, _state(loaded.fields))
+    assert (loaded.instantiations >= 1) == (load_on == "grid")  # graph executables
+    ti.reset()
+
+
+def test_a_graph_saved_on_the_cpu_loads_on_the_cuda_launcher(fake, tmp_path):
+    ti.init(arch=ti.cuda)  # the truth: the eager step on the CUDA launcher
+    x, v, keep, loss, step = _saved_step_program()
+    x0 = x.to_numpy()
+    for lr in (0.2, 0.1):
+        step(lr)
+    want = _state({"x": x, "v": v, "keep": keep, "loss": loss})
+    ti.reset()
+
+    ti.init(arch=ti.cpu)
+    x, v, keep, loss, step = _saved_step_program()
+    with ti.graph.capture() as g:
+        step(g.input("lr", 0.1))
+    path = str(tmp_path / "step.graph.json")
+    g.save(path)
+    ti.reset()
+
+    ti.init(arch=ti.cuda)
+    launched = fake.graph_calls.get("launch_graph", 0)
+    loaded = ti.graph.load(path)
+    loaded.fields["x"].from_numpy(x0)
+    loaded.replay(lr=0.2)
+    loaded.replay(lr=0.1)
+    _same_state(want, _state(loaded.fields))
+    assert fake.graph_calls["launch_graph"] - launched >= 2  # replayed as CUDA graphs
+
+
+def _by_label(doc):
+    """A saved-graph document with every field id replaced by the field's label (ids are
+    per program)."""
+    label = {int(k): f["label"] for k, f in doc["fields"].items()}
+
+    def walk(o):
+        if isinstance(o, dict):
+            out = {k: walk(v) for k, v in o.items()}
+            if isinstance(o.get("field"), int):
+                out["field"] = label[o["field"]]
+            if isinstance(o.get("source"), list):
+                out["source"] = [label[o["source"][0]], *o["source"][1:]]
+            return out
+        if isinstance(o, list):
+            if len(o) == 3 and o[0] == "field" and isinstance(o[1], int):
+                return ["field", label[o[1]], o[2]]
+            return [walk(v) for v in o]
+        return o
+
+    out = walk({k: v for k, v in doc.items() if k != "fields"})
+    out["fields"] = sorted(f.items() for f in doc["fields"].values())
+    return out
+
+
+def test_a_graph_saved_on_a_grid_is_the_document_the_cpu_saves(tmp_path):
+    """The document is target-independent: kernels as frontend IR, storage by field, a fill
+    as a fill (a grid records it as a copy of the filled bytes)."""
+    import json
+
+    docs = []
+    for grid in (None, GRID):
+        ti.init(arch=ti.cpu, **({"simulate_grid": grid} if grid else {}))
+        x, v, keep, loss, step = _saved_step_program()
+        with ti.graph.capture() as g:
+            step(g.input("lr", 0.1))
+        path = tmp_path / f"{grid is not None}.json"
+        g.save(str(path))
+        docs.append(json.loads(path.read_text()))
+        ti.reset()
+    cpu, grid = docs
+    assert any(op["op"] == "fill" for op in grid["ops"])
+    assert _by_label(grid) == _by_label(cpu)

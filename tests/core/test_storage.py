@@ -187,10 +187,11 @@ def test_sharing_host_memory_is_refused_for_device_storage(sim):
         ti.from_dlpack(torch.zeros(3))
 
 
-def test_graphs_replay_on_device_storage_and_saving_them_is_refused(sim, tmp_path):
+def test_graphs_replay_on_device_storage_and_save_as_on_the_cpu(sim, tmp_path):
     """A graph on the simulated grid replays as graph executables over device memory
-    (runtime/gridgraph.py; it used to be refused). GraphBuilder builds the same graphs; a
-    saved graph addresses host memory, so saving one of a grid program is refused."""
+    (runtime/gridgraph.py; it used to be refused). GraphBuilder builds the same graphs;
+    saving one is refused for what the CPU refuses (ndarray arguments), not for the grid
+    (saved graphs on a grid: tests/core/test_grid_graph.py)."""
     from difftape.errors import GraphError
 
     @ti.kernel
@@ -206,7 +207,8 @@ def test_graphs_replay_on_device_storage_and_saving_them_is_refused(sim, tmp_pat
     g.run({"pos": a, "v": 2.5})
     np.testing.assert_array_equal(a.to_numpy(), [2.5, 3.5, 4.5, 5.5])
     assert g.instantiations == 1
-    with pytest.raises(GraphError, match="CPU programs only"):
+    with pytest.raises(GraphError, match="takes ndarray arguments; saved graphs address "
+                                         "fields only"):
         g.save(str(tmp_path / "g.json"))
 
 

@@ -6,9 +6,9 @@ The ``GraphBuilder`` tests are Taichi's API and also run on Taichi 1.7.4
 (``DIFFTAPE_TEST_PEER=taichi``); ``ti.graph.capture()`` is difftape's (``difftape_only``).
 The Tape / FwdMode / ``kernel.grad`` programs captured here are in tests/ad/test_graph_ad.py.
 Under ``DIFFTAPE_SIMULATE_GPU`` the same tests replay graphs on the simulated grid
-(runtime/gridgraph.py: graph executables, device memory); tests/core/test_grid_graph.py checks
-what only a grid has (instantiation, updates, asynchronous errors, the CUDA stand-in). NumPy
-arrays as inputs and saved graphs need host memory (``host_memory``).
+(runtime/gridgraph.py: graph executables, device memory), saved graphs included;
+tests/core/test_grid_graph.py checks what only a grid has (instantiation, updates, asynchronous
+errors, the CUDA stand-in). NumPy arrays as inputs need host memory (``host_memory``).
 """
 
 import numpy as np
@@ -116,7 +116,7 @@ def test_a_fill_with_negative_zero_keeps_its_sign(ti):
 
 
 @difftape_only
-@pytest.mark.host_memory  # (NumPy inputs; saved graphs)
+@pytest.mark.host_memory  # (NumPy inputs)
 def test_named_inputs_take_new_values_without_recapture(ti):
     n = 64
     x = ti.field(ti.f32, shape=n)
@@ -456,7 +456,6 @@ def _run_saved(tmp_path, mode, graph_file, cache):
 
 
 @difftape_only
-@pytest.mark.host_memory  # (NumPy inputs; saved graphs)
 def test_a_saved_graph_replays_in_another_process_from_the_disk_cache(tmp_path):
     cache = tmp_path / "cache"
     graph_file = tmp_path / "step.graph.json"
@@ -468,7 +467,6 @@ def test_a_saved_graph_replays_in_another_process_from_the_disk_cache(tmp_path):
 
 
 @difftape_only
-@pytest.mark.host_memory  # (NumPy inputs; saved graphs)
 def test_loading_validates_a_graph_file_from_elsewhere(ti, tmp_path):
     import json
 
@@ -508,3 +506,29 @@ def test_loading_validates_a_graph_file_from_elsewhere(ti, tmp_path):
     np.testing.assert_array_equal(x.to_numpy(), np.full(8, 2.0))
     with pytest.raises(ti.GraphError, match="must be a dense field"):
         ti.graph.load(str(path), fields={"x": ti.field(ti.f32, shape=9)})
+
+
+@difftape_only
+def test_a_saved_copy_between_fields_reads_the_source_at_each_replay(ti, tmp_path):
+    """``b.copy_from(a)`` in a saved graph copies ``a``'s bytes of the replay, not the bytes
+    ``a`` held when the graph was saved."""
+    a = ti.field(ti.f32, shape=6, name="a")
+    b = ti.field(ti.f32, shape=6, name="b")
+
+    @ti.kernel
+    def bump():
+        for i in a:
+            a[i] += 1.0
+
+    a.from_numpy(np.arange(6, dtype=np.float32))
+    with ti.graph.capture() as g:
+        bump()
+        b.copy_from(a)
+    path = str(tmp_path / "copy.json")
+    g.save(path)
+    loaded = ti.graph.load(path, fields={"a": a, "b": b})
+    a.from_numpy(np.full(6, 10, np.float32))
+    loaded()
+    loaded()
+    np.testing.assert_array_equal(b.to_numpy(), np.full(6, 12.0))
+    np.testing.assert_array_equal(a.to_numpy(), np.full(6, 12.0))

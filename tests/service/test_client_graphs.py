@@ -428,3 +428,186 @@ def test_graphs_are_saved_with_the_session():
         assert len(fresh.graphs) == 1
     finally:
         ti.reset()
+
+
+# ---------------------------------------------------------------------------- a GPU server
+# An engine on a grid target (``python -m difftape.server --arch cuda``): here the CUDA
+# launcher on the stand-in device (tests/cuda_standin.py, whose code is the simulated grid's
+# and whose CUDA graphs are deferred and checked), in-process. The graph a client sends is
+# built into the grid replay there (runtime/gridgraph.py: graph executables).
+
+@pytest.fixture
+def gpu_server(monkeypatch):
+    """``run(program)``: the program under ``arch=ti.remote`` against an engine on the CUDA
+    stand-in; ``run.engine``, ``run.driver``: the last run's engine and the stand-in."""
+    from cuda_standin import FakeDriver, use
+
+    from difftape.server.engine import Engine
+
+    drv = use(monkeypatch, FakeDriver())
+    engines = []
+
+    def run(program):
+        engine = Engine(arch="cuda")
+        engines.append(engine)
+        run.engine = engine
+        ti.init(arch=ti.remote, transport=LocalTransport(engine))
+        try:
+            assert engine.prog.launcher is not None  # a grid program, not the CPU
+            return program()
+        finally:
+            ti.reset()
+
+    run.driver = drv
+    yield run
+    for engine in engines:
+        engine.close()
+
+
+def gpu_step(captured):
+    """A Tape step with scalar, ti.ndarray and NumPy inputs, a fill and an element write, run
+    eagerly or captured and replayed with the same inputs."""
+    n = 24
+    x = ti.field(ti.f32, shape=n, needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+    w = ti.field(ti.f32, shape=n)
+    nd1, nd2 = ti.ndarray(ti.f32, shape=n), ti.ndarray(ti.f32, shape=n)
+    nd1.from_numpy(np.linspace(-1, 1, n).astype(np.float32))
+    nd2.from_numpy(np.linspace(3, 2, n).astype(np.float32))
+    h1, h2 = np.linspace(0, 2, n).astype(np.float32), np.full(n, 0.5, np.float32)
+
+    @ti.kernel
+    def shift(arr: ti.types.ndarray(dtype=ti.f32, ndim=1)):
+        for i in x:
+            x[i] += 0.01 * arr[i]
+
+    @ti.kernel
+    def forward(a: ti.f32):
+        for i in x:
+            loss[None] += ti.sin(x[i] * a) ** 2
+
+    @ti.kernel
+    def descend(lr: ti.f32, h: ti.types.ndarray(dtype=ti.f32, ndim=1)):
+        for i in x:
+            x[i] -= lr * x.grad[i]
+            h[i] = h[i] * 0.5 + x[i]
+
+    def step(lr, arr, h):
+        shift(arr)
+        with ti.ad.Tape(loss):
+            forward(1.3)
+        descend(lr, h)
+        w.fill(2.0)
+        w[1] = 5.0
+
+    x.from_numpy(np.linspace(0, 1, n).astype(np.float32))
+    plan = [(0.1, nd1, h1), (0.2, nd2, h2), (0.05, nd1, h1)]
+    if captured:
+        with ti.graph.capture() as g:
+            step(g.input("lr", 0.1), g.input("arr", nd1), g.input("h", h1))
+        requests = [trips(lambda p=p: g.replay(lr=p[0], arr=p[1], h=p[2])) for p in plan]
+    else:
+        for p in plan:
+            step(*p)
+        requests = None
+    return {"x": x.to_numpy(), "grad": x.grad.to_numpy(), "loss": loss.to_numpy(),
+            "w": w.to_numpy(), "h1": h1, "h2": h2, "nd1": nd1.to_numpy(),
+            "nd2": nd2.to_numpy()}, requests
+
+
+def test_on_a_gpu_server_a_replay_equals_the_eager_remote_run_one_request_each(gpu_server):
+    eager, _ = gpu_server(lambda: gpu_step(False))
+    launched = gpu_server.driver.graph_calls.get("launch_graph", 0)
+    replayed, requests = gpu_server(lambda: gpu_step(True))
+    same(eager, replayed)
+    assert requests == [1, 1, 1]
+    (graph, _), = gpu_server.engine.graphs.values()
+    assert graph.instantiations >= 1  # the server replays graph executables
+    assert gpu_server.driver.graph_calls["launch_graph"] - launched >= 3
+
+
+@pytest.mark.parametrize("program", [launches_fills_and_writes, tape_step,
+                                     forward_mode_and_kernel_grad], ids=lambda p: p.__name__)
+def test_on_a_gpu_server_a_replay_equals_the_local_gpu_replay(gpu_server, program):
+    """(The programs' NumPy-free ones: a local grid program refuses NumPy inputs.)"""
+    ti.init(arch=ti.cuda, check_out_of_bound=True)  # what the server compiles
+    try:
+        truth = program()
+    finally:
+        ti.reset()
+    same(truth, gpu_server(program))
+
+
+def test_on_a_gpu_server_a_bad_index_is_the_cpus_error(gpu_server):
+    def program(local):
+        x = ti.field(ti.f32, shape=4)
+
+        @ti.kernel
+        def poke(i: ti.i32):
+            x[i] = 1.0
+
+        with ti.graph.capture() as g:
+            poke(g.input("i", 0))
+        g.replay(i=3)
+        with pytest.raises(ti.IndexOutOfRangeError) as err:
+            g.replay(i=7)
+        g.replay(i=2)
+        e = err.value
+        if not local:
+            with pytest.raises(ti.IndexOutOfRangeError) as eager:
+                poke(7)
+                ti.sync()
+            assert str(eager.value) == str(e)  # what an eager remote launch raises
+        return str(e), x.to_numpy()
+
+    ti.init(arch=ti.cpu, check_out_of_bound=True)
+    try:
+        local = program(True)
+    finally:
+        ti.reset()
+    got = gpu_server(lambda: program(False))
+    assert got[0] == local[0] and "x[i] = 1.0" in got[0]
+    same(local[1], got[1])
+
+
+def test_on_a_gpu_server_a_saved_graph_loads_and_graphs_survive_a_session_restore(
+        gpu_server, tmp_path):
+    from difftape.server.engine import Engine
+
+    path = str(tmp_path / "step.json")
+    ti.init(arch=ti.cpu)
+    try:
+        x = ti.field(ti.f32, shape=16, name="x")
+
+        @ti.kernel
+        def inc(a: ti.f32):
+            for i in x:
+                x[i] = x[i] * 2 + a
+
+        with ti.graph.capture() as g:
+            inc(g.input("a", 1.0))
+            x[0] = -1.0
+        g.save(path)
+    finally:
+        ti.reset()
+
+    def use():
+        g = ti.graph.load(path)
+        g.replay()
+        _, saved = gpu_server.engine.execute({"op": "save"})
+        fresh = Engine(arch="cuda")
+        try:
+            fresh.execute({"op": "load"}, bytes(saved))
+            g.rt.transport.engine = fresh
+            g.replay(a=0.5)
+            return g.fields["x"].to_numpy(), len(fresh.graphs)
+        finally:
+            g.rt.transport.engine = gpu_server.engine
+            fresh.close()
+
+    want = np.zeros(16, np.float32)
+    for a in (1.0, 0.5):
+        want = want * np.float32(2) + np.float32(a)
+        want[0] = -1.0
+    got, graphs = gpu_server(use)
+    assert got.tobytes() == want.tobytes() and graphs == 1
