@@ -51,10 +51,12 @@ def _is_number(x) -> bool:
 
 
 def const(value, dtype: DType) -> Expr:
-    """A constant of the given type."""
+    """A constant of the given type, holding the value that type can hold: an f32 literal is
+    rounded to f32 here, so that promoting it (``x64 * 0.1`` under ``default_fp=ti.f32``) or
+    casting it gives the f32 value, as in Taichi, not the Python float it was written as."""
     if dtype.bits == 1:  # u1: a number converts by "is nonzero", as in Taichi
         value = 1 if value else 0
-    value = dtype.flush(float(value)) if dtype.is_float else dtype.wrap(value)
+    value = dtype.flush(dtype.wrap(float(value))) if dtype.is_float else dtype.wrap(value)
     return Expr(_b.require().emit("const", dtype, (), value))
 
 
