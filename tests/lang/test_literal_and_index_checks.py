@@ -312,3 +312,29 @@ def test_float_literal_is_a_default_fp_value_next_to_an_f64(ti):
     mod = xv - f32(1.7) * np.floor(xv / f32(1.7))  # Taichi's float %, not an exact fmod
     want = [xv * f32(0.1), mod, f32(0.1), 1.0 - f32(0.3)]
     np.testing.assert_array_equal(out.to_numpy(), want)
+
+
+def test_float_literal_given_an_f64_destination_is_still_a_default_fp_value(ti):
+    """Stored into an f64 field, assigned to an f64 local, cast (``ti.cast(0.1, ti.f64)``) or
+    a module-level Python float (``ti.math.pi``), a float literal is the default_fp (here f32)
+    value, as in Taichi; only a typed literal, ``ti.f64(0.1)``, keeps the f64 value. difftape
+    gave the literal the destination's type directly, so ``o[0] = 0.1`` differed from
+    ``o[0] = x * 0.1`` with ``x == 1``."""
+    out = ti.field(ti.f64, shape=6)
+
+    @ti.kernel
+    def k():
+        out[0] = ti.cast(0.1, ti.f64)
+        out[1] = ti.f64(0.1)
+        a: ti.f64 = 0.1
+        out[2] = a
+        out[3] = 0.1
+        b = ti.cast(0.0, ti.f64)
+        b = 0.1
+        out[4] = b
+        out[5] = ti.math.pi
+
+    k()
+    f32 = lambda v: float(np.float32(v))  # noqa: E731
+    np.testing.assert_array_equal(out.to_numpy(), [f32(0.1), 0.1, f32(0.1), f32(0.1), f32(0.1),
+                                                   f32(np.pi)])
