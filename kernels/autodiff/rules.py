@@ -57,7 +57,7 @@ class Emitter:
         return s
 
     def const(self, value, t: DType) -> Stmt:
-        return self.emit("const", t, (), float(value) if t.is_float else int(value))
+        return self.emit("const", t, (), t.wrap(float(value)) if t.is_float else int(value))
 
     def un(self, op: str, x: Stmt) -> Stmt:
         return self.emit(op, x.dtype, (x,))

@@ -48,7 +48,7 @@ def _scalar(bld: _b.Builder, v) -> Stmt:
             s = bld.emit("cast", bld.default_fp, (s,))
         return s
     if isinstance(v, bool | int | float):
-        return bld.emit("const", bld.default_fp, (), float(v))
+        return bld.emit("const", bld.default_fp, (), bld.default_fp.wrap(float(v)))
     raise bld.error(f"differentiated funcs take numbers, vectors and matrices, got "
                     f"{type(v).__name__}")
 

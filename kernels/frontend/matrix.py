@@ -58,7 +58,7 @@ class Matrix:
         if dt is not None:
             entries = [ops.cast(e, dt) for e in entries]
         elif _b.current() is not None:
-            entries = [e.expr() if isinstance(e, Ref) else e for e in entries]
+            entries = _promoted([e.expr() if isinstance(e, Ref) else e for e in entries])
         self.entries = list(entries)
         self.n, self.m, self.ndim = n, m, ndim
 
@@ -768,6 +768,27 @@ def _coerce(o):
     if isinstance(o, list | tuple):
         return Matrix(o) if o and isinstance(o[0], list | tuple) else Vector(list(o))
     return o
+
+
+def _promoted(entries: list) -> list:
+    """A matrix literal in a kernel has one type, as in Taichi: the promotion of its entries'
+    types (numbers count as default_ip / default_fp). Entries of other types are cast to it, so
+    that a runtime index (a select chain, which would promote pairwise: i32 and u32 to u32) and
+    a store into an entry (``w = ti.Vector([1, 2.5]); w[0] = 2.7``) see that type. Numbers stay
+    compile-time numbers where every entry is one (ints become floats in a float literal)."""
+    if not entries or not all(isinstance(e, Value) or ops._is_number(e) for e in entries):
+        return entries
+    types = [e.dtype if isinstance(e, Value) else ops.literal_dtype(e) for e in entries]
+    if all(t == types[0] for t in types):
+        return entries
+    common = types[0]
+    for t in types[1:]:
+        common = T.promote(common, t)
+    if not any(isinstance(e, Value) for e in entries):
+        return [float(e) if common.is_float and isinstance(e, numbers.Integral) else e
+                for e in entries]
+    return [e if t == common else ops.cast(e, common) for e, t in zip(entries, types,
+                                                                      strict=True)]
 
 
 def _dynamic_pick(options: list, index):

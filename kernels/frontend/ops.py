@@ -51,10 +51,12 @@ def _is_number(x) -> bool:
 
 
 def const(value, dtype: DType) -> Expr:
-    """A constant of the given type."""
+    """A constant of the given type, holding the value that type can hold: an f32 literal is
+    rounded to f32 here, so that promoting it (``x64 * 0.1`` under ``default_fp=ti.f32``) or
+    casting it gives the f32 value, as in Taichi, not the Python float it was written as."""
     if dtype.bits == 1:  # u1: a number converts by "is nonzero", as in Taichi
         value = 1 if value else 0
-    value = dtype.flush(float(value)) if dtype.is_float else dtype.wrap(value)
+    value = dtype.flush(dtype.wrap(float(value))) if dtype.is_float else dtype.wrap(value)
     return Expr(_b.require().emit("const", dtype, (), value))
 
 
@@ -78,13 +80,19 @@ def _int_fits(value: int, dtype: DType) -> bool:
     return 0 <= value < 1 << dtype.bits
 
 
-def literal(value, dtype: DType | None = None) -> Expr:
+def literal(value, dtype: DType | None = None, typed: bool = False) -> Expr:
     """A Python number entering a kernel, as a value of ``dtype`` if given. As in Taichi, an
     integer literal is a ``default_ip`` value (then converted like any value, so 300 stored
     into a u8 wraps as a C cast would); one that fits neither ``default_ip`` nor the type it
-    is given here is an error instead of silently wrapping (Taichi raises too)."""
+    is given here is an error instead of silently wrapping (Taichi raises too). A float
+    literal is a ``default_fp`` value wherever it goes (stored into an f64, cast to one): its
+    value is rounded to default_fp first, as Taichi's is, unless ``typed`` (``ti.f64(0.1)``
+    names the literal's type)."""
     inferred = literal_dtype(value)
     target = dtype or inferred
+    if (not typed and target.is_float and target != inferred and inferred.is_float
+            and not isinstance(value, np.generic)):
+        value = inferred.wrap(value)
     if isinstance(value, numbers.Integral) and not isinstance(value, bool | np.generic):
         v = int(value)
         if not _int_fits(v, target) and not _int_fits(v, inferred):
@@ -145,18 +153,20 @@ def _err(msg: str, cls: type[CompileError] = KernelTypeError):
 # ----------------------------------------------------------------------------------- casts
 
 
-def cast(x, dtype):
-    """``ti.cast(x, dtype)``: float to int truncates toward zero, as in C and Taichi."""
+def cast(x, dtype, typed: bool = False):
+    """``ti.cast(x, dtype)``: float to int truncates toward zero, as in C and Taichi.
+    ``typed``: ``x`` is the literal of a primitive type's call (``ti.f64(0.1)``), not a
+    default_fp value (see :func:`literal`)."""
     dtype = resolve_dtype(dtype)
     if _is_matrix(x):
-        return _elementwise(lambda e: cast(e, dtype), x)
+        return _elementwise(lambda e: cast(e, dtype, typed), x)
     if _is_number(x):
         if _b.current() is not None:
             if dtype.bits == 1:  # u1: "is nonzero"
                 return const(x, dtype)
             if dtype.is_int and not isinstance(x, numbers.Integral):
                 x = int(x)  # a float literal truncates toward zero
-            return literal(x, dtype)
+            return literal(x, dtype, typed)
         return dtype.np.type(int(x) if dtype.is_int else x)
     return to_expr(x, dtype)
 
@@ -178,7 +188,7 @@ def construct(dtype: DType, *args, **kwargs):
             and b is not None and not _int_fits(int(x), dtype)):
         raise b.error(f"integer literal {int(x)} exceeded the range of specified "
                       f"dtype {dtype}, the type it is given here", KernelTypeError)
-    return cast(x, dtype)
+    return cast(x, dtype, typed=True)
 
 
 def _check_annotated_literal(b: _b.Builder, dtype: DType, x):

@@ -1697,7 +1697,10 @@ def _as_value(x):
     if isinstance(x, Struct):
         return load_places(x)
     if isinstance(x, list) and x and all(isinstance(e, Value | int | float) for e in x):
-        return Vector(x)
+        # A Python list, not a matrix literal: each entry keeps its own type (print([1, k])
+        # shows 1 as an integer), where ti.Vector([...]) promotes them to one.
+        return Matrix._from_entries([e.expr() if isinstance(e, Ref) else e for e in x],
+                                    len(x), 1, 1)
     return x
 
 

@@ -155,6 +155,10 @@ class _Checker:
         if op == "const":
             if not isinstance(s.attr, numbers.Real) or isinstance(s.attr, bool):
                 raise self.fail(s, f"constant value {s.attr!r} is not a number")
+            held = t.wrap(s.attr) if t is not None and t.bits > 1 else s.attr
+            if held != s.attr and held == held:  # NaN aside: a value the type cannot hold
+                raise self.fail(s, f"constant {s.attr!r} is not a {t} value (it holds {held!r}"
+                                   "): promoting or casting it would use the wrong number")
         elif op == "arg":
             if not _is_int(s.attr) or not 0 <= s.attr < len(self.ir.params):
                 raise self.fail(s, f"argument index {s.attr!r} out of range (the kernel has "

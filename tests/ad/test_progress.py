@@ -54,7 +54,9 @@ def test_long_tape_shows_its_backward_pass(ti, now, capsys):
     x = _rollout(ti, 99)
     err = capsys.readouterr().err
     assert "Tape backward" in err and "100/100" in err, err
-    np.testing.assert_allclose(x.grad.to_numpy(), np.full(8, 1.01 ** 99), rtol=1e-12)
+    # The literal 1.01 is an f32 (the default float), as in Taichi, also times an f64 field.
+    np.testing.assert_allclose(x.grad.to_numpy(), np.full(8, float(np.float32(1.01)) ** 99),
+                               rtol=1e-12)
 
 
 def test_short_tape_shows_nothing(ti, now, capsys):
@@ -104,14 +106,18 @@ def test_off_by_environment_and_without_tqdm(ti, now, capsys, monkeypatch):
     monkeypatch.setenv("DIFFTAPE_PROGRESS", "0")
     x = _rollout(ti, 99)
     assert capsys.readouterr().err == ""
-    np.testing.assert_allclose(x.grad.to_numpy(), np.full(8, 1.01 ** 99), rtol=1e-12)
+    # The literal 1.01 is an f32 (the default float), as in Taichi, also times an f64 field.
+    np.testing.assert_allclose(x.grad.to_numpy(), np.full(8, float(np.float32(1.01)) ** 99),
+                               rtol=1e-12)
     ti.reset()
     ti.init(arch=ti.cpu)
     monkeypatch.delenv("DIFFTAPE_PROGRESS")
     monkeypatch.setitem(sys.modules, "tqdm.auto", None)  # `import tqdm.auto` fails
     x = _rollout(ti, 99)
     assert capsys.readouterr().err == ""
-    np.testing.assert_allclose(x.grad.to_numpy(), np.full(8, 1.01 ** 99), rtol=1e-12)
+    # The literal 1.01 is an f32 (the default float), as in Taichi, also times an f64 field.
+    np.testing.assert_allclose(x.grad.to_numpy(), np.full(8, float(np.float32(1.01)) ** 99),
+                               rtol=1e-12)
     # Asked for explicitly, a bar without tqdm is refused, saying how to get one.
     with pytest.raises(ti.DifftapeError, match="pip install tqdm"):
         progress.bar(3, "job", show=True)

@@ -284,3 +284,57 @@ def test_runtime_column_index_out_of_a_local_matrix_raises_in_debug_mode(ti):
     assert matrix(1, 0) == 11.0
     with pytest.raises(ti.KernelAssertionError, match="column"):
         matrix(0, 3)
+
+
+# ------------------------------------------------------------------ float literals
+
+
+def test_float_literal_is_a_default_fp_value_next_to_an_f64(ti):
+    """With ``default_fp=ti.f32`` a float literal is an f32 (Taichi's rule) also where it meets
+    an f64 and is promoted: ``x64 * 0.1`` multiplies by f32(0.1). difftape kept the literal's
+    unrounded Python value in the f32 constant, so promoting it gave 0.1 exactly, and
+    ``x64 % 1.7`` of a large ``x64`` was far off Taichi's. (The ``ti`` fixture: f32 default.)"""
+    x = ti.field(ti.f64, shape=())
+    out = ti.field(ti.f64, shape=4)
+    x[None] = 1374389514243.75
+
+    @ti.kernel
+    def k():
+        out[0] = x[None] * 0.1
+        out[1] = x[None] % 1.7
+        a = 0.1  # an f32 local: the same value as the literal
+        out[2] = ti.cast(a, ti.f64)
+        out[3] = (x[None] * 0.0 + 1.0) - 0.3
+
+    k()
+    f32 = lambda v: np.float64(np.float32(v))  # noqa: E731
+    xv = np.float64(1374389514243.75)
+    mod = xv - f32(1.7) * np.floor(xv / f32(1.7))  # Taichi's float %, not an exact fmod
+    want = [xv * f32(0.1), mod, f32(0.1), 1.0 - f32(0.3)]
+    np.testing.assert_array_equal(out.to_numpy(), want)
+
+
+def test_float_literal_given_an_f64_destination_is_still_a_default_fp_value(ti):
+    """Stored into an f64 field, assigned to an f64 local, cast (``ti.cast(0.1, ti.f64)``) or
+    a module-level Python float (``ti.math.pi``), a float literal is the default_fp (here f32)
+    value, as in Taichi; only a typed literal, ``ti.f64(0.1)``, keeps the f64 value. difftape
+    gave the literal the destination's type directly, so ``o[0] = 0.1`` differed from
+    ``o[0] = x * 0.1`` with ``x == 1``."""
+    out = ti.field(ti.f64, shape=6)
+
+    @ti.kernel
+    def k():
+        out[0] = ti.cast(0.1, ti.f64)
+        out[1] = ti.f64(0.1)
+        a: ti.f64 = 0.1
+        out[2] = a
+        out[3] = 0.1
+        b = ti.cast(0.0, ti.f64)
+        b = 0.1
+        out[4] = b
+        out[5] = ti.math.pi
+
+    k()
+    f32 = lambda v: float(np.float32(v))  # noqa: E731
+    np.testing.assert_array_equal(out.to_numpy(), [f32(0.1), 0.1, f32(0.1), f32(0.1), f32(0.1),
+                                                   f32(np.pi)])

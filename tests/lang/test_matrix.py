@@ -364,6 +364,39 @@ def test_runtime_indexed_augmented_assignment_of_local_vectors_and_matrices(ti):
     np.testing.assert_array_equal(mat[None].to_numpy(), [[1, 4], [-91, 16]])
 
 
+def test_a_vector_of_mixed_types_has_their_promoted_type(ti):
+    """``ti.Vector([i64, u32, i32])`` is one i64 vector (Taichi promotes the entries, numbers
+    as default_ip/default_fp), so a runtime index reads -5 as -5, and ``[1, 2.5]`` is a float
+    vector that keeps 2.7 written into its first entry. difftape kept each entry's own type: the
+    runtime-index select chain promoted i32 and u32 to u32 (-5 read as 4294967291), and the
+    first entry of ``[1, 2.5]`` was an i32 that truncated 2.7 to 2."""
+    a = ti.field(ti.i32, shape=())
+    u = ti.field(ti.u32, shape=())
+    big = ti.field(ti.i64, shape=())
+    out = ti.field(ti.i64, shape=3)
+    fout = ti.field(ti.f32, shape=3)
+    a[None], u[None], big[None] = -5, 7, 2**33
+
+    @ti.kernel
+    def run(j: ti.i32):
+        v = ti.Vector([big[None], u[None], a[None]])
+        out[0] = v[j]
+        out[1] = v[2] ^ big[None]
+        m = ti.Matrix([[a[None], u[None]], [big[None], a[None]]])
+        out[2] = m[j - 1, j - 2]
+        w = ti.Vector([1, 2.5])
+        w[0] = 2.7
+        fout[0] = w[0]
+        fout[1] = ti.Vector([a[None], 0.5])[j - 2] / 2
+        x = ti.Vector([a[None], 1.5])
+        x[j - 2] = 0.25
+        fout[2] = x[0]
+
+    run(2)
+    np.testing.assert_array_equal(out.to_numpy(), [-5, -5 ^ 2**33, 2**33])
+    np.testing.assert_allclose(fout.to_numpy(), [2.7, -2.5, 0.25], rtol=1e-6)
+
+
 def test_lists_concatenate_and_repeat_like_python(ti):
     out = ti.field(ti.i32, shape=6)
 
