@@ -55,6 +55,21 @@ def test_alias_is_difftape_and_marks_internals(tmp_path):
     assert out.split() == ["True", "True", "True", "True", "TaichiInternalsUsed", "True"]
 
 
+def test_alias_says_there_is_no_ggui(tmp_path):
+    """difftape has no GGUI: Taichi's tests that need one (ti.ui.Scene's deprecation warning)
+    skip, as on a Taichi without it; ti.ui.Scene() itself refuses."""
+    out = _alias_python(tmp_path, """
+        import taichi as ti
+        from taichi._lib import core
+        print(core.GGUI_AVAILABLE)
+        try:
+            ti.ui.Scene()
+        except RuntimeError as e:
+            print("no GGUI" in str(e))
+    """)
+    assert out.split() == ["False", "True"]
+
+
 def test_alias_reports_the_compilation_time(tmp_path):
     # DiffTaichi's smoke_taichi_gpu.py prints get_runtime().prog.get_total_compilation_time()
     # (kernels need a source file: the script is written to one, which -c imports)
