@@ -212,6 +212,17 @@ def _frames(*arrays):
     return [[("gui.circles", {"0": a, "radius": 1.5})] for a in arrays]
 
 
+def test_examples_prints_of_parallel_loops_compared_in_any_order():
+    t = program_runs.Run(0, 1.0, "block [2, 3]\nblock [1, 1]\n", "")
+    d = program_runs.Run(0, 1.0, "block [1, 1]\nblock [2, 3]\n", "")
+    ordered = taichi_examples.judge(t, d, [], [], taichi_examples.Spec(), "exact")
+    assert ordered["verdict"] == "differs"
+    spec = taichi_examples.Spec(unordered_prints=True)
+    assert taichi_examples.judge(t, d, [], [], spec, "exact")["verdict"] == "agrees"
+    d = program_runs.Run(0, 1.0, "block [1, 1]\nblock [2, 4]\n", "")
+    assert taichi_examples.judge(t, d, [], [], spec, "exact")["verdict"] == "differs"
+
+
 def test_examples_compare_reports_the_first_differing_element():
     a = np.linspace(0, 1, 12, dtype=np.float32).reshape(6, 2)
     assert not taichi_examples.compare_frames(_frames(a), _frames(a * (1 + 1e-5)), "exact",
