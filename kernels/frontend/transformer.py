@@ -1264,7 +1264,13 @@ class FunctionTransformer:
     def expr_Name(self, node: ast.Name):
         value = self.lookup(node.id)
         if getattr(value, "name", None) == "" and hasattr(value, "_label"):
-            value.name = node.id  # name unnamed fields after the user's variable, for messages
+            # Name an unnamed field after the user's variable, for messages: a global (or
+            # closure) variable names it everywhere; a parameter or local one only in this
+            # kernel (another kernel passes the same field as its `src`, or `vf`).
+            if any(node.id in scope for scope in self.scopes):
+                self.bld.field_names.setdefault(value.id, node.id)
+            else:
+                value.name = node.id
         return value
 
     def expr_NamedExpr(self, node: ast.NamedExpr):
