@@ -1622,6 +1622,13 @@ def _py_float(x):
     return ops.cast(x, ops.resolve_dtype(float)) if isinstance(x, Value | Matrix) else float(x)
 
 
+def _py_bool(x=False):
+    """``bool(x)`` in a kernel: of a runtime value, "is nonzero" as a ``u1`` (Taichi's
+    ``ti.cast(x, ti.u1)``; of a vector or matrix, per entry); of a compile-time value,
+    Python's own."""
+    return ops.cast(x, T.u1) if isinstance(x, Value | Matrix) else bool(x)
+
+
 def _py_reduction(which: str):
     """Python's ``any``/``all`` in a kernel: over a vector/matrix (every entry, not its rows),
     or over a list/tuple holding runtime values, a runtime 0/1 like ``v.any()``/``v.all()``;
@@ -1648,6 +1655,7 @@ _PY_BUILTIN_MAP = {
     builtins.max: lambda *xs: ops.max(*xs),
     builtins.int: _py_int,
     builtins.float: _py_float,
+    builtins.bool: _py_bool,
     builtins.pow: lambda a, b: ops.pow(a, b),
     builtins.round: lambda x: ops.round(x),
 }
