@@ -196,7 +196,12 @@ class NdRange:
         for d in dims:
             if isinstance(d, tuple | list):
                 if len(d) != 2:
-                    raise ops._err("ti.ndrange takes extents or (begin, end) pairs")
+                    # A syntax error, as Taichi's (in Python scope too); its words
+                    msg = ("Every argument of ndrange should be a scalar or a tuple/list like "
+                           f"(begin, end), got {tuple(d)!r:.40}")
+                    b = _b.current()
+                    raise b.error(msg, KernelSyntaxError) if b is not None else \
+                        KernelSyntaxError(msg)
                 self.bounds.append((_ndrange_int(d[0]), _ndrange_int(d[1])))
             else:
                 self.bounds.append((0, _ndrange_int(d)))
