@@ -202,3 +202,24 @@ def test_printed_traceback_and_pytest_view(tmp_path):
     assert 'Name "undefined_name" is not defined' in report.stdout
     assert "transformer.py" not in report.stdout and "kernel.py" not in report.stdout, \
         report.stdout
+
+
+@pytest.mark.difftape_only
+def test_grid_launch_failure_shows_no_difftape_frames(backend):
+    """A bounds check that failed in a launch on the (simulated) grid: the user's frames
+    only, as on the CPU."""
+    ti = backend
+    try:
+        ti.init(arch=ti.cpu, debug=True, simulate_grid=(2, 4))
+        x = ti.field(ti.f32, shape=4)
+
+        @ti.kernel
+        def poke(i: ti.i32):
+            x[i] = 1.0
+
+        with pytest.raises(ti.IndexOutOfRangeError) as info:
+            poke(7)
+            ti.sync()  # (where a real device's asynchronous launch would report it)
+        assert _package_frames(backend, info.value) == []
+    finally:
+        ti.reset()
