@@ -55,6 +55,21 @@ def test_alias_is_difftape_and_marks_internals(tmp_path):
     assert out.split() == ["True", "True", "True", "True", "TaichiInternalsUsed", "True"]
 
 
+def test_alias_says_there_is_no_ggui(tmp_path):
+    """difftape has no GGUI: Taichi's tests that need one (ti.ui.Scene's deprecation warning)
+    skip, as on a Taichi without it; ti.ui.Scene() itself refuses."""
+    out = _alias_python(tmp_path, """
+        import taichi as ti
+        from taichi._lib import core
+        print(core.GGUI_AVAILABLE)
+        try:
+            ti.ui.Scene()
+        except RuntimeError as e:
+            print("no GGUI" in str(e))
+    """)
+    assert out.split() == ["False", "True"]
+
+
 def test_alias_reports_the_compilation_time(tmp_path):
     # DiffTaichi's smoke_taichi_gpu.py prints get_runtime().prog.get_total_compilation_time()
     # (kernels need a source file: the script is written to one, which -c imports)
@@ -195,6 +210,17 @@ def test_difftaichi_chaotic_scenes_init_without_fast_math(tmp_path, chaotic, str
 
 def _frames(*arrays):
     return [[("gui.circles", {"0": a, "radius": 1.5})] for a in arrays]
+
+
+def test_examples_prints_of_parallel_loops_compared_in_any_order():
+    t = program_runs.Run(0, 1.0, "block [2, 3]\nblock [1, 1]\n", "")
+    d = program_runs.Run(0, 1.0, "block [1, 1]\nblock [2, 3]\n", "")
+    ordered = taichi_examples.judge(t, d, [], [], taichi_examples.Spec(), "exact")
+    assert ordered["verdict"] == "differs"
+    spec = taichi_examples.Spec(unordered_prints=True)
+    assert taichi_examples.judge(t, d, [], [], spec, "exact")["verdict"] == "agrees"
+    d = program_runs.Run(0, 1.0, "block [1, 1]\nblock [2, 4]\n", "")
+    assert taichi_examples.judge(t, d, [], [], spec, "exact")["verdict"] == "differs"
 
 
 def test_examples_compare_reports_the_first_differing_element():

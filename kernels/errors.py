@@ -12,8 +12,12 @@ from __future__ import annotations
 
 import os
 import sys
+import sysconfig
+from types import FrameType, TracebackType
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))
+_STDLIB = tuple({os.path.abspath(sysconfig.get_paths()[k]) + os.sep
+                 for k in ("stdlib", "platstdlib")})
 
 
 def user_line() -> str:
@@ -27,6 +31,76 @@ def user_line() -> str:
     if f is None:
         return "<unknown>"
     return f"{f.f_code.co_filename}:{f.f_lineno}"
+
+
+def _internal(frame: FrameType) -> bool:
+    """Is ``frame`` difftape's own code (its package; its client and server)?"""
+    return (os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE) or
+            str(frame.f_globals.get("__name__", "")).startswith("difftape."))
+
+
+def _innermost_internal(tb: TracebackType | None) -> bool:
+    """Was the exception of traceback ``tb`` raised by difftape's own code (or Python's,
+    called from it)? An exception without a traceback counts as internal."""
+    if tb is None:
+        return True
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    frame = tb.tb_frame
+    return _internal(frame) or os.path.abspath(frame.f_code.co_filename).startswith(_STDLIB)
+
+
+def _user_frames(tb: TracebackType | None) -> TracebackType | None:
+    """``tb`` without difftape's frames, and without the standard library's frames that
+    difftape's called (``functools``, ``contextlib``): what is left is the user's code."""
+    kept: list[TracebackType] = []
+    dropped = False
+    while tb is not None:
+        frame = tb.tb_frame
+        dropped = _internal(frame) or (
+            dropped and os.path.abspath(frame.f_code.co_filename).startswith(_STDLIB))
+        if not dropped:
+            kept.append(tb)
+        tb = tb.tb_next
+    out = None
+    for t in reversed(kept):
+        out = TracebackType(out, t.tb_frame, t.tb_lasti, t.tb_lineno)
+    return out
+
+
+def trim_traceback(exc: BaseException) -> None:
+    """Cut difftape's internal frames from ``exc``'s traceback (in place), as Taichi does
+    unless ``ti.init(print_full_traceback=True)``: a compile error's traceback would otherwise
+    show the ~50 frames of the compiler between the user's kernel call and the message, which
+    already names each kernel and func line down to the failing expression. Called by the
+    public entry points (a kernel's call, ``kernel.grad``, a Tape's exit, ...) on the
+    :class:`DifftapeError` leaving them, which then re-raise it with a bare ``raise``, adding
+    no frame of their own.
+
+    Exceptions chained to it are judged by where they were raised: one raised by the user's
+    Python code (a helper run at compile time) keeps its user frames; an implicit context
+    raised inside difftape (a lookup that failed before the error was raised) is hidden; an
+    explicit cause raised inside difftape that is not a difftape error (a bug) is kept
+    whole, for its report."""
+    seen: set[int] = set()
+
+    def visit(e: BaseException) -> None:
+        if id(e) in seen:
+            return
+        seen.add(id(e))
+        e.__traceback__ = _user_frames(e.__traceback__)
+        cause, context = e.__cause__, e.__context__
+        if cause is not None:
+            if isinstance(cause, DifftapeError) or not _innermost_internal(cause.__traceback__):
+                visit(cause)
+        elif context is not None and not e.__suppress_context__:
+            if isinstance(context, DifftapeError) or not _innermost_internal(
+                    context.__traceback__):
+                visit(context)
+            else:
+                e.__suppress_context__ = True
+
+    visit(exc)
 
 
 class DifftapeError(Exception):

@@ -29,7 +29,8 @@ nothing to the language. What it does:
   ``taichi.lang.impl.get_runtime().prog.get_total_compilation_time()``,
   ``taichi._lib.core.with_cuda()`` (whether difftape can run CUDA here) and
   ``with_vulkan()``, ``with_metal()`` ... (False: difftape has no such backend), which Taichi's
-  examples ask to choose an arch, and ``GGUI_AVAILABLE`` (whether ``ti.ui`` exists); names in
+  examples ask to choose an arch, and ``GGUI_AVAILABLE`` (difftape's ``ti.ui.GGUI_AVAILABLE``:
+  False, it has no GGUI); names in
   ``taichi.lang.*`` that difftape has at top level (``static``, ``loop_unique``...) are
   forwarded.
 """
@@ -161,7 +162,9 @@ def _make_shims() -> dict[str, _types.ModuleType]:
     core = {f"with_{b}": false for b in ("vulkan", "metal", "opengl", "gles", "amdgpu", "dx11",
                                           "dx12")}
     core["with_cuda"] = _with_cuda
-    core["GGUI_AVAILABLE"] = hasattr(_dt, "ui")  # ti.ui exists (examples pick it or ti.GUI)
+    # Whether ti.ui's GGUI (Window, Scene, ...) works: difftape's ti.ui has the names but no
+    # GGUI (they raise saying so), so Taichi's tests and examples take their no-GGUI paths.
+    core["GGUI_AVAILABLE"] = getattr(getattr(_dt, "ui", None), "GGUI_AVAILABLE", False)
     shims["taichi._lib.core"] = _internals_module("taichi._lib.core", core)
     shims["taichi._lib"] = _internals_module("taichi._lib", {"core": shims["taichi._lib.core"]})
     return shims

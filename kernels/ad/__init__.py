@@ -60,6 +60,7 @@ class FwdMode:
         self.clear_gradients = clear_gradients
         self._mode: _fn.forward_mode | None = None
 
+    @program.entry_point
     def __enter__(self) -> FwdMode:
         p = self.param
         for f in [p, *self.losses]:
@@ -89,6 +90,7 @@ class FwdMode:
         self._mode.__enter__()
         return self
 
+    @program.entry_point
     def __exit__(self, exc_type, exc, tb) -> bool:
         self._mode.__exit__(exc_type, exc, tb)
         self.param.dual.fill(0)

@@ -124,6 +124,7 @@ def _split(flat: np.ndarray, fields: list[Field]) -> list[np.ndarray]:
     return out
 
 
+@program.entry_point
 def jvp(fn: Callable[[], object], inputs: Sequence[Field] | Field, tangents,
         outputs: Sequence[Field] | Field) -> list[np.ndarray]:
     """Run ``fn`` in forward mode with ``inputs``' tangents set to ``tangents`` and return the
@@ -159,6 +160,7 @@ def _backward(tape) -> None:
             entry.backward(*entry.args, **entry.kwargs)
 
 
+@program.entry_point
 def vjp(fn: Callable[[], object], inputs: Sequence[Field] | Field,
         outputs: Sequence[Field] | Field, cotangents) -> list[np.ndarray]:
     """Run ``fn`` recorded, seed ``outputs``' ``.grad`` with ``cotangents`` and back-propagate;
@@ -175,6 +177,7 @@ def vjp(fn: Callable[[], object], inputs: Sequence[Field] | Field,
     return [f.grad.to_numpy() for f in ins]
 
 
+@program.entry_point
 def jacobian(fn: Callable[[], object], inputs: Sequence[Field] | Field,
              outputs: Sequence[Field] | Field, mode: str = "auto") -> np.ndarray:
     """The dense Jacobian d(outputs)/d(inputs), shape (output scalars, input scalars), both
@@ -223,6 +226,7 @@ def jacobian(fn: Callable[[], object], inputs: Sequence[Field] | Field,
     return jac
 
 
+@program.entry_point
 def hvp(fn: Callable[[], object], loss: Field, params: Sequence[Field] | Field, vectors
         ) -> np.ndarray | list[np.ndarray]:
     """The Hessian of the scalar ``loss`` with respect to ``params`` times ``vectors``, in one
@@ -254,6 +258,7 @@ def hvp(fn: Callable[[], object], loss: Field, params: Sequence[Field] | Field, 
     return out if isinstance(params, list | tuple) else out[0]
 
 
+@program.entry_point
 def hessian(fn: Callable[[], object], loss: Field, params: Sequence[Field] | Field,
             max_params: int = 4096) -> np.ndarray:
     """The dense Hessian of ``loss`` with respect to ``params`` (flattened in order), one

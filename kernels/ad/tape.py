@@ -186,6 +186,7 @@ class Tape:
                       kwargs: dict) -> None:
         self.entries.append(_Entry(forward, backward, args, kwargs, forward.__name__))
 
+    @program.entry_point
     def __exit__(self, exc_type, exc, tb) -> bool:
         prog = program.get()
         prog.tape = None
@@ -204,6 +205,7 @@ class Tape:
         return write_graph(tape_dot(self), path)
 
     # ------------------------------------------------------------------ back-propagation
+    @program.entry_point
     def grad(self) -> None:
         """Seed the loss and run the recorded gradients in reverse order (done on exit)."""
         if self._evaluated:

@@ -56,6 +56,10 @@ class Builder:
         self.pending_loop_config: dict | None = None  # set by ti.loop_config for the next loop
         self.func_stack: list[Any] = []  # the funcs being inlined, outermost first
         self.read_only: dict[int, str] = {}  # ti.cache_read_only fields: id -> label
+        # Unnamed fields reached in this kernel through a parameter or local variable: field
+        # id -> that name, for this kernel's messages only (the same field is another
+        # kernel's `src` or `vf`); see Field._label.
+        self.field_names: dict[int, str] = {}
         self.return_type: DType | list[DType] | None = None
         self.return_annotation: Any = None  # the kernel's `->` annotation (a struct type...)
         self.kernel_allocas: set[Stmt] = set()

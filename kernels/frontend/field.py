@@ -276,7 +276,11 @@ class Field(ArrayExchange):
     def _label(self) -> str:
         if self.role != "primal" and self.role != "mark":
             return f"{self.primal._label()}.{self.role.replace('_', '.')}"
-        return self.name or f"field#{self.id}"
+        if self.name:
+            return self.name
+        bld = _b.current()
+        local = bld.field_names.get(self.id) if bld is not None else None
+        return local or f"field#{self.id}"
 
     # ------------------------------------------------------------------ sparse SNodes
     @property

@@ -165,37 +165,42 @@ class Kernel:
         return BoundKernel(self, obj)
 
     def __call__(self, *args, **kwargs):
-        if kwargs:
-            args = self._bind_kwargs(args, kwargs)
-        if self._packs:
-            args = self.flatten_packs(args)
-        if self._array_args and len(args) == len(self.params):
-            for k in self._array_args:
-                if not isinstance(args[k], _NATIVE_ARRAYS):
-                    return self.foreign_call(self.__call__, args)
-        prog = program.get()
-        if prog.unplaced:  # fields not placed (Taichi refuses at materialization)
-            refuse_unplaced(prog, self.name)
-        if prog.generation != self._generation:
-            self._reset_instances(prog)
-        if prog.remote is not None:  # arch=ti.remote: queued for the server (difftape.client)
-            return prog.remote.call_kernel(self, args)
-        if prog.fwd is not None and (self.no_grad or prog.no_tangents):
-            # An empty derivative in forward mode: what the kernel writes gets tangent zero
-            # (leaving the .dual as it was would pass on a stale tangent).
-            return self.instance(args, "fwd_const").launch(args)
-        if (prog.tape is not None or prog.fwd is not None) and not self.no_grad:
-            return self._call_differentiated(prog, args)
-        if self._simple:
-            inst = self._fast
+        # (zero-cost unless raised) difftape's errors leave with the user's frames only
+        try:
+            if kwargs:
+                args = self._bind_kwargs(args, kwargs)
+            if self._packs:
+                args = self.flatten_packs(args)
+            if self._array_args and len(args) == len(self.params):
+                for k in self._array_args:
+                    if not isinstance(args[k], _NATIVE_ARRAYS):
+                        return self.foreign_call(self.__call__, args)
+            prog = program.get()
+            if prog.unplaced:  # fields not placed (Taichi refuses at materialization)
+                refuse_unplaced(prog, self.name)
+            if prog.generation != self._generation:
+                self._reset_instances(prog)
+            if prog.remote is not None:  # arch=ti.remote: queued for the server (difftape.client)
+                return prog.remote.call_kernel(self, args)
+            if prog.fwd is not None and (self.no_grad or prog.no_tangents):
+                # An empty derivative in forward mode: what the kernel writes gets tangent zero
+                # (leaving the .dual as it was would pass on a stale tangent).
+                return self.instance(args, "fwd_const").launch(args)
+            if (prog.tape is not None or prog.fwd is not None) and not self.no_grad:
+                return self._call_differentiated(prog, args)
+            if self._simple:
+                inst = self._fast
+                if inst is None:
+                    inst = self._fast = self._compile(prog, args, ())
+                return inst.launch(args)
+            key, spec = self._specialize(args)
+            inst = self._instances.get(key)
             if inst is None:
-                inst = self._fast = self._compile(prog, args, ())
+                inst = self._instances[key] = self._compile(prog, args, spec)
             return inst.launch(args)
-        key, spec = self._specialize(args)
-        inst = self._instances.get(key)
-        if inst is None:
-            inst = self._instances[key] = self._compile(prog, args, spec)
-        return inst.launch(args)
+        except DifftapeError as e:
+            program.user_error(e)
+            raise
 
     def flatten_packs(self, args: tuple) -> tuple:
         """The arguments as the compiled kernel takes them: each argument pack replaced by its
@@ -453,7 +458,11 @@ class BoundKernel:
         self.obj = obj
 
     def __call__(self, *args, **kwargs):
-        return self.kernel(self.obj, *args, **kwargs)
+        try:
+            return self.kernel(self.obj, *args, **kwargs)
+        except DifftapeError as e:
+            program.user_error(e)
+            raise
 
     @property
     def grad(self):
@@ -477,26 +486,30 @@ class AdjointKernel:
         self.__name__ = primal.name + ".grad"
 
     def __call__(self, *args, **kwargs):
-        k = self.primal
-        if kwargs:
-            args = k._bind_kwargs(args, kwargs)
-        if k._packs:
-            args = k.flatten_packs(args)
-        if k.no_grad:  # @ti.ad.no_grad: an empty gradient, as in Taichi
-            return None
-        if k._array_args and len(args) == len(k.params):
-            for i in k._array_args:
-                if not isinstance(args[i], _NATIVE_ARRAYS):
-                    return k.foreign_call(self.__call__, args)
-        # Under forward mode the adjoint runs with tangents: forward-over-reverse, which puts
-        # Hessian-vector products into the .grad.dual of the inputs.
-        prog = program.get()
-        if prog.unplaced:
-            refuse_unplaced(prog, self.__name__)
-        variant = "grad_fwd" if prog.fwd is not None else "grad"
-        if prog.remote is not None:  # arch=ti.remote: queued for the server (difftape.client)
-            return prog.remote.launch(k, args, variant)
-        return k.instance(args, variant).launch(args)
+        try:
+            k = self.primal
+            if kwargs:
+                args = k._bind_kwargs(args, kwargs)
+            if k._packs:
+                args = k.flatten_packs(args)
+            if k.no_grad:  # @ti.ad.no_grad: an empty gradient, as in Taichi
+                return None
+            if k._array_args and len(args) == len(k.params):
+                for i in k._array_args:
+                    if not isinstance(args[i], _NATIVE_ARRAYS):
+                        return k.foreign_call(self.__call__, args)
+            # Under forward mode the adjoint runs with tangents: forward-over-reverse, which puts
+            # Hessian-vector products into the .grad.dual of the inputs.
+            prog = program.get()
+            if prog.unplaced:
+                refuse_unplaced(prog, self.__name__)
+            variant = "grad_fwd" if prog.fwd is not None else "grad"
+            if prog.remote is not None:  # arch=ti.remote: queued for the server (difftape.client)
+                return prog.remote.launch(k, args, variant)
+            return k.instance(args, variant).launch(args)
+        except DifftapeError as e:
+            program.user_error(e)
+            raise
 
     def __repr__(self) -> str:
         return (f"<ti.kernel {self.primal.name}.grad: the adjoint of "

@@ -115,6 +115,11 @@ class Matrix:
     def _flat_index(self, index) -> int | Value:
         if not isinstance(index, tuple):
             index = (index,)
+        if any(isinstance(k, Matrix) for k in index):
+            # A vector among the indices stands for its entries, as for fields (Taichi
+            # flattens them): m[I] with I from ti.grouped(ti.ndrange(2, 3)) is m[I[0], I[1]].
+            index = tuple(e.expr() if isinstance(e, Ref) else e for k in index
+                          for e in (k.entries if isinstance(k, Matrix) else (k,)))
         if self.ndim == 1:
             if len(index) != 1:
                 raise ops._err(f"Expected 1 indices, got {len(index)}: a vector takes one "

@@ -625,7 +625,10 @@ def atomic(kind: str, ref, value):
     if _is_matrix(ref):
         return _elementwise(lambda r, v: atomic(kind, r, v), ref, value)
     if not isinstance(ref, Ref):
-        raise _err(f"ti.atomic_{kind} needs a field element or a local variable as its target")
+        # A syntax error with Taichi's words, as Taichi raises it
+        raise _err(f"cannot use a non-writable target as the first operand of 'atomic_{kind}': "
+                   f"ti.atomic_{kind} needs a field element or a local variable as its target",
+                   KernelSyntaxError)
     if OPS[kind].types == "bits":
         t = T.promote(ref.dtype, to_expr(value).dtype)
         if t.is_float:

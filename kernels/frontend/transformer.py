@@ -196,7 +196,12 @@ class NdRange:
         for d in dims:
             if isinstance(d, tuple | list):
                 if len(d) != 2:
-                    raise ops._err("ti.ndrange takes extents or (begin, end) pairs")
+                    # A syntax error, as Taichi's (in Python scope too); its words
+                    msg = ("Every argument of ndrange should be a scalar or a tuple/list like "
+                           f"(begin, end), got {tuple(d)!r:.40}")
+                    b = _b.current()
+                    raise b.error(msg, KernelSyntaxError) if b is not None else \
+                        KernelSyntaxError(msg)
                 self.bounds.append((_ndrange_int(d[0]), _ndrange_int(d[1])))
             else:
                 self.bounds.append((0, _ndrange_int(d)))
@@ -1264,7 +1269,13 @@ class FunctionTransformer:
     def expr_Name(self, node: ast.Name):
         value = self.lookup(node.id)
         if getattr(value, "name", None) == "" and hasattr(value, "_label"):
-            value.name = node.id  # name unnamed fields after the user's variable, for messages
+            # Name an unnamed field after the user's variable, for messages: a global (or
+            # closure) variable names it everywhere; a parameter or local one only in this
+            # kernel (another kernel passes the same field as its `src`, or `vf`).
+            if any(node.id in scope for scope in self.scopes):
+                self.bld.field_names.setdefault(value.id, node.id)
+            else:
+                value.name = node.id
         return value
 
     def expr_NamedExpr(self, node: ast.NamedExpr):
@@ -1616,6 +1627,13 @@ def _py_float(x):
     return ops.cast(x, ops.resolve_dtype(float)) if isinstance(x, Value | Matrix) else float(x)
 
 
+def _py_bool(x=False):
+    """``bool(x)`` in a kernel: of a runtime value, "is nonzero" as a ``u1`` (Taichi's
+    ``ti.cast(x, ti.u1)``; of a vector or matrix, per entry); of a compile-time value,
+    Python's own."""
+    return ops.cast(x, T.u1) if isinstance(x, Value | Matrix) else bool(x)
+
+
 def _py_reduction(which: str):
     """Python's ``any``/``all`` in a kernel: over a vector/matrix (every entry, not its rows),
     or over a list/tuple holding runtime values, a runtime 0/1 like ``v.any()``/``v.all()``;
@@ -1642,6 +1660,7 @@ _PY_BUILTIN_MAP = {
     builtins.max: lambda *xs: ops.max(*xs),
     builtins.int: _py_int,
     builtins.float: _py_float,
+    builtins.bool: _py_bool,
     builtins.pow: lambda a, b: ops.pow(a, b),
     builtins.round: lambda x: ops.round(x),
 }

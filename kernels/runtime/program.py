@@ -8,6 +8,7 @@ instances by the program's generation so nothing compiled under an old program i
 from __future__ import annotations
 
 import atexit
+import functools
 import itertools
 import os
 import warnings
@@ -19,7 +20,13 @@ import numpy as np
 
 from .. import types as T
 from ..codegen import get_target
-from ..errors import ArchUnavailableError, OptionError, UnknownOptionError
+from ..errors import (
+    ArchUnavailableError,
+    DifftapeError,
+    OptionError,
+    UnknownOptionError,
+    trim_traceback,
+)
 from ..types import DType
 from . import cache, log
 from . import cuda as cuda_runtime  # (pycuda is imported only when a program asks for CUDA)
@@ -120,6 +127,8 @@ class Config:
     # False: an arch that cannot run here (no CUDA device) is an error, not the CPU
     enable_fallback: bool = True
     log_level: str = log.DEFAULT  # Taichi's level names (runtime/log.py)
+    # True: difftape's errors keep the compiler's frames in their traceback (user_error)
+    print_full_traceback: bool = False
 
 
 @dataclass(frozen=True)
@@ -166,6 +175,7 @@ OPTIONS: dict[str, Option] = {
     "simulate_grid": Option(parse_grid),
     "enable_fallback": Option(bool),
     "log_level": Option(log.level_name),
+    "print_full_traceback": Option(bool),
     # arch=ti.remote: where the program runs (difftape.client)
     **{k: Option() for k in ("server", "token", "session", "transport", "timeout")},
     # what difftape always does; the other value is refused
@@ -206,8 +216,6 @@ OPTIONS: dict[str, Option] = {
     "use_llvm": Option(no_effect="difftape always compiles through LLVM"),
     "verbose": Option(no_effect="difftape does not log"),
     "verbose_kernel_launches": Option(no_effect="difftape does not log"),
-    "print_full_traceback": Option(no_effect="difftape's compile errors always name the "
-                                             "kernel, file and line"),
     "gdb_trigger": Option(no_effect="difftape does not start debuggers"),
     "timeline": Option(no_effect="difftape has no timeline; use kernel_profiler=True"),
     "require_version": Option(no_effect="it names a Taichi version"),
@@ -433,6 +441,30 @@ def get() -> Program:
     if _current is None:
         _current = Program(Config(simulate_grid=grid_from_environment()))
     return _current
+
+
+def user_error(exc: BaseException) -> None:
+    """Ready ``exc``, a difftape error leaving a public entry point, for the user: its
+    traceback cut to the user's code (errors.trim_traceback), unless the program was started
+    with ``ti.init(print_full_traceback=True)`` (or ``TI_PRINT_FULL_TRACEBACK=1``), Taichi's
+    switch for debugging the compiler itself. The caller re-raises it with a bare ``raise``."""
+    if _current is None or not _current.config.print_full_traceback:
+        trim_traceback(exc)
+
+
+def entry_point(fn: Callable) -> Callable:
+    """Decorate a public function that runs kernels or compiles them (a Tape's exit,
+    ``ti.ad.jacobian``, ...): the difftape errors leaving it show the user's frames only
+    (:func:`user_error`). Hot paths (a kernel's call) catch inline instead: no wrapper call."""
+    @functools.wraps(fn)
+    def entry(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except DifftapeError as e:
+            user_error(e)
+            raise
+
+    return entry
 
 
 def init(arch: Arch | None = None, default_fp=None, default_ip=None, _test_mode: bool = False,

@@ -11,6 +11,7 @@ Jinja2's autoescaping: user names and ids are whatever their creators typed.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from urllib.parse import parse_qs
 
@@ -59,6 +60,19 @@ def _duration(s: float | None) -> str:
     return f"{int(s // 86400)} d {int(s % 86400 // 3600)} h"
 
 
+def _utc(t: float | None) -> str:
+    """A Unix time as a person reads it, in UTC (the gateways of one database may run in
+    different time zones): ``2026-11-24 08:45:03 UTC``."""
+    if t is None:
+        return "unknown"
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
+
+
+def _iso(t: float) -> str:
+    """A Unix time for a ``<time datetime=...>`` attribute (ISO 8601, UTC)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
 def _percent(x: float | None) -> str:
     return "unknown" if x is None else f"{100 * x:.0f}%"
 
@@ -66,7 +80,7 @@ def _percent(x: float | None) -> str:
 _env = Environment(loader=FileSystemLoader(Path(__file__).resolve().parent.parent / "templates"),
                    autoescape=select_autoescape(["html"]), trim_blocks=True,
                    lstrip_blocks=True)
-_env.filters.update(size=_size, duration=_duration, percent=_percent)
+_env.filters.update(size=_size, duration=_duration, percent=_percent, utc=_utc, iso=_iso)
 
 
 def _render(name: str, status: int = 200, **context) -> HTMLResponse:

@@ -316,6 +316,43 @@ def test_cast_and_int_float_builtins(ti):
         assert got[4] == np.trunc(a)
 
 
+def test_bool_builtin_of_runtime_integers(ti):
+    """bool(x) of a runtime integer is "x is nonzero" (Taichi's cast to u1; Taichi's own
+    test_bool_type_conv), usable in arithmetic and returned from a func annotated bool; it
+    was refused as a runtime value used where Python needs a compile-time bool."""
+    @ti.func
+    def f(x: ti.u32) -> bool:
+        return bool(x)
+
+    @ti.kernel
+    def run(x: ti.u32, y: ti.i8, z: ti.i32) -> ti.types.vector(4, ti.i32):
+        return ti.Vector([f(x), bool(y) * 10, bool(z) + bool(z - z) * 100, bool(3) * 7])
+
+    for x, y, z in [(1000, -128, 256), (0, 0, 0), (4_294_967_295, 1, -1), (2, 0, 2)]:
+        want = [int(bool(x)), int(bool(y)) * 10, int(bool(z)), 7]
+        assert run(x, y, z).to_numpy().tolist() == want
+
+    @ti.kernel
+    def half(x: ti.i32) -> ti.f32:
+        return bool(x) / 2
+
+    assert half(5) == 0.5 and half(0) == 0.0
+
+
+@pytest.mark.difftape_only
+def test_bool_builtin_of_runtime_floats_and_vectors(ti):
+    """bool() of a float is "nonzero" too, as in Python (NaN is true, -0.0 false; Taichi
+    aborts compiling it), and of a vector per entry."""
+    @ti.kernel
+    def run(a: ti.f32, b: ti.f32, c: ti.i32) -> ti.types.vector(4, ti.i32):
+        v = bool(ti.Vector([c, 0, a]))
+        return ti.Vector([bool(a), bool(b), v[0] + 2 * v[1], v[2]])
+
+    for a, b, c in [(0.5, -0.0, 3), (0.0, float("nan"), 0), (-1e-30, 0.0, -5)]:
+        want = [int(bool(a)), int(bool(b)), int(bool(c)), int(bool(a))]
+        assert run(a, b, c).to_numpy().tolist() == want
+
+
 def test_cast_between_integer_widths_and_to_f32(ti):
     @ti.kernel
     def narrow(a: ti.i64) -> ti.i32:

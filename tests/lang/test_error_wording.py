@@ -428,3 +428,17 @@ def test_func_vector_argument_of_another_size(ti):
     with pytest.raises(ti.TaichiSyntaxError,
                        match="is expected to be a Matrix with n 3, but got 2"):
         test_error()
+
+
+def test_atomic_of_a_value_that_is_not_a_place(ti):
+    """As Taichi (its test_atomic_min_rvalue_as_frist_op): a syntax error naming the atomic
+    (it was a type error)."""
+    @ti.kernel
+    def func():
+        y = ti.Vector([1, 2, 3])
+        ti.atomic_min([3, 2, 1], y)
+
+    with pytest.raises(ti.TaichiSyntaxError, match="cannot use a non-writable target as the "
+                                                   "first operand of") as info:
+        func()
+    assert "atomic_min" in str(info.value)

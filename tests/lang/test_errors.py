@@ -214,6 +214,41 @@ def test_debug_mode_out_of_range_index(ti):
         assert str(bad) in str(info.value)
 
 
+def test_out_of_range_names_the_field_as_the_failing_kernel_does(ti):
+    """An unnamed field passed to a template parameter is named in a message by that
+    parameter, in that kernel only: another kernel that took it as `src` does not rename it
+    (its out-of-range error named the field 'src' in a kernel that calls it 'vf')."""
+    ti.init(arch=ti.cpu, debug=True)
+    a = ti.field(ti.f32, shape=4)
+    b = ti.field(ti.f32, shape=4)
+
+    @ti.kernel
+    def copy(src: ti.template(), dst: ti.template()):
+        for i in src:
+            dst[i] = src[i]
+
+    @ti.kernel
+    def shift(vf: ti.template()):
+        for i in vf:
+            vf[i] = vf[i - 1]
+
+    copy(a, b)
+    copy(b, a)
+    with pytest.raises(ti.IndexOutOfRangeError,
+                       match=r"index -1 out of range for axis 0 of 'vf' with shape \(4,\)"):
+        shift(a)
+    with pytest.raises(ti.IndexOutOfRangeError, match="of 'vf' "):
+        shift(b)
+
+    @ti.kernel
+    def shift_global():
+        for i in b:
+            b[i] = b[i - 1]
+
+    with pytest.raises(ti.IndexOutOfRangeError, match="of 'b' "):  # a global: its own name
+        shift_global()
+
+
 def test_conditional_expression_with_a_vector_condition_is_a_compile_error(ti):
     # Taichi (since 1.5) refuses it too and points to ti.select.
     @ti.kernel

@@ -392,6 +392,27 @@ def test_refusals_are_difftape_errors(ti, monkeypatch, tmp_path):
         make_gui(ti, fast_gui=True).circle((0.5, 0.5))
 
 
+# -- GGUI (ti.ui.Window, Scene, ...) ---------------------------------------------------------
+
+def test_ti_ui_has_the_ggui_names(ti):
+    """ti.ui has GGUI's names (whether or not they can work here)."""
+    for name in ("Window", "Scene", "Canvas", "Camera", "make_camera", "ProjectionMode"):
+        assert hasattr(ti.ui, name), name
+
+
+@pytest.mark.difftape_only
+def test_ggui_is_refused_saying_there_is_none(ti):
+    """difftape has no GGUI renderer: creating a window, scene or camera raises a MediaError
+    that says so and names what to draw with instead, rather than an object drawing nothing
+    (or, for ti.ui.Scene(), only Taichi's deprecation warning)."""
+    assert ti.ui.GGUI_AVAILABLE is False and ti.ui.ProjectionMode is None
+    for make in (lambda: ti.ui.Window("w", (64, 64)), ti.ui.Scene, ti.ui.Camera,
+                 ti.ui.make_camera):
+        with pytest.raises(ti.MediaError, match=r"difftape has no GGUI .*ti\.GUI") as info:
+            make()
+        assert isinstance(info.value, RuntimeError)
+
+
 # -- video -----------------------------------------------------------------------------------
 
 @pytest.mark.difftape_only

@@ -88,6 +88,19 @@ def test_ndrange_with_begin_end_tuples(ti):
     np.testing.assert_array_equal(x.to_numpy(), want)
 
 
+def test_ndrange_argument_of_three_is_a_syntax_error(ti):
+    """As Taichi: a tuple argument of ndrange that is not (begin, end) is a syntax error
+    (it was a TypeError)."""
+    @ti.kernel
+    def foo():
+        for _i in ti.ndrange((1, 2, 3)):
+            pass
+
+    with pytest.raises(ti.TaichiSyntaxError, match=r"Every argument of ndrange should be a "
+                                                   r"scalar or a tuple/list like \(begin, end\)"):
+        foo()
+
+
 def test_ndrange_three_dims_and_grouped_ndrange(ti):
     @ti.kernel
     def count3(a: ti.i32, b: ti.i32) -> ti.i32:

@@ -80,6 +80,34 @@ def test_matrix_indexing_with_runtime_indices(ti, fp, rtol):
     np.testing.assert_allclose(out.to_numpy(), a_np * 10 + a_np.T, rtol=rtol, atol=rtol)
 
 
+def test_matrix_indexed_by_a_vector_of_indices(ti):
+    """m[I] with I a vector of two indices is m[I[0], I[1]], as for fields (Taichi flattens
+    vector indices; its test_static_grouped_static): compile-time I from a ti.static grouped
+    ndrange, and runtime I from a grouped loop. It was refused as one index of a matrix."""
+    x = ti.Matrix.field(2, 3, dtype=ti.f32, shape=(16, 4))
+    y = ti.field(ti.f32, shape=(2, 3))
+
+    @ti.kernel
+    def static_grouped():
+        for i, j in ti.ndrange(16, 4):
+            for ij in ti.static(ti.grouped(ti.ndrange(2, 3))):
+                x[i, j][ij] = ij[0] + ij[1] * 10 + i + j * 4
+
+    @ti.kernel
+    def runtime_grouped():
+        m = ti.Matrix([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+        for ij in ti.grouped(ti.ndrange(2, 3)):
+            y[ij] = m[ij] * 10 + x[3, 1][ij]
+
+    static_grouped()
+    row, col = np.meshgrid(np.arange(2), np.arange(3), indexing="ij")
+    i, j = np.arange(16)[:, None, None, None], np.arange(4)[None, :, None, None]
+    want = row + col * 10 + i + j * 4
+    np.testing.assert_array_equal(x.to_numpy(), want)
+    runtime_grouped()
+    np.testing.assert_array_equal(y.to_numpy(), np.arange(1, 7).reshape(2, 3) * 10 + want[3, 1])
+
+
 def test_matmul_transpose_and_elementwise(ti, fp, rtol):
     a = ti.Matrix.field(3, 2, float, shape=())
     b = ti.Matrix.field(2, 4, float, shape=())

@@ -9,6 +9,7 @@ the server stops), so the page must show it running at 1 of 3 ops.
 
 from __future__ import annotations
 
+import calendar
 import os
 import re
 import shutil
@@ -138,6 +139,32 @@ def test_an_admin_sees_everyone_escaped(server, busy):
     assert sorted(users) == sorted(["alice", "bob",
                                     "&lt;img src=x onerror=&#34;document.title=1&#34;&gt;"
                                     "&amp;amp;"])
+
+
+def test_times_are_shown_as_dates_in_utc(server, busy):
+    """The page says when it was generated, when each job was submitted and each session was
+    last active as a UTC date and time (a person cannot read a Unix time)."""
+    sid, job_id, _ = busy
+    before = time.time()
+    with _client(server, "alice") as alice:
+        html = alice.get("/status?refresh=0").text
+    after = time.time()
+    assert "Unix time" not in html
+    generated = re.search(r'id="generated">Generated <time datetime="([^"]+)">'
+                          r'(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) UTC</time>', html)
+    assert generated is not None, html
+    shown = calendar.timegm(time.strptime(generated[2], "%Y-%m-%d %H:%M:%S"))
+    assert int(before) <= shown <= after
+    assert generated[1] == time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(shown))
+    row = re.search(r'<tr class="job" data-job="' + re.escape(job_id) + r'">(.*?)</tr>', html,
+                    re.S)[1]
+    submitted = re.search(r'<time datetime="[^"]+" title="([^"]+) UTC">[^<]* ago</time>', row)
+    assert submitted is not None, row
+    assert shown - 600 < calendar.timegm(time.strptime(submitted[1], "%Y-%m-%d %H:%M:%S")) \
+        <= shown
+    sessions = re.search(r'<table id="sessions">(.*?)</table>', html, re.S)[1]
+    assert re.search(r'title="\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC">[^<]* ago</time>',
+                     sessions), sessions
 
 
 def _chromium() -> str | None:
