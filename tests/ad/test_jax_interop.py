@@ -4,6 +4,7 @@ against the same computation written in JAX, under jax.jit."""
 
 import numpy as np
 import pytest
+from interop_programs import sin_roll_program
 
 jax = pytest.importorskip("jax", reason="the [jax] extra (JAX) is not installed")
 jnp = pytest.importorskip("jax.numpy", reason="the [jax] extra (JAX) is not installed")
@@ -25,26 +26,7 @@ def ti64(backend):
 
 
 def _program(ti):
-    x = ti.field(ti.f64, N, needs_grad=True)
-    w = ti.field(ti.f64, N, needs_grad=True)
-    y = ti.field(ti.f64, N, needs_grad=True)
-    s = ti.field(ti.f64, (), needs_grad=True)
-
-    @ti.kernel
-    def compute():
-        for i in x:
-            y[i] = ti.sin(x[i]) * w[i] * w[i] + x[(i + 1) % N] * w[i]
-
-    @ti.kernel
-    def total():
-        for i in y:
-            s[None] += y[i] * y[i]
-
-    def program():
-        compute()
-        total()
-
-    return program, [x, w], [y, s]
+    return sin_roll_program(ti, N)
 
 
 def _reference(x, w):

@@ -5,6 +5,7 @@ exactly once; torch.compile."""
 
 import numpy as np
 import pytest
+from interop_programs import sin_roll_program
 
 torch = pytest.importorskip("torch", reason="the [torch] extra (PyTorch) is not installed")
 
@@ -24,26 +25,8 @@ def _field_op(ti):
     """y[i] = sin(x[i]) * w[i]^2 + x[(i+1) % n] * w[i];  s = sum(y^2)"""
     from difftape.interop.torch import operator
 
-    x = ti.field(ti.f64, N, needs_grad=True)
-    w = ti.field(ti.f64, N, needs_grad=True)
-    y = ti.field(ti.f64, N, needs_grad=True)
-    s = ti.field(ti.f64, (), needs_grad=True)
-
-    @ti.kernel
-    def compute():
-        for i in x:
-            y[i] = ti.sin(x[i]) * w[i] * w[i] + x[(i + 1) % N] * w[i]
-
-    @ti.kernel
-    def total():
-        for i in y:
-            s[None] += y[i] * y[i]
-
-    def program():
-        compute()
-        total()
-
-    return operator(program, inputs=[x, w], outputs=[y, s])
+    program, inputs, outputs = sin_roll_program(ti, N)
+    return operator(program, inputs=inputs, outputs=outputs)
 
 
 def _torch_reference(x, w):

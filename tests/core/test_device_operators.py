@@ -19,6 +19,7 @@ import ctypes
 import numpy as np
 import pytest
 from cuda_standin import FakeDriver, use
+from interop_programs import sin_roll_program
 
 import difftape as ti
 from difftape.runtime import dlpack, program
@@ -144,26 +145,8 @@ def _ndarray_op():
 
 def _field_op():
     """y[i] = sin(x[i]) * w[i]^2 + x[(i+1) % n] * w[i];  s = sum(y^2)"""
-    x = ti.field(ti.f64, N, needs_grad=True)
-    w = ti.field(ti.f64, N, needs_grad=True)
-    y = ti.field(ti.f64, N, needs_grad=True)
-    s = ti.field(ti.f64, (), needs_grad=True)
-
-    @ti.kernel
-    def compute():
-        for i in x:
-            y[i] = ti.sin(x[i]) * w[i] * w[i] + x[(i + 1) % N] * w[i]
-
-    @ti.kernel
-    def total():
-        for i in y:
-            s[None] += y[i] * y[i]
-
-    def run():
-        compute()
-        total()
-
-    return interop.operator(run, inputs=[x, w], outputs=[y, s])
+    run, inputs, outputs = sin_roll_program(ti, N)
+    return interop.operator(run, inputs=inputs, outputs=outputs)
 
 
 def _values(seed, n=N):

@@ -8,6 +8,7 @@ stand-in and the simulated grid, where a missing stream dependency shows determi
 
 import numpy as np
 import pytest
+from interop_programs import sin_roll_program
 
 import difftape as ti
 from difftape.runtime import program
@@ -88,26 +89,8 @@ def torch_f64(torch_cuda):
 def _field_operator(n: int):
     from difftape.interop.torch import operator
 
-    x = ti.field(ti.f64, n, needs_grad=True)
-    w = ti.field(ti.f64, n, needs_grad=True)
-    y = ti.field(ti.f64, n, needs_grad=True)
-    s = ti.field(ti.f64, (), needs_grad=True)
-
-    @ti.kernel
-    def compute():
-        for i in x:
-            y[i] = ti.sin(x[i]) * w[i] * w[i] + x[(i + 1) % n] * w[i]
-
-    @ti.kernel
-    def total():
-        for i in y:
-            s[None] += y[i] * y[i]
-
-    def run():
-        compute()
-        total()
-
-    return operator(run, inputs=[x, w], outputs=[y, s])
+    run, inputs, outputs = sin_roll_program(ti, n)
+    return operator(run, inputs=inputs, outputs=outputs)
 
 
 def test_a_cuda_operator_passes_gradcheck_in_f64(torch_f64):

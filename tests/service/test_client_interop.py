@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from interop_programs import sin_roll_program
 
 import difftape as ti
 
@@ -62,26 +63,7 @@ def is_remote() -> bool:
 
 def _storage():
     """y[i] = sin(x[i]) w[i]^2 + x[(i+1) % n] w[i];  s = sum(y^2)  (fields, f64)."""
-    x = ti.field(ti.f64, N, needs_grad=True)
-    w = ti.field(ti.f64, N, needs_grad=True)
-    y = ti.field(ti.f64, N, needs_grad=True)
-    s = ti.field(ti.f64, (), needs_grad=True)
-
-    @ti.kernel
-    def compute():
-        for i in x:
-            y[i] = ti.sin(x[i]) * w[i] * w[i] + x[(i + 1) % N] * w[i]
-
-    @ti.kernel
-    def total():
-        for i in y:
-            s[None] += y[i] * y[i]
-
-    def program():
-        compute()
-        total()
-
-    return program, [x, w], [y, s]
+    return sin_roll_program(ti, N)
 
 
 def _inputs(seed: int):
