@@ -32,10 +32,108 @@ import numpy as np
 
 from ..errors import DifftapeError
 from ..frontend.field import Field
-from ..runtime import program
-from .core import DiffProgram, Exchange, _full_shape
+from ..runtime import devicearrays, program
+from ..runtime.storage import SimulatedDeviceMemory
+from . import xlaffi
+from .core import DeviceCall, DiffProgram, Exchange, _full_shape
 
 __all__ = ["function", "call", "Params"]
+
+
+# the passes a call names (its ``stage`` attribute)
+RUN, RUN_RECORDED, VJP, SECOND, JVP = range(5)
+
+
+class _Passes:
+    """The passes of one :func:`function`, run by the XLA FFI handler (``interop/xlaffi.py``)
+    on XLA's buffers: on the CPU platform NumPy arrays over them, the results written in
+    place; on CUDA the device memory itself, ordered with XLA's stream
+    (:class:`~difftape.interop.core.DeviceCall`)."""
+
+    def __init__(self, p: DiffProgram) -> None:
+        self.program = p
+        self.key = xlaffi.register_target(self)
+
+    def execute(self, frame: xlaffi.Frame) -> None:
+        p, stage = self.program, frame.attrs.get("stage")
+        n_in, n_out = len(p.inputs), len(p.outputs)
+        if frame.platform == "cpu":
+            args = [b.host_array() for b in frame.args]
+            rets = [b.host_array() for b in frame.rets]
+            device = None
+        else:
+            args, rets, device = self._device(frame)
+        if stage in (RUN, RUN_RECORDED):
+            record = stage == RUN_RECORDED and device is None
+            if device is not None:
+                p.run(args, record=False, device=device)
+            else:
+                p.run(args, record=record, out=rets[:n_out])
+            if stage == RUN_RECORDED:  # the token (on CUDA 0: "unknown", see _token)
+                if device is None:
+                    rets[n_out][...] = p._token
+                else:
+                    with device.joined():
+                        device.empty((), np.dtype(np.int32), n_out)[1].zero()
+        elif stage == VJP:
+            token = None if device is not None else int(args[0]) or None
+            xs, us = args[1:1 + n_in], args[1 + n_in:]
+            p.vjp(token, xs, us, device=device, out=None if device is not None else rets)
+        elif stage == SECOND:
+            xs, us, ws = args[:n_in], args[n_in:n_in + n_out], args[n_in + n_out:]
+            p.vjp_derivative(xs, us, ws, device=device, out=None if device is not None
+                             else rets)
+        elif stage == JVP:
+            p.jvp(args[:n_in], args[n_in:], device=device,
+                  out=None if device is not None else rets)
+        else:
+            raise DifftapeError(f"{p.name}: XLA FFI call of unknown stage {stage}")
+
+    def _device(self, frame: xlaffi.Frame) -> tuple[list, list, DeviceCall]:
+        """XLA's device buffers as CUDA arrays on its stream, for a grid program."""
+        prog = program.get()
+        if prog.remote is not None or not devicearrays.shares_device_memory(prog.allocator):
+            raise DifftapeError(f"{self.program.name}: JAX runs this call on a GPU but the "
+                                "program's storage is not device memory (it changed after "
+                                "the function was traced): call the function again")
+        args = [_DeviceBuffer(b, frame.stream) for b in frame.args]
+        rets = [_DeviceBuffer(b, frame.stream) for b in frame.rets]
+        return args, rets, DeviceCall(frame.stream, results=rets)
+
+
+class _DeviceBuffer:
+    """One of XLA's device buffers as a ``__cuda_array_interface__`` (v3) array on XLA's
+    stream: what :func:`~difftape.runtime.devicearrays.borrow` takes in place."""
+
+    __slots__ = ("__cuda_array_interface__",)
+
+    def __init__(self, b: xlaffi.Buffer, stream: int | None) -> None:
+        self.__cuda_array_interface__ = {
+            "version": 3, "shape": b.shape, "typestr": b.dtype.str, "strides": None,
+            "data": (b.address, False), "stream": stream}
+
+
+def _register_handlers() -> None:
+    """Register the FFI handler with XLA for the CPU and CUDA platforms (once)."""
+    global _registered
+    if _registered:
+        return
+    for platform, name in (("cpu", "cpu"), ("cuda", "CUDA")):
+        jax.ffi.register_ffi_target(xlaffi.TARGET, jax.ffi.pycapsule(xlaffi.handler[platform]),
+                                    platform=name)
+    _registered = True
+
+
+_registered = False
+
+
+def _on_device(p: DiffProgram) -> bool:
+    """Does ``p`` run on a CUDA device whose memory XLA's CUDA buffers are (a grid program on
+    a real GPU: the FFI handler takes them in place on the CUDA platform too)?"""
+    prog = program.get()
+    if p._remote or not devicearrays.shares_device_memory(prog.allocator):
+        return False
+    return not isinstance(prog.allocator.memory, SimulatedDeviceMemory)
 
 
 def function(fn: Callable[[], object], inputs: Sequence, outputs: Sequence,
@@ -43,6 +141,9 @@ def function(fn: Callable[[], object], inputs: Sequence, outputs: Sequence,
     """A JAX function ``f(*arrays) -> output array(s)`` running ``fn`` on the declared
     ``inputs``/``outputs`` (fields or ``ti.ndarray`` with ``needs_grad=True``)."""
     p = DiffProgram(fn, inputs, outputs, name)
+    _register_handlers()
+    passes = _Passes(p)
+    on_device = _on_device(p)
     out_specs = tuple(jax.ShapeDtypeStruct(s, d) for s, d in zip(p.shapes_out, p.dtypes_out,
                                                                  strict=True))
     in_specs = tuple(jax.ShapeDtypeStruct(s, d) for s, d in zip(p.shapes_in, p.dtypes_in,
@@ -53,6 +154,8 @@ def function(fn: Callable[[], object], inputs: Sequence, outputs: Sequence,
     def arrays(xs) -> list[np.ndarray]:
         return [np.asarray(x) for x in xs]
 
+    # The passes through jax.pure_callback: host copies, for JAX on a GPU with a program whose
+    # storage is host memory or on a server (the FFI handler on CUDA takes device memory).
     def run_cb(*xs):
         return tuple(p.run(arrays(xs), record=False)[1])
 
@@ -71,7 +174,27 @@ def function(fn: Callable[[], object], inputs: Sequence, outputs: Sequence,
 
     def jvp_cb(*args):
         xs, ts = args[:n_in], args[n_in:]
-        return tuple(p.jvp(arrays(xs), arrays(ts))[1])
+        outs, touts = p.jvp(arrays(xs), arrays(ts))
+        return (*outs, *touts)
+
+    callbacks = {RUN: run_cb, RUN_RECORDED: run_recorded_cb, VJP: vjp_cb, SECOND: second_cb,
+                 JVP: jvp_cb}
+
+    def pass_(stage: int, specs: tuple, *args):
+        """One pass as a JAX operation: the FFI call (in place on XLA's buffers) where the
+        handler serves the platform, else the host callback."""
+        def ffi(*a):
+            return tuple(jax.ffi.ffi_call(xlaffi.TARGET, specs, vmap_method="sequential")(
+                *a, target=np.int64(passes.key), stage=np.int32(stage)))
+
+        if on_device:
+            return ffi(*args)
+
+        def copied(*a):
+            return tuple(jax.pure_callback(callbacks[stage], specs, *a,
+                                           vmap_method="sequential"))
+
+        return tuple(jax.lax.platform_dependent(*args, cpu=ffi, default=copied))
 
     def check(xs) -> None:
         if len(xs) != n_in:
@@ -88,27 +211,24 @@ def function(fn: Callable[[], object], inputs: Sequence, outputs: Sequence,
     if mode == "reverse":
         @jax.custom_vjp
         def backward(token, xs, us):
-            return jax.pure_callback(vjp_cb, in_specs, token, *xs, *us,
-                                     vmap_method="sequential")
+            return pass_(VJP, in_specs, token, *xs, *us)
 
         def backward_fwd(token, xs, us):
             return backward(token, xs, us), (xs, us)
 
         def backward_bwd(res, ws):
             xs, us = res
-            d = jax.pure_callback(second_cb, out_specs + in_specs, *xs, *us, *ws,
-                                  vmap_method="sequential")
+            d = pass_(SECOND, out_specs + in_specs, *xs, *us, *ws)
             return None, tuple(d[len(out_specs):]), tuple(d[:len(out_specs)])
 
         backward.defvjp(backward_fwd, backward_bwd)
 
         # The outputs and a token naming the run (its recording, which the backward pass
         # reuses when it is still the latest); calling g itself in its fwd rule keeps the
-        # callback out of JAX's JVP when the backward pass is differentiated in turn.
+        # pass out of JAX's JVP when the backward pass is differentiated in turn.
         @jax.custom_vjp
         def g(*xs):
-            return tuple(jax.pure_callback(run_recorded_cb, out_specs + (token_spec,), *xs,
-                                           vmap_method="sequential"))
+            return pass_(RUN_RECORDED, out_specs + (token_spec,), *xs)
 
         def g_fwd(*xs):
             outs = g(*xs)
@@ -123,15 +243,15 @@ def function(fn: Callable[[], object], inputs: Sequence, outputs: Sequence,
     elif mode == "forward":
         @jax.custom_jvp
         def f(*xs):
-            return jax.pure_callback(run_cb, out_specs, *xs, vmap_method="sequential")
+            return pass_(RUN, out_specs, *xs)
 
         @f.defjvp
         def f_jvp(xs, ts):
             ts = tuple(jnp.zeros(s.shape, s.dtype) if type(t).__name__ == "SymbolicZero"
                        else t for t, s in zip(ts, in_specs, strict=True))
-            # Two callbacks: under jax.jacfwd the tangents are batched, the outputs not.
+            # Two passes: under jax.jacfwd the tangents are batched, the outputs not.
             outs = f(*xs)
-            touts = jax.pure_callback(jvp_cb, out_specs, *xs, *ts, vmap_method="sequential")
+            touts = pass_(JVP, out_specs + out_specs, *xs, *ts)[len(out_specs):]
             return outs, tuple(touts)
     else:
         raise DifftapeError(f"difftape.interop.jax.function: mode must be 'reverse' or "
@@ -143,6 +263,7 @@ def function(fn: Callable[[], object], inputs: Sequence, outputs: Sequence,
 
     call.__name__ = p.name
     call.program = p
+    call.passes = passes  # (the FFI target's owner: lives as long as the function)
     return call
 
 
