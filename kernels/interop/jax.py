@@ -7,19 +7,25 @@
     jax.jit(jax.grad(lambda a: f(a)))(a0)
 
 The program (a Python function launching difftape kernels on declared fields or
-``ti.ndarray``, see ``interop/core.py``) runs on the CPU through ``jax.pure_callback``, so
-it works under ``jax.jit``. ``mode="reverse"`` (default) is a ``jax.custom_vjp`` function:
+``ti.ndarray``, see ``interop/core.py``) runs as an XLA custom call: ``jax.ffi.ffi_call`` of
+difftape's FFI handler (``interop/xlaffi.py``), so it works eagerly, under ``jax.jit`` and
+under ``jax.vmap`` (sequentially). ``mode="reverse"`` (default) is a ``jax.custom_vjp`` function:
 ``jax.grad``/``jax.vjp`` run difftape's reverse mode, and their own derivative (second order,
 ``jax.hessian``) runs forward-over-reverse (fields only). ``mode="forward"`` is a
 ``jax.custom_jvp`` function: ``jax.jvp``/``jax.jacfwd`` run difftape's forward mode, first
-order (JAX cannot transpose a callback, so reverse mode needs ``mode="reverse"``).
+order (JAX cannot transpose a custom call, so reverse mode needs ``mode="reverse"``).
 
-Copies: ``pure_callback`` hands the program NumPy arrays and copies its results into JAX
-buffers, so each call copies its outputs once (and field storage its inputs once, as for
-PyTorch). Arrays must have the declared dtype and shape (f64 needs ``jax_enable_x64``).
-Under ``arch=ti.remote`` (field or ndarray storage) each callback is one request to the server.
-JAX GPU arrays reach the program as the host copies ``pure_callback`` makes (on a grid program
-copied to the device again): correct, not zero-copy; that would need an XLA FFI handler.
+Copies. Each pass runs on XLA's own buffers (:class:`_Passes`): on the CPU platform
+``ti.ndarray`` storage is XLA's argument and result memory itself (outputs and an ndarray
+input's gradient written in place), field storage is copied in or out once per call, as for
+PyTorch; on the CUDA platform, with a grid program on that device, XLA's device buffers are
+borrowed in place and the pass is ordered with XLA's stream (``DeviceCall``: events, no host
+wait), where the backward pass runs the program again (its token is device memory, which the
+host would have to wait to read). Only JAX on a GPU with a program whose storage is not that
+device's memory (a CPU program, ``arch=ti.remote``) takes ``jax.pure_callback``: host copies
+of the arrays and of the results (chosen per platform by ``jax.lax.platform_dependent``).
+Arrays must have the declared dtype and shape (f64 needs ``jax_enable_x64``). Under
+``arch=ti.remote`` each pass is one request to the server (XLA's buffers sent as bytes).
 """
 
 from __future__ import annotations
