@@ -132,6 +132,10 @@ def _register_handlers() -> None:
 
 _registered = False
 
+#: the platforms on which the FFI handler serves programs whose storage is not the device's
+#: memory (XLA's buffers are host memory there); elsewhere ``jax.pure_callback`` (host copies)
+FFI_PLATFORMS = ("cpu",)
+
 
 def _on_device(p: DiffProgram) -> bool:
     """Does ``p`` run on a CUDA device whose memory XLA's CUDA buffers are (a grid program on
@@ -200,7 +204,8 @@ def function(fn: Callable[[], object], inputs: Sequence, outputs: Sequence,
             return tuple(jax.pure_callback(callbacks[stage], specs, *a,
                                            vmap_method="sequential"))
 
-        return tuple(jax.lax.platform_dependent(*args, cpu=ffi, default=copied))
+        served = {platform: ffi for platform in FFI_PLATFORMS}
+        return tuple(jax.lax.platform_dependent(*args, **served, default=copied))
 
     def check(xs) -> None:
         if len(xs) != n_in:
