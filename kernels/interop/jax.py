@@ -64,8 +64,8 @@ class _Passes:
         p, stage = self.program, frame.attrs.get("stage")
         n_in, n_out = len(p.inputs), len(p.outputs)
         if frame.platform == "cpu":
-            args = [b.host_array() for b in frame.args]
-            rets = [b.host_array() for b in frame.rets]
+            args = [b.host_array(writeable=False) for b in frame.args]
+            rets = [b.host_array(writeable=True) for b in frame.rets]
             device = None
         else:
             args, rets, device = self._device(frame)
@@ -102,21 +102,22 @@ class _Passes:
             raise DifftapeError(f"{self.program.name}: JAX runs this call on a GPU but the "
                                 "program's storage is not device memory (it changed after "
                                 "the function was traced): call the function again")
-        args = [_DeviceBuffer(b, frame.stream) for b in frame.args]
-        rets = [_DeviceBuffer(b, frame.stream) for b in frame.rets]
+        args = [_DeviceBuffer(b, frame.stream, readonly=True) for b in frame.args]
+        rets = [_DeviceBuffer(b, frame.stream, readonly=False) for b in frame.rets]
         return args, rets, DeviceCall(frame.stream, results=rets)
 
 
 class _DeviceBuffer:
     """One of XLA's device buffers as a ``__cuda_array_interface__`` (v3) array on XLA's
-    stream: what :func:`~difftape.runtime.devicearrays.borrow` takes in place."""
+    stream: what :func:`~difftape.runtime.devicearrays.borrow` takes in place (``readonly``:
+    an argument, which kernels must not write)."""
 
     __slots__ = ("__cuda_array_interface__",)
 
-    def __init__(self, b: xlaffi.Buffer, stream: int | None) -> None:
+    def __init__(self, b: xlaffi.Buffer, stream: int | None, readonly: bool) -> None:
         self.__cuda_array_interface__ = {
             "version": 3, "shape": b.shape, "typestr": b.dtype.str, "strides": None,
-            "data": (b.address, False), "stream": stream}
+            "data": (b.address, readonly), "stream": stream}
 
 
 def _register_handlers() -> None:

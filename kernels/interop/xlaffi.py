@@ -155,12 +155,16 @@ class Buffer:
     def nbytes(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
 
-    def host_array(self) -> np.ndarray:
-        """The buffer as a NumPy array over its memory (no copy; CPU platform only)."""
+    def host_array(self, writeable: bool) -> np.ndarray:
+        """The buffer as a NumPy array over its memory (no copy; CPU platform only);
+        read-only unless ``writeable`` (XLA's arguments are immutable: JAX arrays, which
+        other arrays may share)."""
         if self.nbytes == 0:
             return np.empty(self.shape, self.dtype)
         raw = (ctypes.c_char * self.nbytes).from_address(self.address)
-        return np.frombuffer(raw, self.dtype).reshape(self.shape)
+        out = np.frombuffer(raw, self.dtype).reshape(self.shape)
+        out.flags.writeable = writeable
+        return out
 
 
 @dataclass(frozen=True)

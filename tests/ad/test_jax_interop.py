@@ -329,3 +329,25 @@ def test_ffi_pass_errors_reach_jax_with_difftapes_message(ti64):
     x = jnp.asarray(_args(11)[0])
     with pytest.raises(Exception, match="ti.ndarray has no tangent"):
         jax.block_until_ready(jax.jvp(g, (x,), (x,)))
+
+
+def test_ffi_program_writing_its_input_is_refused(ti64):
+    """XLA's argument buffers are JAX arrays (immutable, maybe shared): a program whose
+    kernel writes an input is refused, and the array is unchanged."""
+    from difftape.interop.jax import function
+
+    a = ti64.ndarray(ti64.f64, N, needs_grad=True)
+    b = ti64.ndarray(ti64.f64, N, needs_grad=True)
+
+    @ti64.kernel
+    def scale_in_place(a: ti64.types.ndarray(), b: ti64.types.ndarray()):
+        for i in a:
+            a[i] = 2 * a[i]
+            b[i] = a[i]
+
+    f = function(lambda: scale_in_place(a, b), [a], [b])
+    x = jnp.asarray(_args(12)[0])
+    before = np.array(x)
+    with pytest.raises(Exception, match="read-only"):
+        jax.block_until_ready(f(x))
+    np.testing.assert_array_equal(np.asarray(x), before)

@@ -224,3 +224,23 @@ def test_unknown_target_is_an_error(xla):
     out = xla.buffer(np.zeros(N))
     assert xla.call(0, interop.RUN, [], [out]) == 0xE0
     assert "no longer exists" in xla.errors[0]
+
+
+def test_cuda_frame_arguments_are_read_only(xla):
+    """XLA's argument buffers are JAX arrays: a kernel writing one is refused."""
+    a = ti.ndarray(ti.f64, N, needs_grad=True)
+    b = ti.ndarray(ti.f64, N, needs_grad=True)
+
+    @ti.kernel
+    def scale_in_place(a: ti.types.ndarray(), b: ti.types.ndarray()):
+        for i in a:
+            a[i] = 2 * a[i]
+            b[i] = a[i]
+
+    f = interop.function(lambda: scale_in_place(a, b), inputs=[a], outputs=[b])
+    xv = _values(13)
+    x, y = xla.buffer(xv), xla.buffer(np.full(N, np.nan))
+    assert xla.call(f.passes.key, interop.RUN, [x], [y]) == 0xE0
+    assert "read-only" in xla.errors[0]
+    xla.stream.synchronize()
+    np.testing.assert_array_equal(x[0], xv)
