@@ -158,6 +158,7 @@ class DiffProgram:
         self._runs = itertools.count(1)
         self._tape: Tape | None = None
         self._cotangents: dict[int, np.ndarray] = {}
+        self._spare: dict[int, object] = {}  # (unbind)
 
     # ------------------------------------------------------------------ forward
     def run(self, xs: Sequence, record: bool, out: Sequence[np.ndarray] | None = None,
@@ -197,23 +198,29 @@ class DiffProgram:
 
     # ------------------------------------------------------------------ reverse
     def vjp(self, token: int | None, xs: Sequence, us: Sequence,
-            device: DeviceCall | None = None, out: Sequence[np.ndarray] | None = None
-            ) -> list:
+            device: DeviceCall | None = None, out: Sequence[np.ndarray] | None = None,
+            ys: Sequence[np.ndarray] | None = None) -> list:
         """``J(xs)^T us``, one fresh array per input (with ``out``: written into those
         arrays, an ndarray input's gradient accumulated there in place); ``token``: the run
-        being differentiated (None: unknown, run again)."""
+        being differentiated (None: unknown, run again); ``ys``: that run's outputs, where
+        its ndarray outputs are no longer the memory it wrote (XLA's buffers: the recording
+        reads them where they are now)."""
         self._check_outside_derivatives()
         if device is not None:
             with device.joined():
                 return self._vjp(token, xs, us, device)
-        return self._vjp(token, xs, us, None, out)
+        return self._vjp(token, xs, us, None, out, ys)
 
     def _vjp(self, token: int | None, xs: Sequence, us: Sequence,
-             device: DeviceCall | None, out: Sequence[np.ndarray] | None = None) -> list:
+             device: DeviceCall | None, out: Sequence[np.ndarray] | None = None,
+             ys: Sequence[np.ndarray] | None = None) -> list:
         if token is None or token != self._token or self._tape is None:
             self._launch(xs, True, None, device)  # re-run from the saved inputs (module doc)
         else:
             self._bind_inputs(xs, device)  # the recording reads the ndarrays' current memory
+            for s, y in zip(self.outputs, ys or (), strict=False):
+                if not self._copied(s):
+                    s._bind_host_array(self._checked(y, s, "output"))
         tape, self._tape = self._tape, None  # one backward pass per recording
         self._token = None
         clear_all_gradients()  # (the fields': ndarrays keep theirs, as in Taichi)
@@ -414,6 +421,23 @@ class DiffProgram:
         if into is None:
             return [np.array(v) for v in values[len(at):]]
         return _delivered(values[len(at):], into)
+
+    def unbind(self) -> None:
+        """Point the declared ndarrays (and their gradients) away from the memory a call
+        bound them to, at spare storage of their own (kept for the next call: no allocation
+        per call): for callers whose memory is gone after the call (XLA frees its buffers),
+        so that nothing later reads or writes it. Their values are then not the call's."""
+        for s in self.inputs + self.outputs:
+            if self._copied(s):
+                continue
+            for a in (s, s.grad):
+                key = id(a)
+                spare = self._spare.get(key)
+                if spare is None or spare.shape != a.storage.shape or \
+                        spare.dtype != a.storage.dtype or spare.host != a.storage.host:
+                    spare = self._spare[key] = program.get().allocator.storage(
+                        a.storage.shape, a.storage.dtype)
+                a.storage = spare
 
     def _set(self, target: Field, value, what: str, device: DeviceCall | None) -> None:
         """``target`` (a field's ``.dual`` or ``.grad``) becomes ``value``."""

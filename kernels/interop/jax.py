@@ -26,6 +26,12 @@ device's memory (a CPU program, ``arch=ti.remote``) takes ``jax.pure_callback``:
 of the arrays and of the results (chosen per platform by ``jax.lax.platform_dependent``).
 Arrays must have the declared dtype and shape (f64 needs ``jax_enable_x64``). Under
 ``arch=ti.remote`` each pass is one request to the server (XLA's buffers sent as bytes).
+
+When. A pass runs when XLA executes the computation, on the thread XLA runs it on, which may
+be after the JAX call has returned (JAX dispatches asynchronously); passes are serialised
+with each other (``xlaffi``), not with the rest of your Python code. The declared storage
+belongs to the function: do not change it, or launch kernels of the same program, until the
+results are ready (``jax.block_until_ready``).
 """
 
 from __future__ import annotations
@@ -62,13 +68,20 @@ class _Passes:
 
     def execute(self, frame: xlaffi.Frame) -> None:
         p, stage = self.program, frame.attrs.get("stage")
-        n_in, n_out = len(p.inputs), len(p.outputs)
         if frame.platform == "cpu":
             args = [b.host_array(writeable=False) for b in frame.args]
             rets = [b.host_array(writeable=True) for b in frame.rets]
             device = None
         else:
             args, rets, device = self._device(frame)
+        try:
+            self._run(stage, args, rets, device)
+        finally:
+            p.unbind()  # (XLA frees or reuses its buffers after the call)
+
+    def _run(self, stage: int, args: list, rets: list, device: DeviceCall | None) -> None:
+        p = self.program
+        n_in, n_out = len(p.inputs), len(p.outputs)
         if stage in (RUN, RUN_RECORDED):
             record = stage == RUN_RECORDED and device is None
             if device is not None:
@@ -81,10 +94,13 @@ class _Passes:
                 else:
                     with device.joined():
                         device.empty((), np.dtype(np.int32), n_out)[1].zero()
-        elif stage == VJP:
+        elif stage == VJP:  # (token, inputs, the run's outputs, cotangents)
             token = None if device is not None else int(args[0]) or None
-            xs, us = args[1:1 + n_in], args[1 + n_in:]
-            p.vjp(token, xs, us, device=device, out=None if device is not None else rets)
+            xs, ys, us = args[1:1 + n_in], args[1 + n_in:1 + n_in + n_out], args[1 + n_in + n_out:]
+            if device is not None:
+                p.vjp(token, xs, us, device=device)
+            else:
+                p.vjp(token, xs, us, out=rets, ys=ys)
         elif stage == SECOND:
             xs, us, ws = args[:n_in], args[n_in:n_in + n_out], args[n_in + n_out:]
             p.vjp_derivative(xs, us, ws, device=device, out=None if device is not None
@@ -174,8 +190,8 @@ def function(fn: Callable[[], object], inputs: Sequence, outputs: Sequence,
         token, outs = p.run(arrays(xs), record=True)
         return (*outs, np.int32(token))
 
-    def vjp_cb(token, *args):
-        xs, us = args[:n_in], args[n_in:]
+    def vjp_cb(token, *args):  # (the outputs the run wrote are its own arrays here)
+        xs, us = args[:n_in], args[n_in + len(out_specs):]
         return tuple(p.vjp(int(token), arrays(xs), arrays(us)))
 
     def second_cb(*args):
@@ -221,17 +237,20 @@ def function(fn: Callable[[], object], inputs: Sequence, outputs: Sequence,
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     if mode == "reverse":
+        # The backward pass takes the run's outputs too: its recording reads ndarray outputs
+        # where they are (XLA's buffers; JAX keeps residuals alive until the backward pass).
         @jax.custom_vjp
-        def backward(token, xs, us):
-            return pass_(VJP, in_specs, token, *xs, *us)
+        def backward(token, xs, ys, us):
+            return pass_(VJP, in_specs, token, *xs, *ys, *us)
 
-        def backward_fwd(token, xs, us):
-            return backward(token, xs, us), (xs, us)
+        def backward_fwd(token, xs, ys, us):
+            return backward(token, xs, ys, us), (xs, us)
 
         def backward_bwd(res, ws):
             xs, us = res
             d = pass_(SECOND, out_specs + in_specs, *xs, *us, *ws)
-            return None, tuple(d[len(out_specs):]), tuple(d[:len(out_specs)])
+            return (None, tuple(d[len(out_specs):]), None,  # (ys: a cache of xs' values)
+                    tuple(d[:len(out_specs)]))
 
         backward.defvjp(backward_fwd, backward_bwd)
 
@@ -244,11 +263,11 @@ def function(fn: Callable[[], object], inputs: Sequence, outputs: Sequence,
 
         def g_fwd(*xs):
             outs = g(*xs)
-            return outs, (outs[-1], xs)
+            return outs, (outs[-1], xs, outs[:-1])
 
         def g_bwd(res, cts):
-            token, xs = res
-            return tuple(backward(token, xs, tuple(cts[:-1])))
+            token, xs, ys = res
+            return tuple(backward(token, xs, ys, tuple(cts[:-1])))
 
         g.defvjp(g_fwd, g_bwd)
         f = lambda *xs: g(*xs)[:-1]
