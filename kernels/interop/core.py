@@ -63,11 +63,17 @@ class DeviceCall:
     ``stream`` runs its later work after ours (``ti.caller_stream``): nobody waits on the
     host. The framework's arrays are borrowed in place (``runtime/devicearrays.py``: device,
     dtype and layout checked) and kept alive until the launches that address them have run.
+
+    ``results``: where the framework allocated the pass's results before the call (XLA's
+    result buffers, ``interop/jax.py``), in the order the pass returns them; result ``k`` of
+    a pass is then written into ``results[k]`` in place (:meth:`empty` and :meth:`copy_out`
+    with ``index=k``) instead of a new array.
     """
 
-    def __init__(self, stream: int, empty: Callable[[tuple, np.dtype], tuple[object, object]]
-                 ) -> None:
-        self.stream, self._empty = stream, empty
+    def __init__(self, stream: int,
+                 empty: Callable[[tuple, np.dtype], tuple[object, object]] | None = None,
+                 results: Sequence[object] | None = None) -> None:
+        self.stream, self._empty, self._results = stream, empty, results
         self.allocator: DeviceMemoryAllocator = program.get().allocator
         self._borrowed: list[BorrowedStorage] = []
 
@@ -77,15 +83,27 @@ class DeviceCall:
         self._borrowed.append(storage)
         return storage
 
-    def empty(self, shape: tuple, dtype: np.dtype) -> tuple[object, BorrowedStorage]:
-        """A new array of the framework's (the caller owns it) and its memory as storage."""
+    def empty(self, shape: tuple, dtype: np.dtype, index: int | None = None
+              ) -> tuple[object, BorrowedStorage]:
+        """A new array of the framework's (the caller owns it) and its memory as storage;
+        with ``results``, the pass's result ``index`` (shape and dtype checked)."""
+        if self._results is not None:
+            if index is None or index >= len(self._results):
+                raise DifftapeError(f"internal: no result buffer {index} for this call")
+            array = self._results[index]
+            storage = self.borrow(array, f"result buffer {index}")
+            if tuple(storage.shape) != tuple(shape) or storage.dtype != np.dtype(dtype):
+                raise DifftapeError(f"result buffer {index} has shape {tuple(storage.shape)} "
+                                    f"and dtype {storage.dtype}; the result is {tuple(shape)} "
+                                    f"{np.dtype(dtype)}")
+            return array, storage
         result, array = self._empty(tuple(shape), np.dtype(dtype))
         return result, self.borrow(array, "an array the framework allocated")
 
-    def copy_out(self, storage) -> object:
-        """A new array of the framework's holding a copy of ``storage``, made on the
-        device."""
-        result, out = self.empty(storage.shape, storage.dtype)
+    def copy_out(self, storage, index: int | None = None) -> object:
+        """A new array of the framework's (result ``index`` with ``results``) holding a copy
+        of ``storage``, made on the device."""
+        result, out = self.empty(storage.shape, storage.dtype, index)
         out.copy_from(storage)
         return result
 
@@ -140,6 +158,7 @@ class DiffProgram:
         self._runs = itertools.count(1)
         self._tape: Tape | None = None
         self._cotangents: dict[int, np.ndarray] = {}
+        self._spare: dict[int, object] = {}  # (unbind)
 
     # ------------------------------------------------------------------ forward
     def run(self, xs: Sequence, record: bool, out: Sequence[np.ndarray] | None = None,
@@ -179,21 +198,29 @@ class DiffProgram:
 
     # ------------------------------------------------------------------ reverse
     def vjp(self, token: int | None, xs: Sequence, us: Sequence,
-            device: DeviceCall | None = None) -> list:
-        """``J(xs)^T us``, one fresh array per input; ``token``: the run being
-        differentiated (None: unknown, run again)."""
+            device: DeviceCall | None = None, out: Sequence[np.ndarray] | None = None,
+            ys: Sequence[np.ndarray] | None = None) -> list:
+        """``J(xs)^T us``, one fresh array per input (with ``out``: written into those
+        arrays, an ndarray input's gradient accumulated there in place); ``token``: the run
+        being differentiated (None: unknown, run again); ``ys``: that run's outputs, where
+        its ndarray outputs are no longer the memory it wrote (XLA's buffers: the recording
+        reads them where they are now)."""
         self._check_outside_derivatives()
         if device is not None:
             with device.joined():
                 return self._vjp(token, xs, us, device)
-        return self._vjp(token, xs, us, None)
+        return self._vjp(token, xs, us, None, out, ys)
 
     def _vjp(self, token: int | None, xs: Sequence, us: Sequence,
-             device: DeviceCall | None) -> list:
+             device: DeviceCall | None, out: Sequence[np.ndarray] | None = None,
+             ys: Sequence[np.ndarray] | None = None) -> list:
         if token is None or token != self._token or self._tape is None:
             self._launch(xs, True, None, device)  # re-run from the saved inputs (module doc)
         else:
             self._bind_inputs(xs, device)  # the recording reads the ndarrays' current memory
+            for s, y in zip(self.outputs, ys or (), strict=False):
+                if not self._copied(s):
+                    s._bind_host_array(self._checked(y, s, "output"))
         tape, self._tape = self._tape, None  # one backward pass per recording
         self._token = None
         clear_all_gradients()  # (the fields': ndarrays keep theirs, as in Taichi)
@@ -203,14 +230,14 @@ class DiffProgram:
                 if isinstance(a, Ndarray) and a.grad is not None and id(a) not in declared:
                     self._zero_grad(a)
         results: dict[int, object] = {}
-        for s in self.inputs:
+        for k, s in enumerate(self.inputs):
             if isinstance(s, Ndarray):
                 if device is not None:  # the kernels add into the new array itself
-                    results[id(s)], storage = device.empty(_full_shape(s), s.storage.dtype)
+                    results[id(s)], storage = device.empty(_full_shape(s), s.storage.dtype, k)
                     storage.zero()
                     s.grad.storage = storage
                 else:
-                    self._zero_grad(s)
+                    self._zero_grad(s, None if out is None else out[k])
         for s, u in zip(self.outputs, us, strict=True):
             if device is not None:
                 u = self._checked(device.borrow(u, f"{self.name}: cotangent"), s, "cotangent")
@@ -236,40 +263,44 @@ class DiffProgram:
                 s.grad.from_numpy(u)
         _backward(tape)
         if device is not None:
-            return [results[id(s)] if id(s) in results else device.copy_out(s.grad.storage)
-                    for s in self.inputs]
-        grads = _values([s.grad for s in self.inputs if self._copied(s)], copy=True)
-        return [grads.pop(0) if self._copied(s) else _ndarray_result(s.grad)
-                for s in self.inputs]
+            return [results[id(s)] if id(s) in results else device.copy_out(s.grad.storage, k)
+                    for k, s in enumerate(self.inputs)]
+        grads = _values([s.grad for s in self.inputs if self._copied(s)], copy=out is None)
+        return _delivered([grads.pop(0) if self._copied(s) else _ndarray_result(s.grad)
+                           for s in self.inputs], out)
 
     # ------------------------------------------------------------------ forward mode
-    def jvp(self, xs: Sequence, ts: Sequence, device: DeviceCall | None = None
-            ) -> tuple[list, list]:
-        """The outputs and ``J(xs) ts`` (a None tangent is zero)."""
+    def jvp(self, xs: Sequence, ts: Sequence, device: DeviceCall | None = None,
+            out: Sequence[np.ndarray] | None = None) -> tuple[list, list]:
+        """The outputs and ``J(xs) ts`` (a None tangent is zero); with ``out`` (the outputs,
+        then the tangents) written into those arrays."""
         self._need_fields("forward-mode derivatives")
         self._check_outside_derivatives()
         _ensure_second_order()  # what a Tape differentiates (fields with .grad) gets a .dual
         if device is not None:
             with device.joined():
                 return self._jvp(xs, ts, device)
-        return self._jvp(xs, ts, None)
+        return self._jvp(xs, ts, None, out)
 
-    def _jvp(self, xs: Sequence, ts: Sequence, device: DeviceCall | None
-             ) -> tuple[list, list]:
+    def _jvp(self, xs: Sequence, ts: Sequence, device: DeviceCall | None,
+             out: Sequence[np.ndarray] | None = None) -> tuple[list, list]:
         self._bind_inputs(xs, device)
         clear_all_duals()
         for s, t in zip(self.inputs, ts, strict=True):
             if t is not None:
                 self._set(s.dual, t, "tangent", device)
-        outs = self._bind_outputs(None, device, results=True)
+        n = len(self.outputs)
+        outs = self._bind_outputs(None if out is None else out[:n], device, results=True)
         try:
             with forward_mode():
                 self.fn()
             if device is not None:
                 self._copy_field_outputs(outs, device=device)
                 return ([result for result, _ in outs],
-                        [device.copy_out(s.dual.storage) for s in self.outputs])
-            touts = self._copy_field_outputs(outs, [s.dual for s in self.outputs])
+                        [device.copy_out(s.dual.storage, n + k)
+                         for k, s in enumerate(self.outputs)])
+            touts = self._copy_field_outputs(outs, [s.dual for s in self.outputs],
+                                             into=None if out is None else out[n:])
         finally:
             clear_all_duals()
             self._token = self._tape = None
@@ -277,19 +308,22 @@ class DiffProgram:
 
     # ------------------------------------------------------------------ second order
     def vjp_derivative(self, xs: Sequence, us: Sequence, ws: Sequence,
-                       device: DeviceCall | None = None) -> tuple[list, list]:
+                       device: DeviceCall | None = None,
+                       out: Sequence[np.ndarray] | None = None) -> tuple[list, list]:
         """The vector-Jacobian product of ``(xs, us) -> J(xs)^T us`` with cotangents ``ws``:
-        ``(J ws`` for each output, ``(sum_k us_k H_k) ws`` for each input)."""
+        ``(J ws`` for each output, ``(sum_k us_k H_k) ws`` for each input); with ``out``
+        (the outputs' then the inputs') written into those arrays."""
         self._need_fields("second derivatives")
         self._check_outside_derivatives()
         _ensure_second_order()
         if device is not None:
             with device.joined():
                 return self._vjp_derivative(xs, us, ws, device)
-        return self._vjp_derivative(xs, us, ws, None)
+        return self._vjp_derivative(xs, us, ws, None, out)
 
     def _vjp_derivative(self, xs: Sequence, us: Sequence, ws: Sequence,
-                        device: DeviceCall | None) -> tuple[list, list]:
+                        device: DeviceCall | None, out: Sequence[np.ndarray] | None = None
+                        ) -> tuple[list, list]:
         self._bind_inputs(xs, device)
         clear_all_duals()
         for s, w in zip(self.inputs, ws, strict=True):
@@ -307,9 +341,9 @@ class DiffProgram:
                 _backward(tape)
             wanted = [s.dual for s in self.outputs] + [s.grad.dual for s in self.inputs]
             if device is not None:
-                both = [device.copy_out(f.storage) for f in wanted]
+                both = [device.copy_out(f.storage, k) for k, f in enumerate(wanted)]
             else:
-                both = _values(wanted, copy=True)
+                both = _delivered(_values(wanted, copy=out is None), out)
             d_us, d_xs = both[:len(self.outputs)], both[len(self.outputs):]
         finally:
             clear_all_duals()
@@ -348,7 +382,7 @@ class DiffProgram:
                 if not isinstance(s, Ndarray):
                     s.fill(0)
                 elif results:
-                    result, s.storage = device.empty(_full_shape(s), s.storage.dtype)
+                    result, s.storage = device.empty(_full_shape(s), s.storage.dtype, k)
                     s.storage.zero()
                 else:
                     s.storage = device.allocator.storage(_full_shape(s), s.storage.dtype)
@@ -365,15 +399,17 @@ class DiffProgram:
         return outs
 
     def _copy_field_outputs(self, outs: list, extra: Sequence[Field] = (),
-                            device: DeviceCall | None = None) -> list[np.ndarray]:
+                            device: DeviceCall | None = None,
+                            into: Sequence[np.ndarray] | None = None) -> list[np.ndarray]:
         """Copy the field outputs into ``outs``; returns copies of the ``extra`` fields'
-        values, read in the same request (tangents, under forward mode). With ``device``
-        (``outs`` from :meth:`_bind_outputs`): every output lands in a new array of the
-        framework's, copied on the device."""
+        values (written into the arrays ``into`` when given), read in the same request
+        (tangents, under forward mode). With ``device`` (``outs`` from
+        :meth:`_bind_outputs`): every output lands in a new array of the framework's (its
+        result buffer), copied on the device."""
         if device is not None:
             for k, s in enumerate(self.outputs):
                 if not isinstance(s, Ndarray):
-                    outs[k] = (device.copy_out(s.storage), s.storage)
+                    outs[k] = (device.copy_out(s.storage, k), s.storage)
             return []
         at = [k for k, s in enumerate(self.outputs) if self._copied(s)]
         values = _values([self.outputs[k] for k in at] + list(extra), copy=False)
@@ -382,7 +418,26 @@ class DiffProgram:
         for k, s in enumerate(self.outputs):
             if not self._copied(s) and not s.storage.host:  # copied in, so copied out
                 np.copyto(outs[k], s.storage.read())
-        return [np.array(v) for v in values[len(at):]]
+        if into is None:
+            return [np.array(v) for v in values[len(at):]]
+        return _delivered(values[len(at):], into)
+
+    def unbind(self) -> None:
+        """Point the declared ndarrays (and their gradients) away from the memory a call
+        bound them to, at spare storage of their own (kept for the next call: no allocation
+        per call): for callers whose memory is gone after the call (XLA frees its buffers),
+        so that nothing later reads or writes it. Their values are then not the call's."""
+        for s in self.inputs + self.outputs:
+            if self._copied(s):
+                continue
+            for a in (s, s.grad):
+                key = id(a)
+                spare = self._spare.get(key)
+                if spare is None or spare.shape != a.storage.shape or \
+                        spare.dtype != a.storage.dtype or spare.host != a.storage.host:
+                    spare = self._spare[key] = program.get().allocator.storage(
+                        a.storage.shape, a.storage.dtype)
+                a.storage = spare
 
     def _set(self, target: Field, value, what: str, device: DeviceCall | None) -> None:
         """``target`` (a field's ``.dual`` or ``.grad``) becomes ``value``."""
@@ -408,14 +463,19 @@ class DiffProgram:
         rather than a local ndarray re-pointed at the caller's memory?"""
         return self._remote or not isinstance(s, Ndarray)
 
-    def _zero_grad(self, a: Ndarray) -> None:
-        """Zero an ndarray's adjoint: a fresh array (an earlier call's gradient was handed
-        out without a copy: on the host its array, on a device the framework's tensor),
-        remotely a queued fill."""
+    def _zero_grad(self, a: Ndarray, into: np.ndarray | None = None) -> None:
+        """Zero an ndarray's adjoint: a fresh array, or the array ``into`` zeroed (an
+        earlier call's gradient was handed out without a copy: on the host its array, on a
+        device the framework's tensor), remotely a queued fill."""
         if self._remote:
             a.grad.fill(0)
         elif a.grad.storage.host:
-            a.grad._bind_host_array(np.zeros(a.grad.storage.shape, a.grad.storage.dtype))
+            if into is None or not into.flags.c_contiguous or into.shape != a.grad.storage.shape \
+                    or into.dtype != a.grad.storage.dtype:
+                into = np.zeros(a.grad.storage.shape, a.grad.storage.dtype)
+            else:
+                into[...] = 0
+            a.grad._bind_host_array(into)
         else:
             a.grad.storage = program.get().allocator.storage(a.grad.storage.shape,
                                                              a.grad.storage.dtype)
@@ -515,6 +575,19 @@ def _own(a: Ndarray) -> None:
     array (which the caller owns: a host call copies into the ndarray's storage)."""
     if isinstance(a.storage, BorrowedStorage):
         a.storage = program.get().allocator.storage(a.storage.shape, a.storage.dtype)
+
+
+def _delivered(values: Sequence[np.ndarray], out: Sequence[np.ndarray] | None
+               ) -> list[np.ndarray]:
+    """``values`` (arrays of the caller's already) as the caller receives them: themselves,
+    or, with ``out``, written into those arrays (no copy where a value is its array
+    already: an ndarray's gradient accumulated in place)."""
+    if out is None:
+        return list(values)
+    for v, o in zip(values, out, strict=True):
+        if v is not o:
+            np.copyto(o, v)
+    return list(out)
 
 
 def _ndarray_result(a: Ndarray) -> np.ndarray:

@@ -7,19 +7,31 @@
     jax.jit(jax.grad(lambda a: f(a)))(a0)
 
 The program (a Python function launching difftape kernels on declared fields or
-``ti.ndarray``, see ``interop/core.py``) runs on the CPU through ``jax.pure_callback``, so
-it works under ``jax.jit``. ``mode="reverse"`` (default) is a ``jax.custom_vjp`` function:
+``ti.ndarray``, see ``interop/core.py``) runs as an XLA custom call: ``jax.ffi.ffi_call`` of
+difftape's FFI handler (``interop/xlaffi.py``), so it works eagerly, under ``jax.jit`` and
+under ``jax.vmap`` (sequentially). ``mode="reverse"`` (default) is a ``jax.custom_vjp`` function:
 ``jax.grad``/``jax.vjp`` run difftape's reverse mode, and their own derivative (second order,
 ``jax.hessian``) runs forward-over-reverse (fields only). ``mode="forward"`` is a
 ``jax.custom_jvp`` function: ``jax.jvp``/``jax.jacfwd`` run difftape's forward mode, first
-order (JAX cannot transpose a callback, so reverse mode needs ``mode="reverse"``).
+order (JAX cannot transpose a custom call, so reverse mode needs ``mode="reverse"``).
 
-Copies: ``pure_callback`` hands the program NumPy arrays and copies its results into JAX
-buffers, so each call copies its outputs once (and field storage its inputs once, as for
-PyTorch). Arrays must have the declared dtype and shape (f64 needs ``jax_enable_x64``).
-Under ``arch=ti.remote`` (field or ndarray storage) each callback is one request to the server.
-JAX GPU arrays reach the program as the host copies ``pure_callback`` makes (on a grid program
-copied to the device again): correct, not zero-copy; that would need an XLA FFI handler.
+Copies. Each pass runs on XLA's own buffers (:class:`_Passes`): on the CPU platform
+``ti.ndarray`` storage is XLA's argument and result memory itself (outputs and an ndarray
+input's gradient written in place), field storage is copied in or out once per call, as for
+PyTorch; on the CUDA platform, with a grid program on that device, XLA's device buffers are
+borrowed in place and the pass is ordered with XLA's stream (``DeviceCall``: events, no host
+wait), where the backward pass runs the program again (its token is device memory, which the
+host would have to wait to read). Only JAX on a GPU with a program whose storage is not that
+device's memory (a CPU program, ``arch=ti.remote``) takes ``jax.pure_callback``: host copies
+of the arrays and of the results (chosen per platform by ``jax.lax.platform_dependent``).
+Arrays must have the declared dtype and shape (f64 needs ``jax_enable_x64``). Under
+``arch=ti.remote`` each pass is one request to the server (XLA's buffers sent as bytes).
+
+When. A pass runs when XLA executes the computation, on the thread XLA runs it on, which may
+be after the JAX call has returned (JAX dispatches asynchronously); passes are serialised
+with each other (``xlaffi``), not with the rest of your Python code. The declared storage
+belongs to the function: do not change it, or launch kernels of the same program, until the
+results are ready (``jax.block_until_ready``).
 """
 
 from __future__ import annotations
@@ -32,10 +44,123 @@ import numpy as np
 
 from ..errors import DifftapeError
 from ..frontend.field import Field
-from ..runtime import program
-from .core import DiffProgram, Exchange, _full_shape
+from ..runtime import devicearrays, program
+from ..runtime.storage import SimulatedDeviceMemory
+from . import xlaffi
+from .core import DeviceCall, DiffProgram, Exchange, _full_shape
 
 __all__ = ["function", "call", "Params"]
+
+
+# the passes a call names (its ``stage`` attribute)
+RUN, RUN_RECORDED, VJP, SECOND, JVP = range(5)
+
+
+class _Passes:
+    """The passes of one :func:`function`, run by the XLA FFI handler (``interop/xlaffi.py``)
+    on XLA's buffers: on the CPU platform NumPy arrays over them, the results written in
+    place; on CUDA the device memory itself, ordered with XLA's stream
+    (:class:`~difftape.interop.core.DeviceCall`)."""
+
+    def __init__(self, p: DiffProgram) -> None:
+        self.program = p
+        self.key = xlaffi.register_target(self)
+
+    def execute(self, frame: xlaffi.Frame) -> None:
+        p, stage = self.program, frame.attrs.get("stage")
+        if frame.platform == "cpu":
+            args = [b.host_array(writeable=False) for b in frame.args]
+            rets = [b.host_array(writeable=True) for b in frame.rets]
+            device = None
+        else:
+            args, rets, device = self._device(frame)
+        try:
+            self._run(stage, args, rets, device)
+        finally:
+            p.unbind()  # (XLA frees or reuses its buffers after the call)
+
+    def _run(self, stage: int, args: list, rets: list, device: DeviceCall | None) -> None:
+        p = self.program
+        n_in, n_out = len(p.inputs), len(p.outputs)
+        if stage in (RUN, RUN_RECORDED):
+            record = stage == RUN_RECORDED and device is None
+            if device is not None:
+                p.run(args, record=False, device=device)
+            else:
+                p.run(args, record=record, out=rets[:n_out])
+            if stage == RUN_RECORDED:  # the token (on CUDA 0: "unknown", see _token)
+                if device is None:
+                    rets[n_out][...] = p._token
+                else:
+                    with device.joined():
+                        device.empty((), np.dtype(np.int32), n_out)[1].zero()
+        elif stage == VJP:  # (token, inputs, the run's outputs, cotangents)
+            token = None if device is not None else int(args[0]) or None
+            xs, ys, us = args[1:1 + n_in], args[1 + n_in:1 + n_in + n_out], args[1 + n_in + n_out:]
+            if device is not None:
+                p.vjp(token, xs, us, device=device)
+            else:
+                p.vjp(token, xs, us, out=rets, ys=ys)
+        elif stage == SECOND:
+            xs, us, ws = args[:n_in], args[n_in:n_in + n_out], args[n_in + n_out:]
+            p.vjp_derivative(xs, us, ws, device=device, out=None if device is not None
+                             else rets)
+        elif stage == JVP:
+            p.jvp(args[:n_in], args[n_in:], device=device,
+                  out=None if device is not None else rets)
+        else:
+            raise DifftapeError(f"{p.name}: XLA FFI call of unknown stage {stage}")
+
+    def _device(self, frame: xlaffi.Frame) -> tuple[list, list, DeviceCall]:
+        """XLA's device buffers as CUDA arrays on its stream, for a grid program."""
+        prog = program.get()
+        if prog.remote is not None or not devicearrays.shares_device_memory(prog.allocator):
+            raise DifftapeError(f"{self.program.name}: JAX runs this call on a GPU but the "
+                                "program's storage is not device memory (it changed after "
+                                "the function was traced): call the function again")
+        args = [_DeviceBuffer(b, frame.stream, readonly=True) for b in frame.args]
+        rets = [_DeviceBuffer(b, frame.stream, readonly=False) for b in frame.rets]
+        return args, rets, DeviceCall(frame.stream, results=rets)
+
+
+class _DeviceBuffer:
+    """One of XLA's device buffers as a ``__cuda_array_interface__`` (v3) array on XLA's
+    stream: what :func:`~difftape.runtime.devicearrays.borrow` takes in place (``readonly``:
+    an argument, which kernels must not write)."""
+
+    __slots__ = ("__cuda_array_interface__",)
+
+    def __init__(self, b: xlaffi.Buffer, stream: int | None, readonly: bool) -> None:
+        self.__cuda_array_interface__ = {
+            "version": 3, "shape": b.shape, "typestr": b.dtype.str, "strides": None,
+            "data": (b.address, readonly), "stream": stream}
+
+
+def _register_handlers() -> None:
+    """Register the FFI handler with XLA for the CPU and CUDA platforms (once)."""
+    global _registered
+    if _registered:
+        return
+    for platform, name in (("cpu", "cpu"), ("cuda", "CUDA")):
+        jax.ffi.register_ffi_target(xlaffi.TARGET, jax.ffi.pycapsule(xlaffi.handler[platform]),
+                                    platform=name)
+    _registered = True
+
+
+_registered = False
+
+#: the platforms on which the FFI handler serves programs whose storage is not the device's
+#: memory (XLA's buffers are host memory there); elsewhere ``jax.pure_callback`` (host copies)
+FFI_PLATFORMS = ("cpu",)
+
+
+def _on_device(p: DiffProgram) -> bool:
+    """Does ``p`` run on a CUDA device whose memory XLA's CUDA buffers are (a grid program on
+    a real GPU: the FFI handler takes them in place on the CUDA platform too)?"""
+    prog = program.get()
+    if p._remote or not devicearrays.shares_device_memory(prog.allocator):
+        return False
+    return not isinstance(prog.allocator.memory, SimulatedDeviceMemory)
 
 
 def function(fn: Callable[[], object], inputs: Sequence, outputs: Sequence,
@@ -43,6 +168,9 @@ def function(fn: Callable[[], object], inputs: Sequence, outputs: Sequence,
     """A JAX function ``f(*arrays) -> output array(s)`` running ``fn`` on the declared
     ``inputs``/``outputs`` (fields or ``ti.ndarray`` with ``needs_grad=True``)."""
     p = DiffProgram(fn, inputs, outputs, name)
+    _register_handlers()
+    passes = _Passes(p)
+    on_device = _on_device(p)
     out_specs = tuple(jax.ShapeDtypeStruct(s, d) for s, d in zip(p.shapes_out, p.dtypes_out,
                                                                  strict=True))
     in_specs = tuple(jax.ShapeDtypeStruct(s, d) for s, d in zip(p.shapes_in, p.dtypes_in,
@@ -53,6 +181,8 @@ def function(fn: Callable[[], object], inputs: Sequence, outputs: Sequence,
     def arrays(xs) -> list[np.ndarray]:
         return [np.asarray(x) for x in xs]
 
+    # The passes through jax.pure_callback: host copies, for JAX on a GPU with a program whose
+    # storage is host memory or on a server (the FFI handler on CUDA takes device memory).
     def run_cb(*xs):
         return tuple(p.run(arrays(xs), record=False)[1])
 
@@ -60,8 +190,8 @@ def function(fn: Callable[[], object], inputs: Sequence, outputs: Sequence,
         token, outs = p.run(arrays(xs), record=True)
         return (*outs, np.int32(token))
 
-    def vjp_cb(token, *args):
-        xs, us = args[:n_in], args[n_in:]
+    def vjp_cb(token, *args):  # (the outputs the run wrote are its own arrays here)
+        xs, us = args[:n_in], args[n_in + len(out_specs):]
         return tuple(p.vjp(int(token), arrays(xs), arrays(us)))
 
     def second_cb(*args):
@@ -71,7 +201,28 @@ def function(fn: Callable[[], object], inputs: Sequence, outputs: Sequence,
 
     def jvp_cb(*args):
         xs, ts = args[:n_in], args[n_in:]
-        return tuple(p.jvp(arrays(xs), arrays(ts))[1])
+        outs, touts = p.jvp(arrays(xs), arrays(ts))
+        return (*outs, *touts)
+
+    callbacks = {RUN: run_cb, RUN_RECORDED: run_recorded_cb, VJP: vjp_cb, SECOND: second_cb,
+                 JVP: jvp_cb}
+
+    def pass_(stage: int, specs: tuple, *args):
+        """One pass as a JAX operation: the FFI call (in place on XLA's buffers) where the
+        handler serves the platform, else the host callback."""
+        def ffi(*a):
+            return tuple(jax.ffi.ffi_call(xlaffi.TARGET, specs, vmap_method="sequential")(
+                *a, target=np.int64(passes.key), stage=np.int32(stage)))
+
+        if on_device:
+            return ffi(*args)
+
+        def copied(*a):
+            return tuple(jax.pure_callback(callbacks[stage], specs, *a,
+                                           vmap_method="sequential"))
+
+        served = {platform: ffi for platform in FFI_PLATFORMS}
+        return tuple(jax.lax.platform_dependent(*args, **served, default=copied))
 
     def check(xs) -> None:
         if len(xs) != n_in:
@@ -86,52 +237,52 @@ def function(fn: Callable[[], object], inputs: Sequence, outputs: Sequence,
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     if mode == "reverse":
+        # The backward pass takes the run's outputs too: its recording reads ndarray outputs
+        # where they are (XLA's buffers; JAX keeps residuals alive until the backward pass).
         @jax.custom_vjp
-        def backward(token, xs, us):
-            return jax.pure_callback(vjp_cb, in_specs, token, *xs, *us,
-                                     vmap_method="sequential")
+        def backward(token, xs, ys, us):
+            return pass_(VJP, in_specs, token, *xs, *ys, *us)
 
-        def backward_fwd(token, xs, us):
-            return backward(token, xs, us), (xs, us)
+        def backward_fwd(token, xs, ys, us):
+            return backward(token, xs, ys, us), (xs, us)
 
         def backward_bwd(res, ws):
             xs, us = res
-            d = jax.pure_callback(second_cb, out_specs + in_specs, *xs, *us, *ws,
-                                  vmap_method="sequential")
-            return None, tuple(d[len(out_specs):]), tuple(d[:len(out_specs)])
+            d = pass_(SECOND, out_specs + in_specs, *xs, *us, *ws)
+            return (None, tuple(d[len(out_specs):]), None,  # (ys: a cache of xs' values)
+                    tuple(d[:len(out_specs)]))
 
         backward.defvjp(backward_fwd, backward_bwd)
 
         # The outputs and a token naming the run (its recording, which the backward pass
         # reuses when it is still the latest); calling g itself in its fwd rule keeps the
-        # callback out of JAX's JVP when the backward pass is differentiated in turn.
+        # pass out of JAX's JVP when the backward pass is differentiated in turn.
         @jax.custom_vjp
         def g(*xs):
-            return tuple(jax.pure_callback(run_recorded_cb, out_specs + (token_spec,), *xs,
-                                           vmap_method="sequential"))
+            return pass_(RUN_RECORDED, out_specs + (token_spec,), *xs)
 
         def g_fwd(*xs):
             outs = g(*xs)
-            return outs, (outs[-1], xs)
+            return outs, (outs[-1], xs, outs[:-1])
 
         def g_bwd(res, cts):
-            token, xs = res
-            return tuple(backward(token, xs, tuple(cts[:-1])))
+            token, xs, ys = res
+            return tuple(backward(token, xs, ys, tuple(cts[:-1])))
 
         g.defvjp(g_fwd, g_bwd)
         f = lambda *xs: g(*xs)[:-1]
     elif mode == "forward":
         @jax.custom_jvp
         def f(*xs):
-            return jax.pure_callback(run_cb, out_specs, *xs, vmap_method="sequential")
+            return pass_(RUN, out_specs, *xs)
 
         @f.defjvp
         def f_jvp(xs, ts):
             ts = tuple(jnp.zeros(s.shape, s.dtype) if type(t).__name__ == "SymbolicZero"
                        else t for t, s in zip(ts, in_specs, strict=True))
-            # Two callbacks: under jax.jacfwd the tangents are batched, the outputs not.
+            # Two passes: under jax.jacfwd the tangents are batched, the outputs not.
             outs = f(*xs)
-            touts = jax.pure_callback(jvp_cb, out_specs, *xs, *ts, vmap_method="sequential")
+            touts = pass_(JVP, out_specs + out_specs, *xs, *ts)[len(out_specs):]
             return outs, tuple(touts)
     else:
         raise DifftapeError(f"difftape.interop.jax.function: mode must be 'reverse' or "
@@ -143,6 +294,7 @@ def function(fn: Callable[[], object], inputs: Sequence, outputs: Sequence,
 
     call.__name__ = p.name
     call.program = p
+    call.passes = passes  # (the FFI target's owner: lives as long as the function)
     return call
 
 

@@ -184,3 +184,193 @@ def test_jax_function_under_forward_mode(ti64):
     _, tangent = jax.jvp(lambda s: _jax_rollout(params.value, s), (jnp.asarray(s0),),
                          (jnp.asarray(seed[0]),))
     assert loss.dual[None] == pytest.approx(float(tangent), rel=1e-11)
+
+
+# ---------------------------------------------------------------------------------------------
+# The XLA FFI handler: the passes run in place on XLA's buffers
+
+
+def _cube_program(ti, seen):
+    a = ti.ndarray(ti.f64, N, needs_grad=True)
+    b = ti.ndarray(ti.f64, N, needs_grad=True)
+
+    @ti.kernel
+    def cube(a: ti.types.ndarray(), b: ti.types.ndarray()):
+        for i in a:
+            b[i] = a[i] * a[i] * a[i]
+
+    def program():
+        seen.append((a.storage.array.ctypes.data, b.storage.array.ctypes.data))
+        cube(a, b)
+
+    return program, a, b
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_ffi_passes_read_and_write_xlas_buffers_in_place(ti64, jit):
+    """Zero-copy: the kernels read the input array's own buffer and write the result
+    buffers JAX returns (output, and the input's gradient), eagerly and under jax.jit."""
+    from difftape.interop.jax import function
+
+    seen = []
+    program, a, b = _cube_program(ti64, seen)
+    h = function(program, [a], [b])
+    f = jax.jit(h) if jit else h
+    x = jnp.asarray(_args(4)[0])
+    y = f(x)
+    read, written = seen[-1]
+    assert read == x.unsafe_buffer_pointer()
+    assert written == y.unsafe_buffer_pointer()
+    np.testing.assert_array_equal(y, np.asarray(x) ** 3)
+    u = jnp.asarray(_args(5)[0])
+    bound = []  # where the gradient was when the pass ended
+    unbind = h.program.unbind
+    h.program.unbind = lambda: (bound.append(a.grad.storage.address), unbind())
+    _, pullback = jax.vjp(f, x)
+    (g,) = pullback(u)
+    assert bound[-1] == g.unsafe_buffer_pointer()  # accumulated in the buffer JAX returns
+    np.testing.assert_allclose(g, 3 * np.asarray(x) ** 2 * np.asarray(u), rtol=1e-15)
+    # after the call nothing of ours points at XLA's buffers (which XLA frees)
+    assert a.storage.address not in (read, written, bound[-1])
+    assert a.grad.storage.address != bound[-1]
+
+
+@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("path", ["ffi", "pure_callback"])
+def test_ffi_passes_equal_the_host_passes_bit_for_bit(ti64, jit, path, monkeypatch):
+    """Forward, backward, second order and forward mode through the FFI give exactly what
+    the program's passes give on NumPy arrays, and so does the host callback (the path JAX
+    on a GPU takes with a CPU program)."""
+    from difftape.interop import jax as bridge
+    from difftape.interop.jax import function
+
+    if path == "pure_callback":
+        monkeypatch.setattr(bridge, "FFI_PLATFORMS", ())
+
+    f = function(*_program(ti64))
+    g = function(*_program(ti64), mode="forward")
+    p, q = f.program, g.program
+    wrap = jax.jit if jit else (lambda h: h)
+    x, w = _args(6)
+    u, s = jnp.asarray(_args(7)[0]), jnp.asarray(0.625)
+    tx, tw = _args(8)
+    xs, us = [np.asarray(x), np.asarray(w)], [np.asarray(u), np.asarray(s)]
+
+    outs, pullback = jax.vjp(wrap(f), x, w)
+    grads = pullback((u, s))
+    _, want_outs = p.run([a.copy() for a in xs], record=False)
+    want_grads = p.vjp(None, [a.copy() for a in xs], us)
+    for got, want in zip([*outs, *grads], [*want_outs, *want_grads], strict=True):
+        np.testing.assert_array_equal(got, want)
+
+    # second order: the derivative of the backward pass, with cotangents (tx, tw)
+    def pulled(a, b):
+        return jax.vjp(f, a, b)[1]((u, s))
+
+    second = jax.vjp(wrap(pulled), x, w)[1]((tx, tw))
+    _, want_second = p.vjp_derivative([a.copy() for a in xs], us,
+                                      [np.asarray(tx), np.asarray(tw)])
+    for got, want in zip(second, want_second, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+    outs_f, touts = jax.jvp(wrap(g), (x, w), (tx, tw))
+    want_f, want_t = q.jvp([a.copy() for a in xs], [np.asarray(tx), np.asarray(tw)])
+    for got, want in zip([*outs_f, *touts], [*want_f, *want_t], strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_ffi_check_grads_under_jit(ti64):
+    from difftape.interop.jax import function
+
+    f = jax.jit(function(*_program(ti64)))
+    g = jax.jit(function(*_program(ti64), mode="forward"))
+    x, w = _args(9)
+    check_grads(f, (x, w), order=2, modes=["rev"])
+    check_grads(g, (x, w), order=1, modes=["fwd"])
+
+
+def test_ffi_under_vmap_runs_each_element(ti64):
+    """vmap runs the passes once per element (sequentially)."""
+    from difftape.interop.jax import function
+
+    f = function(*_program(ti64))
+    r = np.random.default_rng(10)
+    xb, wb = jnp.asarray(r.random((3, N))), jnp.asarray(r.random((3, N)) + 0.5)
+    ys, ss = jax.jit(jax.vmap(f))(xb, wb)
+    gb = jax.vmap(jax.grad(lambda a, b: f(a, b)[1]))(xb, wb)
+    for k in range(3):
+        y, s = _reference(xb[k], wb[k])
+        np.testing.assert_allclose(ys[k], y, rtol=1e-13)
+        np.testing.assert_allclose(ss[k], s, rtol=1e-13)
+        np.testing.assert_allclose(gb[k], jax.grad(lambda a, b: _reference(a, b)[1])(xb[k],
+                                                                                    wb[k]),
+                                   rtol=1e-12)
+
+
+def test_ffi_pass_errors_reach_jax_with_difftapes_message(ti64):
+    """A pass that refuses (forward mode of ti.ndarray storage) raises in JAX, saying what
+    and how to fix it."""
+    from difftape.interop.jax import function
+
+    program, a, b = _cube_program(ti64, [])
+    g = function(program, [a], [b], mode="forward")
+    x = jnp.asarray(_args(11)[0])
+    with pytest.raises(Exception, match="ti.ndarray has no tangent"):
+        jax.block_until_ready(jax.jvp(g, (x,), (x,)))
+
+
+def test_ffi_program_writing_its_input_is_refused(ti64):
+    """XLA's argument buffers are JAX arrays (immutable, maybe shared): a program whose
+    kernel writes an input is refused, and the array is unchanged."""
+    from difftape.interop.jax import function
+
+    a = ti64.ndarray(ti64.f64, N, needs_grad=True)
+    b = ti64.ndarray(ti64.f64, N, needs_grad=True)
+
+    @ti64.kernel
+    def scale_in_place(a: ti64.types.ndarray(), b: ti64.types.ndarray()):
+        for i in a:
+            a[i] = 2 * a[i]
+            b[i] = a[i]
+
+    f = function(lambda: scale_in_place(a, b), [a], [b])
+    x = jnp.asarray(_args(12)[0])
+    before = np.array(x)
+    with pytest.raises(Exception, match="read-only"):
+        jax.block_until_ready(f(x))
+    np.testing.assert_array_equal(np.asarray(x), before)
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_ffi_backward_reads_ndarray_outputs_where_xla_keeps_them(ti64, jit):
+    """The recording's reverse launches read an ndarray output (s = sum(b^2) needs b): the
+    backward pass gets the run's outputs from XLA (its residuals), not memory the forward
+    call had (which XLA may have freed or reused)."""
+    from difftape.interop.jax import function
+
+    a = ti64.ndarray(ti64.f64, N, needs_grad=True)
+    b = ti64.ndarray(ti64.f64, N, needs_grad=True)
+    s = ti64.ndarray(ti64.f64, 1, needs_grad=True)
+
+    @ti64.kernel
+    def square(a: ti64.types.ndarray(), b: ti64.types.ndarray()):
+        for i in a:
+            b[i] = a[i] * a[i]
+
+    @ti64.kernel
+    def total(b: ti64.types.ndarray(), s: ti64.types.ndarray()):
+        for i in b:
+            s[0] += b[i] * b[i]
+
+    def program():
+        square(a, b)
+        total(b, s)
+
+    f = function(program, [a], [b, s])
+    loss = lambda x: f(x)[1][0] + jnp.sum(jnp.cos(f(x)[0]))  # noqa: E731
+    step = jax.jit(jax.grad(loss)) if jit else jax.grad(loss)
+    x = jnp.asarray(_args(13)[0])
+    ref = lambda x: jnp.sum(x ** 4) + jnp.sum(jnp.cos(x * x))  # noqa: E731
+    for k in range(3):  # (each call may get other buffers)
+        xk = x + k
+        np.testing.assert_allclose(step(xk), jax.grad(ref)(xk), rtol=1e-13)
