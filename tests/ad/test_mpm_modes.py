@@ -125,6 +125,33 @@ def _build(ti):
     return init_v, loss, rollout
 
 
+def descent_step(ti):
+    """The MPM Tape step followed by a gradient step on ``init_v`` and a copy of it into
+    ``keep``: the optimisation step the graph tests capture on grids
+    (tests/core/test_grid_graph.py, tests/gpu/test_graph_device.py). Returns ``(step,
+    declare, init_v, other)``: ``declare(g)`` binds the step's inputs in a capture, ``other`` is
+    a second destination for ``keep``."""
+    init_v, loss, rollout = _build(ti)
+    init_v.from_numpy(np.array([0.7, -0.4]))
+    snapshot = ti.Vector.field(2, ti.f64, shape=())
+    other = ti.Vector.field(2, ti.f64, shape=())
+
+    @ti.kernel
+    def descend(lr: ti.f64):
+        init_v[None] -= lr * init_v.grad[None]
+
+    def step(lr=0.05, keep=snapshot):
+        with ti.ad.Tape(loss=loss):
+            rollout()
+        descend(lr)
+        keep.copy_from(init_v)
+
+    def declare(g):
+        return {"lr": g.input("lr", 0.05), "keep": g.input("keep", snapshot)}
+
+    return step, declare, init_v, other
+
+
 def test_mpm_forward_reverse_and_differences_agree(ti):
     ti.init(arch=ti.cpu, default_fp=ti.f64)
     init_v, loss, rollout = _build(ti)

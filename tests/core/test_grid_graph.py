@@ -166,26 +166,10 @@ def test_launches_the_host_decides_after_run_between_executables(where, request)
     else:
         request.getfixturevalue("fake")
         ti.init(arch=ti.cuda, default_fp=ti.f64, deterministic=True)
-    from tests.ad.test_mpm_modes import _build
+    from tests.ad.test_mpm_modes import descent_step
 
-    init_v, loss, rollout = _build(ti)
-    init_v.from_numpy(np.array([0.7, -0.4]))
-    snapshot = ti.Vector.field(2, ti.f64, shape=())
-    other = ti.Vector.field(2, ti.f64, shape=())
-
-    @ti.kernel
-    def descend(lr: ti.f64):
-        init_v[None] -= lr * init_v.grad[None]
-
-    def step(lr=0.05, keep=snapshot):
-        with ti.ad.Tape(loss=loss):
-            rollout()
-        descend(lr)
-        keep.copy_from(init_v)
-
-    g = assert_replay_matches_eager(
-        ti, step, declare=lambda g: {"lr": g.input("lr", 0.05), "keep": g.input("keep", snapshot)},
-        replays=[{"lr": 0.05}, {"lr": 0.02}])
+    step, declare, init_v, other = descent_step(ti)
+    g = assert_replay_matches_eager(ti, step, declare=declare, replays=[{"lr": 0.05}, {"lr": 0.02}])
     gg = g._grid_graph
     hosts = [p for p in gg.parts if isinstance(p, tuple)]
     assert hosts and all(not k.asynchronous for k, _ in hosts)

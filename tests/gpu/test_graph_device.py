@@ -32,26 +32,11 @@ def device(cuda, monkeypatch):
 
 
 def test_mpm_tape_step_replays_as_cuda_graphs_bit_for_bit(device):
-    from tests.ad.test_mpm_modes import _build
+    from tests.ad.test_mpm_modes import descent_step
 
-    init_v, loss, rollout = _build(ti)
-    init_v.from_numpy(np.array([0.7, -0.4]))
-    snapshot = ti.Vector.field(2, ti.f64, shape=())
-    other = ti.Vector.field(2, ti.f64, shape=())
-
-    @ti.kernel
-    def descend(lr: ti.f64):
-        init_v[None] -= lr * init_v.grad[None]
-
-    def step(lr=0.05, keep=snapshot):
-        with ti.ad.Tape(loss=loss):
-            rollout()
-        descend(lr)
-        keep.copy_from(init_v)
-
-    g = assert_replay_matches_eager(
-        ti, step, declare=lambda g: {"lr": g.input("lr", 0.05), "keep": g.input("keep", snapshot)},
-        replays=[{"lr": 0.05}, {"lr": 0.02}, {"lr": 0.1}])
+    step, declare, init_v, other = descent_step(ti)
+    g = assert_replay_matches_eager(ti, step, declare=declare,
+                                    replays=[{"lr": 0.05}, {"lr": 0.02}, {"lr": 0.1}])
     assert np.all(np.abs(init_v.grad.to_numpy()) > 1e-3)
     segments = g.instantiations
     assert segments >= 1 and g.updates == 0

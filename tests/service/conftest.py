@@ -256,13 +256,11 @@ def init_remote(request, kind: str, **init) -> None:
         ti.init(arch=ti.remote, transport=LocalTransport(), **init)
 
 
-@pytest.fixture(params=["http", "inproc"])
-def remote(request):
-    """Runs a program remotely (``ti.init`` options ``init``): over HTTP to the shared
-    server, or in-process; ``remote.kind`` says which."""
+def remote_runner(request, kind: str):
+    """A function running a program remotely (``ti.init`` options ``init``) the ``kind`` way
+    of :func:`init_remote`, then resetting; ``.kind`` says which. (Modules whose ``remote``
+    fixture takes more kinds build theirs with it.)"""
     import difftape as ti
-
-    kind = request.param
 
     def run(program, **init):
         init_remote(request, kind, **init)
@@ -273,3 +271,9 @@ def remote(request):
 
     run.kind = kind
     return run
+
+
+@pytest.fixture(params=["http", "inproc"])
+def remote(request):
+    """Runs a program remotely: over HTTP to the shared server, or in-process."""
+    return remote_runner(request, request.param)

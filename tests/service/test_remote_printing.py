@@ -19,7 +19,7 @@ import difftape as ti
 from difftape.client import LocalTransport, as_job
 from difftape.graph import wire
 
-from .conftest import init_remote
+from .conftest import remote_runner
 from .test_client_programs import run_local
 
 
@@ -28,17 +28,7 @@ def remote(request):
     """conftest's ``remote``, and also on a GPU grid's engine (``init_remote``'s "grid"):
     there kernels append print records to a buffer in device memory, which the engine
     formats after each launch (``runtime/printsink.py``'s ``PrintRecords``)."""
-    kind = request.param
-
-    def run(program, **init):
-        init_remote(request, kind, **init)
-        try:
-            return program()
-        finally:
-            ti.reset()
-
-    run.kind = kind
-    return run
+    return remote_runner(request, request.param)
 
 
 def _outputs(program, remote, capfd) -> tuple[str, str]:
