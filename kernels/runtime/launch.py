@@ -31,4 +31,6 @@ def raise_error_word(messages: list[Message], code: int, words: Sequence[int],
     if msg.startswith(RULE_MARKER):
         raise GradientRuleError(msg[len(RULE_MARKER):], kernel=kernel)
     cls = IndexOutOfRangeError if message.template[0] == OUT_OF_RANGE else KernelAssertionError
-    raise cls(msg)
+    err = cls(msg)
+    err.kernel = kernel  # which launch failed, also where the message is not read (a server's
+    raise err            # problem response names it: on a grid, raised at a later sync)

@@ -255,7 +255,10 @@ def test_each_replay_is_one_request_and_the_graph_is_sent_once(remote):
 
 # ---------------------------------------------------------------------------- errors
 
-def test_a_bad_index_in_a_replay_is_the_kernels_error_with_its_line(remote):
+def _bad_index_in_a_replay(remote):
+    """A replay whose launch indexes out of range raises what the local replay raises (the
+    kernel, file, line and its text) and what an eager remote launch raises; ``remote``
+    runs a program against a server (a CPU or a GPU one)."""
     def program(local):
         x = ti.field(ti.f32, shape=4)
 
@@ -288,6 +291,10 @@ def test_a_bad_index_in_a_replay_is_the_kernels_error_with_its_line(remote):
     assert "x[i] = 1.0" in got[0] and f"{__file__}:" in got[0]
     assert got[1] == local[1] == "IndexOutOfRangeError"
     same(local[2], got[2])
+
+
+def test_a_bad_index_in_a_replay_is_the_kernels_error_with_its_line(remote):
+    _bad_index_in_a_replay(remote)
 
 
 def test_what_a_replay_cannot_repeat_is_refused_naming_the_line(remote):
@@ -539,35 +546,7 @@ def test_on_a_gpu_server_a_replay_equals_the_local_gpu_replay(gpu_server, progra
 
 
 def test_on_a_gpu_server_a_bad_index_is_the_cpus_error(gpu_server):
-    def program(local):
-        x = ti.field(ti.f32, shape=4)
-
-        @ti.kernel
-        def poke(i: ti.i32):
-            x[i] = 1.0
-
-        with ti.graph.capture() as g:
-            poke(g.input("i", 0))
-        g.replay(i=3)
-        with pytest.raises(ti.IndexOutOfRangeError) as err:
-            g.replay(i=7)
-        g.replay(i=2)
-        e = err.value
-        if not local:
-            with pytest.raises(ti.IndexOutOfRangeError) as eager:
-                poke(7)
-                ti.sync()
-            assert str(eager.value) == str(e)  # what an eager remote launch raises
-        return str(e), x.to_numpy()
-
-    ti.init(arch=ti.cpu, check_out_of_bound=True)
-    try:
-        local = program(True)
-    finally:
-        ti.reset()
-    got = gpu_server(lambda: program(False))
-    assert got[0] == local[0] and "x[i] = 1.0" in got[0]
-    same(local[1], got[1])
+    _bad_index_in_a_replay(gpu_server)
 
 
 def test_on_a_gpu_server_a_saved_graph_loads_and_graphs_survive_a_session_restore(
