@@ -22,8 +22,9 @@ The adjoint is built before offloading, on the structured IR, in the manner of T
   zeroes it (the overwritten value no longer influences anything); the adjoint of ``y[i] += v``
   reads it without zeroing; the adjoint of a read ``x[i]`` atomically adds into ``x.grad[i]``.
 
-Only *active* statements (float values depending on a field with gradient storage) get
-adjoints, so integer bookkeeping and constants cost nothing in the adjoint kernel.
+Only *active* statements (float values depending on a field with gradient storage, and
+reaching a store into one) get adjoints, so integer bookkeeping, constants and values that
+influence no differentiated output cost nothing in the adjoint kernel.
 
 What cannot be differentiated correctly is refused with :class:`GradientRuleError`: a value that
 the kernel reads and later overwrites (the recomputation would see the new value), values of
@@ -42,11 +43,11 @@ from ..ir.passes.dce import eliminate_blocks
 from ..types import i32
 from .rules import ADD_IDENTITY, Emitter, no_rule_message, partials, rule_error, scale
 from .structure import (
-    activity,
     feeds_selection,
     local_sets,
     maybe_nonfinite,
     structurize_loops,
+    useful_activity,
 )
 
 
@@ -110,7 +111,11 @@ class ReverseAD:
         self.mattering: set[int] = set()
         ir.body = structurize_loops(ir.body)
         self.body = ir.body
-        self.active = activity(self.body, lambda slot: slot in self.grad_slot)
+        # Adjoints only for values that both depend on a differentiated input and can reach a
+        # differentiated output: the adjoint of any other value is a known zero, and one kept
+        # in a local would be -0.0 times its partials, which LLVM cannot fold without fast math
+        # (p2g of the MPM benchmark: the unused ``P`` of ``r, _ = ti.polar_decompose(F)``).
+        self.active = useful_activity(self.body, lambda slot: slot in self.grad_slot)
         # Zero-seed guards are needed only where a selection can send a zero adjoint into an
         # operation whose partial may be infinite or NaN.
         self.risky = maybe_nonfinite(self.body) & feeds_selection(self.body)

@@ -191,6 +191,22 @@ def activity(body: Block, differentiable: Callable[[int], bool]) -> set[Stmt]:
     return _forward_closure(body, seed)
 
 
+def useful_activity(body: Block, differentiable: Callable[[int], bool]) -> set[Stmt]:
+    """The statements a reverse pass gives adjoints: :func:`activity`'s (depending on a load
+    from a slot ``differentiable`` accepts) whose derivative can also reach a store or atomic
+    into such a slot (:func:`flows_into`), and the locals holding them. The adjoint of every
+    other value is zero whatever the kernel computes."""
+    stmts = list(walk(body))
+
+    def sink(s: Stmt) -> bool:
+        return s.op in ("store", "atomic") and differentiable(
+            s.attr if s.op == "store" else s.attr[0])
+
+    useful = flows_into(body, sink)
+    useful |= {s.args[0] for s in stmts if s.op == "local_load" and s in useful}
+    return activity(body, differentiable) & useful
+
+
 def flows_into(body: Block, sink: Callable[[Stmt], bool]) -> set[Stmt]:
     """The statements whose derivative can reach a statement ``sink`` accepts: backwards from
     the sinks' derivative-carrying operands (a store's value, not its indices; a select's arms,

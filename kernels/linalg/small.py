@@ -114,12 +114,16 @@ def _pow2_scale(m, dt):
     the reverse pass for tiny inputs.  (A binary search on the exponent with comparisons and
     constant factors gave the same ``c`` for every normal ``m``, but as 14 dependent steps it
     was 40 % of an MPM particle-to-grid kernel.)  A subnormal ``m`` gets the smallest normal
-    power of two (``m / c`` below 0.5 then, but its inverse is finite).
+    power of two (``m / c`` below 0.5 then, but its inverse is finite), an ``m`` in the top
+    binade (``>= 2^bias``, or inf/NaN) the largest power whose inverse is normal (``m / c`` in
+    ``[2, 4)`` then; ``2^bias`` had the subnormal inverse ``2^-bias``, which flushes to zero and
+    made every factor come out as for a zero matrix).
     """
     one = ops.cast(1.0, dt)
     ity, mant, bias = static(_FLOAT_BITS[dt.bits])
     e = ops.cast(ops.bit_cast(m, ity) >> ops.cast(mant, ity), T.i32)  # biased exponent
-    e = ops.min(e + ops.select(e < bias, 1, 0), 2 * bias)  # zero/subnormal: 1; inf/nan: max
+    # zero/subnormal: 1; the top binade and inf/nan: 2 bias - 1, so that 1 / c is normal
+    e = ops.min(e + ops.select(e < bias, 1, 0), 2 * bias - 1)
     c = ops.bit_cast(ops.cast(e, ity) << ops.cast(mant, ity), dt)
     return ops.select(m > 0.0, c, one)
 

@@ -198,6 +198,31 @@ def test_select_routes_gradient_to_the_chosen_operand(ti, fp, npfp, rtol):
     close(z.grad.to_numpy(), want_z, rtol=8 * rtol)
 
 
+def test_value_that_reaches_no_output_gives_no_gradient(ti, fp, npfp, rtol):
+    """A value computed from an input but never used on the way to an output has a zero
+    adjoint, and nothing of it reaches the input's gradient: not even where its own partial is
+    infinite (sqrt and log at 0), which a zero adjoint multiplied in would turn into NaN."""
+    x = ti.field(float, 4, needs_grad=True)
+    y = ti.field(float, 4, needs_grad=True)
+
+    @ti.func
+    def roots(v):
+        return ti.sqrt(v), ti.log(v)
+
+    @ti.kernel
+    def run():
+        for i in x:
+            t = ti.sqrt(x[i])  # noqa: F841 (never used)
+            _, lg = roots(x[i])  # neither is used
+            y[i] = x[i] * 2.0
+
+    x.from_numpy(np.array([0.0, 1.0, 4.0, 0.0], dtype=npfp))
+    w = weights(4, seed=3).astype(npfp)
+    y.grad.from_numpy(w)
+    run.grad()
+    np.testing.assert_array_equal(x.grad.to_numpy(), 2.0 * w)
+
+
 def test_int_cast_has_no_gradient(ti, fp, npfp, rtol):
     n = N
     x = ti.field(float, n, needs_grad=True)

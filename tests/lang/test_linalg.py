@@ -176,6 +176,28 @@ def test_svd_and_polar_decompose_extreme_scales(ti, fp, n):
     )
 
 
+@pytest.mark.difftape_only  # Taichi 1.7.4 returns NaN for these
+@pytest.mark.parametrize("n", [2, 3])
+def test_svd_and_polar_decompose_largest_binade(ti, fp, npfp, n):
+    # The largest entry at 2^bias or above (f32: 1.7e38): the internal scale 2^bias had the
+    # subnormal inverse 2^-bias, flushed to zero, and every factor came out as for A == 0.
+    top = np.ldexp(1.0, np.finfo(npfp).maxexp - 1)  # 2^bias
+    rng = np.random.default_rng(7 + n)
+    q, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    diag = np.diag([1.5, 1.0, 0.75][:n])
+    a = np.stack([diag, -diag[::-1], np.eye(n) * 1.25, q @ diag @ q.T * 1.2]) * top
+    a, (u, s, v, r, p) = _decompose_batch(ti, a.astype(npfp), n)
+    atol = 2e-6 if fp == ti.f32 else 1e-13
+    scale = np.abs(a).max(axis=(1, 2))[:, None, None]
+    assert (scale >= top).all()
+    eye = np.broadcast_to(np.eye(n), a.shape)
+    np.testing.assert_allclose(u @ (s / scale) @ _t(v), a / scale, atol=atol)
+    np.testing.assert_allclose(u @ _t(u), eye, atol=atol)
+    np.testing.assert_allclose(r @ _t(r), eye, atol=atol)
+    if n == 2:  # 3-D symmetrises P = U^T A as (P + P^T) / 2, which overflows here
+        np.testing.assert_allclose(r @ (p / scale), a / scale, atol=atol)
+
+
 @pytest.mark.difftape_only  # the internal scale of difftape's decompositions
 def test_decomposition_scale_is_the_power_of_two_near_the_largest_entry(ti, fp, npfp):
     from difftape.linalg.small import _pow2_scale
@@ -198,7 +220,9 @@ def test_decomposition_scale_is_the_power_of_two_near_the_largest_entry(ti, fp, 
     c = C.to_numpy()
     mant, e = np.frexp(c)
     assert (mant == 0.5).all()  # powers of two
-    normal = m >= info.tiny
+    assert (1 / c >= info.tiny).all()  # normal inverses
+    top = m >= np.ldexp(npfp(1), info.maxexp - 1)  # the largest binade, 2^bias and above
+    normal = (m >= info.tiny) & ~top
     q = m[normal] / c[normal]
     assert ((q >= 0.5) & (q < 2)).all()
     # 2^E for m = f 2^E with E >= 0, 2^(E + 1) below 1 (the binary search it replaced)
@@ -206,7 +230,9 @@ def test_decomposition_scale_is_the_power_of_two_near_the_largest_entry(ti, fp, 
     want = np.ldexp(npfp(1), big_e + (big_e < 0))
     np.testing.assert_array_equal(c[normal], want.astype(npfp))
     assert c[m == 0] == 1.0
-    np.testing.assert_array_equal(c[(m > 0) & ~normal], info.tiny)  # finite 1 / c
+    np.testing.assert_array_equal(c[(m > 0) & (m < info.tiny)], info.tiny)  # finite 1 / c
+    # 2^(bias - 1) at the top, whose inverse is normal (2^bias's is not)
+    np.testing.assert_array_equal(c[top], np.ldexp(npfp(1), info.maxexp - 2))
 
 
 @pytest.mark.difftape_only  # Taichi 1.7.4 returns NaN for these
