@@ -255,7 +255,8 @@ class _Prog:
         self.out(f"{p}o")
 
     def unsigned(self, p: str) -> None:
-        """Unsigned wrap-around, logical shifts, division and casts between widths."""
+        """Unsigned wrap-around, logical shifts, division and casts between widths. (ti.max
+        of two u8 or u16 values aborts Taichi 1.7.4's process: one operand is u32.)"""
         r = self.r
         ts = ["u8", "u16", "u32", "u64"]
         lines = []
@@ -264,7 +265,7 @@ class _Prog:
             t = r.choice(ts)
             e = r.choice([f"{a} + {b}", f"{a} - {b}", f"{a} * {b}", f"{a} // ({b} | 1)",
                           f"{a} % ({b} | 1)", f"{a} << ({b} & 7)", f"{a} >> ({b} & 7)",
-                          f"~{a}", f"{a} ^ {b}", f"-{a}", f"ti.max({a}, {b})",
+                          f"~{a}", f"{a} ^ {b}", f"-{a}", f"ti.max(ti.cast({a}, ti.u32), {b})",
                           f"{a} - {r.choice([1, 200, 70000])}", f"{a} * 3 + {b}",
                           f"ti.cast({a}, ti.{t}) - ti.cast({b}, ti.{t})",
                           f"ti.cast({a} < {b}, ti.u8) - ti.u8(1)", f"ti.abs({a} - {b})",
@@ -288,6 +289,41 @@ class _Prog:
         self.calls.append(f"    {p}k()")
         self.out(f"{p}o")
         self.out(f"{p}w")
+
+    def promotion(self, p: str) -> None:
+        """Binary operations on every pair of scalar types (and with literals): the result type
+        each implementation picks shows in the stored value (wrap-around, signedness of a
+        comparison, float vs integer division)."""
+        r = self.r
+        ints = ["i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64"]
+        floats = ["f16", "f32", "f64"]
+        lines = []
+        for q in range(6):
+            ta, tb = r.choice(ints + floats), r.choice(ints + floats + ["lit"])
+            # integers come from i32 (an int-to-int cast wraps, as defined; a float out of
+            # an integer type's range converts to different values in the two)
+            def val(t: str) -> str:
+                v = f"pv[i, {r.randrange(4)}]"
+                return f"ti.cast({v}, ti.{t})" if t in floats else \
+                    f"ti.cast(ti.cast({v}, ti.i32), ti.{t})"
+            a = val(ta)
+            b = str(r.choice([-1, 3, 300, 70000, -5, 2.5, -0.75])) if tb == "lit" else val(tb)
+            isint = ta in ints and (tb in ints or (tb == "lit" and "." not in b))
+            ops = ["+", "-", "*", "<", ">=", "==", "/"] + (["&", "|", "^"] if isint else [])
+            op = r.choice(ops + ["//", "%"])
+            if op in ("//", "%"):  # a divisor that is never 0 in any of the types
+                b = "3" if tb == "lit" else f"((({b}) & 3) + 1)" if isint else "1.75"
+            e = f"({a} {op} {b})"
+            if r.random() < 0.3:
+                e = f"ti.{r.choice(['max', 'min'])}({a}, {b})"
+            lines.append(f"            {p}o[i, {q}] = ti.cast({e}, ti.f64)")
+        self.setup += [f"    {p}o = ti.field(ti.f64, shape=(n, 6))",
+                       "    pv = ti.field(ti.f64, shape=(n, 4))",
+                       "    pv.from_numpy(np.round(rng.uniform(-300, 300, (n, 4))) + "
+                       "rng.choice([0.0, 0.25, 0.5], (n, 4)))"]
+        self.code += ["    @ti.kernel", f"    def {p}k():", "        for i in range(n):", *lines]
+        self.calls.append(f"    {p}k()")
+        self.out(f"{p}o")
 
     def half(self, p: str) -> None:
         """f16 fields: stored at half precision, read back and mixed with f32/f64."""
@@ -438,7 +474,7 @@ class _Prog:
 
 
 SNIPPETS = ["func_returns", "static_funcs", "matrices", "atomics", "selects", "unsigned", "half",
-            "ranges", "sparse", "math_edges"]
+            "ranges", "sparse", "math_edges", "promotion"]
 
 
 def program(seed: int, only: list[str] | None = None) -> str:
