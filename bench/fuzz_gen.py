@@ -585,7 +585,9 @@ def gradient_program(seed: int) -> str:
     carrying a float, ti.static loops, branches on inputs kept 0.05 from their threshold,
     local vectors and matrices, a ti.func, a struct field); ``run(ti)`` returns the loss, the
     gradients from ``ti.ad.Tape`` and from ``kernel.grad()``, and central finite differences
-    of the forward kernel (step 1e-6) computed on the same implementation."""
+    of the forward kernel (step 1e-6) computed on the same implementation; and the loss's
+    dual under ti.ad.FwdMode along a random seed of one input, with its directional central
+    difference."""
     r = random.Random(seed)
     leaves = ["x[i]", "x[(i + 1) % n]", "y[i]", "t", "0.5", "1.25", "sx[i].w"]
     body = ["            t = x[i] * 0.5 + y[i]"]
@@ -624,10 +626,10 @@ def gradient_program(seed: int) -> str:
         "    ti.init(arch=ti.cpu, default_fp=ti.f64, fast_math=False)",
         "    n = 6",
         f"    rng = np.random.default_rng({seed})",
-        "    x = ti.field(ti.f64, shape=n, needs_grad=True)",
-        "    y = ti.field(ti.f64, shape=n, needs_grad=True)",
-        "    sx = ti.Struct.field({'w': ti.f64}, shape=n, needs_grad=True)",
-        "    loss = ti.field(ti.f64, shape=(), needs_grad=True)",
+        "    x = ti.field(ti.f64, shape=n, needs_grad=True, needs_dual=True)",
+        "    y = ti.field(ti.f64, shape=n, needs_grad=True, needs_dual=True)",
+        "    sx = ti.Struct.field({'w': ti.f64}, shape=n, needs_grad=True, needs_dual=True)",
+        "    loss = ti.field(ti.f64, shape=(), needs_grad=True, needs_dual=True)",
         "    xv = rng.uniform(-1.5, 1.5, n)",
         "    yv = (rng.integers(-7, 7, n) * 0.2 + 0.1) + rng.uniform(-0.03, 0.03, n)",
         "    wv = rng.uniform(-1, 1, n)",
@@ -659,6 +661,20 @@ def gradient_program(seed: int) -> str:
         "    loss.grad[None] = 1.0",
         "    k.grad()",
         "    manual = [x.grad.to_numpy(), y.grad.to_numpy(), sx.w.grad.to_numpy()]",
+        # forward mode along a seed, checked against a directional central difference (the
+        # parameter by the seed, not the generator's stream: older seeds keep their programs)
+        "    sv = rng.uniform(-1, 1, n)",
+        f"    which = {seed % 3}",
+        "    for a, b in zip((x, y, sx.w), (xv, yv, wv), strict=True):",
+        "        a.from_numpy(b)",
+        "    loss[None] = 0.0",
+        "    try:  # Taichi 1.7.4 aborts forward mode through most local vector arithmetic",
+        "        with ti.ad.FwdMode(loss=loss, param=(x, y, sx.w)[which],",
+        "                           seed=[float(v) for v in sv]):",
+        "            k()",
+        "        dual = {'dual': np.array([loss.dual[None]])}",
+        "    except Exception as e:  # noqa: BLE001 - compared as a missing 'dual'",
+        "        dual = {'_dual_error': repr(e)[:200]}",
         "    fd = []",
         "    base = [xv, yv, wv]",
         "    for a in range(3):",
@@ -672,6 +688,10 @@ def gradient_program(seed: int) -> str:
         "            col[q] = (forward(*up) - forward(*dn)) / (2 * h)",
         "        fd.append(col)",
         "    return {'loss': np.array([value]), 'tape': np.concatenate(tape),",
-        "            'grad': np.concatenate(manual), '_fd': np.concatenate(fd)}",
+        "            'grad': np.concatenate(manual), '_fd': np.concatenate(fd), **dual,",
+        "            '_fd_dir': np.array([(forward(*[b + 1e-6 * sv * (q == which) for q, b in",
+        "                                            enumerate(base)]) -",
+        "                                  forward(*[b - 1e-6 * sv * (q == which) for q, b in",
+        "                                            enumerate(base)])) / 2e-6])}",
         ""]
     return "\n".join(lines)

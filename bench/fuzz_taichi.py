@@ -8,6 +8,11 @@ runs in one fresh process per implementation (start-up paid once per batch, a cr
 costs one batch), one batch at a time (``--jobs 1`` is the only mode: the machine is shared).
 The results are compared: integers exactly, floats to ``RTOL`` relative to the array's
 magnitude (f32 fields: ``RTOL32``); an error on one side only is a disagreement too.
+``--kind features`` and ``--kind features_gradient`` run bench/fuzz_features.py (the API
+features fuzz_gen's grammar does not reach: funcs returning matrices and structs, matrix
+algebra, atomics' return values, unsigned and f16 types, ndrange bounds, sparse deactivation,
+ti.math edges; a second kernel under the Tape, ``kernel.grad()`` in reverse order and FwdMode,
+whose dual is checked against a directional central difference).
 ``--kind gradient`` runs ``fuzz_gen.gradient_program``: the Tape's and ``kernel.grad()``'s
 gradients are compared between the two and, on each, with central finite differences
 (``FD_RTOL``; a kink of ti.max inside the stencil can show up there). Each
@@ -34,6 +39,7 @@ HERE = Path(__file__).resolve().parent
 TAICHI_PYTHON = "/work/tivenv/bin/python"
 RTOL = 1e-9
 RTOL32 = 2e-4
+RTOL16 = 2e-3  # f16 fields (half an f16 ulp per store, relative to the array's magnitude)
 FD_RTOL = 1e-5  # gradients vs central differences (step 1e-6, f64)
 
 
@@ -87,6 +93,10 @@ def compare(a: dict, b: dict, f32: bool = False) -> list[str]:
         return [f"error only on {'difftape' if ea else 'taichi'}: {ea or eb}"]
     out = []
     for name, r in (("difftape", a), ("taichi", b)):  # gradient programs: each against FD
+        if "dual" in r:  # FwdMode's dual vs the directional central difference
+            fd = r["_fd_dir"]
+            if np.abs(r["dual"] - fd).max() > FD_RTOL * (np.abs(fd).max() + 1.0):
+                out.append(f"{name} FwdMode dual vs finite differences: {r['dual']} vs {fd}")
         if "_fd" in r:
             fd = r["_fd"]
             scale = max(1.0, float(np.max(np.abs(fd))))
@@ -107,11 +117,13 @@ def compare(a: dict, b: dict, f32: bool = False) -> list[str]:
                 bad = np.nonzero(x.astype(np.int64) != y.astype(np.int64))
                 out.append(f"{k}: ints differ at {bad}: {x[bad][:6]} vs {y[bad][:6]}")
             continue
-        rtol = RTOL32 if f32 or np.float32 in (x.dtype, y.dtype) else RTOL
+        rtol = (RTOL16 if np.float16 in (x.dtype, y.dtype) else
+                RTOL32 if f32 or np.float32 in (x.dtype, y.dtype) else RTOL)
         xf, yf = x.astype(np.float64), y.astype(np.float64)
         nan = np.isnan(xf) & np.isnan(yf)
         scale = np.nanmax(np.abs(yf[np.isfinite(yf)]), initial=1.0)
-        close = np.abs(xf - yf) <= rtol * (np.abs(yf) + scale)
+        with np.errstate(invalid="ignore"):  # inf - inf: equal infinities pass below
+            close = np.abs(xf - yf) <= rtol * (np.abs(yf) + scale)
         close |= nan | (xf == yf)
         if not close.all():
             bad = np.nonzero(~close)
@@ -151,6 +163,14 @@ def run_batch(seeds: list[int], work: Path, gen, timeout: float) -> dict[int, tu
             for s, f in zip(seeds, files, strict=True)}
 
 
+KINDS = {  # --kind: the generator of each kind of program (imported lazily: bench/ on sys.path)
+    "program": lambda: __import__("fuzz_gen").program,
+    "gradient": lambda: __import__("fuzz_gen").gradient_program,
+    "features": lambda: __import__("fuzz_features").program,
+    "features_gradient": lambda: __import__("fuzz_features").gradient_program,
+}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--worker")
@@ -160,14 +180,13 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=40)
     ap.add_argument("--hours", type=float, default=0.0)
     ap.add_argument("--timeout", type=float, default=600.0)
-    ap.add_argument("--kind", default="program", choices=["program", "gradient"])
+    ap.add_argument("--kind", default="program", choices=list(KINDS))
     ap.add_argument("files", nargs="*")
     a = ap.parse_args()
     if a.worker:
         return worker(a.worker, a.files, a.to)
     sys.path.insert(0, str(HERE))
-    import fuzz_gen
-    gen = getattr(fuzz_gen, a.kind if a.kind == "program" else "gradient_program")
+    gen = KINDS[a.kind]()
     lo, hi = (int(v) for v in a.seeds.split(":"))
     out = Path(a.out)
     (out / "disagree").mkdir(parents=True, exist_ok=True)

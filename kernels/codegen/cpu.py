@@ -26,7 +26,6 @@ import re
 import llvmlite
 import llvmlite.binding as llvm
 
-from ..errors import CompileError
 from ..ir.nodes import Block, Stmt, Task, walk
 from ..types import DType
 from . import vecmath
@@ -375,9 +374,6 @@ entry:
         the kernel also takes the other of sin/cos of this value; such pairs then share one
         argument reduction (:mod:`.vecmath`; a map of ``sin(x) + cos(x)`` over 2^24 f32 went
         from 8.4 to 6.7 ms) while a lone sin stays on libmvec, faster for one."""
-        if t.bits == 16:
-            raise CompileError(f"{name} on f16 is not supported: f16 is a storage type here; "
-                               "cast to ti.f32 first", kernel=low.ir.name)
         ty = "float" if t.bits == 32 else "double"
         scalar = f"dt_{_LIBM_NAMES[name]}{'f' if t.bits == 32 else ''}"
         params = ", ".join([ty] * len(args))

@@ -234,9 +234,6 @@ class CUDATarget:
     # ------------------------------------------------------------------ code inside a body
     def math_call(self, low: Lowering, name: str, t: DType, args: list[str],
                   paired: bool = False) -> str:
-        if t.bits == 16:
-            raise CompileError(f"{name} on f16 is not supported: f16 is a storage type here; "
-                               "cast to ti.f32 first", kernel=low.ir.name)
         ty = ll_type(t)
         sym = f"__nv_{name}{'f' if t.bits == 32 else ''}"
         pure = low.attribute_group("nounwind willreturn memory(none)")
