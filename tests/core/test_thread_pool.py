@@ -9,6 +9,7 @@ late and parks them mid-chunk, as on a loaded machine.
 import ctypes
 import faulthandler
 import gc
+import os
 import threading
 import time
 import weakref
@@ -118,6 +119,55 @@ def test_a_waiting_caller_gives_its_core_away():
         assert pool.stats()["caller_sleeps"] >= 1
     finally:
         pool.close()
+
+
+def _affinity_after_a_launch(pool: ThreadPool) -> set[int]:
+    """The first worker's CPUs once it has run a chunk of a launch made from here: a worker
+    sets them when it takes a launch, before its first chunk."""
+    worker_ran = threading.Event()
+
+    def body(ctx, b, e, tid):
+        if tid == 1:
+            worker_ran.set()
+        time.sleep(0.0005)
+
+    task = TASK(body)
+    while not worker_ran.is_set():
+        pool.run(task, 0, 0, 16, 4096)
+    return os.sched_getaffinity(pool._workers[0].native_id)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs Linux thread affinity and two CPUs")
+def test_workers_keep_off_the_callers_cpu(watchdog):
+    """Workers may run anywhere but on the CPU the launching thread is on, and follow it when
+    it moves. A launch's futex wake put a sleeping worker on the caller's CPU whenever its
+    own was busy (another process there): it preempted the caller and the two took turns on
+    one core while the other process had the second."""
+    cpus = os.sched_getaffinity(0)
+    first, second = sorted(cpus)[:2]
+    pool = ThreadPool(2)
+    try:
+        for cpu in (first, second, first):
+            os.sched_setaffinity(0, {cpu})  # this thread (the caller) moves to `cpu`
+            assert _affinity_after_a_launch(pool) == cpus - {cpu}
+    finally:
+        os.sched_setaffinity(0, cpus)
+        pool.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs Linux thread affinity and two CPUs")
+def test_workers_go_anywhere_when_oversubscribed_or_asked(watchdog):
+    """More threads than CPUs (or keep_off_caller=False): workers keep every CPU."""
+    cpus = os.sched_getaffinity(0)
+    for pool in (ThreadPool(len(cpus) + 1), ThreadPool(2, keep_off_caller=False)):
+        try:
+            os.sched_setaffinity(0, {min(cpus)})
+            assert _affinity_after_a_launch(pool) == cpus
+        finally:
+            os.sched_setaffinity(0, cpus)
+            pool.close()
 
 
 def test_idle_workers_sleep(pool):
