@@ -321,8 +321,6 @@ $SLEEP_WAKE
 define internal void @chunks(ptr %job, i64 %gen, i32 %tid) {
 entry:
   %nextp = call ptr @slot(ptr %job, i64 $NEXT)
-  %finp = call ptr @slot(ptr %job, i64 $FINISHED)
-  %waitp = call ptr @slot(ptr %job, i64 $WAITING)
   %bp = call ptr @slot(ptr %job, i64 $BEGIN)
   %ep = call ptr @slot(ptr %job, i64 $END)
   %cp = call ptr @slot(ptr %job, i64 $CHUNK)
@@ -331,7 +329,6 @@ entry:
   %totp = call ptr @slot(ptr %job, i64 $TOTAL)
   %lanesp = call ptr @slot(ptr %job, i64 $LANES)
   %grainp = call ptr @slot(ptr %job, i64 $GRAIN)
-  %ownp = call ptr @slot(ptr %job, i64 $OWNERS)
   %tag = shl i64 %gen, 32
   br label %claim
 claim:
