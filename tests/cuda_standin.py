@@ -282,8 +282,11 @@ class FakeDriver:
                 (outer.launches if stream.captured is None else outer.captured_launches
                  ).append((self.name, grid, block, args[0]))
                 if self.fn is not None:
-                    fn = self.fn
-                    stream.enqueue(lambda: fn(args[0], grid[0], block[0], 0))
+                    # The queued launch holds its function, so the code (``self.engine``)
+                    # stays loaded until it has run, as a device keeps a module that work
+                    # queued on it uses: a kernel collected before the stream was drained
+                    # (a failed synchronize, then reset) had its code freed under the launch.
+                    stream.enqueue(lambda: self.fn(args[0], grid[0], block[0], 0))
 
         class Module:
             def get_function(self, name):

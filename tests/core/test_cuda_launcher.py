@@ -11,6 +11,8 @@ in the device allocator's memory, and the results (fields, a reduction's return 
 FwdMode gradients, a bounds error) are the CPU's. tests/gpu runs the same on a real device.
 """
 
+import gc
+
 import numpy as np
 import pytest
 from cuda_standin import SMS, FakeDriver, use
@@ -182,6 +184,8 @@ def test_a_failed_launch_names_the_kernel_and_the_device(fake):
     with pytest.raises(ti.DifftapeError, match=r"kernel 'k' failed on CUDA device 0 "
                                                r"\(Stand-in GPU\): .*illegal memory access"):
         ti.sync()
+    del k  # the second launch is still queued: its code must outlive the kernel
+    gc.collect()
 
 
 def test_simulate_grid_with_a_device_is_refused(fake):

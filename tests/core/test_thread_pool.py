@@ -9,13 +9,14 @@ late and parks them mid-chunk, as on a loaded machine.
 import ctypes
 import faulthandler
 import gc
+import os
 import threading
 import time
 import weakref
 
 import pytest
 
-from difftape.runtime.parallel import ThreadPool
+from difftape.runtime.parallel import GRAINS_PER_CHUNK, ThreadPool
 
 pytestmark = pytest.mark.difftape_only
 
@@ -67,8 +68,11 @@ def test_successive_claims_run_distant_chunks(watchdog):
     lines. The first chunk to start waits until another has started (whoever runs it): the
     two are the first two claims, whether the worker showed up or the first thread came back.
     Which of the two records itself first is a race between the threads, so their order is
-    not checked, only that they are half the range apart."""
+    not checked, only that they are half the range apart. Chunks run whole here (one grain
+    each): a thread with no chunk left to claim takes over half of what another has not
+    started, which is what the grain tests check."""
     pool = ThreadPool(2)
+    pool._job[GRAINS_PER_CHUNK] = 1
     seen = []
     started = threading.Event()
 
@@ -118,6 +122,124 @@ def test_a_waiting_caller_gives_its_core_away():
         assert pool.stats()["caller_sleeps"] >= 1
     finally:
         pool.close()
+
+
+def test_what_a_parked_worker_has_not_started_is_taken_over(watchdog):
+    """A worker parked in the first grain of its chunk (as when the OS runs another process
+    on its core) holds up only that grain: the caller runs every other index of the launch,
+    the rest of that chunk included. A worker that claimed a chunk used to run all of it,
+    and the launch waited for its next time slice."""
+    pool = ThreadPool(2)
+    held = threading.Event()
+    seen = []
+
+    def body(ctx, b, e, tid):
+        seen.append((b, e, tid))
+        if tid != 0 and not held.is_set():
+            held.set()
+            time.sleep(0.2)
+        elif tid == 0:
+            held.wait(5.0)  # let the worker claim a chunk first
+
+    task = TASK(body)
+    try:
+        pool.run(task, 0, 0, 64, 4096)  # 8 chunks of 8 indices
+        grain = -(-8 // ThreadPool.GRAINS_PER_CHUNK)
+        by_worker = [(b, e) for b, e, tid in seen if tid != 0]
+        assert held.is_set() and len(by_worker) == 1
+        (b, e), = by_worker
+        assert e - b == grain
+        ran = sorted(i for b, e, _ in seen for i in range(b, e))
+        assert ran == list(range(64))
+    finally:
+        pool.close()
+
+
+def _affinity_after_a_launch(pool: ThreadPool) -> set[int]:
+    """The first worker's CPUs once it has run a chunk of a launch made from here: a worker
+    sets them when it takes a launch, before its first chunk."""
+    worker_ran = threading.Event()
+
+    def body(ctx, b, e, tid):
+        if tid == 1:
+            worker_ran.set()
+        time.sleep(0.0005)
+
+    task = TASK(body)
+    while not worker_ran.is_set():
+        pool.run(task, 0, 0, 16, 4096)
+    return os.sched_getaffinity(pool._workers[0].native_id)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs Linux thread affinity and two CPUs")
+def test_workers_keep_off_the_callers_cpu(watchdog):
+    """Workers may run anywhere but on the CPU the launching thread is on, and follow it when
+    it moves. A launch's futex wake put a sleeping worker on the caller's CPU whenever its
+    own was busy (another process there): it preempted the caller and the two took turns on
+    one core while the other process had the second."""
+    cpus = os.sched_getaffinity(0)
+    first, second = sorted(cpus)[:2]
+    pool = ThreadPool(2)
+    try:
+        for cpu in (first, second, first):
+            os.sched_setaffinity(0, {cpu})  # this thread (the caller) moves to `cpu`
+            assert _affinity_after_a_launch(pool) == cpus - {cpu}
+    finally:
+        os.sched_setaffinity(0, cpus)
+        pool.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs Linux thread affinity and two CPUs")
+def test_a_waiting_caller_lends_its_cpu_to_the_worker_it_waits_for(watchdog):
+    """A worker inside a grain when the caller has nothing left but to wait may run on the
+    caller's CPU while the caller sleeps, and gets its own CPUs back when the launch ends.
+    Kept off the caller's CPU, a worker the OS parked mid-grain behind another process held
+    up the launch until that process's time slice ended, with the caller's core idle."""
+    cpus = os.sched_getaffinity(0)
+    first = min(cpus)
+    pool = ThreadPool(2)
+    held = threading.Event()
+    during = []
+
+    def body(ctx, b, e, tid):
+        if tid != 0 and not held.is_set():
+            held.set()
+            deadline = time.monotonic() + 5.0
+            while True:  # until the caller, out of work, lends its CPU
+                during.append(os.sched_getaffinity(0))
+                if during[-1] == {first} or time.monotonic() > deadline:
+                    break
+                time.sleep(0.001)
+        elif tid == 0:
+            held.wait(5.0)  # let the worker claim a chunk first
+
+    task = TASK(body)
+    os.sched_setaffinity(0, {first})  # the caller's CPU
+    try:
+        pool.run(task, 0, 0, 64, 4096)
+        after = os.sched_getaffinity(pool._workers[0].native_id)
+    finally:
+        os.sched_setaffinity(0, cpus)
+        pool.close()
+    assert held.is_set() and during[0] == cpus - {first}  # kept off the caller's CPU
+    assert during[-1] == {first}  # lent it while the caller waited
+    assert after == cpus - {first}  # and kept off it again
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs Linux thread affinity and two CPUs")
+def test_workers_go_anywhere_when_oversubscribed_or_asked(watchdog):
+    """More threads than CPUs (or keep_off_caller=False): workers keep every CPU."""
+    cpus = os.sched_getaffinity(0)
+    for pool in (ThreadPool(len(cpus) + 1), ThreadPool(2, keep_off_caller=False)):
+        try:
+            os.sched_setaffinity(0, {min(cpus)})
+            assert _affinity_after_a_launch(pool) == cpus
+        finally:
+            os.sched_setaffinity(0, cpus)
+            pool.close()
 
 
 def test_idle_workers_sleep(pool):
