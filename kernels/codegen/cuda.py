@@ -58,7 +58,7 @@ from ..ir.nodes import Block, Task
 from ..types import DType
 from .layout import PRINT_SINK_HEADER
 from .llvm_lowering import TRANSCENDENTAL, Lowering, ll_type
-from .optimize import run_module_pipeline
+from .optimize import ModuleOptions, module_options
 
 #: the oldest architecture CUDA 13's ptxas accepts; PTX made for it runs on all later GPUs
 DEFAULT_ARCH = "sm_75"
@@ -385,9 +385,11 @@ class CUDATarget:
         pto = llvm.create_pipeline_tuning_options(3)
         pb = llvm.create_pass_builder(self.tm, pto)
         # Maximizing bandwidth, as for every module before the CPU target chose per module
-        # (PTX code is unchanged by that choice; not re-measured on a GPU).
-        run_module_pipeline(mod, pb, maximize_bandwidth=True)
-        return self.tm.emit_assembly(mod).encode()
+        # (PTX code is unchanged by that choice; not re-measured on a GPU); LLVM's machine
+        # scheduler as LLVM has it, whatever the CPU target chose.
+        with module_options(ModuleOptions(maximize_bandwidth=True)):
+            pb.getModulePassManager().run(mod, pb)
+            return self.tm.emit_assembly(mod).encode()
 
     def load(self, obj: bytes, names: list[str]) -> tuple[object, dict[str, int]]:
         raise CompileError("PTX is loaded by the CUDA launcher (runtime/cuda.py, "
