@@ -7,12 +7,12 @@ side, on the path of every step a remote program takes (a replayed graph's one r
 read). Measured on a 2-core VM, the client woke twice for about half the batch answers.
 
 :func:`protocol` makes the gateway's protocol class (the one uvicorn would pick) with the
-connection's transport wrapped in :class:`WriteCombining`: writes made while one callback of
-the event loop runs are joined and written once, when the loop comes round (``call_soon``),
-so a response sent without waiting in between (the batch fast path's start and body, every
-small JSON answer) leaves in one write. Streams are unaffected: a write that would make the
-pending bytes larger than :data:`COMBINE_BYTES` goes out at once, after what is pending, and
-closing the connection sends what is pending first.
+connection's transport wrapped in :class:`WriteCombining`, which holds a response's head
+(status line and headers, one write ending in a blank line) until the next write, the body,
+and writes the two as one, at once; a head with no write after it in the same callback of
+the event loop (a response without a body, a stream that has not sent yet) goes out when
+the loop comes round (``call_soon``). Every other write goes straight through, so nothing
+waits for what runs after the response is sent (the access log) and streams are as before.
 """
 
 from __future__ import annotations
@@ -20,51 +20,55 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-#: Writes are held for joining only while the pending bytes stay below this size.
-COMBINE_BYTES = 64 << 10
+#: A write is held as a response's head only up to this size.
+HEAD_BYTES = 16 << 10
+#: A body is joined to its head (copied) only up to this size; a larger one follows it.
+JOIN_BYTES = 256 << 10
 
 
 class WriteCombining:
-    """A transport whose small writes within one event-loop callback go out as one write;
+    """A transport that writes a response's head together with the write that follows it;
     every other call goes to the wrapped transport."""
 
-    __slots__ = ("_transport", "_loop", "_pending", "_size")
+    __slots__ = ("_transport", "_loop", "_head")
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         self._transport = transport
         self._loop = loop
-        self._pending: list[bytes] = []
-        self._size = 0
+        self._head: bytes | None = None
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
-        n = len(data)
-        if not n:
+        if not len(data):
             return
-        if self._size + n >= COMBINE_BYTES:  # large: in order, at once
-            self.flush()
+        head = self._head
+        if head is not None:
+            self._head = None
+            if len(data) <= JOIN_BYTES:
+                self._transport.write(head + bytes(data))
+                return
+            self._transport.write(head)  # a large body: not copied to join them
             self._transport.write(data)
-            return
-        if not self._pending:
+        elif (len(data) <= HEAD_BYTES and bytes(data[:7]) == b"HTTP/1."
+              and bytes(data[-4:]) == b"\r\n\r\n"):
+            self._head = bytes(data)
             self._loop.call_soon(self.flush)
-        self._pending.append(bytes(data))
-        self._size += n
+        else:
+            self._transport.write(data)
 
     def writelines(self, lines) -> None:
         for data in lines:
             self.write(data)
 
     def flush(self) -> None:
-        """Write what is pending (called by the loop, and before a large write or a close)."""
-        if not self._pending:
-            return
-        data = self._pending[0] if len(self._pending) == 1 else b"".join(self._pending)
-        self._pending.clear()
-        self._size = 0
-        if not self._transport.is_closing():
-            self._transport.write(data)
+        """Write a held head (called by the loop, and before a close)."""
+        head = self._head
+        if head is not None:
+            self._head = None
+            if not self._transport.is_closing():
+                self._transport.write(head)
 
     def get_write_buffer_size(self) -> int:
-        return self._transport.get_write_buffer_size() + self._size
+        return self._transport.get_write_buffer_size() + len(self._head or b"")
 
     def write_eof(self) -> None:
         self.flush()
@@ -75,8 +79,7 @@ class WriteCombining:
         self._transport.close()
 
     def abort(self) -> None:
-        self._pending.clear()
-        self._size = 0
+        self._head = None
         self._transport.abort()
 
     def __getattr__(self, name: str) -> Any:

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from difftape.server.coalesce import COMBINE_BYTES, WriteCombining
+from difftape.server.coalesce import JOIN_BYTES, WriteCombining
 
 # struct tcp_info (linux/tcp.h): tcpi_data_segs_in, the segments with data received.
 _DATA_SEGS_IN = 152
@@ -89,29 +89,37 @@ class _Transport:
 
 
 def test_write_combining():
+    """A response's head waits for its body and leaves with it; a head alone leaves when the
+    loop comes round; a large body is not copied; a close sends what is held first."""
+    head = b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\n"
+
     async def main() -> None:
         t = _Transport()
         w = WriteCombining(t, asyncio.get_running_loop())
-        w.write(b"head")
+        w.write(head)
+        assert t.writes == [] and w.get_write_buffer_size() == len(head)
         w.write(b"body")
-        assert t.writes == [] and w.get_write_buffer_size() == 8
+        assert t.writes == [head + b"body"]  # at once, as one write
+        w.write(b"more")  # not a head: straight through
+        assert t.writes[-1] == b"more"
+        w.write(head)
         await asyncio.sleep(0)
-        assert t.writes == [b"headbody"]
-        big = b"x" * COMBINE_BYTES
-        w.write(b"a")
-        w.write(big)  # what is pending first, then the large write at once
-        assert t.writes[1:] == [b"a", big]
-        w.write(b"tail")
-        w.close()  # pending bytes go before the close
-        assert t.writes[-1] == b"tail" and t.closed
-        w.write(b"late")
+        assert t.writes[-1] == head  # alone, once the loop came round
+        big = b"x" * (JOIN_BYTES + 1)
+        w.write(head)
+        w.write(big)
+        assert t.writes[-2:] == [head, big]
+        w.write(head)
+        w.close()  # the held head goes before the close
+        assert t.writes[-1] == head and t.closed
+        w.write(head)
         await asyncio.sleep(0)
-        assert t.writes[-1] == b"tail"  # nothing written on a closing transport
+        assert t.writes[-1] == head and len(t.writes) == 6  # none on a closing transport
         assert w.get_extra_info("peername") == "info:peername"
 
         t2 = _Transport()
         w2 = WriteCombining(t2, asyncio.get_running_loop())
-        w2.write(b"dropped")
+        w2.write(head)
         w2.abort()
         await asyncio.sleep(0)
         assert t2.writes == [] and t2.aborted
