@@ -96,6 +96,16 @@ class _Response:
         return self.content.decode("utf-8", "replace")
 
 
+def _readable(sock: socket.socket) -> bool:
+    """Whether ``sock`` has something to read now (``poll``: ``select`` refuses descriptors
+    past 1023, which a process with many files open reaches)."""
+    if hasattr(select, "poll"):
+        p = select.poll()
+        p.register(sock, select.POLLIN)
+        return bool(p.poll(0))
+    return bool(select.select([sock], [], [], 0)[0])
+
+
 class _LeanConnection:
     """One keep-alive HTTP/1.1 connection for requests whose body is in memory (every JSON
     request: the batch a program sends per step, a replayed graph's one request).
@@ -172,7 +182,7 @@ class _LeanConnection:
         (nothing sent) or :class:`_Broken`."""
         timeout = self.timeout if timeout is None else timeout
         sock = self.sock
-        if sock is not None and select.select([sock], [], [], 0)[0]:
+        if sock is not None and _readable(sock):
             self.close()  # readable while idle: the server closed it (or broke the protocol)
             sock = None
         if sock is None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import resource
 import socket
 import threading
 
@@ -201,3 +203,25 @@ def test_https_and_proxies_keep_httpx(monkeypatch):
     assert HttpTransport("https://example.org", "t").lean is None
     monkeypatch.setenv("HTTP_PROXY", "http://proxy.example:3128")
     assert HttpTransport("http://127.0.0.1:9", "t").lean is None
+
+
+def test_descriptor_past_select_limit():
+    """The kept connection is checked before reuse with ``poll``: ``select`` raised
+    ValueError for a socket descriptor past 1023 (a process with many files open)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"needs 1200 open files; the hard limit is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    stub = _Stub(["keep", "keep"])
+    t = HttpTransport(stub.url, "tok")
+    try:
+        assert t.json("POST", "/a", {}) == {"n": 1}
+        assert t.lean.sock.fileno() > 1023
+        assert t.json("POST", "/b", {}) == {"n": 2}
+    finally:
+        t.close()
+        stub.close()
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
