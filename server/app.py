@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 
-from . import problems
+from . import coalesce, problems
 from .db import Database
 from .fastpath import BatchFastPath
 from .forward import ForwardMiddleware
@@ -319,7 +319,8 @@ def serve(settings: Settings, *, log_level: str = "info", access_log: bool = Fal
             self.config.timeout_graceful_shutdown = max(0.5, left - 0.5)
             await super().shutdown(sockets)
 
+    # Small responses leave in one write (server/coalesce.py): one wake-up of the client.
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
-                            access_log=access_log)
+                            access_log=access_log, http=coalesce.protocol())
     _configure_logging(settings)
     _Server(config).run()
