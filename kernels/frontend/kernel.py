@@ -80,6 +80,11 @@ INLINE_WORK = 1 << 15
 DETERMINISTIC_CHUNKS = 64
 MIN_CHUNK_WORK = 1 << 12
 _ANY, _SERIAL, _ORDERED = 0, 1, 2
+#: An "any" task with per-chunk partial sums (passes/reduce.py's epilogue): its result depends
+#: on the chunk boundaries, so its chunks run whole (ThreadPool.run's ``whole``), never in
+#: grains another thread may take over, which would move the boundaries with the timing and
+#: make a reduction's last bits differ from run to run far more often (local != remote).
+_WHOLE = 3
 _SCHEDULES = {"any": _ANY, "serial": _SERIAL, "ordered": _ORDERED}
 #: ndarray arguments taken as they are; others (tensors) go through runtime/foreign.py
 #: (Storage: a CUDA array's memory, runtime/devicearrays.py).
@@ -648,8 +653,11 @@ class CompiledKernel:
         for k, t in enumerate(ir.tasks if self.grid is None else ()):
             address = addresses[low.task_name(k)]
             bounds = BOUNDS_FN(addresses[low.bounds_name(k)]) if t.kind == "range" else None
+            schedule = _SCHEDULES[t.schedule]
+            if schedule == _ANY and t.epilogue:
+                schedule = _WHOLE
             self.tasks.append((t.kind == "range", TASK_FN(address), bounds, max(1, t.weight),
-                               _SCHEDULES[t.schedule], address))
+                               schedule, address))
         self.return_type: MatrixType | StructType | tuple | None = None
         self.lost = NO_FLOW  # set by Kernel._compile for derivative variants
         self.bounds_out = (ctypes.c_int64 * 2)()
@@ -836,7 +844,7 @@ class CompiledKernel:
                     fn(ctx, begin, end, 0)
                 else:
                     pool = pool or self.prog.pool
-                    pool.run(fn, ctx, begin, end, weight, address)
+                    pool.run(fn, ctx, begin, end, weight, address, schedule == _WHOLE)
             else:
                 fn(ctx, 0, 0, 0)
             if ctx_i64[self.layout.err_code]:

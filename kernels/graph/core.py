@@ -45,6 +45,7 @@ from ..frontend.kernel import (
     _ANY,
     _ORDERED,
     _SERIAL,
+    _WHOLE,
     DETERMINISTIC_CHUNKS,
     INLINE_WORK,
     MIN_CHUNK_WORK,
@@ -61,7 +62,8 @@ from ..runtime.launch import raise_error_word
 from ..runtime.parallel import ThreadPool
 from ..runtime.storage import Storage
 
-assert (_ANY, _SERIAL, _ORDERED) == (native.ANY, native.SERIAL_SCHEDULE, native.ORDERED)
+assert (_ANY, _SERIAL, _ORDERED, _WHOLE) == (native.ANY, native.SERIAL_SCHEDULE, native.ORDERED,
+                                              native.WHOLE)
 
 _FLOAT, _INT = "f", "i"  # CompiledKernel's scalar writer kinds (an int: an unsigned width)
 

@@ -36,7 +36,7 @@ FN, CTX, KIND, BOUNDS, WEIGHT, SCHEDULE, BEGIN, END, ERR = range(9)
 RECORD_SLOTS = 10
 SERIAL, RANGE, STATIC = 0, 1, 2  # KIND
 #: Schedule codes the runner knows (those of frontend/kernel.py's launcher).
-ANY, SERIAL_SCHEDULE, ORDERED = 0, 1, 2
+ANY, SERIAL_SCHEDULE, ORDERED, WHOLE = 0, 1, 2, 3
 
 _OPS = r"""
 declare void @llvm.memcpy.p0.p0.i64(ptr, ptr, i64, i1)

@@ -914,8 +914,11 @@ pool:
   br i1 %pwhole, label %inline_run, label %pool_go
 pool_go:
   %tot2 = call i64 @cdiv(i64 %cnt, i64 %pchunk)
+  ; A task with per-chunk partial sums (schedule 3) runs whole chunks: one lane, no grains.
+  %wholetask = icmp eq i64 %sched, 3
+  %lanes2 = select i1 %wholetask, i64 1, i64 %nth
   call void @dt_run(ptr %job, i64 %fni, i64 %ctxi, i64 %b, i64 %e, i64 %pchunk, i64 %tot2,
-                    i64 %nth)
+                    i64 %lanes2)
   br label %check
 inline_run:
   call void %fn(ptr %ctx, i64 %b, i64 %e, i32 0)
@@ -1141,10 +1144,12 @@ class ThreadPool:
                                            self._job_addr)
 
     def run(self, fn, ctx: int, begin: int, end: int, weight: int = 1,
-            address: int = 0) -> None:
+            address: int = 0, whole: bool = False) -> None:
         """Run ``fn(ctx, b, e, tid)`` over [begin, end) split into chunks, on all threads
         that show up; ``weight``: the work of one index, in statements. ``address``: ``fn``'s
-        entry point when the caller has it (``ctypes.cast`` costs microseconds a launch)."""
+        entry point when the caller has it (``ctypes.cast`` costs microseconds a launch).
+        ``whole``: each chunk runs in one call, claimed in index order, never in grains (a
+        task with per-chunk partial sums: its boundaries decide its result's bits)."""
         n = end - begin
         if self.num_threads == 1 or n <= 1:
             fn(ctx, begin, end, 0)
@@ -1156,7 +1161,7 @@ class ThreadPool:
             return
         addr = address or ctypes.cast(fn, ctypes.c_void_p).value
         self._run(self._job_addr, addr, ctx, begin, end, chunk, -(-n // chunk),
-                  self.num_threads)
+                  1 if whole else self.num_threads)
 
     def run_chunks(self, fn, ctx: int, begin: int, end: int, chunk: int,
                    threaded: bool = True, address: int = 0) -> None:

@@ -155,6 +155,61 @@ def test_what_a_parked_worker_has_not_started_is_taken_over(watchdog):
         pool.close()
 
 
+def test_a_task_with_partial_sums_runs_whole_chunks(watchdog):
+    """``whole`` (a task whose epilogue adds per-chunk partial sums, passes/reduce.py): every
+    chunk runs in one call at its fixed boundaries, even when the worker that claimed one is
+    parked, so the partial sums, and the bits of the total, do not depend on the timing.
+    With grains the parked worker's chunk was split between the two threads."""
+    pool = ThreadPool(2)
+    held = threading.Event()
+    seen = []
+
+    def body(ctx, b, e, tid):
+        seen.append((b, e))
+        if tid != 0 and not held.is_set():
+            held.set()
+            time.sleep(0.2)
+        elif tid == 0:
+            held.wait(5.0)
+
+    task = TASK(body)
+    try:
+        pool.run(task, 0, 0, 64, 4096, whole=True)  # 8 chunks of 8 indices
+        assert sorted(seen) == [(b, b + 8) for b in range(0, 64, 8)]
+    finally:
+        pool.close()
+
+
+def test_reduction_tasks_are_launched_whole():
+    """The launcher gives a task with per-chunk partial sums the whole-chunk schedule, and a
+    plain map the default one; eager launches and graph replays read the same code."""
+    import difftape as ti
+    from difftape.frontend.kernel import _ANY, _WHOLE
+
+    ti.init(arch=ti.cpu, cpu_max_num_threads=2)
+    x = ti.field(ti.f64, 4096)
+    total = ti.field(ti.f64, ())
+
+    @ti.kernel
+    def reduce_():
+        for i in x:
+            total[None] += x[i]
+
+    @ti.kernel
+    def scale():
+        for i in x:
+            x[i] = 2.0 * x[i] + 1.0
+
+    reduce_()
+    scale()
+    def schedules(kernel) -> list[int]:
+        inst = kernel._fast  # a kernel without template parameters: one instance
+        return [t[4] for t in inst.tasks]
+
+    assert schedules(reduce_) == [_WHOLE]
+    assert schedules(scale) == [_ANY]
+
+
 def _affinity_after_a_launch(pool: ThreadPool) -> set[int]:
     """The first worker's CPUs once it has run a chunk of a launch made from here: a worker
     sets them when it takes a launch, before its first chunk."""
