@@ -441,6 +441,11 @@ def pow(a, b):  # noqa: A001 - mirrors ti.pow
     ea, eb = _typed_pair(a, b)
     t = T.promote(ea.dtype, eb.dtype)
     ea, eb = _cast_expr(ea, t), _cast_expr(eb, t)
+    if bld.debug and t.is_int and t.is_signed:
+        # An integer has no negative powers; outside debug mode the result is 1 (Taichi
+        # documents 1; its value there is undefined), in debug mode a refusal, as in Taichi.
+        runtime_check(binary("ge", eb, 0), "negative exponent in pow(int, int): an integer "
+                      "has no negative powers; cast the base to a float type first")
     return Expr(bld.emit("pow", t, (ea.stmt, eb.stmt)))
 
 
