@@ -292,7 +292,9 @@ def binary(op: str, a, b):
     ea, eb = _typed_pair(a, b)
     t = T.promote(ea.dtype, eb.dtype)
     rule = OPS[op].types  # the op table's type rule
-    if rule in ("fdiv", "farith") and t.is_int:
+    if rule == "fdiv":  # as Taichi: each integer operand of `/` is default_fp, then promotion
+        t = T.promote(*(e.dtype if e.dtype.is_float else bld.default_fp for e in (ea, eb)))
+    elif rule == "farith" and t.is_int:
         t = bld.default_fp
     elif rule in ("bits", "shift") and t.is_float:
         raise bld.error(f"unsupported operand type(s) for '{_SYMBOL.get(op, op)}': "
@@ -339,9 +341,7 @@ def raw_div(a, b):
         return a // b if ints else a / b
     bld = _b.require()
     ea, eb = _typed_pair(a, b)
-    t = T.promote(ea.dtype, eb.dtype)
-    if t.is_float:
-        return binary("div", ea, eb)
+    t = T.promote(ea.dtype, eb.dtype)  # plain promotion (`/` makes integers default_fp)
     return Expr(bld.emit("div", t, (_cast_expr(ea, t).stmt, _cast_expr(eb, t).stmt)))
 
 
