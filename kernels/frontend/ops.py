@@ -439,6 +439,7 @@ def pow(a, b):  # noqa: A001 - mirrors ti.pow
         return result
     bld = _b.require()
     ea, eb = _typed_pair(a, b)
+    base_t = ea.dtype
     t = T.promote(ea.dtype, eb.dtype)
     ea, eb = _cast_expr(ea, t), _cast_expr(eb, t)
     if bld.debug and t.is_int and t.is_signed:
@@ -446,7 +447,12 @@ def pow(a, b):  # noqa: A001 - mirrors ti.pow
         # documents 1; its value there is undefined), in debug mode a refusal, as in Taichi.
         runtime_check(binary("ge", eb, 0), "negative exponent in pow(int, int): an integer "
                       "has no negative powers; cast the base to a float type first")
-    return Expr(bld.emit("pow", t, (ea.stmt, eb.stmt)))
+    r = Expr(bld.emit("pow", t, (ea.stmt, eb.stmt)))
+    if t.is_int and base_t != t:
+        # As Taichi, an integer exponent leaves the base's type: computed in the wider type
+        # and truncated, which wraps exactly as repeated multiplication in the base's type.
+        r = _cast_expr(r, base_t)
+    return r
 
 
 def _pow_by_squaring(x: Expr, n: int) -> Expr:
