@@ -292,7 +292,9 @@ def binary(op: str, a, b):
     ea, eb = _typed_pair(a, b)
     t = T.promote(ea.dtype, eb.dtype)
     rule = OPS[op].types  # the op table's type rule
-    if rule in ("fdiv", "farith") and t.is_int:
+    if rule == "fdiv":  # as Taichi: each integer operand of `/` is default_fp, then promotion
+        t = T.promote(*(e.dtype if e.dtype.is_float else bld.default_fp for e in (ea, eb)))
+    elif rule == "farith" and t.is_int:
         t = bld.default_fp
     elif rule in ("bits", "shift") and t.is_float:
         raise bld.error(f"unsupported operand type(s) for '{_SYMBOL.get(op, op)}': "
@@ -339,9 +341,7 @@ def raw_div(a, b):
         return a // b if ints else a / b
     bld = _b.require()
     ea, eb = _typed_pair(a, b)
-    t = T.promote(ea.dtype, eb.dtype)
-    if t.is_float:
-        return binary("div", ea, eb)
+    t = T.promote(ea.dtype, eb.dtype)  # plain promotion (`/` makes integers default_fp)
     return Expr(bld.emit("div", t, (_cast_expr(ea, t).stmt, _cast_expr(eb, t).stmt)))
 
 
@@ -439,9 +439,20 @@ def pow(a, b):  # noqa: A001 - mirrors ti.pow
         return result
     bld = _b.require()
     ea, eb = _typed_pair(a, b)
+    base_t = ea.dtype
     t = T.promote(ea.dtype, eb.dtype)
     ea, eb = _cast_expr(ea, t), _cast_expr(eb, t)
-    return Expr(bld.emit("pow", t, (ea.stmt, eb.stmt)))
+    if bld.debug and t.is_int and t.is_signed:
+        # An integer has no negative powers; outside debug mode the result is 1 (Taichi
+        # documents 1; its value there is undefined), in debug mode a refusal, as in Taichi.
+        runtime_check(binary("ge", eb, 0), "negative exponent in pow(int, int): an integer "
+                      "has no negative powers; cast the base to a float type first")
+    r = Expr(bld.emit("pow", t, (ea.stmt, eb.stmt)))
+    if t.is_int and base_t != t:
+        # As Taichi, an integer exponent leaves the base's type: computed in the wider type
+        # and truncated, which wraps exactly as repeated multiplication in the base's type.
+        r = _cast_expr(r, base_t)
+    return r
 
 
 def _pow_by_squaring(x: Expr, n: int) -> Expr:

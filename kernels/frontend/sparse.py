@@ -229,13 +229,15 @@ def deactivate(node, indices) -> None:
     # The box to clear: the cell, or for a list the parent's cell (all positions).
     box = node.parent() if node.kind == "dynamic" else node
     cell = _indices(node, indices, len(box.shape), "ti.deactivate")
+    # The cell's own activity first: in debug mode its bounds check is the one that names
+    # the user's index and the SNode's shape (the zeroing below indexes scaled data fields).
+    _element(node.activity, cell).store(ops.const(0, node.activity.dtype))
     # zero the data of every field in the cell, and the activity of the sparse levels below
     targets = [(f, f.primal._container) for f in node.subtree_fields()]
     targets += [(m.activity, m if m.kind != "dynamic" else m.parent())
                 for m in node._subtree() if m is not node and m.activity is not None]
     for f, n in targets:
         _zero_box(bld, f, n, box, cell)
-    _element(node.activity, cell).store(ops.const(0, node.activity.dtype))
 
 
 def _zero_box(bld, f: Field, n: SNode, box: SNode, cell: list) -> None:

@@ -224,6 +224,38 @@ def test_integer_true_division_gives_float(ti, fp, rtol):
         np.testing.assert_allclose(div(a, b), a / b, rtol=rtol)
 
 
+def test_true_division_turns_integer_operands_into_default_fp_first(ti):
+    # As Taichi: an integer operand of `/` becomes default_fp before the promotion, so an
+    # i32 over an f32 is an f64 division under default_fp=f64, and an integer over an f16 is
+    # an f32 one under f32 (difftape promoted first: an f32, an f16 that overflowed to inf)
+    ti.init(arch=ti.cpu, default_fp=ti.f64)
+    f = ti.field(ti.f32, shape=())
+    f[None] = 3.0
+
+    @ti.kernel
+    def run(a: ti.i32) -> ti.types.vector(3, ti.f64):
+        return ti.Vector([a / f[None], f[None] / (a + 4), a / 3])
+
+    np.testing.assert_array_equal(run(1), [1 / 3, 3 / 5, 1 / 3])  # f64 divisions, exact
+
+    ti.init(arch=ti.cpu, default_fp=ti.f32)
+    h = ti.field(ti.f16, shape=())
+    h[None] = 3.0
+
+    @ti.kernel
+    def half(a: ti.i32) -> ti.f64:
+        return ti.cast(a / h[None], ti.f64)
+
+    assert half(100000) == np.float32(100000 / 3)
+
+    @ti.kernel
+    def raw(a: ti.i32, b: ti.f32) -> ti.f64:  # C's division: promotion only (f32)
+        return ti.raw_div(a, b)
+
+    ti.init(arch=ti.cpu, default_fp=ti.f64)
+    assert raw(1, 3.0) == np.float32(1) / np.float32(3)
+
+
 def test_integer_floor_division_and_modulo_follow_python(ti):
     @ti.kernel
     def run(a: ti.i32, b: ti.i32) -> ti.types.vector(2, ti.i32):

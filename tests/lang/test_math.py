@@ -1,6 +1,7 @@
 """Scalar math builtins, powers, rounding, min/max/clamp, compared with NumPy."""
 
 import numpy as np
+import pytest
 
 UNARY = {
     # ti.<name>: (NumPy reference, input range)
@@ -91,6 +92,38 @@ def test_integer_powers_stay_integer(ti):
         return a**-1.0
 
     assert int_base_float_exponent(4) == 0.25
+
+
+def test_an_integer_exponent_keeps_the_bases_type(ti):
+    # Taichi: "if the exponent is an integral value, the result type takes the type of the
+    # base" -- an i8 power wraps at 8 bits, an i32 one at 32 (difftape promoted: 243, 4.9e9)
+    @ti.kernel
+    def run(n: ti.i32, m: ti.i64) -> ti.types.vector(3, ti.i64):
+        return ti.Vector([ti.cast(ti.cast(3, ti.i8) ** n, ti.i64), ti.cast(70000 ** m, ti.i64),
+                          ti.cast(ti.cast(200, ti.u8) ** n, ti.i64)])
+
+    assert list(run(5, 2)) == [np.int8(-13), np.int32(605032704), (200**5) % 256]
+    assert list(run(0, 1)) == [1, 70000, 1]
+
+
+def test_negative_runtime_exponent_of_an_integer_raises_in_debug_mode(ti):
+    # an integer has no negative integer powers: Taichi raises in debug mode (outside it the
+    # value is undefined); difftape returned 1 silently in both
+    ti.init(arch=ti.cpu, debug=True)
+
+    @ti.kernel
+    def run(a: ti.i32, n: ti.i32) -> ti.i32:
+        return a**n
+
+    @ti.kernel
+    def run64(a: ti.i64, n: ti.i64) -> ti.i64:
+        return ti.pow(a, n)
+
+    assert run(3, 4) == 81 and run(-2, 0) == 1 and run64(-3, 3) == -27
+    error = getattr(ti, "KernelAssertionError", None) or ti.TaichiAssertionError
+    for call, args in ((run, (2, -1)), (run, (1, -3)), (run64, (5, -2))):
+        with pytest.raises(error, match="(?i)negative exponent"):
+            call(*args)
 
 
 def test_floor_ceil_round(ti, fp):

@@ -567,3 +567,36 @@ def test_a_struct_field_in_a_dynamic_list(ti):
     assert entries(5) == [(i * i, [i, 2 * i]) for i in range(5)]
     assert build(3) == 3  # the list was cleared first
     assert entries(3) == [(i * i, [i, 2 * i]) for i in range(3)]
+
+
+def test_snode_ops_out_of_range_raise_in_debug_mode_naming_the_index(ti):
+    # ti.deactivate's bounds check used to fire on the zeroing of the cell's data, naming a
+    # field the user never wrote and the scaled index ("index 36 ... of 'field#1' with shape
+    # (16,)" for index 9 of a 4-cell pointer): now the cell index is checked first, as for
+    # ti.is_active and ti.activate
+    ti.init(arch=ti.cpu, debug=True)
+    x, ptr = _pointer_field(ti, blocks=4, block=4)
+
+    @ti.kernel
+    def deactivate(j: ti.i32):
+        ti.deactivate(ptr, [j])
+
+    @ti.kernel
+    def is_active(j: ti.i32) -> ti.i32:
+        return ti.is_active(ptr, [j])
+
+    @ti.kernel
+    def activate(j: ti.i32):
+        ti.activate(ptr, [j])
+
+    x[13] = 5
+    deactivate(3)  # in range: cell 3 (x[12:16]) is gone
+    assert is_active(3) == 0 and x[13] == 0
+    activate(2)
+    assert is_active(2) == 1
+    error = getattr(ti, "KernelAssertionError", None) or ti.TaichiAssertionError
+    for call in (deactivate, is_active, activate):
+        with pytest.raises(error) as info:
+            call(9)
+        msg = str(info.value)
+        assert "9" in msg and "4" in msg and "36" not in msg, msg
