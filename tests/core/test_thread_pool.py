@@ -97,38 +97,11 @@ def test_successive_claims_run_distant_chunks(watchdog):
         pool.close()
 
 
-def test_a_waiting_caller_gives_its_core_away():
-    """A worker holds a chunk for 0.2 s (as when the OS parks it behind another process):
-    the caller runs every other chunk, then sleeps until the held one is done instead of
-    spinning or yielding, which kept its core busy so that the held chunk could not move
-    there."""
-    pool = ThreadPool(2)
-    held = threading.Event()
-
-    def body(ctx, b, e, tid):
-        if tid != 0 and not held.is_set():
-            held.set()
-            time.sleep(0.2)
-        elif tid == 0:
-            held.wait(5.0)  # let the worker claim a chunk first
-
-    task = TASK(body)
-    try:
-        wall, cpu = time.perf_counter(), time.thread_time()
-        pool.run(task, 0, 0, 64, 4096)
-        wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
-        assert held.is_set() and wall >= 0.2
-        assert cpu < 0.01, f"the caller used {cpu:.3f} s of CPU waiting {wall:.3f} s"
-        assert pool.stats()["caller_sleeps"] >= 1
-    finally:
-        pool.close()
-
-
-def test_what_a_parked_worker_has_not_started_is_taken_over(watchdog):
-    """A worker parked in the first grain of its chunk (as when the OS runs another process
-    on its core) holds up only that grain: the caller runs every other index of the launch,
-    the rest of that chunk included. A worker that claimed a chunk used to run all of it,
-    and the launch waited for its next time slice."""
+def _launch_with_a_parked_worker(whole: bool = False) -> tuple[list, float, float, dict]:
+    """Launch 8 chunks of 8 indices on two threads, the worker holding the first piece it
+    runs for 0.2 s (as when the OS parks it behind another process) and the caller waiting
+    until the worker has claimed one: (the calls made as (begin, end, tid), wall seconds,
+    the caller's CPU seconds, the pool's stats)."""
     pool = ThreadPool(2)
     held = threading.Event()
     seen = []
@@ -143,16 +116,36 @@ def test_what_a_parked_worker_has_not_started_is_taken_over(watchdog):
 
     task = TASK(body)
     try:
-        pool.run(task, 0, 0, 64, 4096)  # 8 chunks of 8 indices
-        grain = -(-8 // ThreadPool.GRAINS_PER_CHUNK)
-        by_worker = [(b, e) for b, e, tid in seen if tid != 0]
-        assert held.is_set() and len(by_worker) == 1
-        (b, e), = by_worker
-        assert e - b == grain
-        ran = sorted(i for b, e, _ in seen for i in range(b, e))
-        assert ran == list(range(64))
+        wall, cpu = time.perf_counter(), time.thread_time()
+        pool.run(task, 0, 0, 64, 4096, whole=whole)
+        wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+        assert held.is_set()
+        return seen, wall, cpu, pool.stats()
     finally:
         pool.close()
+
+
+def test_a_waiting_caller_gives_its_core_away(watchdog):
+    """The caller runs every chunk it can, then sleeps until the held one is done instead
+    of spinning or yielding, which kept its core busy so that the held chunk could not move
+    there."""
+    _, wall, cpu, stats = _launch_with_a_parked_worker()
+    assert wall >= 0.2
+    assert cpu < 0.01, f"the caller used {cpu:.3f} s of CPU waiting {wall:.3f} s"
+    assert stats["caller_sleeps"] >= 1
+
+
+def test_what_a_parked_worker_has_not_started_is_taken_over(watchdog):
+    """A worker parked in the first grain of its chunk holds up only that grain: the caller
+    runs every other index of the launch, the rest of that chunk included. A worker that
+    claimed a chunk used to run all of it, and the launch waited for its next time slice."""
+    seen, *_ = _launch_with_a_parked_worker()
+    grain = -(-8 // ThreadPool.GRAINS_PER_CHUNK)
+    by_worker = [(b, e) for b, e, tid in seen if tid != 0]
+    assert len(by_worker) == 1
+    (b, e), = by_worker
+    assert e - b == grain
+    assert sorted(i for b, e, _ in seen for i in range(b, e)) == list(range(64))
 
 
 def test_a_task_with_partial_sums_runs_whole_chunks(watchdog):
@@ -160,24 +153,8 @@ def test_a_task_with_partial_sums_runs_whole_chunks(watchdog):
     chunk runs in one call at its fixed boundaries, even when the worker that claimed one is
     parked, so the partial sums, and the bits of the total, do not depend on the timing.
     With grains the parked worker's chunk was split between the two threads."""
-    pool = ThreadPool(2)
-    held = threading.Event()
-    seen = []
-
-    def body(ctx, b, e, tid):
-        seen.append((b, e))
-        if tid != 0 and not held.is_set():
-            held.set()
-            time.sleep(0.2)
-        elif tid == 0:
-            held.wait(5.0)
-
-    task = TASK(body)
-    try:
-        pool.run(task, 0, 0, 64, 4096, whole=True)  # 8 chunks of 8 indices
-        assert sorted(seen) == [(b, b + 8) for b in range(0, 64, 8)]
-    finally:
-        pool.close()
+    seen, *_ = _launch_with_a_parked_worker(whole=True)
+    assert sorted((b, e) for b, e, _ in seen) == [(b, b + 8) for b in range(0, 64, 8)]
 
 
 def test_reduction_tasks_are_launched_whole():
