@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from functools import lru_cache
@@ -121,8 +122,24 @@ class Connection:
             self._raw = sqlite3.connect(str(path), check_same_thread=False,
                                         isolation_level=None, timeout=30)
             self._raw.row_factory = sqlite3.Row
-            self._raw.execute("PRAGMA journal_mode=WAL")
+            self._wal_mode(deadline=time.monotonic() + 30)
             self._raw.execute("PRAGMA synchronous=NORMAL")
+
+    def _wal_mode(self, deadline: float) -> None:
+        """Switch the file to WAL. On a fresh file that other connections open at the same
+        moment (gateways starting together), SQLite answers "database is locked" at once,
+        without calling the busy handler the 30 s ``timeout`` installs, so the switch is
+        retried here until the same deadline."""
+        delay = 0.001
+        while True:
+            try:
+                self._raw.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) or time.monotonic() > deadline:
+                    raise
+            time.sleep(delay)
+            delay = min(2 * delay, 0.1)
 
     @property
     def Error(self) -> type[Exception]:  # noqa: N802 - an exception class
