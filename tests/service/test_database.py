@@ -32,22 +32,29 @@ def test_migrations_run_once_and_record_versions(db_target):
     db.close()
 
 
-def test_gateways_starting_together_migrate_once(db_target):
-    """Several gateways opening one fresh database at once: the runner's lock makes one of
-    them migrate it, and every one starts."""
+def _start_together(target, n: int = 4) -> tuple[list[Database], list[Exception]]:
+    """``n`` gateways opening ``target`` at once, each on its own thread: (the databases
+    that opened, the errors the others raised)."""
     errors, dbs = [], []
 
     def start():
         try:
-            dbs.append(Database(db_target))
+            dbs.append(Database(target))
         except Exception as e:  # noqa: BLE001 - collected for the assertion
             errors.append(e)
 
-    threads = [threading.Thread(target=start) for _ in range(4)]
+    threads = [threading.Thread(target=start) for _ in range(n)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(60)
+    return dbs, errors
+
+
+def test_gateways_starting_together_migrate_once(db_target):
+    """Several gateways opening one fresh database at once: the runner's lock makes one of
+    them migrate it, and every one starts."""
+    dbs, errors = _start_together(db_target)
     assert not errors, errors
     assert dbs[0].execute("SELECT COUNT(*) AS n FROM schema_migrations")[0]["n"] == LATEST
     for db in dbs:
@@ -59,20 +66,7 @@ def test_sqlite_gateways_starting_together_on_fresh_files(tmp_path):
     "database is locked" at once (SQLite calls no busy handler there): about 1 start in 25
     of four gateways at once failed. 60 fresh files, four gateways each, all start."""
     for k in range(60):
-        path = tmp_path / f"g{k}.sqlite3"
-        errors, dbs = [], []
-
-        def start(path=path, errors=errors, dbs=dbs):
-            try:
-                dbs.append(Database(path))
-            except Exception as e:  # noqa: BLE001 - collected for the assertion
-                errors.append(e)
-
-        threads = [threading.Thread(target=start) for _ in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
+        dbs, errors = _start_together(tmp_path / f"g{k}.sqlite3")
         assert not errors, (k, errors)
         for db in dbs:
             db.close()
