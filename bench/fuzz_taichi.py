@@ -12,7 +12,9 @@ magnitude (f32 fields: ``RTOL32``); an error on one side only is a disagreement 
 features fuzz_gen's grammar does not reach: funcs returning matrices and structs, matrix
 algebra, atomics' return values, unsigned and f16 types, ndrange bounds, sparse deactivation,
 ti.math edges; a second kernel under the Tape, ``kernel.grad()`` in reverse order and FwdMode,
-whose dual is checked against a directional central difference).
+whose dual is checked against a directional central difference). ``--kind areas`` and
+``--kind areas_gradient`` run bench/fuzz_areas.py (bit_cast, casts, shifts, atomics on every
+type, field copies; sparse, ndarray, struct and matrix-field intermediates in gradients).
 ``--kind gradient`` runs ``fuzz_gen.gradient_program``: the Tape's and ``kernel.grad()``'s
 gradients are compared between the two and, on each, with central finite differences
 (``FD_RTOL``; a kink of ti.max inside the stencil can show up there). Each
@@ -169,6 +171,8 @@ KINDS = {  # --kind: the generator of each kind of program (imported lazily: ben
     "gradient": lambda: __import__("fuzz_gen").gradient_program,
     "features": lambda: __import__("fuzz_features").program,
     "features_gradient": lambda: __import__("fuzz_features").gradient_program,
+    "areas": lambda: __import__("fuzz_areas").program,
+    "areas_gradient": lambda: __import__("fuzz_areas").gradient_program,
 }
 
 

@@ -51,7 +51,6 @@ from difftape.runtime import program
 if TYPE_CHECKING:
     from .runtime import RemoteRuntime, _RemoteKernel
 
-ROLES = saved.ROLES
 
 
 class GraphRecording:
@@ -223,6 +222,28 @@ class RemoteGraph(Graph):
         inp.element_shape = layout[2]
         return nid
 
+    def record_input_copy(self, target: Field | Ndarray, arr) -> bool:
+        """``target.from_numpy(arr)`` while the graph is captured: when ``arr`` is a NumPy
+        graph input, a copy on the server from the ndarray holding its bytes (sent with each
+        replay), as a local replay copies from the array bound at that replay; True then.
+        (Any other array is a constant: its bytes now, recorded as the engine op.)"""
+        name = self._arrays.get(id(arr))
+        if name is None:
+            return False
+        key, dtype, shape, esh, _ = self._target({"id": target.id, "role": target.role})
+        what = f"{target._label() if isinstance(target, Field) else 'ndarray'}.from_numpy()"
+        if arr.dtype != dtype or arr.shape != shape + esh:
+            raise GraphCaptureError(f"{what}: graph input '{name}' has dtype {arr.dtype} and "
+                                    f"shape {arr.shape}, the target {np.dtype(dtype)} and "
+                                    f"{shape + esh}; give the input the target's dtype and "
+                                    f"shape (at {user_line()})")
+        nid = self._homes[name][0] if name in self._homes else \
+            self._home(name, arr, (T.from_numpy(arr.dtype), arr.ndim))
+        self._doc_ops.append({"op": "copy", **key, "offset": 0, "begin": 0,
+                              "end": _nbytes(dtype, shape + esh),
+                              "source": {"ndarray": nid, "role": "primal", "offset": 0}})
+        return True
+
     def _target(self, op: dict) -> tuple[dict, np.dtype, tuple, tuple, str | None]:
         """The storage an engine op names: its key in the document, dtype, shape, element
         shape and the name of the input it is (if one)."""
@@ -300,9 +321,7 @@ class RemoteGraph(Graph):
         fields = {}
         for fid in sorted(self._field_ids):
             f = prog.fields[fid]
-            fields[str(fid)] = {"label": f._label()[:128], "dtype": f.dtype.name,
-                                "shape": list(f.shape), "element_shape": list(f.element_shape),
-                                "roles": [r for r in ROLES if f.companion(r) is not None]}
+            fields[str(fid)] = saved.field_entry(f)
         inputs = []
         for inp in self._inputs.values():
             out: dict[str, Any] = {"name": inp.name, "kind": inp.kind}

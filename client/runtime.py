@@ -210,7 +210,12 @@ class RemoteRuntime:
                 "bytes_sent": wire["bytes_sent"], "bytes_received": wire["bytes_received"]}
 
     # ------------------------------------------------------------------ the queue
+    # Every op enters the queue, or leaves for the server, through queue, call, read_fields,
+    # write or read: each first waits for passes another thread will run on the program
+    # (``Program.await_passes``: a JAX call's, which queue ops of their own), so that the
+    # server runs the ops in the order the program wrote them.
     def queue(self, op: dict) -> None:
+        self.prog.wait_for_passes()
         rec = self._recording
         if rec is not None and op.get("op") not in SETUP_OPS:
             rec.record(op)
@@ -277,6 +282,7 @@ class RemoteRuntime:
         next ``to_numpy`` of one costs no round trip (a loss and a gradient read in turn,
         every iteration). A field read ahead that many times in a row for nothing is no
         longer read ahead."""
+        self.prog.wait_for_passes()
         if self._recording is not None:
             self._recording.refuse("a read of device data")
         key = (op["id"], op["role"]) if op.get("op") == "get_bytes" else None
@@ -606,6 +612,7 @@ class RemoteRuntime:
 
     # ------------------------------------------------------------------ arrays
     def write(self, fid: int, role: str, arr: np.ndarray) -> None:
+        self.prog.wait_for_passes()
         if self._recording is not None:
             self._recording.refuse("an upload of an array")
         self._gen += 1
@@ -613,6 +620,7 @@ class RemoteRuntime:
         self.transport.write(self.session_id, fid, role, arr)
 
     def read(self, fid: int, role: str, dtype: np.dtype, shape: tuple) -> np.ndarray:
+        self.prog.wait_for_passes()
         if self._recording is not None:
             self._recording.refuse("a read of an array")
         self.flush()
@@ -624,6 +632,7 @@ class RemoteRuntime:
         ``INLINE_BYTES``) in one request with the queued ops, a larger one as a download of
         its own. The operators of ``difftape.interop`` read all their outputs (or all their
         inputs' gradients) this way, so a call costs one round trip, not one per field."""
+        self.prog.wait_for_passes()
         if self._recording is not None:
             self._recording.refuse("a read of arrays")
         small = [f for f in fields if _inline(f.dtype.np, f.shape + f.element_shape)]
@@ -684,6 +693,14 @@ def _write_storage(rt: RemoteRuntime, fid: int, role: str, data: np.ndarray) -> 
         rt.write(fid, role, data)
 
 
+def _copied_input(target, arr) -> bool:
+    """``target.from_numpy(arr)`` while a graph is captured, ``arr`` one of its NumPy
+    inputs: recorded as a copy from the input (client/graph.py), True."""
+    rec = target._remote._recording
+    return isinstance(rec, GraphRecording) and isinstance(arr, np.ndarray) and \
+        rec.graph.record_input_copy(target, arr)
+
+
 def _converted(arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """``arr`` in ``dtype``, C order, converted exactly as a local ``from_numpy`` converts
     (``np.copyto``, unsafe casting); ``arr`` itself when nothing needs converting (the
@@ -711,9 +728,12 @@ class RemoteField(Field):
     def _allocate(self, shape) -> None:
         self._shape = shape = checked_shape(shape)
         if self.role == "primal":
-            self._remote.queue({"op": "create_field", "id": self.id, "dtype": self.dtype.name,
-                                "shape": list(shape), "element_shape": list(self.element_shape),
-                                "name": self.name})
+            op = {"op": "create_field", "id": self.id, "dtype": self.dtype.name,
+                  "shape": list(shape), "element_shape": list(self.element_shape),
+                  "name": self.name}
+            if self._offset:  # reported by the server's bounds checks, checked against IR
+                op["offset"] = list(self._offset)
+            self._remote.queue(op)
             self._program.fields[self.id] = self
             if self in self._program.unplaced:
                 self._program.unplaced.remove(self)
@@ -776,6 +796,8 @@ class RemoteField(Field):
 
     @_b.python_scope
     def from_numpy(self, arr) -> None:
+        if _copied_input(self, arr):
+            return
         _write_storage(self._remote, self.id, self.role,
                        _converted(self._numpy_in(arr), self.dtype.np))
 
@@ -901,6 +923,8 @@ class RemoteNdarray(Ndarray):
 
     @_b.python_scope
     def from_numpy(self, arr) -> None:
+        if _copied_input(self, arr):
+            return
         arr = foreign.array_in(arr)
         full = self.shape + self.element_shape
         if arr.shape != full:

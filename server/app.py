@@ -58,6 +58,9 @@ class Service:
                          "max_fields": settings.quota_session_fields,
                          "max_kernels": settings.quota_session_kernels,
                          "max_memory_bytes": settings.quota_field_bytes,
+                         # Scratch past this is asked of the gateway, which reserves it in
+                         # the user's quota across sessions (SessionManager.grant_scratch).
+                         "scratch_grant": 0,
                          "arch": settings.arch}
         self.pool: WorkerPool | RayWorkerPool
         if settings.cluster:

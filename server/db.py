@@ -262,10 +262,11 @@ class Database:
         held: their sessions are released (``culled``: resumed from their last save by the
         next request on any gateway; brought back from a save older than their last change:
         ``rolled_back``, told to the next request; changed and never saved: ``lost``),
-        their unfinished jobs fail with ``problem_json``, their field reservations go, and
-        then their rows. Sessions whose engine any gateway reaches by name (a Ray actor,
-        which outlives its gateway) stay active: they only lose their holder, and the next
-        gateway to take them (``adopt_sessions``) goes on with the same engine. ``orphans``
+        their unfinished jobs fail with ``problem_json``, their field reservations and their
+        engines' scratch memory (stopped with them) go, and then their rows. Sessions whose
+        engine any gateway reaches by name (a Ray actor, which outlives its gateway, with
+        its scratch) stay active: they only lose their holder, and the next gateway to
+        take them (``adopt_sessions``) goes on with the same engine. ``orphans``
         (at a gateway's start) also settles active sessions and unfinished jobs that name
         no gateway at all, left by a server of an earlier version.
         Every gateway runs it at start and with each lease renewal; idempotent. The
@@ -290,16 +291,17 @@ class Database:
                     f"SELECT id FROM sessions WHERE {held} AND state = 'active' AND dirty = 1 "
                     "AND saved_path IS NULL", args)]
                 tx.executemany("UPDATE sessions SET state = 'lost', lost_reason = ?, worker = "
-                               "NULL, gateway = NULL, field_bytes = 0 WHERE id = ?",
+                               "NULL, gateway = NULL, field_bytes = 0, scratch_bytes = 0 "
+                               "WHERE id = ?",
                                [(LOST_WITH_GATEWAY, sid) for sid in lost])
                 tx.executemany("DELETE FROM fields WHERE session = ?", [(s,) for s in lost])
                 tx.execute(f"UPDATE sessions SET state = 'culled', rolled_back = dirty, "
-                           f"dirty = 0, worker = NULL, gateway = NULL WHERE {held} AND "
-                           "state = 'active'", args)
+                           f"dirty = 0, worker = NULL, gateway = NULL, scratch_bytes = 0 "
+                           f"WHERE {held} AND state = 'active'", args)
             if dead:
                 # Claimed and not resumed yet, or deleted meanwhile: only the holder goes.
-                tx.execute(f"UPDATE sessions SET gateway = NULL, worker = NULL WHERE {held}",
-                           args)
+                tx.execute(f"UPDATE sessions SET gateway = NULL, worker = NULL, "
+                           f"scratch_bytes = 0 WHERE {held}", args)
                 tx.execute(f"UPDATE sessions SET gateway = NULL WHERE {anyhow} AND "
                            f"{_BY_NAME}", args)
             held = anyhow
@@ -408,19 +410,21 @@ class Database:
         return int(self.execute("SELECT COUNT(*) AS n FROM sessions WHERE owner = ? AND state "
                                 "IN ('active', 'culled')", (owner,))[0]["n"])
 
-    def field_bytes_of(self, owner: int) -> int:
-        rows = self.execute("SELECT COALESCE(SUM(field_bytes), 0) AS n FROM sessions WHERE "
-                            "owner = ? AND state IN ('active', 'culled')", (owner,))
-        return int(rows[0]["n"])
+    #: What a user's live sessions hold of their memory quota: fields and scratch memory.
+    _HELD = ("SELECT COALESCE(SUM(field_bytes + scratch_bytes), 0) AS n FROM sessions WHERE "
+             "owner = ? AND state IN ('active', 'culled')")
+
+    def held_bytes_of(self, owner: int) -> int:
+        """The memory the owner's live sessions hold: fields, and their engines' scratch."""
+        return int(self.execute(self._HELD, (owner,))[0]["n"])
 
     def reserve_bytes(self, owner: int, gateway: str, nbytes: int, limit: int
                       ) -> tuple[str | None, int]:
-        """Reserve ``nbytes`` of the owner's field quota while an engine allocates them:
+        """Reserve ``nbytes`` of the owner's memory quota while an engine allocates them:
         (reservation id, bytes in use before), or (None, bytes in use) past ``limit``.
         Exclusive, so concurrent requests on any gateways cannot together overrun it."""
         with self.transaction(exclusive=True) as tx:
-            used = int(tx.one("SELECT COALESCE(SUM(field_bytes), 0) AS n FROM sessions WHERE "
-                              "owner = ? AND state IN ('active', 'culled')", (owner,))["n"])
+            used = int(tx.one(self._HELD, (owner,))["n"])
             used += int(tx.one("SELECT COALESCE(SUM(nbytes), 0) AS n FROM reservations "
                                "WHERE owner = ?", (owner,))["n"])
             if used + nbytes > limit:
@@ -429,6 +433,31 @@ class Database:
             tx.execute("INSERT INTO reservations (id, owner, gateway, nbytes) VALUES "
                        "(?, ?, ?, ?)", (rid, owner, gateway, nbytes))
         return rid, used
+
+    def grow_scratch(self, sid: str, owner: int, need: int, want: int, limit: int
+                     ) -> tuple[int | None, list, int]:
+        """Raise the scratch memory reserved for session ``sid`` (its engine's, counted in
+        the owner's quota beside every live session's fields and scratch) to ``want``
+        bytes, or as much of it as the quota leaves, at least ``need``: (the new
+        reservation, ...), or (None, the owner's live sessions' rows, bytes of field
+        reservations) when not even ``need`` fits. One exclusive transaction, so sessions
+        on any gateways cannot both take the last bytes. Never lowers it."""
+        with self.transaction(exclusive=True) as tx:
+            rows = tx.execute("SELECT id, field_bytes, scratch_bytes FROM sessions WHERE "
+                              "owner = ? AND state IN ('active', 'culled') ORDER BY created",
+                              (owner,))
+            reserved = int(tx.one("SELECT COALESCE(SUM(nbytes), 0) AS n FROM reservations "
+                                  "WHERE owner = ?", (owner,))["n"])
+            mine = next((r for r in rows if r["id"] == sid), None)
+            if mine is None:
+                return None, rows, reserved
+            held = sum(int(r["field_bytes"]) + int(r["scratch_bytes"]) for r in rows)
+            free = limit - reserved - held + int(mine["scratch_bytes"])
+            if free < need:
+                return None, rows, reserved
+            grant = max(int(mine["scratch_bytes"]), min(want, free))
+            tx.execute("UPDATE sessions SET scratch_bytes = ? WHERE id = ?", (grant, sid))
+        return grant, rows, reserved
 
     def reserved_bytes_of(self, owner: int) -> int:
         return int(self.execute("SELECT COALESCE(SUM(nbytes), 0) AS n FROM reservations WHERE "
@@ -536,8 +565,9 @@ class Database:
 
     # -------------------------------------------------------------- the status page
     _STATUS_SESSION = ("SELECT s.id, s.owner, u.name AS user_name, s.state, s.gateway, s.worker, "
-                       "s.field_bytes, s.created, s.last_activity, s.resources FROM sessions s "
-                       "JOIN users u ON u.id = s.owner WHERE s.state IN ('active', 'culled')")
+                       "s.field_bytes, s.scratch_bytes, s.created, s.last_activity, s.resources "
+                       "FROM sessions s JOIN users u ON u.id = s.owner WHERE s.state IN "
+                       "('active', 'culled')")
     # Never the ops or results: a job's may be megabytes.
     _STATUS_JOB = ("SELECT j.id, j.owner, u.name AS user_name, j.session, j.state, j.done, "
                    "j.total, j.created, j.started, j.finished, j.gateway FROM jobs j JOIN "
@@ -569,5 +599,7 @@ class Database:
             "SELECT u.id, u.name, u.job_seconds, (SELECT COUNT(*) FROM sessions s WHERE "
             "s.owner = u.id AND s.state IN ('active', 'culled')) AS sessions, (SELECT "
             "COALESCE(SUM(s.field_bytes), 0) FROM sessions s WHERE s.owner = u.id AND s.state "
-            "IN ('active', 'culled')) AS field_bytes FROM users u" + mine + " ORDER BY u.name",
+            "IN ('active', 'culled')) AS field_bytes, (SELECT COALESCE(SUM(s.scratch_bytes), 0) "
+            "FROM sessions s WHERE s.owner = u.id AND s.state IN ('active', 'culled')) AS "
+            "scratch_bytes FROM users u" + mine + " ORDER BY u.name",
             args)

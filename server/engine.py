@@ -21,7 +21,7 @@ import json
 import numbers
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -30,7 +30,7 @@ from difftape import types as T
 from difftape.ad.newton import check_options as newton_options
 from difftape.ad.newton import iterate as newton_iterate
 from difftape.errors import ArgumentError, CompileError, DifftapeError, GraphError, ShapeError
-from difftape.frontend.field import Field
+from difftape.frontend.field import Field, check_offset_range
 from difftape.frontend.kernel import (
     CompiledKernel,
     CompileStats,
@@ -139,6 +139,22 @@ def _int_list(value: Any, what: str) -> tuple[int, ...]:
     return tuple(value)
 
 
+def _offset(value: Any, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A field's ``offset`` (``create_field``): one integer per axis keeping its index range
+    (end excluded) in i32 (as ``place(offset=)`` requires), or none (``[]``; all zeros is
+    none too). Storage is indexed from 0 whatever it is: the client subtracts it (in the IR
+    and in Python scope); it is what the bounds checks report the user's index with, and
+    what IR addressing the field must say it is."""
+    offset = _int_list(value, "offset")
+    if not offset:
+        return ()
+    if len(offset) != len(shape):
+        raise ShapeError(f"field offset {list(offset)} needs one entry per axis of shape "
+                         f"{list(shape)}")
+    check_offset_range(offset, shape)
+    return offset if any(offset) else ()
+
+
 def _number(v: Any) -> bool:
     return isinstance(v, numbers.Real)
 
@@ -222,7 +238,8 @@ class Engine:
     def __init__(self, cache_dir: str | os.PathLike | None = None, *, num_threads: int = 0,
                  random_seed: int = 0, offline_cache: bool = True,
                  max_fields: int | None = None, max_kernels: int | None = None,
-                 arch: str = "cpu", max_memory_bytes: int | None = None) -> None:
+                 arch: str = "cpu", max_memory_bytes: int | None = None,
+                 scratch_grant: int | None = None) -> None:
         # arch "cuda": the session's kernels and fields on the device (runtime/cuda.py's
         # CudaLauncher); no device there is an error at start, never a fallback to the CPU.
         if arch not in ("cpu", "cuda"):
@@ -250,6 +267,17 @@ class Engine:
         # (:meth:`scratch`), checked before each allocation, so a launch's stack pool or a
         # printing kernel's buffer cannot take memory the quota does not allow.
         self.max_memory_bytes = max_memory_bytes
+        # The scratch memory the user's quota reserves for this session (the gateway's
+        # ``sessions.scratch_bytes``, counted beside every session's fields): None when
+        # nothing outside this engine shares the quota. Scratch past it is asked for first
+        # (``ask_scratch``, answered by the gateway within the op): without a grant, the
+        # user's other sessions could take the same bytes at once. The grant only grows
+        # while the engine lives (scratch kept for reuse, such as a stack pool, or taken
+        # again each launch, stays reserved), so a session's steady launches ask nothing.
+        # Each ask covers all the scratch held, so what the engine holds from its start
+        # (random states) is reserved with its first block, before any kernel runs.
+        self.scratch_grant = scratch_grant
+        self.ask_scratch: Callable[[dict], dict] | None = None
         if self.prog.launcher is not None:
             self.prog.launcher.queue.scratch.admit = self._admit_scratch
         self.kernels: dict[str, _Kernel] = {}
@@ -279,9 +307,12 @@ class Engine:
         """Memory the session holds beyond its fields and ndarrays, by kind, in bytes: the
         print sink (once a kernel prints), the random states and the launch contexts; on a
         grid also the stack pool, the snapshot blocks of overflow reruns, the print buffer
-        and the status block (``runtime/grid.py``'s ``Scratch``). (Not counted: the
+        and the status block (``runtime/grid.py``'s ``Scratch``); and the copies of the
+        fields ``Tape(grad_check=...)`` keeps (``snapshot``). (Not counted: the
         reverse-mode stacks CPU threads allocate while a kernel runs, freed when it ends.)"""
-        out = {"print sink": self.prog.print_sink.nbytes, "random states": self.prog.rng.nbytes}
+        out = {"print sink": self.prog.print_sink.nbytes, "random states": self.prog.rng.nbytes,
+               "grad_check snapshots": sum(a.nbytes for snap in self.snapshots.values()
+                                           for a in snap.values())}
         launcher = self.prog.launcher
         if launcher is None:
             out["launch contexts"] = sum(k.ctx_i64.nbytes for k in self.compiled.values())
@@ -290,27 +321,61 @@ class Engine:
                 out[kind] = out.get(kind, 0) + n
         return out
 
-    def _check_memory(self, nbytes: int, what: str) -> None:
+    def _check_memory(self, nbytes: int, what: str, *, scratch: bool = False) -> None:
         """Refuse ``nbytes`` more (``what`` needs them) past the session's memory quota,
-        saying what holds the memory."""
+        saying what holds the memory; ``scratch`` memory past the session's grant is asked
+        for first (:meth:`_grant`)."""
         limit = self.max_memory_bytes
-        if limit is None:
+        if limit is None and (not scratch or self.scratch_grant is None):
             return
-        fields, scratch = self.storage_bytes(), self.scratch()
-        used = fields + sum(scratch.values())
-        if used + nbytes > limit:
-            parts = ", ".join(f"{k} {n}" for k, n in sorted(scratch.items(), key=lambda kv: -kv[1]))
+        fields, scratch_now = self.storage_bytes(), self.scratch()
+        held = sum(scratch_now.values())
+        used = fields + held
+        if limit is not None and used + nbytes > limit:
+            parts = ", ".join(f"{k} {n}" for k, n in sorted(scratch_now.items(),
+                                                            key=lambda kv: -kv[1]))
             raise QuotaExceededError(
                 f"memory quota exceeded: {what} needs {nbytes} bytes; this session holds "
-                f"{fields} bytes of fields and ndarrays and {used - fields} bytes of scratch "
+                f"{fields} bytes of fields and ndarrays and {held} bytes of scratch "
                 f"memory ({parts}), and its quota is {limit} bytes: free fields or ndarrays "
                 "the session no longer needs (a reverse-mode launch's stack pool grows with "
                 "the loop iterations per index)",
                 limit="field_bytes")
+        if scratch:
+            self._grant(held + nbytes, what, nbytes)
+
+    #: Scratch is asked for in steps of at least this many bytes (fewer asks, each one a
+    #: database transaction at the gateway), never past what the quota leaves.
+    GRANT_STEP = 64 * 1024
+
+    def _grant(self, need: int, what: str, nbytes: int) -> None:
+        """Make sure the session's scratch grant covers ``need`` bytes of scratch in all
+        (``what`` needs ``nbytes`` of them), asking the gateway for more:
+        ``ask_scratch({"scratch": need, "want", "what", "bytes"})`` answers ``{"grant":
+        bytes}`` (at least ``need``, at most ``want``) or ``{"refuse": why}`` (what holds
+        the user's memory: a QuotaExceededError here)."""
+        grant = self.scratch_grant
+        if grant is None or need <= grant:
+            return
+        if self.ask_scratch is None:
+            raise QuotaExceededError(
+                f"memory quota exceeded: {what} needs {nbytes} bytes of scratch memory, "
+                f"{need - grant} more than the {grant} bytes the quota reserves for this "
+                "session's scratch",
+                limit="field_bytes")
+        answer = self.ask_scratch({"scratch": need, "want": max(need, grant + self.GRANT_STEP),
+                                   "what": what, "bytes": nbytes})
+        if "refuse" in answer:
+            raise QuotaExceededError(str(answer["refuse"]), limit="field_bytes")
+        granted = answer.get("grant")
+        if not isinstance(granted, int) or granted < need:
+            raise EngineError(f"the gateway granted {granted} bytes of scratch memory where "
+                              f"{need} were asked")
+        self.scratch_grant = granted
 
     def _admit_scratch(self, kind: str, nbytes: int, what: str) -> None:
         """``Scratch.admit``: a grid's scratch block, checked against the quota."""
-        self._check_memory(nbytes, what)
+        self._check_memory(nbytes, what, scratch=True)
 
     def close(self) -> None:
         """Stop the program's worker threads and drop compiled code."""
@@ -408,16 +473,20 @@ class Engine:
             raise ShapeError(f"field shape must be positive, got {shape} / {esh}")
         if len(shape) > 8 or len(esh) > 2:
             raise ShapeError(f"at most 8 field axes and 2 element axes, got {shape} / {esh}")
+        offset = _offset(op.get("offset", []), shape)
         name = op.get("name") or ""
         if not isinstance(name, str):
             raise EngineError("name must be a string")
         if op.get("ndarray"):
+            if offset:
+                raise EngineError("a ti.ndarray has no offset")
             return self._create_ndarray(fid, dtype, shape, esh, name[:200], op)
         if fid in self.ndarrays:
             raise EngineError(f"id {fid} is already a ti.ndarray of this session")
         old = self.prog.fields.get(fid)
         if old is not None:
-            if (old.dtype, old.shape, old.element_shape) != (dtype, shape, esh):
+            if (old.dtype, old.shape, old.element_shape, old._offset) != (dtype, shape, esh,
+                                                                          offset):
                 raise EngineError(f"field id {fid} already exists with another layout")
         else:
             self._check_count()
@@ -427,6 +496,7 @@ class Engine:
                 f = Field(dtype, None, esh, name[:200])
                 self.prog.unplaced.remove(f)
                 f.id = fid  # the client's id: IR buffers refer to fields by it
+                f._offset = offset  # only reported: the IR and the client index from 0
                 f._allocate(shape)
             old = f
         for role in ("grad", "dual"):
@@ -636,6 +706,10 @@ class Engine:
                 raise CompileError(f"kernel describes '{buf.name}' as {buf.dtype} "
                                    f"{tuple(buf.shape)}, but field {ident} ({role}) is "
                                    f"{s.dtype} {full}", kernel=ir.name)
+            if buf.offset != f._offset:  # the bounds checks report indices with it
+                raise CompileError(f"kernel describes '{buf.name}' with offset "
+                                   f"{buf.offset or None}, but field {ident} has offset "
+                                   f"{f._offset or None}", kernel=ir.name)
 
     def op_register(self, op: dict) -> dict:
         data = op.get("ir")
@@ -671,10 +745,15 @@ class Engine:
         ir = run_pipeline(ir)
         sink = self.prog.print_sink
         if not sink.allocated and kernel_prints(ir):  # taken with the first kernel that prints
-            self._check_memory(sink.capacity, f"the print sink (kernel '{ir.name}' prints)")
+            self._check_memory(sink.footprint, f"the print sink (kernel '{ir.name}' prints)",
+                               scratch=True)
             sink.allocate()
         stats = CompileStats()
         inst = compile_ir(ir, self.prog, stats, k.arg_names)
+        if self.prog.launcher is None:  # a grid's are admitted as its scratch blocks
+            # Not kept (nor counted) until admitted: a refusal drops it with the instance.
+            self._check_memory(inst.ctx_i64.nbytes, f"the launch context of kernel "
+                               f"'{ir.name}'", scratch=True)
         if stats.cache_hit:
             self.cache_hits += 1
         else:
@@ -926,6 +1005,9 @@ class Engine:
             raise EngineError("snapshot: 'key' must be an integer")
         if len(self.snapshots) >= 4:  # a client that never checks must not pile them up
             self.snapshots.pop(next(iter(self.snapshots)))
+        self.snapshots.pop(key, None)
+        self._check_memory(sum(f.storage.nbytes for f in self.prog.fields.values()),
+                           "a Tape(grad_check=...) snapshot of the fields", scratch=True)
         self.snapshots[key] = {fid: f.storage.read().copy()
                                for fid, f in self.prog.fields.items()}
         return {}
@@ -971,7 +1053,7 @@ class Engine:
                                       "snapshot")
                 bad += finite_difference_check(
                     label, f.grad.storage.read().copy(), snap[f.id], f.dtype.bits,
-                    lambda idx, delta, f=f: replay(f, idx, delta))
+                    lambda idx, delta, f=f: replay(f, idx, delta), f._offset)
         finally:
             for i, arr in after.items():
                 np.copyto(fields[i].storage.write(), arr)
@@ -1084,7 +1166,7 @@ class Engine:
             roles = [r for r in ROLES if f.companion(r) is not None]
             meta["fields"].append({"id": fid, "dtype": f.dtype.name, "shape": list(f.shape),
                                    "element_shape": list(f.element_shape), "name": f.name,
-                                   "roles": roles})
+                                   "roles": roles, "offset": list(f._offset)})
             for r in roles:
                 arrays[f"{fid}_{r}"] = f.companion(r).storage.read()
         for fid, nd in self.ndarrays.items():
@@ -1116,7 +1198,8 @@ class Engine:
             for d in meta["fields"]:
                 roles = d["roles"]
                 self.op_create_field({"id": d["id"], "dtype": d["dtype"], "shape": d["shape"],
-                                      "element_shape": d["element_shape"], "name": d["name"]})
+                                      "element_shape": d["element_shape"], "name": d["name"],
+                                      "offset": d.get("offset", [])})
                 for r in roles[1:]:
                     self.op_companion({"id": d["id"], "role": r})
                 for r in roles:
@@ -1158,7 +1241,8 @@ class Engine:
         out = {"field_bytes": sum(self._field_nbytes(f) for f in stored),
                "kernels": len(self.kernels), "launches": self.launches,
                "cache_hits": self.cache_hits, "cache_misses": self.cache_misses,
-               "compile_s": self.compile_s, "scratch": self.scratch()}
+               "compile_s": self.compile_s, "scratch": self.scratch(),
+               "scratch_grant": self.scratch_grant}
         launcher = self.prog.launcher
         if hasattr(launcher, "status"):
             out["device"] = launcher.status()

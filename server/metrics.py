@@ -40,6 +40,12 @@ class Metrics:
         self.checkpoints = Counter("difftape_session_checkpoints", "sessions' fields saved "
                                    "so that they survive their engine "
                                    "(DIFFTAPE_CHECKPOINT_S)", registry=self.registry)
+        self.scratch_asks = Counter("difftape_scratch_asks", "engines' asks for more of "
+                                    "their user's memory quota for scratch memory (stack "
+                                    "pools, print buffers...), by outcome", ["outcome"],
+                                    registry=self.registry)
+        self.scratch_grants = self.scratch_asks.labels("granted")
+        self.scratch_refusals = self.scratch_asks.labels("refused")
         self.queue_depth = Gauge("difftape_job_queue_depth", "jobs waiting to run",
                                  ["device"], registry=self.registry)
         self.retired = WorkerStats()
@@ -70,6 +76,8 @@ class Metrics:
             t.cache_misses += s.cache_misses
             t.compile_s += s.compile_s
             t.field_bytes += s.field_bytes
+            t.scratch_bytes += s.scratch_bytes
+            t.scratch_granted += s.scratch_granted
             t.running += 1
             for k in CODE_LOADS:
                 t.code_loads[k] += s.code_loads.get(k, 0)
@@ -89,6 +97,8 @@ class Totals:
     cache_misses: int = 0
     compile_s: float = 0.0
     field_bytes: int = 0
+    scratch_bytes: int = 0  # scratch memory the running engines hold
+    scratch_granted: int = 0  # ... and the users' quotas reserve for them
     running: int = 0  # sessions with a running worker
     # CUDA: module loads by kind (worker.CODE_LOADS), device memory the running sessions
     # hold (fields and scratch), and the device as a running worker last reported it
@@ -116,6 +126,12 @@ class _WorkerCollector:
                                   value=t.compile_s)
         yield GaugeMetricFamily("difftape_field_bytes", "field memory of the running sessions "
                                 "(all users together)", value=t.field_bytes)
+        yield GaugeMetricFamily("difftape_scratch_bytes", "scratch memory the running sessions' "
+                                "engines hold (stack pools, print buffers, launch contexts...)",
+                                value=t.scratch_bytes)
+        yield GaugeMetricFamily("difftape_scratch_reserved_bytes", "scratch memory the users' "
+                                "memory quotas reserve for the running sessions",
+                                value=t.scratch_granted)
         yield GaugeMetricFamily("difftape_sessions_running", "sessions with a running worker",
                                 value=t.running)
         loads = CounterMetricFamily("difftape_cuda_module_loads", "CUDA modules loaded: "

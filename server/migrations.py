@@ -173,12 +173,20 @@ def _engines_by_name(tx: Transaction) -> None:
     tx.execute("INSERT INTO counters (name, value) VALUES ('instance', ?)",
                (secrets.randbits(47),))
 
+SESSION_SCRATCH = (
+    # The scratch memory the user's quota reserves for the session's engine (stack pools,
+    # print buffers, launch contexts...), counted beside every session's field bytes; 0
+    # whenever no engine runs it (the engine's scratch goes with it).
+    "ALTER TABLE sessions ADD COLUMN scratch_bytes BIGINT NOT NULL DEFAULT 0",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema", INITIAL),
     Migration(2, "tokens table replaces users.token_sha256", _tokens_out_of_users),
     Migration(3, "fields table replaces sessions.fields", _fields_out_of_sessions),
     Migration(4, "gateways sharing one database", SHARED_GATEWAYS),
     Migration(5, "session resources and epochs (engines on a Ray cluster)", _engines_by_name),
+    Migration(6, "scratch memory of sessions in the user's quota", SESSION_SCRATCH),
 )
 
 LATEST = MIGRATIONS[-1].version

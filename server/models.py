@@ -20,6 +20,9 @@ CompanionRole = Literal["grad", "dual", "grad_dual", "mark"]
 Variant = Literal["primal", "grad", "fwd", "grad_fwd", "fwd_const"]
 FieldId = Annotated[int, Field(ge=1, lt=2**31)]
 Dim = Annotated[int, Field(ge=1, lt=2**31)]
+# A field's offset= along one axis (its first index; the engine checks that every index,
+# offset added, is an i32).
+Offset = Annotated[int, Field(ge=-2**31, lt=2**31)]
 Number = int | float
 # JSON has no inf/NaN: they travel as these strings (both directions).
 NonFinite = Literal["NaN", "-NaN", "Infinity", "-Infinity"]
@@ -54,6 +57,9 @@ class SessionInfo(BaseModel):
     created: float
     last_activity: float
     lost_reason: str | None = None
+    # The scratch memory the user's quota reserves for the session's running engine (stack
+    # pools, print buffers...): counted with field_bytes; 0 while no engine runs it.
+    scratch_bytes: int = 0
 
 
 class SessionList(BaseModel):
@@ -67,6 +73,8 @@ class CreateFieldOp(Strict):
     dtype: DTypeName
     shape: list[Dim] = Field(max_length=8)
     element_shape: list[Dim] = Field(default=[], max_length=2)
+    # Taichi's offset= (the index of the first element along each axis); none: from 0.
+    offset: list[Offset] = Field(default=[], max_length=8)
     needs_grad: bool = False
     needs_dual: bool = False
     name: str | None = Field(default=None, max_length=200)
@@ -260,6 +268,8 @@ class FieldCreate(Strict):
     dtype: DTypeName
     shape: list[Dim] = Field(max_length=8)
     element_shape: list[Dim] = Field(default=[], max_length=2)
+    # Taichi's offset= (the index of the first element along each axis); none: from 0.
+    offset: list[Offset] = Field(default=[], max_length=8)
     needs_grad: bool = False
     needs_dual: bool = False
     name: str | None = Field(default=None, max_length=200)

@@ -41,7 +41,9 @@ import importlib
 import logging
 import math
 import os
+import queue
 import secrets
+import threading
 from typing import Any
 
 from .problems import ProblemError
@@ -101,6 +103,11 @@ class EngineActor:
         module, _, cls = engine_spec.partition(":")
         self.engine = getattr(importlib.import_module(module), cls)(**engine_kwargs)
         self.epoch = 0  # the highest epoch a call came with (see the module's docstring)
+        self._thread: threading.Thread | None = None  # runs the ops (see ``execute``)
+        self._ops: queue.SimpleQueue = queue.SimpleQueue()
+        self._events: queue.SimpleQueue = queue.SimpleQueue()
+        self._answers: queue.SimpleQueue = queue.SimpleQueue()
+        self._asking = False  # the running op waits for the gateway's answer
 
     def ready(self) -> dict:
         ray = _ray()
@@ -110,12 +117,52 @@ class EngineActor:
         """``(reply, payload)`` as the worker process answers: ``{"ok": result}`` or
         ``{"error": ...}``; a payload is a uint8 NumPy array (out of band in the object
         store, one copy out of the field). ``{"moved": epoch}`` (nothing ran) for a call from
-        a gateway that has not taken the session since another did."""
-        import numpy as np
-
+        a gateway that has not taken the session since another did. ``{"ask": ...}`` when
+        the op, still running, needs more of the user's memory quota: the gateway's
+        :meth:`answer` goes on with it (as a worker process asks through its pipe)."""
         if epoch < self.epoch:
             return {"moved": self.epoch}, None
         self.epoch = epoch
+        if getattr(self.engine, "scratch_grant", None) is None:
+            return self._run(op, payload)
+        if self._thread is None:
+            # The op runs on this thread while a method returns each ask to the gateway and
+            # the next (``answer``) hands the engine its answer: Ray runs one method at a
+            # time, and no method waits for another.
+            self._thread = threading.Thread(target=self._serve, name="difftape-engine",
+                                            daemon=True)
+            self._thread.start()
+            self.engine.ask_scratch = self._ask
+        while self._asking:  # an op whose gateway stopped waiting for it (died mid-ask)
+            self._answers.put({"refuse": "memory quota: the request is no longer awaited"})
+            self._next()
+        self._ops.put((op, payload))
+        return self._next()
+
+    def answer(self, answer: dict) -> tuple[dict, Any]:
+        """The gateway's answer to the running op's ask; the op's next ask or its reply."""
+        if not self._asking:
+            return {"error": _error_dict(RuntimeError("no op waits for an answer"))}, None
+        self._answers.put(answer)
+        return self._next()
+
+    def _next(self) -> tuple[dict, Any]:
+        event = self._events.get()
+        self._asking = "ask" in event[0]
+        return event
+
+    def _ask(self, ask: dict) -> dict:
+        self._events.put(({"ask": ask}, None))
+        return self._answers.get()
+
+    def _serve(self) -> None:
+        while True:
+            op, payload = self._ops.get()
+            self._events.put(self._run(op, payload))
+
+    def _run(self, op: dict, payload: Any) -> tuple[dict, Any]:
+        import numpy as np
+
         try:
             result, out = self.engine.execute(op, payload)
         except Exception as e:  # noqa: BLE001 - every error becomes a reply
@@ -196,6 +243,9 @@ class RayWorker(EngineWorker):
             try:
                 ref = self.actor.execute.remote(op, _payload_arg(payload), self.epoch)
                 reply, out = await asyncio.wait_for(ref, timeout)
+                while "ask" in reply:  # the engine needs more of the quota to go on
+                    ref = self.actor.answer.remote(self._answer_ask(reply["ask"]))
+                    reply, out = await asyncio.wait_for(ref, timeout)
             except TimeoutError:
                 raise self._overran(timeout, "Ray actor") from None
             except ray.exceptions.RayTaskError as e:  # the method itself failed: a bug

@@ -188,7 +188,7 @@ class SessionManager:
                 await self._make_room()
                 worker = await self.pool.get(resources)
                 e = self._entry(sid, user.id)
-                e.worker, e.resources = worker, resources
+                e.worker, e.resources = self._bind(e, worker), resources
         except BaseException:
             self.live.pop(sid, None)
             self.db.remove_session(sid)
@@ -221,8 +221,8 @@ class SessionManager:
         row = self.row(user, sid)
         # Marked deleted first, so that a request still running on the worker (which is
         # about to fail) does not turn the session into a "lost" one.
-        self.db.update_session(sid, state="deleted", field_bytes=0, worker=None, gateway=None,
-                               dirty=0)
+        self.db.update_session(sid, state="deleted", field_bytes=0, scratch_bytes=0,
+                               worker=None, gateway=None, dirty=0)
         self.db.drop_fields(sid)
         e = self.live.pop(sid, None)
         self._retire(e)
@@ -403,7 +403,7 @@ class SessionManager:
             worker = await self.pool.attach(row["worker"], e.resources)
         except WorkerGone as g:
             raise self._gone(e, g, told=told) from None
-        e.worker = worker
+        e.worker = self._bind(e, worker)
         self._held(e, row)
         log.info("session %s taken over (epoch %d, %s)", e.sid, row["epoch"], worker.address)
 
@@ -480,7 +480,7 @@ class SessionManager:
             log.warning("session %s lost: %s", e.sid, reason)
             if self.db.update_session(e.sid, holder=self.gateway_id, state="lost",
                                       lost_reason=reason, worker=None, gateway=None,
-                                      field_bytes=0, dirty=0):
+                                      field_bytes=0, scratch_bytes=0, dirty=0):
                 self.db.drop_fields(e.sid)
             return ""
         if row["saved_path"]:
@@ -491,7 +491,7 @@ class SessionManager:
             note = "; it resumes on its next request (it had no fields yet)"
         log.warning("session %s lost its engine: %s%s", e.sid, reason, note)
         self.db.update_session(e.sid, holder=self.gateway_id, state="culled", worker=None,
-                               gateway=None, dirty=0, lost_reason=reason,
+                               gateway=None, dirty=0, scratch_bytes=0, lost_reason=reason,
                                rolled_back=int(bool(row["dirty"]) and not told))
         return note
 
@@ -521,12 +521,52 @@ class SessionManager:
                                      "them in several)")
 
     def _over_quota(self, used: int, extra: int) -> ProblemError:
-        return quota("field_bytes", f"field memory quota exceeded: {used} bytes in use + "
-                                    f"{extra} requested > {self.settings.quota_field_bytes} "
-                                    "bytes")
+        return quota("field_bytes", f"memory quota exceeded: {used} bytes in use (the fields "
+                                    f"and scratch memory of your sessions) + {extra} "
+                                    f"requested > {self.settings.quota_field_bytes} bytes")
+
+    def _bind(self, e: Live, worker):
+        """The session's engine, its asks for memory answered for ``e``."""
+        worker.on_ask = lambda ask: self.grant_scratch(e, ask)
+        return worker
+
+    def grant_scratch(self, e: Live, ask: dict) -> dict:
+        """Answer an engine's ask for scratch memory (``Engine._grant``: ``scratch`` bytes
+        it must hold in all, ``want`` it would rather have, ``what`` needs them): the new
+        reservation in the database, counted in the owner's quota with every live
+        session's fields and scratch, or a refusal saying what holds the memory and how to
+        free it. Asked only when an engine needs more than it was granted, never per
+        launch. (``bytes``: what ``what`` itself needs, for the message.)"""
+        need, want, what = ask.get("scratch"), ask.get("want"), ask.get("what")
+        nbytes = ask.get("bytes", need)
+        if not isinstance(need, int) or not isinstance(want, int) or need < 0:
+            return {"refuse": "memory quota: a malformed ask for memory"}
+        limit = self.settings.quota_field_bytes
+        if self.live.get(e.sid) is not e or e.worker is None:
+            return {"refuse": f"memory quota: session {e.sid} no longer runs here"}
+        grant, rows, reserved = self.db.grow_scratch(e.sid, e.owner, need, max(want, need),
+                                                     limit)
+        if grant is not None:
+            self.metrics.scratch_grants.inc()
+            return {"grant": grant}
+        self.metrics.scratch_refusals.inc()
+        mine = next((r for r in rows if r["id"] == e.sid), None)
+        others = [r for r in rows if r["id"] != e.sid and r["field_bytes"] + r["scratch_bytes"]]
+        held = "; ".join(f"session {r['id']}: {r['field_bytes']} bytes of fields, "
+                         f"{r['scratch_bytes']} of scratch" for r in others)
+        own = (f"{mine['field_bytes']} bytes of fields and {mine['scratch_bytes']} of scratch"
+               if mine is not None else "nothing")
+        return {"refuse": (
+            f"memory quota exceeded: {what or 'the session'} needs {nbytes} bytes of scratch "
+            f"memory in session {e.sid}, which holds {own}; your memory quota is {limit} "
+            f"bytes for all your sessions together, and your other sessions hold "
+            f"{held or 'nothing'}" + (f", with {reserved} bytes of fields being created"
+                                      if reserved else "") +
+            ". Delete sessions you no longer need (a session's scratch memory is freed when "
+            "it is deleted or, idle, saved and stopped), or free fields")}
 
     def check_field_quota(self, user: User, extra: int) -> None:
-        used = self.db.field_bytes_of(user.id) + self.db.reserved_bytes_of(user.id)
+        used = self.db.held_bytes_of(user.id) + self.db.reserved_bytes_of(user.id)
         if used + extra > self.settings.quota_field_bytes:
             raise self._over_quota(used, extra)
 
@@ -617,8 +657,10 @@ class SessionManager:
         e.resources = self._resources(row)
         async with self._room:
             await self._make_room()
-            worker = await self.pool.get(e.resources)
+            worker = self._bind(e, await self.pool.get(e.resources))
             e.worker = worker  # counted by the next _make_room, even before it is loaded
+        # A new engine holds no scratch yet (a culled session's was freed as it stopped).
+        self.db.update_session(e.sid, holder=self.gateway_id, scratch_bytes=0)
         worker.epoch = int(row["epoch"])
         try:
             timeout = self.settings.kernel_time_limit_s
@@ -647,11 +689,12 @@ class SessionManager:
             if self.stopping:
                 # The server began to stop meanwhile: the saved session stays as it was
                 # (culled, its save untouched) and resumes after the restart.
-                self.db.update_session(e.sid, holder=self.gateway_id, gateway=None)
+                self.db.update_session(e.sid, holder=self.gateway_id, gateway=None,
+                                       scratch_bytes=0)
                 raise server_stopping() from None
             reason = getattr(err, "detail", None) or getattr(err, "reason", str(err))
             self.db.update_session(e.sid, holder=self.gateway_id, state="lost", gateway=None,
-                                   lost_reason=f"resume failed: {reason}")
+                                   scratch_bytes=0, lost_reason=f"resume failed: {reason}")
             raise session_lost(f"session {e.sid} could not be resumed: {reason}") from None
         # The engine's fields are the truth now (a save older than the records restores
         # fewer fields, or other ones).
@@ -783,7 +826,7 @@ class SessionManager:
             except ProblemError as p:
                 log.error("could not save session %s: %s", e.sid, p.detail)
                 return
-        release = {"state": "culled", "worker": None, "gateway": None,
+        release = {"state": "culled", "worker": None, "gateway": None, "scratch_bytes": 0,
                    "last_activity": e.last_activity}
         if path is None:  # never changed: it resumes as it began
             kept = self.db.update_session(e.sid, holder=self.gateway_id, dirty=0, **release)

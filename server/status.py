@@ -174,6 +174,7 @@ class Usage:
     sessions: int
     field_bytes: int
     job_seconds: float
+    scratch_bytes: int = 0  # the engines' scratch memory, counted in the same quota
 
 
 @dataclass
@@ -270,7 +271,7 @@ async def snapshot(service, user) -> Snapshot:
             here=job is not None or row["state"] in TERMINAL))
 
     usage = [Usage(r["name"], int(r["sessions"]), int(r["field_bytes"]),
-                   float(r["job_seconds"])) for r in db.usage(owner)]
+                   float(r["job_seconds"]), int(r["scratch_bytes"])) for r in db.usage(owner)]
     counts = db.execute("SELECT state, COUNT(*) AS n FROM jobs WHERE state IN ('queued', "
                         "'running') GROUP BY state")
     by_state = {r["state"]: int(r["n"]) for r in counts}

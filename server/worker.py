@@ -29,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -302,6 +303,14 @@ def _reply_or_quit(conn, msg: dict) -> bool:
         return False
 
 
+def _ask(conn, ask: dict) -> dict:
+    """Ask the gateway, within the op being served, for more of the user's memory quota
+    (``Engine._grant``); its answer. The gateway reads the ask in place of the op's reply
+    and writes its answer before it waits for that reply again."""
+    _send(conn, {"ask": ask}, None)
+    return _recv(conn)[0]
+
+
 def worker_main(conn, engine_spec: str, engine_kwargs: dict, shm_path: str | None = None,
                 parent: int | None = None, time_limit: float | None = None) -> None:
     """The worker's loop: build the engine, say ready, then serve ops until EOF."""
@@ -321,6 +330,8 @@ def worker_main(conn, engine_spec: str, engine_kwargs: dict, shm_path: str | Non
         _reply_or_quit(conn, {"error": _error_dict(e)})
         return
     shm = SharedBuffer(shm_path) if shm_path else None
+    if getattr(engine, "scratch_grant", None) is not None:
+        engine.ask_scratch = lambda ask: _ask(conn, ask)
     if not _reply_or_quit(conn, {"ok": {"pid": os.getpid()}}):
         return
     while True:
@@ -397,6 +408,8 @@ class WorkerStats:
     cache_misses: int = 0
     compile_s: float = 0.0
     field_bytes: int = 0
+    scratch_bytes: int = 0  # held (the engine's ``scratch``), and reserved in the quota
+    scratch_granted: int = 0
     # CUDA engines: module loads by kind (CODE_LOADS), and the device as last reported
     code_loads: dict[str, int] = field(default_factory=dict)
     device: dict[str, Any] | None = None
@@ -409,6 +422,8 @@ class WorkerStats:
                    cache_misses=int(s.get("cache_misses", 0)),
                    compile_s=float(s.get("compile_s", 0)),
                    field_bytes=int(s.get("field_bytes", 0)),
+                   scratch_bytes=sum(int(v) for v in (s.get("scratch") or {}).values()),
+                   scratch_granted=int(s.get("scratch_grant") or 0),
                    code_loads={k: int(loads.get(k, 0)) for k in CODE_LOADS},
                    device=s.get("device"))
 
@@ -416,7 +431,7 @@ class WorkerStats:
         """The counters' growth since ``before`` (the same worker's earlier figures)."""
         return WorkerStats(self.launches - before.launches, self.cache_hits - before.cache_hits,
                            self.cache_misses - before.cache_misses,
-                           self.compile_s - before.compile_s, 0,
+                           self.compile_s - before.compile_s, 0, 0, 0,
                            {k: self.code_loads.get(k, 0) - before.code_loads.get(k, 0)
                             for k in CODE_LOADS})
 
@@ -507,6 +522,9 @@ class EngineWorker:
         self.draining = False  # the server is stopping: only a save may still run
         self.current: str | None = None  # the op in flight
         self.stats = WorkerStats()
+        # Answers the engine's asks for more of the user's memory quota (``_answer_ask``);
+        # set by the gateway holding the session.
+        self.on_ask: Callable[[dict], dict] | None = None
         # The session's epoch in the database when this gateway last took it: an engine any
         # gateway reaches (a Ray actor) refuses calls with an older epoch than it has seen
         # (``WorkerMoved``); a local worker, only ever reached by its own gateway, ignores it.
@@ -551,6 +569,19 @@ class EngineWorker:
                                f"({timeout:g} s); its {what} was stopped", timeout=True)
         self.kill()
         return self.gone
+
+    def _answer_ask(self, ask: Any) -> dict:
+        """The answer to an engine's ask (``{"grant": bytes}`` or ``{"refuse": why}``)."""
+        if not isinstance(ask, dict) or self.on_ask is None:
+            return {"refuse": "memory quota: no more memory for a request that is no longer "
+                              "awaited"}
+        try:
+            return self.on_ask(ask)
+        except ProblemError as p:
+            return {"refuse": p.detail}
+        except Exception as e:  # noqa: BLE001 - the engine waits for an answer
+            log.exception("could not answer an engine's ask for memory")
+            return {"refuse": f"memory quota: the gateway could not reserve the memory ({e})"}
 
     @staticmethod
     def _answer(reply: dict, payload) -> tuple[dict, Any]:
@@ -713,13 +744,19 @@ class Worker(EngineWorker):
                 # A call cancelled while its op ran left that op's reply in the pipe: read
                 # it first, so replies stay paired with their requests.
                 while self._unread:
-                    await self._reply(timeout)
+                    stale, _ = await self._reply(timeout)
+                    if "ask" in stale:  # that op still runs, and waits for an answer
+                        _write(self._conn, _frames(self._answer_ask(None), None, None))
+                        continue
                     self._unread -= 1
                 frames = _frames(op, payload, self.shm)
                 sent = True
                 self.current = op.get("op")
                 await self._write(frames)
                 msg, out = await self._reply(timeout)
+                while "ask" in msg:  # the engine needs more of the quota to go on
+                    _write(self._conn, _frames(self._answer_ask(msg["ask"]), None, None))
+                    msg, out = await self._reply(timeout)
                 sent = False
                 self.current = None
                 if self.shm is not None:

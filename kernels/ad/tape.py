@@ -211,6 +211,7 @@ class Tape:
         if self._evaluated:
             raise DifftapeError("this Tape's gradients were already computed")
         self._evaluated = True
+        program.get().wait_for_passes()  # (the replay launches compiled code directly)
         if self.loss is not None:
             self.loss.grad.fill(1)
         # A bar (runtime/progress.py) for long recordings only: it costs a little per launch.
@@ -281,17 +282,20 @@ class Tape:
             return finite_difference_check(
                 field._label(), field.grad.to_numpy(), self._snapshot[field.id],
                 field.dtype.bits,
-                lambda idx, delta: self._replay_loss(self._snapshot, field, idx, delta))
+                lambda idx, delta: self._replay_loss(self._snapshot, field, idx, delta),
+                field.primal._offset)
 
 
 def finite_difference_check(label: str, analytic: np.ndarray, x0: np.ndarray, bits: int,
-                            replay: Callable[[tuple, float], float]) -> list[str]:
+                            replay: Callable[[tuple, float], float],
+                            offset: tuple[int, ...] = ()) -> list[str]:
     """Compare the gradient ``analytic`` of a field (``x0``: its values when the recording
     began) with central finite differences ``(replay(i, h) - replay(i, -h)) / 2h``, where
     ``replay`` re-runs the recorded program from the snapshot with element ``i`` moved by
     the given amount and returns the loss. At most 32 elements, a fixed spread-out sample.
     Shared by the local Tape and the service's ``grad_check`` op (one request remotely),
-    so both sample and judge alike. Returns the disagreements, one line each."""
+    so both sample and judge alike. Returns the disagreements, one line each, naming the
+    element by the user's index (the field's ``offset`` added to its leading axes)."""
     rel_step, tol = (1e-3, 2e-2) if bits < 64 else (1e-6, 1e-5)
     flat = list(np.ndindex(x0.shape))
     if len(flat) > 32:  # a fixed, spread-out sample keeps the check affordable
@@ -307,7 +311,9 @@ def finite_difference_check(label: str, analytic: np.ndarray, x0: np.ndarray, bi
         an = float(analytic[idx])
         denom = max(abs(fd), abs(an), 1e-3 * scale, 1e-12)
         if abs(fd - an) / denom > tol:
-            out.append(f"{label}{list(idx)}: gradient {an:.6g}, finite difference {fd:.6g}")
+            shown = [k + o for k, o in zip(idx, offset, strict=False)] + \
+                list(idx[len(offset):])
+            out.append(f"{label}{shown}: gradient {an:.6g}, finite difference {fd:.6g}")
     return out
 
 

@@ -50,6 +50,11 @@ from .structure import (
     useful_activity,
 )
 
+#: One sparse level above a buffer's cells, as the frontend describes it: the level's activity
+#: buffer (a byte per cell, or a dynamic list's length), the map from the buffer's index to the
+#: level's (axis, divisor) pairs, and whether the level is a dynamic list.
+ActivityLevel = tuple[Buffer, list[tuple[int, int]], bool]
+
 
 class _Scope:
     """Name resolution while building the adjoint: primal statement -> recomputed statement,
@@ -96,13 +101,20 @@ class _Scope:
 
 
 class ReverseAD:
-    def __init__(self, ir: KernelIR, has_grad: Callable[[Buffer], bool]) -> None:
+    def __init__(self, ir: KernelIR, has_grad: Callable[[Buffer], bool],
+                 activity: Callable[[Buffer], list[ActivityLevel]] | None = None) -> None:
         self.ir = ir
         self.buffers = list(ir.buffers)
         self.grad_slot: dict[int, int] = {}
+        # Sparse storage: a read's adjoint reaches the grad of an active cell only (below).
+        self.guards: dict[int, list[tuple[int, list[tuple[int, int]], bool]]] = {}
         for slot, b in enumerate(ir.buffers):
             if b.key[2] == "primal" and has_grad(b):
                 self.grad_slot[slot] = self._add_buffer(b.with_role("grad"))
+                levels = activity(b) if activity is not None else []
+                if levels:
+                    self.guards[slot] = [(self._add_buffer(a), imap, dyn)
+                                         for a, imap, dyn in levels]
         self._refuse_gradient_access()
         # Loads numbered in program order (stable across rebuilds of the same kernel), so the
         # run-time validation can find the primal loads the adjoint depends on.
@@ -414,6 +426,8 @@ class ReverseAD:
                 if g is not None:
                     gs = self.grad_slot[s.attr]
                     idx = tuple(scope.v(a) for a in s.args)
+                    if s.attr in self.guards:
+                        g = e.select(self._active(s.attr, idx, e), g, e.const(0.0, g.dtype))
                     e.emit("atomic", g.dtype, idx + (g,), (gs, "add"))
             elif op == "local_atomic":
                 a, v = s.args
@@ -432,6 +446,24 @@ class ReverseAD:
                 self._sweep_if(s, scope, out)
             elif op in ("range_for", "while"):
                 self._sweep_loop(s, scope, out)
+
+    def _active(self, slot: int, idx: tuple[Stmt, ...], e: Emitter) -> Stmt:
+        """Is the cell of sparse buffer ``slot`` at ``idx`` active (an i32)? A read of an
+        inactive cell is a constant 0, so its adjoint is dropped: added into the grad there,
+        it would break the sparse storage's invariant that an inactive cell holds zeros
+        (``fill`` writes active cells only, so the stale value would outlive it)."""
+        cond = None
+        for act, imap, dynamic in self.guards[slot]:
+            lidx = [idx[q] if d == 1 else e.bin("floordiv", idx[q], e.const(d, i32))
+                    for q, d in imap]
+            t = self.buffers[act].dtype
+            if dynamic:
+                *par, j = lidx
+                c = e.cmp("lt", j, e.cast(e.emit("load", t, tuple(par), act), i32))
+            else:
+                c = e.cmp("ne", e.emit("load", t, tuple(lidx), act), e.const(0, t))
+            cond = c if cond is None else e.bin("bit_and", cond, c)
+        return cond
 
     def _sweep_store(self, s: Stmt, scope: _Scope, e: Emitter, slot: int, kind: str) -> None:
         gs = self.grad_slot[slot]
@@ -582,6 +614,8 @@ def _loop_ids(args: tuple[Stmt, ...]) -> set[int]:
     return out
 
 
-def reverse_kernel(ir: KernelIR, has_grad: Callable[[Buffer], bool]) -> KernelIR:
-    """The adjoint of ``ir`` (a freshly built kernel, before the pass pipeline; consumed)."""
-    return ReverseAD(ir, has_grad).build()
+def reverse_kernel(ir: KernelIR, has_grad: Callable[[Buffer], bool],
+                   activity: Callable[[Buffer], list[ActivityLevel]] | None = None) -> KernelIR:
+    """The adjoint of ``ir`` (a freshly built kernel, before the pass pipeline; consumed).
+    ``activity(buf)``: the sparse levels above a buffer's cells (see :data:`ActivityLevel`)."""
+    return ReverseAD(ir, has_grad, activity).build()

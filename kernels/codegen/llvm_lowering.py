@@ -597,6 +597,14 @@ class Lowering:
         t = ll_type(s.dtype)
         c = ll_const(s.attr, s.dtype)
         if s.dtype.is_float:
+            if s.attr != 0.0 and s.dtype.flush(s.attr) == 0.0:
+                # A subnormal constant comes only from a folded move (ti.bit_cast of an
+                # integer constant: literals are flushed in the frontend); kernels' flush-to-
+                # zero mode would zero it in the fadd, so its bits are moved in, as Taichi does.
+                w = s.dtype.bits
+                bits = struct.unpack(f"<{'I' if w == 32 else 'Q'}",
+                                     struct.pack(f"<{'f' if w == 32 else 'd'}", s.attr))[0]
+                return self.fn.ins(f"bitcast i{w} {bits} to {t}")
             return self.fn.ins(f"fadd {t} {c}, {ll_const(-0.0, s.dtype)}")
         return self.fn.ins(f"add {t} {c}, 0")
 

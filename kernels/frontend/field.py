@@ -432,6 +432,7 @@ class Field(ArrayExchange):
         key = self._norm_key(key)
         if _b.current() is not None:
             return self._kernel_element(key)
+        self._program.wait_for_passes()
         if self._program.capture is not None:  # inside ti.graph.capture(): refused
             self._program.capture.read(f"reading {self._label()}[...]")
         key = self._host_index(key)
@@ -504,6 +505,7 @@ class Field(ArrayExchange):
             assign(self[key], _coerce(value))
             return
         key = self._host_index(key)
+        self._program.wait_for_passes()
         if self._program.capture is not None:  # inside ti.graph.capture(): recorded
             self._program.capture.write_element(self, key, value)
             return
@@ -533,6 +535,7 @@ class Field(ArrayExchange):
         """The field as a NumPy array of shape ``shape + element_shape`` (see
         :meth:`_numpy_dims` for ``keep_dims``). Inactive cells of sparse SNodes read 0: their
         storage is kept zeroed."""
+        self._program.wait_for_passes()
         if self._program.capture is not None:  # inside ti.graph.capture(): refused
             self._program.capture.read(f"{self._label()}.to_numpy()")
         out = self._numpy_dims(self.storage.read().copy(), keep_dims)
@@ -542,6 +545,7 @@ class Field(ArrayExchange):
     def from_numpy(self, arr) -> None:
         source = arr
         arr = self._numpy_in(arr)
+        self._program.wait_for_passes()
         if self._program.capture is not None:  # inside ti.graph.capture(): recorded
             self._program.capture.copy(self, arr, source)
             return
@@ -586,6 +590,7 @@ class Field(ArrayExchange):
         field that runs at every launch (parallel at the kernel's top level), as in Taichi."""
         bld = _b.current()
         if bld is None:
+            self._program.wait_for_passes()
             if self._program.capture is not None:  # inside ti.graph.capture(): recorded
                 self._program.capture.fill(self, value)
                 return
@@ -621,10 +626,18 @@ class Field(ArrayExchange):
         if not isinstance(other, Field):
             raise TypeError(f"{self._label()}.copy_from() takes a field, got a "
                             f"{type(other).__name__}; use from_numpy() for an array")
+        self._program.wait_for_passes()
+        if (other.shape, other.element_shape) != (self.shape, self.element_shape):
+            raise ShapeError(f"{self._label()}.copy_from(): shape {self.shape}, elements "
+                             f"{self.element_shape}, do not match the source field's "
+                             f"{other.shape}, {other.element_shape}")
         if self._program.capture is not None:  # inside ti.graph.capture(): recorded
             self._program.capture.copy(self, other.storage, other)
             return
-        self.storage.copy_from(other.storage, casting="same_kind")
+        # As Taichi's copy (a kernel assigning element by element): another dtype converts as
+        # an assignment does, floats to integers truncating, integers wrapping.
+        with np.errstate(over="ignore", invalid="ignore"):  # f64 -> f32 overflows to inf
+            self.storage.copy_from(other.storage, casting="unsafe")
         if self.sparse_terms:  # Taichi copies over the whole index range: all activated
             self._np_activate_all()
 
@@ -1030,6 +1043,8 @@ def make_field(dtype, shape=None, order=None, name: str = "", offset=None, needs
             raise KernelSyntaxError(f"The dimensionality of shape and offset must be the same "
                                     f"({dims} != {len(offset)}): shape {shape!r}, offset "
                                     f"{offset!r}")
+        # (before the field exists: a refused one must not stay behind, unplaced)
+        check_offset_range(offset, (shape,) if isinstance(shape, numbers.Integral) else shape)
     if order is not None:
         _check_order(order, shape)
     if isinstance(dtype, MatrixType):
@@ -1216,6 +1231,20 @@ class QuantMatrixField(Field):
             raise DifftapeError(f"get_scalar_field{tuple(indices)}: {self._label()} has "
                                 f"entries {list(self.entries)}")
         return self.entries[comp]
+
+
+def check_offset_range(offset: tuple[int, ...], shape) -> None:
+    """Kernels index fields with i32: the range of a field's indices along each axis (its
+    offset to the offset plus its extent, the end a struct-for stops at) must be one of i32
+    (Taichi 1.7.4 takes such a field and its indices wrap around). The one rule for a field
+    made here, by a server's ``create_field`` and by a loaded graph."""
+    for o, n in zip(offset, shape, strict=False):
+        if not isinstance(n, numbers.Integral):
+            continue  # a bad shape is refused where the field is allocated
+        if not -2**31 <= o <= 2**31 - 1 - n:
+            raise ShapeError(f"offset {offset}: the index range {o} .. {o + n} (end "
+                             "excluded) does not fit in i32, which indexes fields; use a "
+                             "smaller offset")
 
 
 def _offset_tuple(offset) -> tuple[int, ...]:
@@ -1431,16 +1460,13 @@ class SNode:
         if offset and len(offset) != len(shape):
             raise ShapeError(f"place(offset={offset}): the SNode has {len(shape)} axes (shape "
                              f"{shape}), the offset {len(offset)}")
+        check_offset_range(offset, shape)
         if not any(offset):
             offset = ()
         elif self.activity_terms() or self.kind in _SPARSE:
             raise DifftapeError(f"place(offset={offset}): fields with an offset under sparse "
                                 "SNodes (pointer, bitmasked, dynamic) are not supported; use "
                                 "dense SNodes, or index from 0 and shift the indices")
-        elif program.get().remote is not None:
-            raise DifftapeError(f"place(offset={offset}): fields with an offset are not "
-                                "supported under arch=ti.remote; index from 0 and shift the "
-                                "indices, or run on ti.cpu")
         fields = [g for f in fields
                   for g in (f.leaf_fields() if isinstance(f, StructField) else [f])]
         if self.kind == "quant_array":
@@ -1562,15 +1588,21 @@ class SNode:
 
     def deactivate_all(self) -> None:
         """Deactivate every cell of this SNode and of the sparse SNodes below it (their data
-        reads 0 again). Python scope, as in Taichi."""
+        reads 0 again). Python scope, as in Taichi. Inside ``ti.graph.capture()`` the
+        clearing is recorded, a step of the graph replayed where it stands (not done once
+        while capturing)."""
         if _b.current() is not None:
             raise _b.current().error("deactivate_all() runs in Python scope only; inside a "
                                      "kernel use ti.deactivate(snode, I)")
+        capture = program.get().capture
         for node in self._subtree():
             if node.kind in _SPARSE:
-                node.activity.storage.zero()
-                for f in node.subtree_fields():
-                    f.storage.zero()
+                for storage in [node.activity.storage] + [f.storage for f in
+                                                          node.subtree_fields()]:
+                    if capture is not None:
+                        capture.zero(storage)
+                    else:
+                        storage.zero()
 
     def lazy_grad(self) -> None:
         """Give every float field a ``.grad`` with the primal's layout."""

@@ -65,7 +65,7 @@ from .field import refuse_unplaced
 from .matrix import Matrix, MatrixType
 from .ndarray import Ndarray
 from .ops import resolve_dtype
-from .sparse import finish_struct_fors
+from .sparse import finish_struct_fors, sparse_levels
 from .struct import Struct, StructType
 from .transformer import build_kernel_body, call_mismatch, defined_in_class, parse_function
 
@@ -181,6 +181,8 @@ class Kernel:
                     if not isinstance(args[k], _NATIVE_ARRAYS):
                         return self.foreign_call(self.__call__, args)
             prog = program.get()
+            if prog.await_passes is not None:  # (a JAX call's passes still to run)
+                prog.await_passes()
             if prog.unplaced:  # fields not placed (Taichi refuses at materialization)
                 refuse_unplaced(prog, self.name)
             if prog.generation != self._generation:
@@ -376,7 +378,7 @@ class Kernel:
             return validation.instrument(ir, prog, ad.mattering)
         role = LOST_ROLE.get(variant)
         flow = lost_flow(ir, lambda buf: has(buf, role)) if role is not None else None
-        ir = derive(ir, variant, has)
+        ir = derive(ir, variant, has, lambda buf: sparse_levels(prog, buf))
         ir.lost = flow
         return ir
 
@@ -506,6 +508,8 @@ class AdjointKernel:
             # Under forward mode the adjoint runs with tangents: forward-over-reverse, which puts
             # Hessian-vector products into the .grad.dual of the inputs.
             prog = program.get()
+            if prog.await_passes is not None:
+                prog.await_passes()
             if prog.unplaced:
                 refuse_unplaced(prog, self.__name__)
             variant = "grad_fwd" if prog.fwd is not None else "grad"
@@ -521,7 +525,8 @@ class AdjointKernel:
                 f"{self.primal.name}{signature_text(self.primal.pyfunc)}>")
 
 
-def derive(ir: KernelIR, variant: str, storage: Callable[[Buffer, str], bool]) -> KernelIR:
+def derive(ir: KernelIR, variant: str, storage: Callable[[Buffer, str], bool],
+           activity: Callable[[Buffer], list] | None = None) -> KernelIR:
     """The IR of one compiled variant of a kernel, from its frontend IR (before the pass
     pipeline). ``storage(buf, role)`` says whether ``buf`` has a ``.grad``/``.dual``
     allocated: derivatives flow only into storage that exists. This is a pure IR transform,
@@ -533,7 +538,7 @@ def derive(ir: KernelIR, variant: str, storage: Callable[[Buffer, str], bool]) -
         # derivative compiled, not with `import difftape`.
         from ..autodiff.reverse import reverse_kernel
 
-        ir = reverse_kernel(ir, lambda buf: storage(buf, "grad"))
+        ir = reverse_kernel(ir, lambda buf: storage(buf, "grad"), activity)
         if variant == "grad":
             return ir
     if variant in ("fwd", "grad_fwd", "fwd_const"):

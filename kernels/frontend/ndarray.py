@@ -177,7 +177,7 @@ class Ndarray(ArrayExchange):
     @python_scope
     def __setitem__(self, key, value) -> None:
         key = self._norm_key(key)
-        capture = program.get().capture
+        capture = _capture_write()
         if capture is not None:  # inside ti.graph.capture(): recorded
             capture.write_element(self, key, value)
             return
@@ -197,7 +197,7 @@ class Ndarray(ArrayExchange):
             raise ShapeError(f"from_numpy: the ndarray has shape {self.storage.shape} (shape "
                              f"{self.shape}, element {self.element_shape}), the array has "
                              f"{arr.shape}")
-        capture = program.get().capture
+        capture = _capture_write()
         if capture is not None:  # inside ti.graph.capture(): recorded
             capture.copy(self, arr, source)
             return
@@ -206,7 +206,7 @@ class Ndarray(ArrayExchange):
     @python_scope
     def fill(self, value) -> None:
         """Set every element to ``value``: a scalar, or one vector/matrix element."""
-        capture = program.get().capture
+        capture = _capture_write()
         if capture is not None:  # inside ti.graph.capture(): recorded
             capture.fill(self, value)
             return
@@ -219,7 +219,7 @@ class Ndarray(ArrayExchange):
         if other.storage.shape != self.storage.shape:
             raise ShapeError(f"copy_from: shapes differ: {self.storage.shape} vs "
                              f"{other.storage.shape}")
-        capture = program.get().capture
+        capture = _capture_write()
         if capture is not None:  # inside ti.graph.capture(): recorded
             capture.copy(self, other.storage, other)
             return
@@ -277,10 +277,20 @@ def ndarray(dtype, shape, needs_grad: bool = False) -> Ndarray:
 
 
 def _capture_read(what: str) -> None:
-    """Refuse a host read of device data inside ``ti.graph.capture()`` (difftape.graph)."""
-    capture = program.get().capture
-    if capture is not None:
-        capture.read(what)
+    """Refuse a host read of device data inside ``ti.graph.capture()`` (difftape.graph);
+    wait first for passes still to run on the program (``Program.await_passes``)."""
+    prog = program.get()
+    prog.wait_for_passes()
+    if prog.capture is not None:
+        prog.capture.read(what)
+
+
+def _capture_write() -> object | None:
+    """The ``ti.graph.capture()`` recorder that a host write goes to, or None (it runs now,
+    after the passes still to run on the program: ``Program.await_passes``)."""
+    prog = program.get()
+    prog.wait_for_passes()
+    return prog.capture
 
 
 def _check_shape(shape) -> tuple[int, ...]:

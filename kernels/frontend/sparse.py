@@ -96,6 +96,17 @@ def active_condition(node: SNode, idx: list) -> Expr:
     return cond if cond is not None else ops.const(1, T.i32)
 
 
+def sparse_levels(prog, buf) -> list:
+    """The sparse levels above a field buffer's cells, for the reverse-mode transform
+    (``autodiff.reverse.ActivityLevel``: activity buffer, index map, dynamic?); empty for
+    dense storage and ndarrays."""
+    kind, ident, _role = buf.key
+    f = prog.fields.get(ident) if kind == "field" else None
+    if f is None:
+        return []
+    return [(lvl.activity.buffer(), imap, lvl.kind == "dynamic") for lvl, imap in f.sparse_terms]
+
+
 def struct_for_guard(tr, node: SNode, indices: list) -> None:
     """At the top of a struct-for body: skip an inactive cell. The guard's loads of activity
     are recorded, so :func:`finish_struct_fors` can point them at a snapshot."""
@@ -444,7 +455,7 @@ def no_activate(*_fields) -> None:
 __all__ = ["DynamicRow", "activate", "active_condition", "active_mask", "append",
            "deactivate", "deactivate_all_snodes", "dynamic_op", "dynamic_row", "emit_activate",
            "finish_struct_fors", "is_active", "length", "no_activate", "rescale_index",
-           "struct_for_guard"]
+           "sparse_levels", "struct_for_guard"]
 
 
 _field.bind(active_condition=active_condition, active_mask=active_mask, dynamic_op=dynamic_op,

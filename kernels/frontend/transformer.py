@@ -1251,11 +1251,6 @@ class FunctionTransformer:
                                        "bounds of a slice must be compile-time constants (a "
                                        "runtime index of one entry is fine: m[i, :])",
                                        KernelIndexError)
-        if any(isinstance(p, numbers.Integral) and p < 0 for p in parts):
-            raise self._at(node).error("Negative indices are not supported in Taichi kernels. "
-                                       "Kernels do not wrap indices around: write the slice "
-                                       "with non-negative bounds, e.g. v[:n - 1]",
-                                       KernelSyntaxError)
         return slice(*parts)
 
     def eval_index(self, node: ast.expr):
@@ -1505,6 +1500,14 @@ class FunctionTransformer:
     def expr_Subscript(self, node: ast.Subscript):
         container = self.eval(node.value)
         index = self.eval_index(node.slice)
+        if not isinstance(container, list | tuple):  # a Python sequence slices as in Python
+            for sl in index if isinstance(index, tuple) else (index,):
+                if isinstance(sl, slice) and any(isinstance(p, numbers.Integral) and p < 0
+                                                 for p in (sl.start, sl.stop, sl.step)):
+                    raise self._at(node.slice).error(
+                        "Negative indices are not supported in Taichi kernels. Kernels do not "
+                        "wrap indices around: write the slice with non-negative bounds, e.g. "
+                        "v[:n - 1]", KernelSyntaxError)
         self._at(node)
         if isinstance(index, Ref):
             index = index.expr()

@@ -549,6 +549,7 @@ class Graph:
         if program.get() is not prog:
             raise GraphError("this graph was captured under a program that ti.init()/ti.reset() "
                              "has ended (its fields and kernels are gone): capture it again")
+        prog.wait_for_passes()
         for name, value in inputs.items():
             inp = self._inputs.get(name)
             if inp is None:

@@ -2,16 +2,16 @@
 
 The file is JSON (no pickle, no machine code, no addresses): the *frontend* IR of each kernel
 variant the graph launches (``ir.serialize``, what the service receives), the fields it
-addresses (label, dtype, shape, element shape, which of .grad/.dual/.grad.dual exist), and the
-ops in order: a launch as its kernel's index and its scalar parameters as packed, a fill /
-copy / zero as its target storage and a byte range (constants inline). Named scalar, vector
-and field inputs are listed with the places they bind. This is also the form a server would
-take a graph in (the hook for remote replay): IR it validates and compiles itself, and
-launch records over storage it owns.
+addresses (label, dtype, shape, element shape, offset, which of .grad/.dual/.grad.dual
+exist), and the ops in order: a launch as its kernel's index and its scalar parameters as
+packed, a fill / copy / zero as its target storage and a byte range (constants inline).
+Named scalar, vector and field inputs are listed with the places they bind. This is also the
+form a server would take a graph in (the hook for remote replay): IR it validates and
+compiles itself, and launch records over storage it owns.
 
 Loading trusts nothing in the file: every kernel's IR goes through
 ``ir.validate.decode_untrusted`` (the service's validator), must address only the listed
-fields with their listed dtypes and shapes, and is derived and compiled here (``derive``,
+fields with their listed dtypes, shapes and offsets, and is derived and compiled here (``derive``,
 the pass pipeline, ``compile_ir``: so the code comes from the disk cache when this machine
 compiled the same kernels before, else from LLVM); launch contexts are rebuilt from the
 compiled layout (pointers, the random state and error words are this process's own) with
@@ -45,8 +45,8 @@ import numpy as np
 
 from .. import types as T
 from .._version import __version__
-from ..errors import DifftapeError, GraphError, IRValidationError
-from ..frontend.field import Field, make_field
+from ..errors import DifftapeError, GraphError, IRValidationError, ShapeError
+from ..frontend.field import Field, check_offset_range, make_field
 from ..frontend.kernel import compile_ir, derive
 from ..frontend.matrix import MatrixType
 from ..frontend.ndarray import Ndarray
@@ -160,13 +160,23 @@ def save(graph: Graph, path: str) -> None:
         f = prog.fields[fid]
         if f.sparse_terms:
             raise GraphError(f"saving a graph: '{f._label()}' is under a sparse SNode")
-        fields[str(fid)] = {"label": f._label(), "dtype": f.dtype.name, "shape": list(f.shape),
-                            "element_shape": list(f.element_shape),
-                            "roles": [r for r in ROLES if f.companion(r) is not None]}
+        fields[str(fid)] = field_entry(f)
     doc = {"format": FORMAT, "version": VERSION, "difftape": __version__, "fields": fields,
            "kernels": kernels, "ops": ops, "inputs": inputs}
     with open(path, "w") as fh:
         json.dump(doc, fh)
+
+
+def field_entry(f: Field) -> dict[str, Any]:
+    """A field as a graph document describes it (a saved file's, a captured remote graph's):
+    label, dtype, shapes, the storage it has, and its ``offset`` when it has one (the
+    kernels' IR indexes from it; a field loaded for the graph gets it)."""
+    out = {"label": f._label()[:128], "dtype": f.dtype.name, "shape": list(f.shape),
+           "element_shape": list(f.element_shape),
+           "roles": [r for r in ROLES if f.companion(r) is not None]}
+    if f.primal._offset:
+        out["offset"] = list(f.primal._offset)
+    return out
 
 
 def _param_index(graph: Graph, ctx: np.ndarray, slot: int) -> int:
@@ -294,6 +304,7 @@ def _fields(data: dict, field_for, *, create: bool, given: set | None = None
         except (ValueError, TypeError):
             raise _bad(f"field {fid}: unknown dtype {f.get('dtype')!r:.40}") from None
         shape, esh = _shapes(f, f"field {fid}")
+        offset = _offset(f, shape, f"field {fid}")
         roles = f.get("roles")
         if not isinstance(roles, list) or "primal" not in roles or \
                 not set(roles) <= set(ROLES) or (len(roles) > 1 and not dtype.is_float):
@@ -302,22 +313,24 @@ def _fields(data: dict, field_for, *, create: bool, given: set | None = None
         key_label = label if label not in labels else f"{label}#{fid}"
         labels[key_label] = fid
         manifest[fid] = {"dtype": dtype, "shape": shape, "esh": esh, "roles": set(roles),
-                         "key": key_label}
+                         "key": key_label, "offset": offset}
         field = field_for(fid, key_label)
         if field is None:
             if not create:
                 raise _bad(f"field {fid} ('{label}') is not a field of this program")
             field = make_field(dtype, shape, name=label, needs_grad="grad" in roles,
-                               needs_dual="dual" in roles, element_shape=esh)
+                               needs_dual="dual" in roles, element_shape=esh,
+                               offset=offset or None)
             if "grad_dual" in roles:
                 field.grad._make_companion("dual")
-        elif not isinstance(field, Field) or (field.dtype, field.shape, field.element_shape) \
-                != (dtype, shape, esh) or field.sparse_terms or any(
+        elif not isinstance(field, Field) or (field.dtype, field.shape, field.element_shape,
+                                              field.primal._offset) \
+                != (dtype, shape, esh, offset) or field.sparse_terms or any(
                     field.companion(r) is None for r in roles):
             where = "ti.graph.load(fields=...)" if create else "saved graph refused"
             raise GraphError(f"{where}: '{key_label}' must be a dense field "
-                             f"of {dtype}, shape {shape}, element {esh} with storage for "
-                             f"{', '.join(sorted(roles))}")
+                             f"of {dtype}, shape {shape}, element {esh}, offset "
+                             f"{offset or None}, with storage for {', '.join(sorted(roles))}")
         mapping[fid] = field
     unknown = set(given or ()) - set(labels)
     if unknown:
@@ -337,6 +350,25 @@ def _shapes(f: dict, what: str) -> tuple[tuple, tuple]:
     if int(np.prod(shape + esh, dtype=np.int64)) > (1 << 31):
         raise _bad(f"{what}: more than 2**31 elements")
     return shape, esh
+
+
+def _offset(f: dict, shape: tuple, what: str) -> tuple[int, ...]:
+    """A field's ``offset`` in a document: absent for none, else one integer per axis
+    keeping its index range (end excluded) in i32 (as ``place(offset=)`` requires), not all
+    zero."""
+    if "offset" not in f:
+        return ()
+    offset = f["offset"]
+    if not isinstance(offset, list) or len(offset) != len(shape):
+        raise _bad(f"{what}: an offset has one integer per axis")
+    out = tuple(_int(o, -2**31, 2**31 - 1, f"{what}'s offset") for o in offset)
+    if not any(out):
+        raise _bad(f"{what}: an offset of zeros is written as none")
+    try:
+        check_offset_range(out, shape)
+    except ShapeError as e:
+        raise _bad(f"{what}: {e}") from None
+    return out
 
 
 def _ndarrays(data: dict, given: dict) -> dict[int, Ndarray]:
@@ -382,6 +414,9 @@ def _kernel(data, n: int, prog, mapping: dict[int, Field], manifest: dict[int, d
                 tuple(b.shape) != m["shape"] + m["esh"]:
             raise _bad(f"kernel {n} ('{ir.name}'): buffer '{b.name}' is not one of the graph's "
                        "fields with its dtype and shape")
+        if b.offset != m["offset"]:  # its indices count from the offset (the bounds checks)
+            raise _bad(f"kernel {n} ('{ir.name}'): buffer '{b.name}' has offset "
+                       f"{b.offset or None}, its field offset {m['offset'] or None}")
     if checked:
         ir.debug = True  # bounds checks on every access (what a server compiles)
 
@@ -530,10 +565,15 @@ def _op(g: Graph, op, n: int, insts: list, mapping: dict[int, Field],
             ctx[1] = g._constant(buf)
         else:
             src = op.get("source")
-            if not isinstance(src, list) or len(src) != 3:
+            if isinstance(src, dict):  # an ndarray: a NumPy graph input's copy on a server
+                buf = _storage(mapping, ndmap, {"ndarray": src.get("ndarray"),  # (client/
+                                                "role": src.get("role")})  # graph.py)
+                soff = _int(src.get("offset"), 0, buf.nbytes, f"op {n}'s source offset")
+            elif isinstance(src, list) and len(src) == 3:  # [field, role, offset]
+                buf = _storage(mapping, ndmap, {"field": src[0], "role": src[1]})
+                soff = _int(src[2], 0, buf.nbytes, f"op {n}'s source offset")
+            else:
                 raise _bad(f"op {n}: a copy needs data or a source")
-            buf = _storage(mapping, ndmap, {"field": src[0], "role": src[1]})
-            soff = _int(src[2], 0, buf.nbytes, f"op {n}'s source offset")
             if soff + end > buf.nbytes:
                 raise _bad(f"op {n}: the source is too small")
             g._keep.append(buf)

@@ -52,8 +52,10 @@ INLINE_BYTES = 64 << 10
 
 
 def graph_id(doc: Any) -> str:
-    """The content hash that names a graph document (keys sorted, no spaces)."""
-    text = json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    """The content hash that names a graph document (keys sorted, no spaces). Kernel IR may
+    hold infinite and NaN constants (``ti.math.inf``, ``isinf``): written as JSON's
+    ``Infinity``/``NaN`` tokens, as the wire carries them (Python's json reads them back)."""
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=True)
     return hashlib.sha256(text.encode()).hexdigest()
 
 

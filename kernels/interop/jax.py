@@ -29,9 +29,17 @@ Arrays must have the declared dtype and shape (f64 needs ``jax_enable_x64``). Un
 
 When. A pass runs when XLA executes the computation, on the thread XLA runs it on, which may
 be after the JAX call has returned (JAX dispatches asynchronously); passes are serialised
-with each other (``xlaffi``), not with the rest of your Python code. The declared storage
-belongs to the function: do not change it, or launch kernels of the same program, until the
-results are ready (``jax.block_until_ready``).
+with each other (``xlaffi``). The program's later operations wait for them, so that what the
+caller wrote after the JAX call happens after its passes: each call site of a pass (the
+function, its backward and second-order rules, its forward-mode rule) adds a
+side-effecting mark on the pass's results (``xlaffi.MARK``, an FFI call that runs nothing),
+so that JAX records every computation holding a pass as one with side effects, and the
+program's ``await_passes`` (``runtime/program.py``: before each launch, host access to
+storage, Tape or graph replay) is ``jax.effects_barrier()``, which waits for the
+side-effecting computations the calling thread dispatched. A pass's own launches (on XLA's
+thread) do not wait. Passes need no wait for the caller's earlier launches: on the CPU these
+have ended when they return, and on a grid they are queued on the program's stream, as the
+pass's are.
 """
 
 from __future__ import annotations
@@ -154,6 +162,27 @@ _registered = False
 FFI_PLATFORMS = ("cpu",)
 
 
+def _marked(results: tuple) -> tuple:
+    """``results`` (a pass's), after a side-effecting mark that reads them
+    (``xlaffi.MARK``): the computation holding the pass is one with side effects to JAX,
+    which keeps its runtime token for ``jax.effects_barrier`` (eagerly, the mark's own
+    computation waits for the pass's results). The mark reads them through
+    ``stop_gradient`` (no derivative to take) and returns nothing."""
+    marks = [jax.lax.stop_gradient(r) for r in results]
+    jax.ffi.ffi_call(xlaffi.TARGET, (), has_side_effect=True, vmap_method="sequential")(
+        *marks, target=np.int64(xlaffi.MARK), stage=np.int32(-1))
+    return results
+
+
+def _await_passes() -> None:
+    """The program's ``await_passes`` once it has JAX functions: wait until the
+    computations this thread dispatched have run their passes (``jax.effects_barrier``; they
+    are side-effecting by :func:`_marked`). Not inside a pass (XLA's thread, whose own
+    launches would wait for the computation running them)."""
+    if not xlaffi.in_pass():
+        jax.effects_barrier()
+
+
 def _on_device(p: DiffProgram) -> bool:
     """Does ``p`` run on a CUDA device whose memory XLA's CUDA buffers are (a grid program on
     a real GPU: the FFI handler takes them in place on the CUDA platform too)?"""
@@ -204,8 +233,15 @@ def function(fn: Callable[[], object], inputs: Sequence, outputs: Sequence,
         outs, touts = p.jvp(arrays(xs), arrays(ts))
         return (*outs, *touts)
 
-    callbacks = {RUN: run_cb, RUN_RECORDED: run_recorded_cb, VJP: vjp_cb, SECOND: second_cb,
-                 JVP: jvp_cb}
+    def host_pass(cb: Callable) -> Callable:
+        def run(*args):
+            with xlaffi.running():
+                return cb(*args)
+        return run
+
+    callbacks = {stage: host_pass(cb) for stage, cb in (
+        (RUN, run_cb), (RUN_RECORDED, run_recorded_cb), (VJP, vjp_cb), (SECOND, second_cb),
+        (JVP, jvp_cb))}
 
     def pass_(stage: int, specs: tuple, *args):
         """One pass as a JAX operation: the FFI call (in place on XLA's buffers) where the
@@ -248,7 +284,7 @@ def function(fn: Callable[[], object], inputs: Sequence, outputs: Sequence,
 
         def backward_bwd(res, ws):
             xs, us = res
-            d = pass_(SECOND, out_specs + in_specs, *xs, *us, *ws)
+            d = _marked(pass_(SECOND, out_specs + in_specs, *xs, *us, *ws))
             return (None, tuple(d[len(out_specs):]), None,  # (ys: a cache of xs' values)
                     tuple(d[:len(out_specs)]))
 
@@ -267,7 +303,7 @@ def function(fn: Callable[[], object], inputs: Sequence, outputs: Sequence,
 
         def g_bwd(res, cts):
             token, xs, ys = res
-            return tuple(backward(token, xs, ys, tuple(cts[:-1])))
+            return _marked(tuple(backward(token, xs, ys, tuple(cts[:-1]))))
 
         g.defvjp(g_fwd, g_bwd)
         f = lambda *xs: g(*xs)[:-1]
@@ -282,7 +318,7 @@ def function(fn: Callable[[], object], inputs: Sequence, outputs: Sequence,
                        else t for t, s in zip(ts, in_specs, strict=True))
             # Two passes: under jax.jacfwd the tangents are batched, the outputs not.
             outs = f(*xs)
-            touts = pass_(JVP, out_specs + out_specs, *xs, *ts)[len(out_specs):]
+            touts = _marked(pass_(JVP, out_specs + out_specs, *xs, *ts)[len(out_specs):])
             return outs, tuple(touts)
     else:
         raise DifftapeError(f"difftape.interop.jax.function: mode must be 'reverse' or "
@@ -290,7 +326,8 @@ def function(fn: Callable[[], object], inputs: Sequence, outputs: Sequence,
 
     def call(*xs):
         check(xs)
-        return result(f(*xs))
+        program.get().await_passes = _await_passes  # (the program the passes will run on)
+        return result(_marked(tuple(f(*xs))))
 
     call.__name__ = p.name
     call.program = p

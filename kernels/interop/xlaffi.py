@@ -16,6 +16,10 @@ computation (JAX releases the GIL while it waits); calls are serialised by :data
 (re-entrant: a JAX computation run eagerly inside a handled pass, ``interop.jax.call``,
 may call back on the same thread).
 
+A call whose ``target`` attribute is :data:`MARK` runs no pass: it is the side-effecting
+mark (``has_side_effect``) that makes JAX record the computation, so that
+``jax.effects_barrier`` waits for it (``interop/jax.py``).
+
 Errors: an exception in a pass is returned to XLA as an FFI error (``UNKNOWN``) whose text is
 the difftape error's; JAX raises it as ``JaxRuntimeError``.
 
@@ -24,6 +28,7 @@ Nothing here imports jax.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import threading
 import weakref
@@ -34,10 +39,14 @@ import numpy as np
 
 from ..errors import DifftapeError
 
-__all__ = ["Buffer", "Frame", "handler", "register_target", "TARGET"]
+__all__ = ["Buffer", "Frame", "handler", "register_target", "running", "in_pass", "TARGET",
+           "MARK"]
 
 #: the FFI target name registered with XLA (one handler for every difftape function)
 TARGET = "difftape_program"
+
+#: the ``target`` of a call that runs no pass (a mark: see the module doc)
+MARK = -1
 
 API_MAJOR, API_MINOR = 0, 1  # the call frame ABI this module reads (c_api.h)
 _EXTENSION_METADATA = 1
@@ -210,8 +219,10 @@ def _attrs(attrs: Attrs) -> dict[str, int]:
     return out
 
 
-def read_frame(frame: CallFrame, platform: str) -> Frame:
-    """The buffers, attributes and (CUDA) stream of a call frame."""
+def read_frame(frame: CallFrame, platform: str, attrs: dict[str, int] | None = None
+               ) -> Frame:
+    """The buffers, attributes (``attrs`` when read already) and (CUDA) stream of a call
+    frame."""
     stream = None
     if platform == "cuda":
         args = StreamGetArgs(ctypes.sizeof(StreamGetArgs), None, frame.ctx, None)
@@ -220,13 +231,29 @@ def read_frame(frame: CallFrame, platform: str) -> Frame:
             raise DifftapeError("XLA FFI: XLA_FFI_Stream_Get failed (no CUDA stream)")
         stream = int(args.stream or 0) or 1  # (0: the legacy default stream, handle 1)
     return Frame(platform, _buffers(frame.args, "argument"), _buffers(frame.rets, "result"),
-                 _attrs(frame.attrs), stream)
+                 _attrs(frame.attrs) if attrs is None else attrs, stream)
 
 
 # ------------------------------------------------------------------------ dispatch
 _targets: weakref.WeakValueDictionary[int, object] = weakref.WeakValueDictionary()
 _ids = iter(range(1, 1 << 62))
 _lock = threading.RLock()
+_local = threading.local()  # depth: the passes running on this thread
+
+
+@contextlib.contextmanager
+def running():
+    """The block runs a pass (on XLA's thread: the FFI handler, or a host callback)."""
+    _local.depth = getattr(_local, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _local.depth -= 1
+
+
+def in_pass() -> bool:
+    """Is this thread running a pass (its own launches need not wait for passes)?"""
+    return getattr(_local, "depth", 0) > 0
 
 
 def register_target(owner: object) -> int:
@@ -265,8 +292,11 @@ def _handle(pointer: ctypes._Pointer, platform: str) -> int:
             return 0
         ext = ext.contents.next
     try:
-        with _lock:
-            execute(read_frame(frame, platform))
+        attrs = _attrs(frame.attrs)
+        if attrs.get("target") == MARK:
+            return 0
+        with _lock, running():
+            execute(read_frame(frame, platform, attrs))
     except BaseException as e:  # noqa: BLE001 - handed to XLA, which raises it in JAX
         name = type(e).__name__
         return _error(frame, f"difftape ({name}): {e}")

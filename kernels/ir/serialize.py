@@ -82,6 +82,17 @@ class _Encoder:
         return None if s is None else self.ids[s]
 
 
+def _enc_buffer(b: Buffer) -> list:
+    """``[key, dtype, shape, name, element_ndim]``, then a field's ``offset`` when it has
+    one: the bounds checks (compiled where the IR goes: a server, a loaded graph) report the
+    user's index with it. Buffers without one keep their five entries (and their kernels
+    their fingerprints)."""
+    out = [_enc_attr(b.key), b.dtype.name, list(b.shape), b.name, b.element_ndim]
+    if any(b.offset):
+        out.append(list(b.offset))
+    return out
+
+
 def encode(ir: KernelIR, locations: bool = True) -> dict:
     """The kernel as JSON-able data; ``locations``: with the statements' source locations
     (without them, what selects the compiled code: they only feed messages, which are
@@ -90,8 +101,7 @@ def encode(ir: KernelIR, locations: bool = True) -> dict:
     data = {
         "name": ir.name,
         "params": [[p.name, p.dtype.name] for p in ir.params],
-        "buffers": [[_enc_attr(b.key), b.dtype.name, list(b.shape), b.name, b.element_ndim]
-                    for b in ir.buffers],
+        "buffers": [_enc_buffer(b) for b in ir.buffers],
         "returns": [t.name for t in ir.returns],
         "debug": ir.debug,
     }
@@ -155,8 +165,9 @@ def decode(data: dict) -> KernelIR:
     ir = KernelIR(
         name=data["name"],
         params=[Param(n, T.by_name(t)) for n, t in data["params"]],
-        buffers=[Buffer(_dec_attr(k), T.by_name(t), tuple(shape), name, endim)
-                 for k, t, shape, name, endim in data["buffers"]],
+        buffers=[Buffer(_dec_attr(b[0]), T.by_name(b[1]), tuple(b[2]), b[3], b[4],
+                        tuple(b[5]) if len(b) > 5 else ())
+                 for b in data["buffers"]],
         body=[], returns=[T.by_name(t) for t in data["returns"]], debug=data["debug"],
         deterministic=data.get("deterministic", False), fast_math=data.get("fast_math", True),
         overflow_checks=data.get("overflow_checks", False))

@@ -291,9 +291,9 @@ class _Decoder:
         for k, b in enumerate(data):
             path = f"buffers[{k}]"
             self.expect(b, list, path, "a buffer")
-            if len(b) != 5:
-                raise self.fail(path, "a buffer is [key, dtype, shape, name, element_ndim], "
-                                      f"got {len(b)} entries")
+            if len(b) not in (5, 6):
+                raise self.fail(path, "a buffer is [key, dtype, shape, name, element_ndim] "
+                                      f"and a field's offset, got {len(b)} entries")
             key = self.buffer_key(b[0], path + "[0]")
             if key in keys:
                 raise self.fail(path + "[0]", f"buffer key {list(key)} appears twice")
@@ -309,8 +309,28 @@ class _Decoder:
                 raise self.fail(path + "[4]", f"element_ndim must be an integer 0 to "
                                               f"{MAX_ELEMENT_NDIM}, got {_short(endim)}")
             shape = self.shape(b[2], path + "[2]", key[0] == "ndarray", endim)
-            out.append(Buffer(key, dtype, shape, name, endim))
+            offset = self.offset(b[5], path + "[5]", key, shape[:len(shape) - endim]) \
+                if len(b) == 6 else ()
+            out.append(Buffer(key, dtype, shape, name, endim, offset))
         return out
+
+    def offset(self, x: object, path: str, key: tuple, shape: tuple) -> tuple[int, ...]:
+        """A field buffer's ``offset`` (the index of its first element along each field
+        axis): one integer per axis, not all zero (none is written then), the field's index
+        range (end excluded) in i32 (as ``place(offset=)`` requires)."""
+        if key[0] != "field":
+            raise self.fail(path, "only a field's buffer has an offset")
+        self.expect(x, list, path, "an offset")
+        if len(x) != len(shape):
+            raise self.fail(path, f"an offset has one entry per field axis ({len(shape)}), "
+                                  f"got {len(x)}")
+        for k, (o, n) in enumerate(zip(x, shape, strict=True)):
+            if not _is_int(o) or not -MAX_EXTENT - 1 <= o <= MAX_EXTENT - n:
+                raise self.fail(f"{path}[{k}]", f"offsets are integers keeping the indices "
+                                                f"i32 (extent {n}), got {_short(o)}")
+        if not any(x):
+            raise self.fail(path, "an offset of zeros is written as none")
+        return tuple(x)
 
     def buffer_key(self, x: object, path: str) -> tuple:
         entries = x.get("t") if type(x) is dict and len(x) == 1 else None

@@ -1,12 +1,12 @@
 """The compile cache: object code by IR fingerprint, in memory and on disk.
 
 Key: SHA-256 of the serialized, optimized-for-launch IR plus the target fingerprint (CPU model,
-features, vector math variants, llvmlite version) and difftape's version. A second process that
-builds the same IR loads the object file and skips LLVM entirely. For CUDA the entry is the
-PTX, and the cubin ptxas makes of it for the device is a second entry (``.cubin``, keyed by the
-PTX, the compute capability, ptxas's and the driver's versions: ``runtime/cuda.py``), so a warm
-process skips LLVM, ptxas and the driver's JIT. Writes go to a temporary file
-and are renamed into place, so concurrent processes never read a torn entry.
+features, code model, vector math variants, llvmlite version) and difftape's version. A second
+process that builds the same IR loads the object file and skips LLVM entirely. For CUDA the
+entry is the PTX, and the cubin ptxas makes of it for the device is a second entry (``.cubin``,
+keyed by the PTX, the compute capability, ptxas's and the driver's versions:
+``runtime/cuda.py``), so a warm process skips LLVM, ptxas and the driver's JIT. Writes go to a
+temporary file and are renamed into place, so concurrent processes never read a torn entry.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..errors import ArgumentError, DifftapeError
-from . import devicearrays
+from . import devicearrays, program
 from .dlpack import CPU as _DLPACK_CPU
 from .dlpack import DEVICE_NAMES as _DEVICE_NAMES
 from .storage import Storage, shared_array
@@ -128,6 +128,7 @@ class ArrayExchange:
         return shared_array(self.storage, "__dlpack__")
 
     def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        program.get().wait_for_passes()  # (the consumer reads the storage as it is now)
         if self._device_storage() is not None:
             return devicearrays.export(self.storage, stream, max_version, dl_device, copy)
         kwargs = {k: v for k, v in (("stream", stream), ("max_version", max_version),
@@ -146,6 +147,7 @@ class ArrayExchange:
 
         if device is not None and not kwargs and self._device_storage() is not None and \
                 torch.device(device).type == "cuda":
+            program.get().wait_for_passes()  # (to_numpy waits on the host path)
             copy = devicearrays.device_copy(self.storage)
             ordinal = copy._owner.memory.ordinal
             capsule = devicearrays.export(
@@ -166,10 +168,14 @@ class ArrayExchange:
         self.from_numpy(as_numpy(tensor, "the tensor"))
 
     def to_jax(self, **kwargs):
-        """A new JAX array holding a copy (on a grid program, on the device by DLPack)."""
-        if not kwargs and self._device_storage() is not None:
-            import jax
+        """A new JAX array holding a copy, on JAX's default device: from a grid program to a
+        JAX on the GPU, copied on the device and handed over by DLPack; to a JAX without a
+        GPU backend (its default device the CPU), through the host, as ``to_torch()``."""
+        import jax
 
+        if not kwargs and self._device_storage() is not None and \
+                jax.default_backend() == "gpu":
+            program.get().wait_for_passes()  # (to_numpy waits on the host path)
             return jax.dlpack.from_dlpack(
                 devicearrays.DeviceExport(devicearrays.device_copy(self.storage)))
         import jax.numpy as jnp
@@ -184,6 +190,7 @@ class ArrayExchange:
         self.from_numpy(as_numpy(array, "the JAX array"))
 
     def _copy_device_array(self, a, what: str) -> None:
+        program.get().wait_for_passes()  # (from_numpy waits on the host path)
         storage = self.storage
         with devicearrays.borrowed(a, storage._owner, what) as source:
             if source.shape != storage.shape:

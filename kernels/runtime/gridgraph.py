@@ -181,14 +181,20 @@ class GridGraph:
 def run_packed(kernel: GridKernel, ctx: np.ndarray) -> None:
     """One launch of ``kernel`` over the grid from a packed launch context ``ctx``, as the
     eager launch runs it after packing (synchronous kernels wait; a failed check raises the
-    CPU's error here)."""
+    CPU's error here). The kernel's host context is its eager launches' template (the field
+    addresses are packed into it once, when it is compiled), so it gets its own values back
+    afterwards: a graph's context may address other fields (an input bound to another)."""
+    own = kernel.host.copy()
     kernel.begin()
     np.copyto(kernel.host, ctx)
     lay = kernel.layout
-    for task in kernel.tasks:
-        task()
-        code = int(kernel.host[lay.err_code])
-        if code:
-            words = kernel.host[lay.err_value:lay.err_value + lay.err_values].tolist()
-            kernel.host[lay.err_code] = 0
-            raise_error_word(kernel.messages, code, words, kernel.ir.name)
+    try:
+        for task in kernel.tasks:
+            task()
+            code = int(kernel.host[lay.err_code])
+            if code:
+                words = kernel.host[lay.err_value:lay.err_value + lay.err_values].tolist()
+                kernel.host[lay.err_code] = 0
+                raise_error_word(kernel.messages, code, words, kernel.ir.name)
+    finally:
+        np.copyto(kernel.host, own)

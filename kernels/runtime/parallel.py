@@ -1024,13 +1024,11 @@ def _native_source(triple: str) -> str:
 def _native():
     """Compile the scheduler once per process: (engine, worker fn, run fn, serial fn, graph
     fn, stop fn)."""
-    import llvmlite.binding as llvm
-
     target = get_target()
     libc = ctypes.CDLL(None)
     for name in ("usleep", "syscall", "clock_gettime") + (
             ("sched_getcpu",) if _steering_syscall() is not None else ()):
-        llvm.add_symbol(f"dt_{name}", ctypes.cast(getattr(libc, name), ctypes.c_void_p).value)
+        target.bind_symbol(f"dt_{name}", ctypes.cast(getattr(libc, name), ctypes.c_void_p).value)
     text = _native_source(target.triple)
     key = hashlib.sha256((text + target.fingerprint).encode()).hexdigest()
     directory = cache.cache_dir()

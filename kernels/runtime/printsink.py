@@ -55,6 +55,12 @@ class PrintSink:
             self._words = words
 
     @property
+    def footprint(self) -> int:
+        """Bytes it holds once allocated (the header and the text), for a quota's check
+        before :meth:`allocate`."""
+        return 8 * (_WORDS + -(-self.capacity // 8))
+
+    @property
     def nbytes(self) -> int:
         """Bytes it holds (0 until allocated)."""
         return 0 if self._words is None else self._words.nbytes

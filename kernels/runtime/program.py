@@ -360,6 +360,13 @@ class Program:
         self.profile: list[tuple[str, float, float]] = []
         # Seconds spent compiling kernels (frontend to loaded code), as Taichi reports it.
         self.compile_seconds = 0.0
+        # Set by a bridge that runs passes of this program later, on another thread (JAX's
+        # FFI calls run when XLA executes the computation, after the JAX call returned:
+        # interop/jax.py): called before each operation of the program from Python (a
+        # launch, a host read or write of storage, a Tape, a graph replay) to wait until the
+        # passes dispatched so far have run, so that they happen in the order written.
+        # None in a program without such a bridge: one test per operation.
+        self.await_passes: Callable[[], None] | None = None
 
     @property
     def print_sink(self) -> PrintSink | None:
@@ -388,10 +395,18 @@ class Program:
             self._pool = ThreadPool(self.num_threads)
         return self._pool
 
+    def wait_for_passes(self) -> None:
+        """Wait for the passes a bridge dispatched and has not run yet (``await_passes``)
+        before an operation of the program."""
+        if self.await_passes is not None:
+            self.await_passes()
+
     def zero(self, storage: Storage) -> None:
         """Zero a field's or ndarray's storage; in host memory large ones on all cores
         (clearing gradients between iterations is memory-bound, and one core cannot saturate
         memory bandwidth); in device memory with a device memset."""
+        if self.await_passes is not None:
+            self.await_passes()
         if self.capture is not None:  # inside ti.graph.capture(): recorded, not run
             self.capture.zero(storage)
             return

@@ -13,7 +13,8 @@ router = APIRouter(prefix="/v1/sessions", tags=["sessions"], responses=PROBLEM_R
 def _info(row) -> SessionInfo:
     return SessionInfo(session_id=row["id"], arch=row["arch"], state=row["state"],
                        field_bytes=row["field_bytes"], created=row["created"],
-                       last_activity=row["last_activity"], lost_reason=row["lost_reason"])
+                       last_activity=row["last_activity"], lost_reason=row["lost_reason"],
+                       scratch_bytes=row["scratch_bytes"])
 
 
 @router.post("", status_code=201, response_model=SessionInfo)

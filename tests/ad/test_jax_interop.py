@@ -2,6 +2,9 @@
 order, reverse) and custom_jvp (forward), checked with jax.test_util.check_grads in f64 and
 against the same computation written in JAX, under jax.jit."""
 
+import threading
+import time
+
 import numpy as np
 import pytest
 from interop_programs import sin_roll_program
@@ -200,12 +203,14 @@ def _cube_program(ti, seen):
             b[i] = a[i] * a[i] * a[i]
 
     def program():
-        seen.append((a.storage.array.ctypes.data, b.storage.array.ctypes.data))
+        if seen is not None:  # (where the kernels' arrays are: host storage only)
+            seen.append((a.storage.array.ctypes.data, b.storage.array.ctypes.data))
         cube(a, b)
 
     return program, a, b
 
 
+@pytest.mark.host_memory  # (device storage takes copies, see docs/interop.md)
 @pytest.mark.parametrize("jit", [False, True])
 def test_ffi_passes_read_and_write_xlas_buffers_in_place(ti64, jit):
     """Zero-copy: the kernels read the input array's own buffer and write the result
@@ -312,16 +317,18 @@ def test_ffi_pass_errors_reach_jax_with_difftapes_message(ti64):
     and how to fix it."""
     from difftape.interop.jax import function
 
-    program, a, b = _cube_program(ti64, [])
+    program, a, b = _cube_program(ti64, None)
     g = function(program, [a], [b], mode="forward")
     x = jnp.asarray(_args(11)[0])
     with pytest.raises(Exception, match="ti.ndarray has no tangent"):
         jax.block_until_ready(jax.jvp(g, (x,), (x,)))
 
 
+@pytest.mark.host_memory  # (device storage holds a copy of the input: writing it is allowed)
 def test_ffi_program_writing_its_input_is_refused(ti64):
     """XLA's argument buffers are JAX arrays (immutable, maybe shared): a program whose
-    kernel writes an input is refused, and the array is unchanged."""
+    kernel writes an input is refused, and the array is unchanged. (Where the program's
+    storage is device memory the input is copied in, and the copy may be written.)"""
     from difftape.interop.jax import function
 
     a = ti64.ndarray(ti64.f64, N, needs_grad=True)
@@ -374,3 +381,112 @@ def test_ffi_backward_reads_ndarray_outputs_where_xla_keeps_them(ti64, jit):
     for k in range(3):  # (each call may get other buffers)
         xk = x + k
         np.testing.assert_allclose(step(xk), jax.grad(ref)(xk), rtol=1e-13)
+
+
+# ---------------------------------------------------------------------------------------------
+# Asynchronous dispatch: a pass runs on XLA's thread after the JAX call has returned; the
+# program's later operations on the caller's thread wait for it (docs/interop.md)
+
+PASS_DELAY = 0.25  # s: the pass sleeps first (a slow pass), so the caller's next step is early
+
+
+def _slow_square(ti, passes):
+    """y = x * x, a program that records the thread each pass runs on and sleeps before
+    launching; a kernel and field accesses for the caller's later steps."""
+    x = ti.field(ti.f64, N, needs_grad=True, needs_dual=True)
+    y = ti.field(ti.f64, N, needs_grad=True, needs_dual=True)
+
+    @ti.kernel
+    def square():
+        for i in x:
+            y[i] = x[i] * x[i]
+
+    @ti.kernel
+    def set_y(v: ti.f64):
+        for i in y:
+            y[i] = v
+
+    def program():
+        passes.append(threading.get_ident())
+        time.sleep(PASS_DELAY)
+        square()
+
+    return program, x, y, set_y
+
+
+def _dispatched(ti, transform, passes, graph=False):
+    """Run the difftape function under ``transform`` in a computation XLA runs on its own
+    thread (a matrix product makes it too costly to run inline), returning as soon as JAX
+    has dispatched it: (the un-waited results, what they must be, the program's fields and
+    the kernel setting y; with ``graph`` a graph of ``set_y(7.0)`` captured before the
+    call instead)."""
+    from difftape.interop.jax import function
+
+    program, x, y, set_y = _slow_square(ti, passes)
+    a = jnp.asarray(_args(14)[0])
+    t = jnp.asarray(_args(15)[0])
+    m = jnp.ones((200, 200))
+    late = lambda a, m: a + 0.0 * jnp.sum(m @ m)  # noqa: E731 (a, once the product is done)
+    if transform == "jit":
+        f = function(program, [x], [y])
+        run = jax.jit(lambda a, m: f(late(a, m)))
+        want = np.asarray(a) ** 2
+    elif transform == "grad":
+        f = function(program, [x], [y])
+        run = jax.jit(jax.grad(lambda a, m: jnp.sum(f(late(a, m)) * t)))
+        want = 2 * np.asarray(a) * np.asarray(t)
+    else:  # forward mode
+        g = function(program, [x], [y], mode="forward")
+        run = jax.jit(lambda a, m: jax.jvp(g, (late(a, m),), (t,))[1])
+        want = 2 * np.asarray(a) * np.asarray(t)
+    jax.block_until_ready(run(a, m))  # (compiled, and the program's kernels too)
+    passes.clear()
+    if graph:
+        with ti.graph.capture() as g:
+            set_y(7.0)
+        set_y = g
+    return run(a, m), want, np.asarray(a) ** 2, x, y, set_y
+
+
+@pytest.mark.parametrize("transform", ["jit", "grad", "jvp"])
+@pytest.mark.parametrize("then", ["launch", "graph", "from_numpy", "setitem", "input",
+                                  "to_numpy", "getitem",
+                                  # (NumPy imports host memory only)
+                                  pytest.param("dlpack", marks=pytest.mark.host_memory)])
+def test_later_steps_of_the_program_wait_for_a_dispatched_pass(ti64, transform, then):
+    """What the caller does with the program after the JAX call returns happens after the
+    call's passes, in the order written, though they run later on XLA's thread: a launch
+    or a write of the output is not overwritten by the pass, a read sees the pass's result,
+    and an input written afterwards is not the one the pass read."""
+    passes = []
+    r, want, ys, x, y, set_y = _dispatched(ti64, transform, passes, graph=then == "graph")
+    if then == "to_numpy":
+        seen = y.to_numpy()
+    elif then == "getitem":
+        seen = np.array([y[i] for i in range(N)])
+    elif then == "dlpack":  # (the storage itself, shared)
+        seen = np.from_dlpack(y).copy()
+    else:
+        if then == "launch":
+            set_y(7.0)
+        elif then == "graph":
+            set_y.replay()
+        elif then == "from_numpy":
+            y.from_numpy(np.full(N, 7.0))
+        elif then == "setitem":
+            y[1] = 7.0
+        else:
+            x.from_numpy(np.full(N, 3.0))
+        jax.block_until_ready(r)
+        seen = y.to_numpy()
+    assert passes and threading.get_ident() not in passes  # (ran on XLA's thread)
+    np.testing.assert_allclose(np.asarray(r), want, rtol=1e-13)
+    if then in ("launch", "graph", "from_numpy"):
+        np.testing.assert_array_equal(seen, np.full(N, 7.0))
+    elif then == "setitem":
+        np.testing.assert_array_equal(seen, np.where(np.arange(N) == 1, 7.0, ys))
+    else:
+        np.testing.assert_allclose(seen, ys, rtol=1e-15)
+    if then == "input":
+        np.testing.assert_array_equal(x.to_numpy(), np.full(N, 3.0))
+

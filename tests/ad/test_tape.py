@@ -445,6 +445,38 @@ def test_tape_grad_check_passes_on_correct_program(ti):
     np.testing.assert_array_equal(x.to_numpy(), xs)  # the checker restores the fields
 
 
+@pytest.mark.difftape_only
+def test_tape_grad_check_names_the_users_index_of_an_offset_field(ti):
+    """A wrong gradient is reported at the element's index as the program writes it (the
+    field's offset added), not at its place in storage."""
+    x = ti.Vector.field(2, ti.f64, shape=3, offset=-1, needs_grad=True)
+    loss = ti.field(ti.f64, (), needs_grad=True)
+
+    @ti.kernel
+    def run():
+        for i in x:
+            loss[None] += x[i][0] * x[i][1] * (i + 2)
+
+    @ti.ad.grad_replaced
+    def forward():
+        run()
+
+    @ti.ad.grad_for(forward)
+    def backward():  # deliberately wrong at x[1][1] (storage row 2)
+        run.grad()
+        g = x.grad.to_numpy()
+        g[2, 1] += 1.0
+        x.grad.from_numpy(g)
+
+    x.from_numpy(np.arange(1.0, 7.0).reshape(3, 2))
+    with pytest.raises(ti.ad.GradientCheckError) as info:
+        with ti.ad.Tape(loss, grad_check=[x]):
+            forward()
+    msg = str(info.value)
+    assert "x[1, 1]: gradient 16, finite difference 15" in msg, msg  # 3 * x[1][0], plus 1
+    assert msg.count("gradient ") == 1, msg  # the only wrong entry
+
+
 # ------------------------------------------------------------------------ Tape semantics
 
 

@@ -1,6 +1,7 @@
 """Compiler internals: the pass pipeline, the op table, serialization, codegen properties and
 the on-disk cache. These check difftape's own machinery, so they run on difftape only."""
 
+import ctypes
 import json
 import os
 import re
@@ -15,7 +16,7 @@ import pytest
 
 import difftape as ti
 from difftape.codegen import llvm_lowering
-from difftape.codegen.cpu import get_target
+from difftape.codegen.cpu import defined_shift_lanes, get_target
 from difftape.codegen.layout import ctx_layout
 from difftape.codegen.optimize import module_options
 from difftape.ir import serialize
@@ -507,3 +508,46 @@ def test_adjoint_sums_add_no_zeros(prog):
     for _ in range(3):
         dw = dw * 0.5 + dt
     np.testing.assert_allclose(x.grad.to_numpy(), dw, rtol=1e-5, atol=1e-6)
+
+
+#: A blend of an ``and`` and an ``ashr`` whose unused lanes shift by more than the element
+#: width (as SLP makes of ``zext(trunc)`` and ``sext(trunc)``), the shift also read alone.
+_BLEND_OF_SHIFT = """
+define void @blend(ptr noalias %p, ptr noalias %q, ptr noalias %e) {
+  %x = load <4 x i64>, ptr %p, align 8
+  %a = and <4 x i64> %x, <i64 255, i64 poison, i64 4294967295, i64 poison>
+  %s = ashr exact <4 x i64> %x, <i64 255, i64 56, i64 4294967295, i64 32>
+  %r = shufflevector <4 x i64> %a, <4 x i64> %s, <4 x i32> <i32 0, i32 5, i32 2, i32 7>
+  store <4 x i64> %r, ptr %q, align 8
+  %s1 = extractelement <4 x i64> %s, i64 1
+  store i64 %s1, ptr %e, align 8
+  ret void
+}
+"""
+
+
+def test_out_of_range_shift_lanes_never_leak_into_a_blend():
+    """LLVM 22's x86 backend took the poison lanes of a shift by a constant >= the width
+    for zeros and made the blend an OR; the shift instruction fills them with the sign, so the
+    ``and``'s lanes came out -1 for negative inputs (AVX-512: vpsravq + vpternlogq). The
+    compiled code must blend: those lanes are made shifts by 0 before code generation."""
+    target = get_target()
+    obj = target.compile(f'target triple = "{target.triple}"\n' + _BLEND_OF_SHIFT)
+    engine, names = target.load(obj, ["blend"])
+    fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)(names["blend"])
+    x = np.array([-5, -7 << 56, -9, -11 << 32], np.int64)
+    out, lane1 = np.zeros(4, np.int64), np.zeros(1, np.int64)
+    fn(x.ctypes.data, out.ctypes.data, lane1.ctypes.data)
+    assert out.tolist() == [x[0] & 0xFF, -7, x[2] & 0xFFFFFFFF, -11]
+    assert lane1[0] == -7
+
+
+def test_defined_shift_lanes_rewrites_only_out_of_range_constant_lanes():
+    text = ("  %a = shl nuw <2 x i32> <i32 1, i32 2>, <i32 3, i32 -1>\n"
+            "  %b = lshr <2 x i8> %x, <i8 7, i8 poison>\n"
+            "  %c = ashr exact <2 x i16> splat (i16 3), <i16 16, i16 15>, !dbg !4\n"
+            "  %d = ashr <2 x i64> %y, %z\n")
+    assert defined_shift_lanes(text) == text.replace("i32 -1>", "i32 0>").replace(
+        "<i16 16,", "<i16 0,")
+    assert defined_shift_lanes(text.replace("i32 -1", "i32 31").replace("i16 16", "i16 0")) \
+        is None

@@ -356,6 +356,39 @@ def test_ndarray_buffers_are_a_parameter(corpus):
     np.testing.assert_array_equal(arr, 3.0)
 
 
+def test_field_offsets_travel_with_their_buffers(corpus):
+    """A field's offset= is part of its buffer on the wire (the IR indexes from 0; the
+    bounds checks compiled where it arrives report the user's index with it)."""
+    x = ti.field(ti.f32, shape=8, offset=-4)
+    y = ti.Vector.field(2, ti.f32, shape=(2, 3), offset=(0, 7))
+    z = ti.field(ti.f32, shape=8)
+
+    @ti.kernel
+    def poke(i: ti.i32):
+        x[i] = z[i % 8] + y[1, 9][1]
+
+    data = _wire(serialize.encode(poke.build_ir(program.get(), ())))
+    assert {b[3]: b[4:] for b in data["buffers"]} == {"x": [0, [-4]], "z": [0],
+                                                      "y": [1, [0, 7]]}
+    ir = decode_untrusted(data)
+    assert {b.name: b.offset for b in ir.buffers} == {"x": (-4,), "z": (), "y": (0, 7)}
+    assert serialize.encode(ir) == data
+    assert serialize.decode(data).buffers == ir.buffers
+    compiled = _compile_decoded(ir)
+    compiled.launch((-4,))
+    with pytest.raises(ti.IndexOutOfRangeError, match=r"index 4 out of range for axis 0 of "
+                                                      r"'x' with shape \(8,\) and offset "
+                                                      r"\(-4,\)"):
+        compiled.launch((4,))
+    nd = copy.deepcopy(data)
+    (k,) = [k for k, b in enumerate(nd["buffers"]) if b[3] == "x"]
+    nd["buffers"][k][0]["t"][:2] = ["ndarray", 0]
+    nd["buffers"][k][2] = [None]
+    with pytest.raises(IRValidationError, match=rf"buffers\[{k}\]\[5\]: only a field's "
+                                                "buffer has an offset"):
+        decode_untrusted(nd, allow_ndarray=True)
+
+
 @settings(max_examples=12, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(expr=_expr(), shape=st.sampled_from(["line", "branch", "loop"]))
@@ -486,6 +519,20 @@ def _mutations():
          "element_ndim must be an integer 0 to 2")
     case("element_ndim > ndim", lambda d: _set(d, ("buffers", 0, 4), 2), r"buffers\[0\]\[2\]",
          "element_ndim 2")
+    # A field's offset= (the index of its first element), a sixth entry where there is one.
+    case("offset", lambda d: d["buffers"][0].append([-4]), None, None)  # allowed
+    case("offset zeros", lambda d: d["buffers"][0].append([0]), r"buffers\[0\]\[5\]",
+         "an offset of zeros is written as none")
+    case("offset axes", lambda d: d["buffers"][0].append([1, 2]), r"buffers\[0\]\[5\]",
+         r"one entry per field axis \(1\), got 2")
+    case("offset float", lambda d: d["buffers"][0].append([1.5]), r"buffers\[0\]\[5\]\[0\]",
+         "offsets are integers")
+    case("offset past i32", lambda d: d["buffers"][0].append([2**31 - 8]),
+         r"buffers\[0\]\[5\]\[0\]", r"keeping the indices i32 \(extent 8\)")
+    case("offset below i32", lambda d: d["buffers"][0].append([-2**31 - 1]),
+         r"buffers\[0\]\[5\]\[0\]", "keeping the indices i32")
+    case("seven entries", lambda d: d["buffers"][0].extend([[1], 0]), r"buffers\[0\]",
+         "a buffer is .* got 7 entries")
     case("too many buffers", lambda d: _set(d, "buffers", d["buffers"] * 2), "buffers",
          "6 buffers, at most 4", max_buffers=4)
     case("statement shape", lambda d: L(d).append(["load", "f32"]),

@@ -22,10 +22,12 @@ pytestmark = pytest.mark.difftape_only
 ROOT = Path(__file__).resolve().parents[2]
 #: control flow and loops (stacks in the adjoints), atomics and random numbers, scatter
 #: privatization, the Tape, sparse activity written by kernels and by Python scope (storage
-#: synced both ways); ~70 s on a busy 2-core machine with a cold cache
+#: synced both ways), PyTorch and JAX arrays in and out of device storage; ~70 s on a busy
+#: 2-core machine with a cold cache
 SUBSET = ["tests/lang/test_loops.py", "tests/lang/test_random_atomics.py",
           "tests/lang/test_scatter.py", "tests/lang/test_sparse.py", "tests/ad/test_control.py",
-          "tests/ad/test_tape.py", "tests/lang/test_graph.py", "tests/ad/test_graph_ad.py"]
+          "tests/ad/test_tape.py", "tests/lang/test_graph.py", "tests/ad/test_graph_ad.py",
+          "tests/lang/test_foreign_arrays.py"]
 GRID = "3,7"
 
 

@@ -53,6 +53,33 @@ def test_runtime_results_flush_copies_keep(ti, name):
     assert np.signbit(got[4])
 
 
+@pytest.mark.parametrize("name", ("f32", "f64"))
+def test_bit_cast_of_a_constant_keeps_a_subnormal(ti, name):
+    """ti.bit_cast of an integer constant moves its bits: a subnormal stays, through locals and
+    vectors, as when the integer is a runtime value (it was folded into a float constant that
+    the flush-to-zero mode zeroed; found by the areas fuzzer)."""
+    dt, it = getattr(ti, name), ti.i32 if name == "f32" else ti.i64
+    c = ti.field(dt, shape=5)
+    back = ti.field(it, shape=2)
+
+    @ti.kernel
+    def run(k: it):
+        x = ti.bit_cast(it(5), dt)
+        c[0] = x
+        c[1] = ti.bit_cast(it(7), dt)
+        v = ti.Vector([ti.bit_cast(it(9), dt), 1.0])
+        c[2] = v[0]
+        c[3] = ti.bit_cast(k, dt)
+        c[4] = x + x  # arithmetic on it: flushed
+        back[0] = ti.bit_cast(x, it)
+        back[1] = ti.bit_cast(ti.bit_cast(k, dt), it)
+
+    run(3)
+    bits = c.to_numpy().view(np.int32 if name == "f32" else np.int64)
+    assert bits.tolist() == [5, 7, 9, 3, 0]
+    assert back.to_numpy().tolist() == [5, 3]
+
+
 def test_returned_products_flush(ti):
     @ti.kernel
     def mul(x: ti.f32, y: ti.f32) -> ti.f32:

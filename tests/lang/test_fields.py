@@ -526,6 +526,47 @@ def test_python_scope_misuses_of_a_field_are_errors(ti):
     assert v[2][1] == 1
 
 
+def test_copy_from_converts_between_dtypes_as_an_assignment(ti):
+    """copy_from between fields of different dtypes converts each element as a kernel's
+    assignment does (Taichi copies in a kernel): floats truncate to integers, integers wrap,
+    f64 rounds to f32 (difftape refused every float -> integer and signed -> unsigned copy with
+    NumPy's casting error; found by the areas fuzzer). Another shape is refused."""
+    f = ti.field(ti.f32, shape=4)
+    i = ti.field(ti.i32, shape=4)
+    u = ti.field(ti.u8, shape=4)
+    d = ti.field(ti.f64, shape=4)
+    fv = np.array([3.7, -3.7, 1e5, -0.5], np.float32)
+    f.from_numpy(fv)
+    i.copy_from(f)
+    np.testing.assert_array_equal(i.to_numpy(), np.trunc(fv).astype(np.int32))
+    iv = np.array([-1, 300, 70000, -129], np.int32)
+    i.from_numpy(iv)
+    u.copy_from(i)
+    np.testing.assert_array_equal(u.to_numpy(), iv % 256)
+    d.copy_from(i)
+    np.testing.assert_array_equal(d.to_numpy(), iv.astype(np.float64))
+    dv = np.array([1.0000001, 0.1, -2.5, 1e-3])
+    d.from_numpy(dv)
+    f.copy_from(d)
+    np.testing.assert_array_equal(f.to_numpy(), dv.astype(np.float32))
+    mf = ti.Matrix.field(2, 2, ti.f32, shape=2)
+    mi = ti.Matrix.field(2, 2, ti.i32, shape=2)
+    mv = np.arange(8, dtype=np.float32).reshape(2, 2, 2) * 1.5 - 4
+    mf.from_numpy(mv)
+    mi.copy_from(mf)
+    np.testing.assert_array_equal(mi.to_numpy(), np.trunc(mv).astype(np.int32))
+    with pytest.raises(ValueError):
+        ti.field(ti.f32, shape=5).copy_from(f)
+
+
+@pytest.mark.difftape_only
+def test_copy_from_refuses_other_element_shapes(ti):
+    """A scalar field's values are not broadcast into a matrix field of the same shape."""
+    m = ti.Matrix.field(2, 2, ti.f32, shape=2)
+    with pytest.raises(ti.ShapeError, match=r"elements \(2, 2\).*\(2,\), \(\)"):
+        m.copy_from(ti.field(ti.f32, shape=2))
+
+
 @pytest.mark.parametrize("companion", ["needs_grad", "needs_dual"])
 def test_integer_fields_cannot_have_gradients(ti, companion):
     """A .grad/.dual of an integer field (scalar, vector, matrix, or an integer member of a

@@ -187,6 +187,43 @@ def test_field_inputs_are_swapped_for_fields_of_the_same_kind(ti):
 
 
 @difftape_only
+def test_deactivating_every_cell_inside_a_capture_is_a_step_of_the_graph(ti):
+    """SNode.deactivate_all() in Python scope inside the capture clears the cells where it
+    stands in the step, at each replay (it ran once, while capturing, before any launch:
+    bench/fuzz_graph.py)."""
+    d = ti.field(ti.i32)
+    ti.root.dynamic(ti.i, 32, chunk_size=4).place(d)
+    p = ti.field(ti.i32)
+    blk = ti.root.pointer(ti.i, 4)
+    blk.dense(ti.i, 4).place(p)
+    c = ti.field(ti.i32, shape=4)
+
+    @ti.kernel
+    def fill():
+        for i in range(5):
+            ti.append(d.parent(), [], i)
+        for i in range(16):
+            p[i] = i
+
+    @ti.kernel
+    def count(k: ti.i32):
+        c[k] = ti.length(d.parent(), [])
+        for i in p:
+            c[k + 1] += p[i] * 0 + 1
+
+    def step():
+        c.fill(0)
+        fill()
+        count(0)
+        d.parent().deactivate_all()
+        blk.deactivate_all()
+        count(2)
+
+    assert_replay_matches_eager(ti, step, repeats=2)
+    np.testing.assert_array_equal(c.to_numpy(), [5, 16, 0, 0])
+
+
+@difftape_only
 def test_host_reads_inside_a_capture_are_refused_naming_the_line(ti):
     x = ti.field(ti.f32, shape=4)
     nd = ti.ndarray(ti.f32, shape=4)
@@ -506,6 +543,52 @@ def test_loading_validates_a_graph_file_from_elsewhere(ti, tmp_path):
     np.testing.assert_array_equal(x.to_numpy(), np.full(8, 2.0))
     with pytest.raises(ti.GraphError, match="must be a dense field"):
         ti.graph.load(str(path), fields={"x": ti.field(ti.f32, shape=9)})
+
+
+@difftape_only
+def test_a_saved_graph_keeps_its_fields_offsets(ti, tmp_path):
+    """Its kernels index from a field's offset=: the field a load makes has it (Python scope
+    and the bounds checks count from it), and a field given for it must have it."""
+    import json
+
+    x = ti.field(ti.f32, shape=6, offset=-3, name="x")
+    v = ti.Vector.field(2, ti.f32, shape=(2, 3), offset=(4, -1), name="v")
+
+    @ti.kernel
+    def step(a: ti.f32):
+        for i in x:
+            x[i] += a * i
+        for i, j in v:
+            v[i, j] = ti.Vector([x[i - 6], x[j]])
+
+    with ti.graph.capture() as g:
+        step(g.input("a", 1.0))
+    path = str(tmp_path / "g.json")
+    g.save(path)
+    doc = json.loads(open(path).read())
+    assert sorted(f.get("offset") for f in doc["fields"].values()) == [[-3], [4, -1]]
+    loaded = ti.graph.load(path)
+    lx, lv = loaded.fields["x"], loaded.fields["v"]
+    assert (lx.offset, lv.offset) == ((-3,), (4, -1))
+    lx[-3] = 10.0
+    loaded.replay(a=2.0)
+    want = np.array([4.0, -4.0, -2.0, 0.0, 2.0, 4.0], np.float32)  # x[i] = 2 * i, x[-3] + -6
+    np.testing.assert_array_equal(lx.to_numpy(), want)
+    assert lx[-3] == 4.0 and list(lv[5, 1]) == [want[2], want[4]]
+    with pytest.raises(ti.GraphError, match=r"offset \(-3,\)"):
+        ti.graph.load(path, fields={"x": ti.field(ti.f32, shape=6, name="x")})
+    loaded = ti.graph.load(path, fields={"x": x})
+    x.fill(1.0)
+    loaded.replay()
+    np.testing.assert_array_equal(x.to_numpy(), 1.0 + np.arange(-3, 3))
+    (fid,) = [k for k, f in doc["fields"].items() if f["label"] == "x"]
+    for bad, match in (([2**31 - 6], "does not fit in i32"), ([0], "zeros"),
+                       ([1, 2], "one integer per axis"), (["1"], "must be an integer")):
+        doc["fields"][fid]["offset"] = bad
+        with open(path, "w") as fh:
+            json.dump(doc, fh)
+        with pytest.raises(ti.GraphError, match=match):
+            ti.graph.load(path)
 
 
 @difftape_only

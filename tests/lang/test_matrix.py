@@ -526,6 +526,30 @@ def test_negative_slice_bounds_are_refused_in_kernels(ti):
         foo(0)
 
 
+def test_python_lists_slice_as_in_python_in_kernels(ti):
+    """A Python list in a kernel (of fields under ti.static, or of values) is sliced as Python
+    slices it, negative bounds and steps included; only vectors' slices refuse them (found by
+    the areas fuzzer: ``ti.static([a, b, c][::-1])`` was refused)."""
+    fs = [ti.field(ti.i32, shape=2) for _ in range(3)]
+    out = ti.field(ti.i32, shape=4)
+
+    @ti.kernel
+    def run():
+        for q, f in ti.static(enumerate(fs[::-1])):
+            f[0] = q + 1
+        for f in ti.static(fs[-2:]):
+            f[1] = 7
+        vals = [10, 20, 30, 40]
+        out[0] = vals[::-1][0]
+        out[1] = vals[-3:-1][1]
+        out[2] = vals[::-2][1]
+        out[3] = ti.static([1, 2, 3][:-1])[1]
+
+    run()
+    assert [f.to_numpy().tolist() for f in fs] == [[3, 0], [2, 7], [1, 7]]
+    np.testing.assert_array_equal(out.to_numpy(), [40, 30, 20, 2])
+
+
 @pytest.mark.difftape_only
 def test_slicing_a_field_in_a_kernel_is_refused(ti):
     x = ti.field(ti.i32, shape=3)

@@ -195,6 +195,36 @@ def test_offset_under_sparse_snodes_is_refused(ti):
         ti.root.dense(ti.i, 4).place(x, offset=(1, 2))
 
 
+@pytest.mark.difftape_only
+def test_offset_indices_must_be_i32(ti):
+    """Kernels index fields with i32: a field whose indices (offset added) do not all fit is
+    refused where it is made (Taichi 1.7.4 takes one and its indices wrap around), and one
+    reaching the ends of the range works."""
+    with pytest.raises(ti.ShapeError, match=r"index range 2147483644 \.\. 2147483652 \(end "
+                                            r"excluded\) does not fit in i32"):
+        ti.field(ti.f32, shape=8, offset=2**31 - 4)
+    with pytest.raises(ti.ShapeError, match="does not fit in i32"):
+        ti.Vector.field(2, ti.f32, shape=(2, 4), offset=(0, -2**31 - 1))
+    x = ti.field(ti.f32)
+    with pytest.raises(ti.ShapeError, match="does not fit in i32"):
+        ti.root.dense(ti.i, 4).place(x, offset=2**31 - 4)
+    lo = ti.field(ti.i64, shape=4, offset=-2**31)
+    hi = ti.field(ti.i64, shape=4, offset=2**31 - 5)
+    ti.root.dense(ti.i, 4).place(x, offset=7)
+
+    @ti.kernel
+    def fill():
+        for i in lo:
+            lo[i] = i
+        for i in hi:
+            hi[i] = i
+
+    fill()
+    np.testing.assert_array_equal(lo.to_numpy(), -2**31 + np.arange(4))
+    np.testing.assert_array_equal(hi.to_numpy(), 2**31 - 5 + np.arange(4))
+    assert lo[-2**31] == -2**31 and hi[2**31 - 2] == 2**31 - 2
+
+
 def test_gradients_through_offset_fields(ti, fp, rtol):
     n, off = 6, -3
     x = ti.field(fp, shape=n, offset=off, needs_grad=True)

@@ -447,6 +447,54 @@ def test_gradients_through_a_sparse_intermediate_both_modes(ti):
     assert loss.dual[None] == pytest.approx(float(np.sum(6 * (3 * xs[active] + 1))))
 
 
+def test_reading_inactive_cells_leaves_no_stale_gradient(ti):
+    """A kernel reading every cell of a sparse field, inactive ones too (0), under the Tape:
+    after ``s.grad.fill(0)`` every gradient reads 0, so a later backward pass that activates
+    more cells computes the right gradient. (The adjoint of the read added into the grad of
+    inactive cells without activating them, which fill(), writing active cells only, then
+    left: a kernel read 2.6 instead of 0 and the second gradient was 3x instead of 2x.)"""
+    x = ti.field(ti.f64, shape=8, needs_grad=True)
+    loss = ti.field(ti.f64, shape=(), needs_grad=True)
+    s = ti.field(ti.f64)
+    ti.root.pointer(ti.i, 4).dense(ti.i, 2).place(s, s.grad)
+
+    @ti.kernel
+    def k1(m: ti.i32):
+        for i in range(8):
+            if i < m:
+                s[i] = x[i] * 2.0
+
+    @ti.kernel
+    def k2():
+        for i in range(8):
+            loss[None] += s[i] * x[i]
+
+    @ti.kernel
+    def grad_total() -> ti.f64:
+        t = 0.0
+        for i in range(8):
+            t += ti.abs(s.grad[i])
+        return t
+
+    xs = np.linspace(0.1, 0.8, 8)
+    x.from_numpy(xs)
+    with ti.ad.Tape(loss):
+        k1(3)
+        k2()
+    np.testing.assert_allclose(x.grad.to_numpy(), np.where(np.arange(8) < 3, 4 * xs, 0.0))
+    s.grad.fill(0.0)
+    assert grad_total() == 0.0
+    np.testing.assert_array_equal(s.grad.to_numpy(), np.zeros(8))
+    x.grad.fill(0.0)
+    loss[None] = 0.0
+    k1(8)
+    k2()
+    loss.grad[None] = 1.0
+    k2.grad()
+    k1.grad(8)
+    np.testing.assert_allclose(x.grad.to_numpy(), 4 * xs)
+
+
 @pytest.mark.difftape_only
 def test_append_to_a_full_list_raises(ti):
     # Storage is dense: a list cannot outgrow its declared size (Taichi's can), so appending

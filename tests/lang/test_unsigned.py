@@ -191,3 +191,42 @@ def test_u1_casts_from_float_and_refuses_atomics(ti):
 
     with pytest.raises(ti.CompileError, match="u1"):
         bump()
+
+
+@pytest.mark.parametrize("n", (3, 8, 64))
+def test_narrow_cast_products_in_short_loops(ti, n):
+    """Truncating casts and products at several widths side by side, stored to i64 columns
+    (bench/fuzz_areas.py, seed 154). LLVM's SLP vectorizer packs ``zext(trunc)`` (an ``and``)
+    and ``sext(trunc)`` (an ``ashr``) of one iteration into one vector each and blends them; on
+    AVX-512 the x86 backend turned the blend into an OR, and the sign fill of the shift's
+    unused lanes leaked into the u8 product (-1 wherever the i64 product was negative) in
+    loops too short for the loop vectorizer (n = 3, 8)."""
+    iv = ti.field(ti.i64, shape=(n, 3))
+    o = ti.field(ti.i64, shape=(n, 7))
+
+    @ti.kernel
+    def casts():
+        for i in range(n):
+            o[i, 2] = ti.cast(ti.cast(ti.cast(iv[i, 0], ti.u16), ti.u8) * ti.cast(iv[i, 2], ti.u8),
+                              ti.i64)
+            o[i, 3] = ti.cast(ti.cast(ti.cast(iv[i, 2], ti.i32), ti.i8), ti.i64)
+            o[i, 4] = ti.cast(ti.cast(iv[i, 2], ti.u32) * ti.cast(iv[i, 2], ti.u32), ti.i64)
+            o[i, 5] = ti.cast(ti.cast(iv[i, 0], ti.i32) * ti.cast(iv[i, 1], ti.i32), ti.i64)
+            o[i, 6] = ti.cast(ti.cast(iv[i, 2], ti.i8), ti.i64) * iv[i, 2]
+
+    rng = np.random.default_rng(154)
+    x = rng.integers(-(2**40), 2**40, size=(n, 3), dtype=np.int64)
+    # Products of both signs in every column: x0 < 0, x2 cycling through both signs.
+    x[:, 0] = -np.abs(x[:, 0]) - 1
+    x[:, 2] = np.resize(np.array([-200, 200, -7, 3, 1000, -1000, 77, -300]), n)
+    iv.from_numpy(x)
+    casts()
+    x0, x1, x2 = x[:, 0], x[:, 1], x[:, 2]
+    want = np.zeros((n, 7), np.int64)
+    want[:, 2] = (x0.astype(np.uint16).astype(np.uint8) * x2.astype(np.uint8)).astype(np.int64)
+    want[:, 3] = x2.astype(np.int32).astype(np.int8)
+    want[:, 4] = x2.astype(np.uint32) * x2.astype(np.uint32)
+    want[:, 5] = x0.astype(np.int32) * x1.astype(np.int32)
+    want[:, 6] = x2.astype(np.int8).astype(np.int64) * x2
+    assert (want[:, 6] < 0).any() and (want[:, 6] > 0).any()
+    np.testing.assert_array_equal(o.to_numpy(), want)

@@ -165,8 +165,80 @@ def array_and_field_inputs():
             "a": a.to_numpy(), "b": b.to_numpy(), "nd": nd.to_numpy()}
 
 
+def numpy_inputs_copied_in():
+    """NumPy array inputs given to from_numpy (a field's, a vector field's, an ndarray's)
+    inside the capture: each replay copies the array bound then (another one, or the same
+    one changed in place), never the bytes it had at capture."""
+    n = 6
+    x = ti.field(ti.f64, shape=n)
+    v = ti.Vector.field(2, ti.f32, shape=n)
+    nd = ti.ndarray(ti.i32, shape=n)
+    total = ti.field(ti.f64, shape=())
+
+    @ti.kernel
+    def add(q: ti.types.ndarray(dtype=ti.i32, ndim=1)):
+        for i in x:
+            total[None] += x[i] * q[i] + v[i][1]
+
+    xv = np.linspace(-1, 1, n)
+    vv = np.arange(2 * n, dtype=np.float32).reshape(n, 2)
+    iv = np.arange(n, dtype=np.int32)
+    with ti.graph.capture() as g:
+        x.from_numpy(g.input("xv", xv))
+        v.from_numpy(g.input("vv", vv))
+        nd.from_numpy(g.input("iv", iv))
+        add(nd)
+    g.replay()
+    first = (x.to_numpy(), total.to_numpy())
+    g.replay(xv=xv[::-1].copy(), iv=-iv)
+    second = (x.to_numpy(), v.to_numpy(), nd.to_numpy(), total.to_numpy())
+    vv[:] = 7.0  # the array bound to 'vv' changed in place: the next replay copies it
+    g.replay()
+    return {"first": first, "second": second, "x": x.to_numpy(), "v": v.to_numpy(),
+            "nd": nd.to_numpy(), "total": total.to_numpy()}
+
+
+def nonfinite_constants():
+    """Kernels whose IR holds infinite and NaN constants (ti.math.isinf compares with
+    infinity): the graph's document, and its id, carry them as the eager launches do."""
+    n = 4
+    x = ti.field(ti.f32, shape=n)
+    o = ti.field(ti.f32, shape=(n, 3))
+
+    @ti.kernel
+    def k(s: ti.f32):
+        for i in range(n):
+            o[i, 0] = ti.cast(ti.math.isinf(x[i] * s), ti.f32)
+            o[i, 1] = ti.min(x[i], ti.math.inf) + ti.max(x[i] * s, -ti.math.inf)
+            o[i, 2] = ti.select(x[i] > 1.0, ti.math.nan, x[i])
+
+    x.from_numpy(np.array([0.5, 2.0, -3e38, 1e-3], dtype=np.float32))
+    with ti.graph.capture() as g:
+        k(g.input("s", 1.0))
+    g.replay()
+    first = o.to_numpy()
+    g.replay(s=1e10)
+    return {"first": first, "o": o.to_numpy()}
+
+
+def test_numpy_inputs_copied_in_are_copied_at_each_replay():
+    """The local truth of numpy_inputs_copied_in is what the replays should copy."""
+    _check_numpy_inputs_copied_in(run_local(numpy_inputs_copied_in))
+
+
+def _check_numpy_inputs_copied_in(got: dict) -> None:
+    xs, vs, iv = np.linspace(-1, 1, 6), np.arange(12.0).reshape(6, 2), np.arange(6)
+    t1 = np.sum(xs * iv + vs[:, 1])
+    t2 = t1 + np.sum(xs[::-1] * -iv + vs[:, 1])
+    same(got["second"][0], xs[::-1].copy())
+    same(got["second"][2], (-iv).astype(np.int32))
+    same(got["v"], np.full((6, 2), 7.0, dtype=np.float32))
+    assert got["total"] == pytest.approx(t2 + np.sum(xs[::-1] * -iv + 7.0), rel=1e-12)
+
+
 @pytest.mark.parametrize("program", [launches_fills_and_writes, tape_step,
-                                     forward_mode_and_kernel_grad, array_and_field_inputs],
+                                     forward_mode_and_kernel_grad, array_and_field_inputs,
+                                     numpy_inputs_copied_in, nonfinite_constants],
                          ids=lambda p: p.__name__)
 def test_remote_replay_equals_local_replay_bit_for_bit(remote, program):
     truth = run_local(program)
@@ -321,7 +393,9 @@ def test_what_a_replay_cannot_repeat_is_refused_naming_the_line(remote):
         cases = [lambda g: x[0], lambda g: x.to_numpy(), lambda g: total(),
                  lambda g: inc(1.0) if x[0] > 0 else None,
                  lambda g: into(np.zeros(4, dtype=np.float32)),  # not an input
-                 lambda g: inc(g.input("a", 1.0) * 2)]
+                 lambda g: inc(g.input("a", 1.0) * 2),
+                 # a NumPy input copied in must have the target's dtype (as locally)
+                 lambda g: x.from_numpy(g.input("xs", np.zeros(4)))]
         for case in cases:
             with pytest.raises(ti.GraphCaptureError, match=r"test_client_graphs\.py:\d+"):
                 with ti.graph.capture() as g:
@@ -531,6 +605,11 @@ def test_on_a_gpu_server_a_replay_equals_the_eager_remote_run_one_request_each(g
     (graph, _), = gpu_server.engine.graphs.values()
     assert graph.instantiations >= 1  # the server replays graph executables
     assert gpu_server.driver.graph_calls["launch_graph"] - launched >= 3
+
+
+def test_on_a_gpu_server_numpy_inputs_copied_in_are_copied_at_each_replay(gpu_server):
+    got = gpu_server(numpy_inputs_copied_in)
+    _check_numpy_inputs_copied_in(got)
 
 
 @pytest.mark.parametrize("program", [launches_fills_and_writes, tape_step,

@@ -572,6 +572,64 @@ def test_jax_function_passes_check_grads_against_the_server(remote, jax64):
     assert remote(check)
 
 
+
+@pytest.mark.parametrize("then", ["launch", "from_numpy", "to_numpy"])
+def test_later_steps_wait_for_a_pass_on_the_server(remote, jax64, then):
+    """A jitted call's pass runs on XLA's thread after the call returned, sending its
+    requests to the server: the program's next steps (queued on the same connection) wait
+    for it, so they happen after the pass, as written (docs/interop.md)."""
+    import threading
+    import time
+
+    jax, jnp = jax64, jax64.numpy
+    from difftape.interop.jax import function
+
+    def program():
+        x = ti.field(ti.f64, N, needs_grad=True)
+        y = ti.field(ti.f64, N, needs_grad=True)
+        passes = []
+
+        @ti.kernel
+        def square():
+            for i in x:
+                y[i] = x[i] * x[i]
+
+        @ti.kernel
+        def set_y(v: ti.f64):
+            for i in y:
+                y[i] = v
+
+        def fn():
+            passes.append(threading.get_ident())
+            time.sleep(0.25)  # a slow pass: the caller's next step comes first
+            square()
+
+        f = function(fn, [x], [y])
+        m = jnp.ones((200, 200))
+        run = jax.jit(lambda a, m: f(a + 0.0 * jnp.sum(m @ m)))  # (run on XLA's thread)
+        a = jnp.linspace(0.5, 1.5, N)
+        jax.block_until_ready(run(a, m))
+        passes.clear()
+        r = run(a, m)
+        if then == "to_numpy":
+            seen = y.to_numpy()
+        else:
+            if then == "launch":
+                set_y(7.0)
+            else:
+                y.from_numpy(np.full(N, 7.0))
+            jax.block_until_ready(r)
+            seen = y.to_numpy()
+        assert passes and threading.get_ident() not in passes
+        return np.asarray(r), seen
+
+    r, seen = remote(program)
+    a = np.linspace(0.5, 1.5, N)
+    np.testing.assert_allclose(r, a * a, rtol=1e-15)
+    np.testing.assert_allclose(seen, a * a if then == "to_numpy" else np.full(N, 7.0),
+                               rtol=1e-15)
+
+
 # ---------------------------------------------------------------------------- the example
 
 def _example():

@@ -115,7 +115,7 @@ def test_wide_numbers_keep_their_precision(db_target):
     assert db.insert_session("s_big", uid, "cpu", "g_x", limit=4) is None
     big = 3 * 2**31 + 7
     db.put_fields("s_big", {1: FieldRecord(big, [big // 4], ["data", "grad"])}, 2 * big)
-    assert db.field_bytes_of(uid) == 2 * big
+    assert db.held_bytes_of(uid) == 2 * big
     assert db.field_records("s_big")[1] == FieldRecord(big, [big // 4], ["data", "grad"])
     total = 0.0
     for s in (0.1, 1e-7, 12345.678901234):
@@ -166,6 +166,49 @@ def test_field_reservations_hold_across_gateways(db_target):
     assert len(got) == 2 and gateways[0].reserved_bytes_of(uid) == 800
     gateways[1].release_bytes(got[0])
     assert gateways[0].reserved_bytes_of(uid) == 400
+    for g in gateways:
+        g.close()
+
+
+def test_scratch_grants_hold_across_gateways(db_target):
+    """Sessions of one user on two gateways growing their scratch at once: each grant is one
+    exclusive transaction over every live session's fields and scratch and the field
+    reservations, so the last bytes go to one session only; granted scratch counts against
+    field reservations too; a grant never shrinks, and ``want`` is cut to what is free."""
+    gateways = [Database(db_target) for _ in range(2)]
+    (uid,) = _users(gateways[0], "zed")
+    for i in range(6):
+        gateways[0].insert_session(f"s_{i}", uid, "cpu", f"g_{i % 2}", limit=10)
+    gateways[0].put_fields("s_0", {1: FieldRecord(100, [100], ["data"])}, 100)
+    got, barrier = [], threading.Barrier(6)
+
+    def grow(i: int) -> None:
+        barrier.wait()
+        grant, _rows, _reserved = gateways[i % 2].grow_scratch(f"s_{i}", uid, 300, 300, 1000)
+        if grant is not None:
+            got.append(i)
+
+    threads = [threading.Thread(target=grow, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(got) == 3 and gateways[0].held_bytes_of(uid) == 100 + 3 * 300
+    rid, used = gateways[1].reserve_bytes(uid, "g_1", 1, limit=1000)
+    assert rid is None and used == 1000
+    winner = got[0]
+    grant, _, _ = gateways[0].grow_scratch(f"s_{winner}", uid, 10, 10, 1000)
+    assert grant == 300  # never lowered
+    # Another session: refused, with what the others hold.
+    loser = next(i for i in range(6) if i not in got)
+    grant, rows, reserved = gateways[0].grow_scratch(f"s_{loser}", uid, 1, 1, 1000)
+    assert grant is None and reserved == 0
+    assert {r["id"]: (r["field_bytes"], r["scratch_bytes"]) for r in rows}[f"s_{winner}"] == \
+        (100 if winner == 0 else 0, 300)
+    # A session whose engine stopped holds no scratch: its bytes go to the next ask.
+    gateways[0].update_session(f"s_{winner}", state="culled", scratch_bytes=0)
+    grant, _, _ = gateways[1].grow_scratch(f"s_{loser}", uid, 100, 10**6, 1000)
+    assert grant == 300
     for g in gateways:
         g.close()
 
@@ -225,6 +268,8 @@ def test_a_dead_gateways_sessions_jobs_and_reservations_are_settled(db_target):
     db.insert_job(uid, "j_dead", "s_saved", "[]", "sha", 1, gateway="g_dead")
     db.insert_job(uid, "j_live", "s_other", "[]", "sha", 1, gateway="g_live")
     db.reserve_bytes(uid, "g_dead", 100, limit=10**6)
+    for sid in ("s_clean", "s_saved", "s_unsaved", "s_other"):  # their engines' scratch
+        assert db.grow_scratch(sid, uid, 50, 50, limit=10**6)[0] == 50
     time.sleep(1.2)
     assert db.renew_gateway("g_live")
     assert db.reap_gateways(1.0, '{"status": 410}') and not db.renew_gateway("g_dead")
@@ -234,13 +279,17 @@ def test_a_dead_gateways_sessions_jobs_and_reservations_are_settled(db_target):
     assert s["s_saved"]["saved_path"] == "/x/s_saved-1.npz"
     assert s["s_unsaved"]["state"] == "lost"
     assert s["s_unsaved"]["lost_reason"] == LOST_WITH_GATEWAY
-    assert db.field_records("s_unsaved") == {} and db.field_bytes_of(uid) == 0
+    assert db.field_records("s_unsaved") == {}
     assert all(s[k]["gateway"] is None for k in ("s_clean", "s_saved", "s_unsaved"))
     assert (s["s_other"]["state"], s["s_other"]["gateway"]) == ("active", "g_live")
     assert db.job(uid, "j_dead")["state"] == "failed"
     assert db.job(uid, "j_dead")["problem"] == '{"status": 410}'
     assert db.job(uid, "j_live")["state"] == "queued"
     assert db.reserved_bytes_of(uid) == 0
+    # The dead gateway's engines died with it, their scratch with them; the live one's stays.
+    assert {k: r["scratch_bytes"] for k, r in s.items()} == {
+        "s_clean": 0, "s_saved": 0, "s_unsaved": 0, "s_other": 50}
+    assert db.held_bytes_of(uid) == 50
     assert db.gateway("g_dead", 1.0) is None and db.gateway("g_live", 1.0)["live"] == 1
     assert db.reap_gateways(1.0, "{}") == []  # idempotent
     db.close()
@@ -259,6 +308,7 @@ def test_sessions_on_ray_actors_outlive_their_gateway(db_target):
     assert db.insert_session("s_ray", uid, "cpu", "g_a", limit=4, resources='{"cpus": 1.5}') \
         is None
     db.update_session("s_ray", worker=actor, dirty=1)
+    assert db.grow_scratch("s_ray", uid, 70, 70, limit=1000)[0] == 70
     assert db.session("s_ray")["resources"] == '{"cpus": 1.5}'
     assert db.session("s_ray")["epoch"] == 0
     # Taken over from a live gateway (no forwarding for actors): B holds it, epoch 1, and
@@ -276,6 +326,7 @@ def test_sessions_on_ray_actors_outlive_their_gateway(db_target):
     row = db.session("s_ray")
     assert (row["state"], row["gateway"], row["worker"], row["dirty"]) == \
         ("active", None, actor, 1)
+    assert row["scratch_bytes"] == 70  # the actor, and its scratch, live on
     assert db.live_gateways(1.0) == {"g_a"}
     assert db.adopt_sessions("g_a", 1.0) == ["s_ray"]
     row = db.session("s_ray")

@@ -216,6 +216,41 @@ def test_register_checks_buffers(engine, local):
     e2.close()
 
 
+def test_offsets_are_the_fields_and_the_irs_alike(engine, local):
+    """A field's ``offset`` comes with ``create_field``; IR addressing it must say the same
+    offset (its bounds checks report the user's index with it), and storage stays indexed
+    from 0 (the client subtracts the offset)."""
+    y = ti.field(ti.f32, shape=4, offset=-2)
+
+    @ti.kernel
+    def poke(k: ti.i32):
+        y[k] = k
+
+    data = serialize.encode(poke.build_ir(program.get(), ()))
+    base = {"op": "create_field", "id": y.id, "dtype": "f32", "shape": [4]}
+    for bad, match in (([-2, 0], "one entry per axis"), ([2**31 - 4], "i32"),
+                       ([-2**31 - 1], "i32"), ([1.5], "list of integers")):
+        with pytest.raises((ShapeError, EngineError), match=match):
+            engine.execute({**base, "offset": bad})
+    with pytest.raises(EngineError, match="ndarray has no offset"):
+        engine.execute({**base, "offset": [-2], "ndarray": True})
+    engine.execute(base)  # no offset: the IR's is refused
+    with pytest.raises(CompileError, match=r"offset \(-2,\), but field .* has offset None"):
+        engine.execute({"op": "register", "ir": data})
+    with pytest.raises(EngineError, match="another layout"):
+        engine.execute({**base, "offset": [-2]})
+    e2 = Engine()
+    e2.execute({**base, "offset": [-2]})
+    e2.execute({**base, "offset": [-2]})  # idempotent
+    kid = e2.execute({"op": "register", "ir": data})[0]["kernel_id"]
+    e2.execute({"op": "launch", "kernel_id": kid, "args": [1]})
+    with pytest.raises(KernelAssertionError, match=r"index 2 out of range for axis 0 of 'y' "
+                                                   r"with shape \(4,\) and offset \(-2,\)"):
+        e2.execute({"op": "launch", "kernel_id": kid, "args": [2]})
+    assert read(e2, y).tolist() == [0, 0, 0, 1]
+    e2.close()
+
+
 def test_grad_needs_storage(engine, local):
     create(engine, local, needs_grad=False)
     ir = local.ir("energy")

@@ -14,7 +14,7 @@ import difftape as ti
 from difftape.graph import wire
 from difftape.ir import serialize
 from difftape.runtime import grid, program
-from difftape.server.engine import Engine, QuotaExceededError
+from difftape.server.engine import Engine, EngineError, QuotaExceededError
 
 pytestmark = pytest.mark.difftape_only
 
@@ -139,7 +139,9 @@ def test_fields_count_the_scratch_already_held(tmp_path, local):
         ids = _setup(engine, x, y, irs)
         engine.max_memory_bytes = 1 << 19
         with pytest.raises(QuotaExceededError,
-                           match=r"the print sink \(kernel 'say' prints\) needs 1048576 bytes"):
+                           # 1 MiB of text and its header (cursor, capacity, dropped)
+                           match=rf"the print sink \(kernel 'say' prints\) needs "
+                                 rf"{(1 << 20) + 3 * 8} bytes"):
             engine.execute({"op": "launch", "kernel_id": ids["say"], "args": [1]})
         engine.max_memory_bytes = (1 << 20) + 64 * 1024
         result, _ = engine.execute({"op": "launch", "kernel_id": ids["say"], "args": [1]})
@@ -155,5 +157,137 @@ def test_fields_count_the_scratch_already_held(tmp_path, local):
         engine.execute({"op": "create_field", "id": 99, "dtype": "f32", "shape": [1024],
                         "element_shape": [], "name": "small"})
         assert engine.execute({"op": "stats"})[0]["scratch"] == engine.scratch()
+    finally:
+        engine.close()
+
+
+def _asks(answer):
+    """An ``ask_scratch`` hook answering with ``answer(ask)``; the asks it got."""
+    asked = []
+
+    def ask(a):
+        asked.append(a)
+        return answer(a)
+
+    return ask, asked
+
+
+def test_scratch_past_the_grant_is_asked_for_before_it_is_taken(tmp_path, local):
+    """With a grant (the gateway's reservation in the user's quota), scratch past it is
+    asked for before it is allocated: refused, the launch fails with the gateway's reason
+    and nothing ran or was taken; granted, it runs, and launches that take nothing new ask
+    nothing (the hot path)."""
+    x, y, irs = local
+    engine = Engine(tmp_path / "cache", scratch_grant=0)
+    try:
+        ids = _setup(engine, x, y, irs)
+        engine.ask_scratch, asked = _asks(lambda a: {"refuse": "held by session s_other"})
+        with pytest.raises(QuotaExceededError, match="^held by session s_other$") as info:
+            engine.execute({"op": "launch", "kernel_id": ids["say"], "args": [1]})
+        assert info.value.limit == "field_bytes"
+        sink = (1 << 20) + 3 * 8  # its text and header
+        assert asked == [{"scratch": sink + engine.prog.rng.nbytes, "want": asked[0]["want"],
+                          "what": "the print sink (kernel 'say' prints)", "bytes": sink}]
+        assert engine.scratch()["print sink"] == 0 and engine.scratch_grant == 0
+        engine.ask_scratch, asked = _asks(lambda a: {"grant": a["want"]})
+        result, _ = engine.execute({"op": "launch", "kernel_id": ids["say"], "args": [1]})
+        assert result["output"]["b64"]  # it printed
+        held = sum(engine.scratch().values())
+        assert held <= engine.scratch_grant == asked[-1]["want"]
+        assert [a["what"] for a in asked] == ["the print sink (kernel 'say' prints)",
+                                              "the launch context of kernel 'say'"]
+        for k in range(5):
+            engine.execute({"op": "launch", "kernel_id": ids["say"], "args": [k]})
+        engine.execute({"op": "launch", "kernel_id": ids["double"], "args": []})
+        assert len(asked) == 2  # the step covered the next kernel's launch context too
+        # A grant never shrinks, and an answer under the need is an error, not a grant.
+        engine.ask_scratch, asked = _asks(lambda a: {"grant": a["scratch"] - 1})
+        engine.scratch_grant = 0
+        with pytest.raises(EngineError, match="granted .* bytes of scratch memory where"):
+            engine.execute({"op": "launch", "kernel_id": ids["walk"], "args": [2]})
+    finally:
+        engine.close()
+
+
+def test_a_ray_actor_asks_within_the_op(tmp_path, local):
+    """The Ray actor's side of an ask: ``execute`` returns the ask while the op waits, and
+    ``answer`` goes on with it (the op's reply, or its next ask); a refusal fails the op as
+    in a worker process; an ask whose gateway stopped waiting is refused by the next op."""
+    from difftape.server.raycluster import EngineActor
+
+    x, y, irs = local
+    actor = EngineActor("difftape.server.engine:Engine",
+                        {"cache_dir": str(tmp_path / "cache"), "scratch_grant": 0})
+    try:
+        for f in (x, y):
+            reply, _ = actor.execute({"op": "create_field", "id": f.id, "dtype": "f32",
+                                      "shape": [N], "element_shape": [], "name": f.name})
+            assert "ok" in reply
+        reply, _ = actor.execute({"op": "register", "ir": irs["say"]})
+        say = {"op": "launch", "kernel_id": reply["ok"]["kernel_id"], "args": [7]}
+        reply, _ = actor.execute(say)
+        assert reply["ask"]["what"] == "the print sink (kernel 'say' prints)"
+        reply, _ = actor.answer({"refuse": "no room"})
+        assert reply["error"]["type"] == "QuotaExceededError"
+        assert reply["error"]["message"] == "no room" and reply["error"]["limit"] == "field_bytes"
+        reply, _ = actor.execute(say)
+        assert "ask" in reply  # and its gateway never answers: the next op refuses it
+        reply, _ = actor.execute({"op": "read", "id": x.id})
+        assert "ok" in reply
+        assert actor.engine.scratch()["print sink"] == 0
+        reply, _ = actor.execute(say)
+        while "ask" in reply:
+            reply, _ = actor.answer({"grant": reply["ask"]["want"]})
+        assert reply["ok"]["output"]["b64"]
+        assert actor.answer({"grant": 1})[0]["error"]["message"] == "no op waits for an answer"
+    finally:
+        actor.engine.close()
+
+
+def test_a_grids_stack_pool_is_asked_for(local, grid_engine):
+    """On a grid, a reverse-mode launch's stack pool past the grant is asked for before it
+    is taken: refused, nothing ran (no gradient); granted, the launch runs, and the pool,
+    kept for the next launches, needs no further ask."""
+    x, y, irs = local
+    engine = grid_engine(None)
+    ids = _setup(engine, x, y, irs)
+    engine.scratch_grant = 0
+    engine.ask_scratch, asked = _asks(lambda a: {"grant": a["want"]})
+    engine.execute({"op": "launch", "kernel_id": ids["double"], "args": []})
+    before = len(asked)
+    engine.execute({"op": "fill", "id": y.id, "role": "grad", "value": 1.0})
+    engine.ask_scratch, refused = _asks(lambda a: {"refuse": "no room"})
+    with pytest.raises(QuotaExceededError, match="^no room$"):
+        engine.execute({"op": "launch", "kernel_id": ids["walk"], "args": [5],
+                        "variant": "grad"})
+    assert any("stack pool of kernel 'walk_grad'" in a["what"] for a in refused), refused
+    meta, data = engine.execute({"op": "read", "id": x.id, "role": "grad"})
+    assert not np.frombuffer(data, np.float32).any()
+    engine.ask_scratch, asked = _asks(lambda a: {"grant": a["want"]})
+    engine.execute({"op": "launch", "kernel_id": ids["walk"], "args": [5], "variant": "grad"})
+    assert _held(engine) - engine.storage_bytes() <= engine.scratch_grant
+    n = len(asked)
+    assert before > 0 and n > 0
+    for _ in range(3):
+        engine.execute({"op": "launch", "kernel_id": ids["walk"], "args": [5],
+                        "variant": "grad"})
+    assert len(asked) == n
+
+
+def test_grad_check_snapshots_are_scratch(tmp_path, local):
+    """``Tape(grad_check=...)`` keeps a copy of every field (``snapshot``): counted as the
+    session's scratch, asked for before it is taken, and refused past the quota."""
+    x, y, irs = local
+    engine = Engine(tmp_path / "cache", scratch_grant=0)
+    try:
+        _setup(engine, x, y, irs)
+        engine.ask_scratch, asked = _asks(lambda a: {"refuse": "no room"})
+        with pytest.raises(QuotaExceededError, match="^no room$"):
+            engine.execute({"op": "snapshot", "key": 1})
+        copies = 2 * N * 4  # the primal storage of x and y
+        assert asked[0]["bytes"] == copies and not engine.snapshots
+        engine.ask_scratch, asked = _asks(lambda a: {"grant": a["want"]})
+        engine.execute({"op": "snapshot", "key": 1})
+        assert engine.scratch()["grad_check snapshots"] == copies <= engine.scratch_grant
     finally:
         engine.close()

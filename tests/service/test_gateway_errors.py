@@ -197,3 +197,19 @@ def test_internal_errors_are_problems_too(tmp_path):
             assert c.post("/v1/sessions", json={}).status_code == 201
     finally:
         server.stop()
+
+
+def test_field_offsets_over_http(alice, session):
+    """``offset`` of ``POST .../fields`` (and ``create_field``): taken, and a malformed one
+    refused as a problem naming the error."""
+    base = f"/v1/sessions/{session}/fields"
+    r = alice.post(base, json={"id": 71, "dtype": "f32", "shape": [4, 2], "offset": [-2, 5]})
+    assert r.status_code == 201, r.text
+    problem(alice.post(base, json={"id": 72, "dtype": "f32", "shape": [4],
+                                   "offset": [2**31]}), 422)
+    body = problem(alice.post(base, json={"id": 73, "dtype": "f32", "shape": [4],
+                                          "offset": [2**31 - 4]}), 422, "ShapeError")
+    assert "does not fit in i32" in body["detail"], body
+    body = problem(alice.post(base, json={"id": 74, "dtype": "f32", "shape": [4, 2],
+                                          "offset": [1]}), 422, "ShapeError")
+    assert "one entry per axis" in body["detail"], body
