@@ -51,6 +51,7 @@ from .worker import (
     SHM_MIN,
     EnginePool,
     EngineWorker,
+    StartLost,
     WorkerGone,
     WorkerMoved,
     _error_dict,
@@ -231,7 +232,7 @@ class RayWorker(EngineWorker):
                                f"(resources asked: {self.resources})") from None
         except ray.exceptions.RayError as e:
             self.kill()
-            raise RuntimeError(f"the engine actor could not start: {_lost_reason(e)}") from None
+            raise StartLost(f"the engine actor could not start: {_lost_reason(e)}") from None
         self.node, self.pid = info["node"], info["pid"]
         log.info("engine actor %s started on node %s", self.name, self.node)
 

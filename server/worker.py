@@ -373,6 +373,12 @@ def worker_main(conn, engine_spec: str, engine_kwargs: dict, shm_path: str | Non
 _executor = ThreadPoolExecutor(max_workers=256, thread_name_prefix="difftape-pipe")
 
 
+class StartLost(RuntimeError):
+    """An engine died while starting for a reason outside it (a Ray actor placed on a node
+    the cluster had not yet found lost): ``EnginePool`` starts another while its start
+    timeout lasts, where a local process that dies at start (a broken set-up) fails at once."""
+
+
 class WorkerGone(Exception):
     """The worker process died or was killed; ``reason`` says which."""
 
@@ -851,13 +857,28 @@ class EnginePool:
         raise NotImplementedError
 
     async def _start(self, resources: dict[str, float]) -> EngineWorker:
+        """One ready engine within ``start_timeout``; one lost while starting (``StartLost``)
+        is replaced, after a pause that doubles, while the timeout lasts."""
         loop = asyncio.get_running_loop()
-        try:
-            w = self._spawn(resources)
-            await loop.run_in_executor(_executor, w.wait_ready, self.start_timeout)
-        except Exception as e:
-            self.start_error = str(e)
-            raise
+        deadline = loop.time() + self.start_timeout
+        pause = 0.25
+        while True:
+            try:
+                w = self._spawn(resources)
+                await loop.run_in_executor(_executor, w.wait_ready,
+                                           max(0.1, deadline - loop.time()))
+                break
+            except StartLost as e:
+                if loop.time() + pause < deadline:
+                    log.warning("a %s died while starting (%s); starting another", self.kind, e)
+                    await asyncio.sleep(pause)
+                    pause = min(4.0, 2 * pause)
+                    continue
+                self.start_error = str(e)
+                raise
+            except Exception as e:
+                self.start_error = str(e)
+                raise
         self.started_ok, self.start_error = True, None
         return w
 
@@ -932,5 +953,5 @@ class WorkerPool(EnginePool):
         return {}
 
 
-__all__ = ["EnginePool", "EngineWorker", "Worker", "WorkerGone", "WorkerMoved", "WorkerPool",
-           "WorkerRegistry", "reachable_by_name", "session_lost", "worker_main"]
+__all__ = ["EnginePool", "EngineWorker", "StartLost", "Worker", "WorkerGone", "WorkerMoved",
+           "WorkerPool", "WorkerRegistry", "reachable_by_name", "session_lost", "worker_main"]

@@ -324,3 +324,66 @@ def test_a_lost_worker_resumes_from_the_last_save(tmp_path, kernels):
             assert c.delete(f"/v1/sessions/{sid}").status_code == 204
     finally:
         server.stop()
+
+
+class _FlakyPool:
+    """An ``EnginePool`` whose first ``lost`` engines die while starting (as a Ray actor
+    placed on a node the cluster has not yet found lost), then start."""
+
+    @staticmethod
+    def make(lost: int, start_timeout: float, error: type[Exception]):
+        from difftape.server.worker import EnginePool
+
+        class Engine:
+            def __init__(self, n: int) -> None:
+                self.n = n
+
+            def wait_ready(self, timeout: float) -> None:
+                if self.n < lost:
+                    raise error(f"engine {self.n} died while starting")
+
+            def alive(self) -> bool:
+                return True
+
+        class Pool(EnginePool):
+            def __init__(self) -> None:
+                super().__init__("x:y", {}, 0, start_timeout)
+                self.spawned = 0
+
+            def check(self, asked):
+                return None
+
+            def _spawn(self, resources):
+                self.spawned += 1
+                return Engine(self.spawned - 1)
+
+        return Pool()
+
+
+def test_an_engine_lost_while_starting_is_replaced():
+    """A Ray actor dying before it is ready because its node is being lost (CI saw a 503
+    'the engine actor could not start' right after a node loss) is replaced while the start
+    timeout lasts; any other start failure (a broken set-up) is refused at once, and a start
+    still lost at the timeout is refused with its reason."""
+    import asyncio
+
+    import pytest
+
+    from difftape.server.problems import ProblemError
+    from difftape.server.worker import StartLost
+
+    pool = _FlakyPool.make(2, 30.0, StartLost)
+    w = asyncio.run(pool.get())
+    assert (w.n, pool.spawned, pool.started_ok) == (2, 3, True)
+
+    pool = _FlakyPool.make(2, 30.0, RuntimeError)
+    with pytest.raises(ProblemError, match="engine 0 died while starting"):
+        asyncio.run(pool.get())
+    assert pool.spawned == 1
+
+    pool = _FlakyPool.make(100, 1.0, StartLost)
+    t0 = time.monotonic()
+    with pytest.raises(ProblemError, match="could not start a worker: engine"):
+        asyncio.run(pool.get())
+    assert time.monotonic() - t0 < 2.0 and 2 <= pool.spawned <= 4
+    assert "died while starting" in pool.start_error
