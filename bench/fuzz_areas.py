@@ -31,7 +31,8 @@ from __future__ import annotations
 import random
 import re
 
-from fuzz_features import N, _fexpr, _Prog
+from fuzz_features import _fexpr, _Prog, primal_header, result_lines
+from fuzz_gen import central_differences
 
 INTS = ["i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64"]
 BITS = {"i8": 8, "i16": 16, "i32": 32, "i64": 64, "u8": 8, "u16": 16, "u32": 32, "u64": 64,
@@ -272,18 +273,7 @@ def gradient_program(seed: int, only: list[str] | None = None, fwd: bool | None 
         "    loss.grad[None] = 1.0",
         *[f"    {c.replace('(', '.grad(', 1)}" for c in reversed(g.launches)],
         f"    manual = [{', '.join(grads)}]",
-        f"    base = [{', '.join(vals)}]",
-        "    fd = []",
-        "    h = 1e-6",
-        "    for a in range(len(base)):",
-        "        col = np.zeros(n)",
-        "        for q in range(n):",
-        "            up = [b.copy() for b in base]",
-        "            dn = [b.copy() for b in base]",
-        "            up[a][q] += h",
-        "            dn[a][q] -= h",
-        "            col[q] = (forward(*up) - forward(*dn)) / (2 * h)",
-        "        fd.append(col)",
+        *central_differences(f"[{', '.join(vals)}]"),
         "    return {'loss': np.array([value]), 'tape': np.concatenate(tape),",
         "            'grad': np.concatenate(manual), '_fd': np.concatenate(fd)}",
         ""]
@@ -546,22 +536,11 @@ def program(seed: int, only: list[str] | None = None) -> str:
     picks = only or r.sample(PRIM_SNIPPETS, r.randint(2, 4))
     for q, name in enumerate(picks):
         getattr(g, name)(f"s{q}_")
-    lines = ["import numpy as np", "", "", "def run(ti, hook=None):",
-             f"    ti.init(arch=ti.cpu, default_fp=ti.{g.fp}, default_ip=ti.{ip}, fast_math=False,"
-             " random_seed=1)",
-             f"    n = {N}",
-             f"    rng = np.random.default_rng({seed})",
-             f"    src = ti.field(ti.{g.fp}, shape=n)",
-             "    isrc = ti.field(ti.i32, shape=n)",
-             f"    src.from_numpy(rng.uniform(-2, 2, n).astype(np.float{g.fp[1:]}))",
-             "    isrc.from_numpy(rng.integers(-10**6, 10**6, n).astype(np.int32))",
+    lines = [*primal_header(g.fp, ip, seed, f32_source=False),
              # hook(kernel, namespace): tests/core/test_random_fuzz_programs.py launches the
              # kernels itself, checking each against the reference interpreter
              "    launch = hook or (lambda k, _ns: k())",
              *g.setup, "", *g.code, "",
              *[re.sub(r"^    (s\d+_k\d*)\(\)$", r"    launch(\1, locals())", c) for c in g.calls],
-             "    res = {}"]
-    for q, o in enumerate(g.outs):
-        lines.append(f"    res['{q}'] = {o if '(' in o else o + '.to_numpy()'}")
-    lines += ["    return res", ""]
+             *result_lines(g.outs, lambda o: "(" in o)]
     return "\n".join(lines)

@@ -488,23 +488,35 @@ def program(seed: int, only: list[str] | None = None) -> str:
     picks = only or r.sample(SNIPPETS, r.randint(2, 4))
     for q, name in enumerate(picks):
         getattr(g, name)(f"s{q}_")
-    lines = ["import numpy as np", "", "", "def run(ti, hook=None):",
-             f"    ti.init(arch=ti.cpu, default_fp=ti.{g.fp}, default_ip=ti.{ip}, fast_math=False,"
-             " random_seed=1)",
-             f"    n = {N}",
-             f"    rng = np.random.default_rng({seed})",
-             f"    src = ti.field(ti.{g.fp}, shape=n)",
-             "    src2 = ti.field(ti.f32, shape=n)",
-             "    isrc = ti.field(ti.i32, shape=n)",
-             f"    src.from_numpy(rng.uniform(-2, 2, n).astype(np.float{g.fp[1:]}))",
-             "    src2.from_numpy(rng.uniform(-2, 2, n).astype(np.float32))",
-             "    isrc.from_numpy(rng.integers(-10**6, 10**6, n).astype(np.int32))",
-             *g.setup, "", *g.code, "", *g.calls,
-             "    res = {}"]
-    for q, o in enumerate(g.outs):
-        lines.append(f"    res['{q}'] = {o if o.startswith('np.') else o + '.to_numpy()'}")
-    lines += ["    return res", ""]
+    lines = [*primal_header(g.fp, ip, seed, f32_source=True), *g.setup, "", *g.code, "",
+             *g.calls, *result_lines(g.outs, lambda o: o.startswith("np."))]
     return "\n".join(lines)
+
+
+def primal_header(fp: str, ip: str, seed: int, *, f32_source: bool) -> list[str]:
+    """The first lines of a primal program: ``run(ti, hook)``, ``ti.init``, ``n`` and the
+    random source fields ``src`` (of ``fp``), ``src2`` (f32, with ``f32_source``), ``isrc``."""
+    two = f32_source
+    return ["import numpy as np", "", "", "def run(ti, hook=None):",
+            f"    ti.init(arch=ti.cpu, default_fp=ti.{fp}, default_ip=ti.{ip}, fast_math=False,"
+            " random_seed=1)",
+            f"    n = {N}",
+            f"    rng = np.random.default_rng({seed})",
+            f"    src = ti.field(ti.{fp}, shape=n)",
+            *(["    src2 = ti.field(ti.f32, shape=n)"] if two else []),
+            "    isrc = ti.field(ti.i32, shape=n)",
+            f"    src.from_numpy(rng.uniform(-2, 2, n).astype(np.float{fp[1:]}))",
+            *(["    src2.from_numpy(rng.uniform(-2, 2, n).astype(np.float32))"] if two else []),
+            "    isrc.from_numpy(rng.integers(-10**6, 10**6, n).astype(np.int32))"]
+
+
+def result_lines(outs: list[str], is_array) -> list[str]:
+    """The program's last lines: ``res`` of every output, as NumPy (``is_array(o)``: ``o``
+    already is one; else a field read back with ``to_numpy``)."""
+    return ["    res = {}",
+            *[f"    res['{q}'] = {o if is_array(o) else o + '.to_numpy()'}"
+              for q, o in enumerate(outs)],
+            "    return res", ""]
 
 
 # ------------------------------------------------------------------------------ gradients

@@ -580,6 +580,23 @@ def _gexpr(r: random.Random, leaves: list[str], d: int = 0) -> str:
     return r.choice(_GBINARY).format(_gexpr(r, leaves, d + 1), _gexpr(r, leaves, d + 1))
 
 
+def central_differences(base: str) -> list[str]:
+    """Program lines computing ``fd``: the central difference of ``forward`` along every element
+    of each array of ``base`` (a list expression of the program's input arrays), f64, h=1e-6."""
+    return [f"    base = {base}",
+            "    fd = []",
+            "    h = 1e-6",
+            "    for a in range(len(base)):",
+            "        col = np.zeros(n)",
+            "        for q in range(n):",
+            "            up = [b.copy() for b in base]",
+            "            dn = [b.copy() for b in base]",
+            "            up[a][q] += h",
+            "            dn[a][q] -= h",
+            "            col[q] = (forward(*up) - forward(*dn)) / (2 * h)",
+            "        fd.append(col)"]
+
+
 def gradient_program(seed: int) -> str:
     """A differentiable f64 kernel (a parallel loop adding into ``loss``: inner serial loops
     carrying a float, ti.static loops, branches on inputs kept 0.05 from their threshold,
@@ -675,18 +692,7 @@ def gradient_program(seed: int) -> str:
         "        dual = {'dual': np.array([loss.dual[None]])}",
         "    except Exception as e:  # noqa: BLE001 - compared as a missing 'dual'",
         "        dual = {'_dual_error': repr(e)[:200]}",
-        "    fd = []",
-        "    base = [xv, yv, wv]",
-        "    for a in range(3):",
-        "        col = np.zeros(n)",
-        "        for q in range(n):",
-        "            h = 1e-6",
-        "            up = [b.copy() for b in base]",
-        "            dn = [b.copy() for b in base]",
-        "            up[a][q] += h",
-        "            dn[a][q] -= h",
-        "            col[q] = (forward(*up) - forward(*dn)) / (2 * h)",
-        "        fd.append(col)",
+        *central_differences("[xv, yv, wv]"),
         "    return {'loss': np.array([value]), 'tape': np.concatenate(tape),",
         "            'grad': np.concatenate(manual), '_fd': np.concatenate(fd), **dual,",
         "            '_fd_dir': np.array([(forward(*[b + 1e-6 * sv * (q == which) for q, b in",
