@@ -470,6 +470,8 @@ class RemoteRuntime:
         for k in rk.arrays:
             a = args[k]
             desc = rk.spec[k]
+            if isinstance(getattr(a, "_triplets", None), Ndarray):
+                a = a._triplets  # a SparseMatrixBuilder: its triplet storage (a ti.ndarray)
             if isinstance(a, RemoteNdarray):
                 if a._program is not self.prog:
                     raise ArgumentError(f"kernel '{name}': argument {k + 1} is a ti.ndarray "

@@ -150,6 +150,28 @@ def test_sparse_fields_run_remotely_bit_for_bit(remote):
     same(truth, remote(sparse_program))
 
 
+def _large_program():
+    """A sparse field over 64 KiB: from_numpy and to_numpy are transfers of their own (the
+    engine's write and read), not batched bytes; the write reaches the active cells."""
+    x = ti.field(ti.f32)
+    ti.root.pointer(ti.i, 64).bitmasked(ti.i, 512).place(x)
+
+    @ti.kernel
+    def touch():
+        for k in range(100):
+            x[k * 311] = 1.0
+
+    touch()
+    x.from_numpy(np.linspace(-1.0, 1.0, 64 * 512, dtype=np.float32))
+    return x.to_numpy()
+
+
+def test_large_sparse_transfers_remotely(remote):
+    truth = run_local(_large_program)
+    assert np.count_nonzero(truth) == 100
+    same(truth, remote(_large_program))
+
+
 def _graph_program():
     """A captured step that activates (a kernel writes), clears (``deactivate_all``) and
     counts, replayed; then what a capture refuses for sparse fields, as locally."""
@@ -325,3 +347,53 @@ def test_sparse_fields_on_a_gpu_engine(request):
     """The same program on a ``--arch cuda`` server's engine (the CUDA target's lowering on
     the simulated grid): struct-fors, activation and guarded adjoints there too."""
     _close(run_local(sparse_program), remote_runner(request, "grid")(sparse_program))
+
+
+def _sparse_matrix_program():
+    """``ti.linalg`` sparse matrices: a builder filled by a kernel (its triplet storage is a
+    ti.ndarray, on the server remotely), built, multiplied with ndarrays and fields, solved
+    (direct and CG), built from an ndarray; then a full builder's error."""
+    n = 8
+    K = ti.linalg.SparseMatrixBuilder(n, n, max_num_triplets=3 * n, dtype=ti.f64)
+    b = ti.ndarray(ti.f64, n)
+    xf = ti.field(ti.f64, shape=n)
+
+    @ti.kernel
+    def fill(A: ti.types.sparse_matrix_builder(), b: ti.types.ndarray(), s: ti.f64):
+        for i in range(n):  # each entry appended once: the sums do not depend on the order
+            A[i, i] += 4.0 + i * s
+            if i > 0:
+                A[i, i - 1] -= 1.0
+                A[i - 1, i] -= 1.0
+            b[i] = ti.sin(i + s)
+
+    fill(K, b, 1.0)
+    A = K.build()
+    solver = ti.linalg.SparseSolver(dtype=ti.f64, solver_type="LLT")
+    solver.analyze_pattern(A)
+    solver.factorize(A)
+    x = solver.solve(b)
+    xf.from_numpy(x.to_numpy())
+    fill(K, b, 0.5)  # the builder is empty again after build()
+    A2 = K.build()
+    xc, ok = ti.linalg.SparseCG(A2, b, max_iter=100, atol=1e-12).solve()
+    t = ti.Vector.ndarray(3, ti.f64, 4)
+    t.from_numpy(np.array([[0, 1, 2.5], [3, 3, -1.0], [0, 1, 0.5], [7, 0, 4.0]]))
+    C = ti.linalg.SparseMatrix(n, n, dtype=ti.f64)
+    C.build_from_ndarray(t)
+    out = {"A": A.to_numpy(), "x": x.to_numpy(), "Ax": (A @ x).to_numpy(), "Axf": A @ xf,
+           "A2": A2.to_numpy(), "xc": xc, "ok": ok, "C": (C @ A).to_numpy()}
+    full = ti.linalg.SparseMatrixBuilder(n, n, max_num_triplets=n, dtype=ti.f64)
+    with pytest.raises(ti.KernelAssertionError) as err:
+        fill(full, b, 1.0)
+        ti.sync()
+    out["full"] = str(err.value).split("\n")[0]
+    return out
+
+
+def test_sparse_matrices_run_remotely_bit_for_bit(remote):
+    pytest.importorskip("scipy", reason="ti.linalg's sparse matrices need SciPy")
+    truth = run_local(_sparse_matrix_program)
+    np.testing.assert_allclose(truth["Ax"], np.sin(np.arange(8) + 1.0), rtol=1e-12)
+    assert truth["ok"] and "is full" in truth["full"]
+    same(truth, remote(_sparse_matrix_program))
