@@ -228,11 +228,12 @@ class RemoteGraph(Graph):
         graph input, a copy on the server from the ndarray holding its bytes (sent with each
         replay), as a local replay copies from the array bound at that replay; True then.
         (Any other array is a constant: its bytes now, recorded as the engine op.)"""
+        what = f"{target._label() if isinstance(target, Field) else 'ndarray'}.from_numpy()"
+        self._dense(target, what)  # refused as a local capture refuses it
         name = self._arrays.get(id(arr))
         if name is None:
             return False
         key, dtype, shape, esh, _ = self._target({"id": target.id, "role": target.role})
-        what = f"{target._label() if isinstance(target, Field) else 'ndarray'}.from_numpy()"
         if arr.dtype != dtype or arr.shape != shape + esh:
             raise GraphCaptureError(f"{what}: graph input '{name}' has dtype {arr.dtype} and "
                                     f"shape {arr.shape}, the target {np.dtype(dtype)} and "

@@ -201,6 +201,7 @@ def _graph_program():
     errors = []
     for step in (lambda: x.fill(1.0), lambda: x.__setitem__(3, 1.0),
                  lambda: x.from_numpy(np.ones(16, np.float32)),
+                 lambda: x.from_numpy(g.input("a", np.ones(16, np.float32))),
                  lambda: g.input("x", x)):
         with pytest.raises((ti.GraphCaptureError, ti.GraphError)) as err:
             with ti.graph.capture() as g:
