@@ -150,6 +150,31 @@ def test_sparse_fields_run_remotely_bit_for_bit(remote):
     same(truth, remote(sparse_program))
 
 
+def _grad_check_program():
+    x = ti.field(ti.f64)
+    ti.root.pointer(ti.i, 2).dense(ti.i, 2).place(x, x.grad)
+    loss = ti.field(ti.f64, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def f():
+        for i in range(4):
+            loss[None] += x[i] ** 2 + 3.0 * x[i]
+
+    x[0] = 1.0
+    with pytest.raises(ti.DifftapeError) as err:
+        with ti.ad.Tape(loss, grad_check=[x]):
+            f()
+    return str(err.value)
+
+
+def test_grad_check_of_sparse_fields_is_refused_remotely(remote):
+    """Refused as locally: the finite differences would move inactive cells, which get no
+    gradient (before, the remote check ran and reported x[2], x[3] as wrong)."""
+    truth = run_local(_grad_check_program)
+    assert "does not support programs with fields under sparse SNodes" in truth
+    assert remote(_grad_check_program) == truth
+
+
 def _large_program():
     """A sparse field over 64 KiB: from_numpy and to_numpy are transfers of their own (the
     engine's write and read), not batched bytes; the write reaches the active cells."""
