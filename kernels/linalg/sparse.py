@@ -8,7 +8,10 @@ atomic counter by compiled code (``frontend.transformer.TripletArg``), never wri
 turns the triplets into a ``scipy.sparse`` CSC (``col_major``) or CSR (``row_major``) matrix in
 one vectorised step (duplicates summed, as Taichi/Eigen do), the arithmetic is scipy.sparse's,
 the direct solvers are SuperLU (``scipy.sparse.linalg.splu``) and ``SparseCG`` is
-``scipy.sparse.linalg.cg``; no Python loop touches the entries.
+``scipy.sparse.linalg.cg``; no Python loop touches the entries. Under ``arch=ti.remote``
+the triplet ndarray lives on the server (the kernels filling it run there) and fields and
+ndarrays are read and written through the session; the SciPy part runs in the user's
+process, as locally, so results are the local ones bit for bit.
 
 Where Taichi would return a wrong answer quietly, these raise: a factorisation of a singular
 matrix, ``LLT``/``LDLT`` of a non-symmetric one (Eigen reads only its lower triangle), ``LLT``
@@ -103,7 +106,8 @@ class SparseMatrixBuilder:
         self._triplets[2] = self.num_cols
 
     def _entries(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Rows, columns and values of the triplets appended so far (views)."""
+        """Rows, columns and values of the triplets appended so far (views of one read of
+        the triplet storage: a transfer under arch=ti.remote)."""
         arr = self._triplets.to_numpy()
         count = int(arr[0])
         if count > self.max_num_triplets:
