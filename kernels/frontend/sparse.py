@@ -14,6 +14,11 @@ zero** (storage starts zeroed, deactivation zeroes it), so reads never consult a
 * :func:`finish_struct_fors`: a struct-for visits the cells active when it starts (Taichi lists
   them first); where the kernel itself changes that activity, the loop reads a snapshot taken
   just before it instead of the live metadata.
+
+Under ``arch=ti.remote`` the activity fields are fields of the server session, kernels over
+them are ordinary IR, and the Python-scope half works from :attr:`Field.activity_levels`,
+which the service's engine rebuilds from ``create_field``'s ``sparse``: the engine activates,
+masks and guards adjoints with the same functions as a local program.
 """
 
 from __future__ import annotations
