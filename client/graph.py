@@ -102,6 +102,7 @@ class RemoteGraph(Graph):
         if isinstance(value, Field):
             if value.role != "primal":
                 raise GraphError(f"graph input '{name}': a field, not its .{value.role}")
+            self._dense_input(name, value)
             self._add_input(_Input(name, "field", example=value, dtype=value.dtype,
                                    element_shape=value.element_shape, shape=value.shape), value)
             self._field_ids.add(value.id)
@@ -227,11 +228,12 @@ class RemoteGraph(Graph):
         graph input, a copy on the server from the ndarray holding its bytes (sent with each
         replay), as a local replay copies from the array bound at that replay; True then.
         (Any other array is a constant: its bytes now, recorded as the engine op.)"""
+        what = f"{target._label() if isinstance(target, Field) else 'ndarray'}.from_numpy()"
+        self._dense(target, what)  # refused as a local capture refuses it
         name = self._arrays.get(id(arr))
         if name is None:
             return False
         key, dtype, shape, esh, _ = self._target({"id": target.id, "role": target.role})
-        what = f"{target._label() if isinstance(target, Field) else 'ndarray'}.from_numpy()"
         if arr.dtype != dtype or arr.shape != shape + esh:
             raise GraphCaptureError(f"{what}: graph input '{name}' has dtype {arr.dtype} and "
                                     f"shape {arr.shape}, the target {np.dtype(dtype)} and "
@@ -281,12 +283,19 @@ class RemoteGraph(Graph):
                                               "end": _nbytes(c.dtype.np, f.shape +
                                                              f.element_shape)})
             return
-        if kind not in ("fill", "set_item", "set_bytes"):
+        if kind not in ("fill", "set_item", "set_bytes", "zero"):
             GraphRecording.refuse(f"the engine op '{kind}'")
+        f = self._program.fields.get(op.get("id"))
+        if f is not None and kind != "zero":  # refused as a local capture refuses it
+            label = f.companion(op.get("role", "primal"))._label()
+            Graph._dense(f, {"fill": f"{label}.fill()", "set_item": f"writing {label}[...]",
+                             "set_bytes": f"{label}.from_numpy()"}[kind])
         key, dtype, shape, esh, bound = self._target(op)
         nbytes = _nbytes(dtype, shape + esh)
         entry = {"op": "copy", **key, "offset": 0, "begin": 0, "end": nbytes}
-        if kind == "fill":
+        if kind == "zero":  # deactivate_all: the storage cleared, active or not
+            entry["op"] = "zero"
+        elif kind == "fill":
             value = from_jsonable(op.get("value"))
             pattern = np.empty(esh, dtype=dtype)
             try:

@@ -50,6 +50,7 @@ from difftape.frontend.kernel import (
 from difftape.frontend.matrix import Matrix, Vector
 from difftape.frontend.ndarray import Ndarray, _element_value
 from difftape.graph import wire
+from difftape.graph.core import Graph
 from difftape.ir import serialize
 from difftape.ir.serialize import from_jsonable
 from difftape.runtime import foreign, program
@@ -76,7 +77,8 @@ READ_AHEAD_FIELDS = 8
 READ_AHEAD_B64 = 8 << 10
 READ_AHEAD_UNUSED = 8
 #: Ops a recorded program may hold (the engine's PROGRAM_OPS).
-PROGRAM_OPS = ("launch", "fill", "set_item", "set_bytes", "clear_grads", "clear_duals")
+PROGRAM_OPS = ("launch", "fill", "set_item", "set_bytes", "zero", "clear_grads",
+               "clear_duals")
 
 
 class _Recording:
@@ -468,6 +470,8 @@ class RemoteRuntime:
         for k in rk.arrays:
             a = args[k]
             desc = rk.spec[k]
+            if isinstance(getattr(a, "_triplets", None), Ndarray):
+                a = a._triplets  # a SparseMatrixBuilder: its triplet storage (a ti.ndarray)
             if isinstance(a, RemoteNdarray):
                 if a._program is not self.prog:
                     raise ArgumentError(f"kernel '{name}': argument {k + 1} is a ti.ndarray "
@@ -733,6 +737,10 @@ class RemoteField(Field):
                   "name": self.name}
             if self._offset:  # reported by the server's bounds checks, checked against IR
                 op["offset"] = list(self._offset)
+            levels = self.activity_levels
+            if levels:  # under sparse SNodes: which fields hold its activity, and how
+                op["sparse"] = [{"activity": act.id, "map": [list(m) for m in imap],
+                                 "dynamic": dynamic} for act, imap, dynamic in levels]
             self._remote.queue(op)
             self._program.fields[self.id] = self
             if self in self._program.unplaced:
@@ -812,7 +820,23 @@ class RemoteField(Field):
 
     @_b.python_scope
     def copy_from(self, other: Field) -> None:
+        if self.activity_levels:
+            rec = self._remote._recording
+            if isinstance(rec, GraphRecording):  # refused as a local capture refuses it
+                Graph._dense(self, f"{self._label()}.copy_from()")
+            # As locally: every cell along the index range is activated, then the whole
+            # array copied (a write of the active cells, which are now all of them).
+            self._np_activate_all()
         self.from_numpy(other.to_numpy())
+
+    def _np_activate_all(self) -> None:
+        """The activity fields filled (the engine's ``fill``: they are dense storage)."""
+        for act, imap, dynamic in self.activity_levels:
+            self._remote.queue({"op": "fill", "id": act.id, "role": "primal",
+                                "value": self.shape[imap[-1][0]] if dynamic else 1})
+
+    def _zero(self) -> None:
+        self._remote.queue({"op": "zero", "id": self.id, "role": self.role})
 
 
 _ELEMENTS: dict[int, type] = {}

@@ -40,6 +40,7 @@ from difftape.frontend.kernel import (
     kernel_prints,
 )
 from difftape.frontend.ndarray import Ndarray
+from difftape.frontend.sparse import sparse_levels
 from difftape.graph import saved as saved_graphs
 from difftape.graph import wire
 from difftape.graph.core import Graph
@@ -58,7 +59,8 @@ VARIANTS = ("primal", "grad", "fwd", "grad_fwd", "fwd_const")
 PAYLOAD_OPS = ("write", "read", "save", "load")
 _SAVE_META = "__difftape_meta__"
 #: Ops a ``sweep`` or ``grad_check`` program may repeat (nothing that creates or reads).
-PROGRAM_OPS = ("launch", "fill", "set_item", "set_bytes", "clear_grads", "clear_duals")
+PROGRAM_OPS = ("launch", "fill", "set_item", "set_bytes", "zero", "clear_grads",
+               "clear_duals")
 #: ``get_bytes``/``set_bytes`` carry at most this much (base64 inside a batch's JSON).
 INLINE_BYTES = 1 << 20
 
@@ -153,6 +155,21 @@ def _offset(value: Any, shape: tuple[int, ...]) -> tuple[int, ...]:
                          f"{list(shape)}")
     check_offset_range(offset, shape)
     return offset if any(offset) else ()
+
+
+def _levels_wire(f: Field) -> list[dict]:
+    """A field's activity levels as ``create_field``'s ``sparse`` describes them."""
+    return [{"activity": act.id, "map": [list(m) for m in imap], "dynamic": dynamic}
+            for act, imap, dynamic in f.activity_levels]
+
+
+def _active_mask(s: Field | _Ndarray) -> np.ndarray | None:
+    """The elements a Python-scope write (``fill``, ``set_bytes``, ``write``) reaches in a
+    field under sparse SNodes: the active ones, as locally (None: all of them)."""
+    if not isinstance(s, Field):
+        return None
+    active = s._np_active()
+    return s._element_mask(active) if active is not None else None
 
 
 def _number(v: Any) -> bool:
@@ -474,6 +491,8 @@ class Engine:
         if len(shape) > 8 or len(esh) > 2:
             raise ShapeError(f"at most 8 field axes and 2 element axes, got {shape} / {esh}")
         offset = _offset(op.get("offset", []), shape)
+        levels = self._levels(op.get("sparse", []), shape, offset) if op.get("sparse") \
+            else None
         name = op.get("name") or ""
         if not isinstance(name, str):
             raise EngineError("name must be a string")
@@ -485,8 +504,8 @@ class Engine:
             raise EngineError(f"id {fid} is already a ti.ndarray of this session")
         old = self.prog.fields.get(fid)
         if old is not None:
-            if (old.dtype, old.shape, old.element_shape, old._offset) != (dtype, shape, esh,
-                                                                          offset):
+            if (old.dtype, old.shape, old.element_shape, old._offset, old._wire_levels) != \
+                    (dtype, shape, esh, offset, levels):
                 raise EngineError(f"field id {fid} already exists with another layout")
         else:
             self._check_count()
@@ -497,12 +516,56 @@ class Engine:
                 self.prog.unplaced.remove(f)
                 f.id = fid  # the client's id: IR buffers refer to fields by it
                 f._offset = offset  # only reported: the IR and the client index from 0
+                f._wire_levels = levels
                 f._allocate(shape)
             old = f
         for role in ("grad", "dual"):
             if op.get(f"needs_{role}"):
                 self._make_companion(old, role)
         return {"id": fid, "nbytes": self._field_nbytes(old)}
+
+    def _levels(self, spec: Any, shape: tuple[int, ...], offset: tuple[int, ...]
+                ) -> list[tuple[Field, list[tuple[int, int]], bool]]:
+        """``create_field``'s ``sparse``: the sparse levels above a client's field, each
+        ``{"activity": id, "map": [[axis, divisor], ...], "dynamic": bool}``, checked so that
+        every index the engine derives from them is in range: the activity field exists,
+        is dense and of the level's dtype (i8 per cell, i32 lengths per list), and its shape
+        is the field's divided along the mapped axes (a list's own axis last, undivided).
+        Python-scope writes then activate and mask as locally, and reverse-mode kernels guard
+        their adjoints with them (``sparse_levels``)."""
+        if not isinstance(spec, list) or len(spec) > 8:
+            raise EngineError("sparse: a list of at most 8 levels expected")
+        if offset:
+            raise EngineError("sparse: a field under sparse SNodes has no offset")
+        out = []
+        for k, lvl in enumerate(spec):
+            if not isinstance(lvl, dict) or set(lvl) != {"activity", "map", "dynamic"} or \
+                    not isinstance(lvl["dynamic"], bool) or not isinstance(lvl["map"], list):
+                raise EngineError(f"sparse level {k}: {{activity, map, dynamic}} expected")
+            act = self.prog.fields.get(lvl["activity"]) \
+                if isinstance(lvl["activity"], int) else None
+            if act is None or act._wire_levels is not None or act.element_shape or \
+                    act._offset:
+                raise EngineError(f"sparse level {k}: activity {lvl['activity']!r:.40} is not a "
+                                  "dense scalar field of this session")
+            dynamic = lvl["dynamic"]
+            if act.dtype != (T.i32 if dynamic else T.i8):
+                raise EngineError(f"sparse level {k}: its activity field must be "
+                                  f"{'i32' if dynamic else 'i8'}, got {act.dtype}")
+            imap = [_int_list(m, f"sparse level {k}'s map entry") for m in lvl["map"]]
+            if any(len(m) != 2 or not 0 <= m[0] < len(shape) or m[1] < 1 for m in imap) or \
+                    len({q for q, _ in imap}) != len(imap):
+                raise EngineError(f"sparse level {k}: map entries are distinct [axis, divisor "
+                                  f">= 1] pairs of a {len(shape)}-axis field")
+            cells = imap[:-1] if dynamic else imap
+            if dynamic and (not imap or imap[-1][1] != 1):
+                raise EngineError(f"sparse level {k}: a list's own axis comes last, undivided")
+            if act.shape != tuple(shape[q] // d for q, d in cells) or \
+                    any(shape[q] % d for q, d in cells):
+                raise EngineError(f"sparse level {k}: activity shape {act.shape} does not "
+                                  f"divide the field's {shape} by the map {imap}")
+            out.append((act, [(q, d) for q, d in imap], dynamic))
+        return out
 
     def _check_count(self) -> None:
         """The ``fields`` quota: fields and ndarrays together."""
@@ -580,7 +643,8 @@ class Engine:
             raise ShapeError(f"write: expected {arr.size * dtype.itemsize} bytes for "
                              f"{shape} {dtype}, got {data.nbytes}")
         src = np.frombuffer(data, dtype=dtype).reshape(shape)
-        np.copyto(arr.write(), src, casting="unsafe")
+        mask = _active_mask(s)  # from_numpy of a sparse field: its active cells
+        np.copyto(arr.write(), src, casting="unsafe", where=True if mask is None else mask)
         return {}, None
 
     def op_read(self, op: dict, payload: bytes | None) -> tuple[dict, memoryview]:
@@ -613,15 +677,30 @@ class Engine:
         if len(data) != s.storage.nbytes:
             raise ShapeError(f"set_bytes: {s._label()} has {s.storage.nbytes} bytes, got "
                              f"{len(data)}")
-        s.storage.write().reshape(-1)[:] = np.frombuffer(data, dtype=s.storage.dtype)
+        src = np.frombuffer(data, dtype=s.storage.dtype)
+        mask = _active_mask(s)
+        if mask is None:
+            s.storage.write().reshape(-1)[:] = src
+        else:  # from_numpy of a field under sparse SNodes: its active cells, as locally
+            np.copyto(s.storage.write(), src.reshape(s.storage.shape), where=mask)
+        return {}
+
+    def op_zero(self, op: dict) -> dict:
+        """Zero a storage whole, active cells or not (``deactivate_all``: the activity fields
+        and the data below them)."""
+        self.prog.zero(self._storage(op).storage)
         return {}
 
     def op_fill(self, op: dict) -> dict:
         s = self._storage(op)
         value = from_jsonable(op.get("value"))
+        mask = _active_mask(s)
         try:
-            s.storage.write()[...] = np.asarray(value, dtype=s.dtype.np) \
-                if isinstance(value, list) else value
+            if mask is not None:  # as a local fill of a sparse field: the active cells
+                np.copyto(s.storage.write(), np.asarray(value, dtype=s.dtype.np), where=mask)
+            else:
+                s.storage.write()[...] = np.asarray(value, dtype=s.dtype.np) \
+                    if isinstance(value, list) else value
         except (TypeError, ValueError) as e:
             raise ShapeError(f"fill {s._label()}: {e}") from None
         return {}
@@ -636,7 +715,7 @@ class Engine:
             if not -n <= i < n:
                 raise EngineError(f"index {i} is out of bounds for axis {axis} of "
                                   f"{s._label()} with size {n}")
-        return index
+        return tuple(i + n if i < 0 else i for i, n in zip(index, shape, strict=True))
 
     def op_get_item(self, op: dict) -> dict:
         s = self._storage(op)
@@ -657,6 +736,8 @@ class Engine:
                 s.storage.write()[key] = value
         except (TypeError, ValueError, OverflowError) as e:
             raise ShapeError(f"{s._label()}[{list(key)}] = ...: {e}") from None
+        if isinstance(s, Field):  # a write activates the cells along its path, as locally
+            s._np_activate(key)
         return {}
 
     def op_clear_grads(self, op: dict) -> dict:
@@ -740,7 +821,9 @@ class Engine:
             return has_storage(prog, (), buf, role)
 
         checks = ir.overflow_checks  # the client's debug=True: overflow reports, printed
-        ir = derive(ir, variant, storage)
+        # Sparse fields: adjoints reach active cells only, as locally (their levels came
+        # with create_field).
+        ir = derive(ir, variant, storage, lambda buf: sparse_levels(prog, buf))
         ir.overflow_checks = checks
         ir = run_pipeline(ir)
         sink = self.prog.print_sink
@@ -1166,7 +1249,8 @@ class Engine:
             roles = [r for r in ROLES if f.companion(r) is not None]
             meta["fields"].append({"id": fid, "dtype": f.dtype.name, "shape": list(f.shape),
                                    "element_shape": list(f.element_shape), "name": f.name,
-                                   "roles": roles, "offset": list(f._offset)})
+                                   "roles": roles, "offset": list(f._offset),
+                                   "sparse": _levels_wire(f)})
             for r in roles:
                 arrays[f"{fid}_{r}"] = f.companion(r).storage.read()
         for fid, nd in self.ndarrays.items():
@@ -1199,7 +1283,8 @@ class Engine:
                 roles = d["roles"]
                 self.op_create_field({"id": d["id"], "dtype": d["dtype"], "shape": d["shape"],
                                       "element_shape": d["element_shape"], "name": d["name"],
-                                      "offset": d.get("offset", [])})
+                                      "offset": d.get("offset", []),
+                                      "sparse": d.get("sparse", [])})
                 for r in roles[1:]:
                     self.op_companion({"id": d["id"], "role": r})
                 for r in roles:
@@ -1259,6 +1344,7 @@ _HANDLERS = {
     "get_bytes": Engine.op_get_bytes,
     "set_bytes": Engine.op_set_bytes,
     "set_item": Engine.op_set_item,
+    "zero": Engine.op_zero,
     "get_item": Engine.op_get_item,
     "register": Engine.op_register,
     "launch": Engine.op_launch,

@@ -67,6 +67,17 @@ class SessionList(BaseModel):
 
 
 # ---------------------------------------------------------------------- engine ops
+class SparseLevel(Strict):
+    """One sparse SNode above a field's cells: the field holding its activity (a byte per
+    cell, or a length per list when ``dynamic``) and, per activity axis, the field's axis
+    and the divisor that maps a field index to it (a list's own axis last)."""
+
+    activity: FieldId
+    map: list[Annotated[list[Annotated[int, Field(ge=0, lt=2**31)]],
+                        Field(min_length=2, max_length=2)]] = Field(max_length=8)
+    dynamic: bool = False
+
+
 class CreateFieldOp(Strict):
     op: Literal["create_field"] = "create_field"
     id: FieldId
@@ -80,12 +91,22 @@ class CreateFieldOp(Strict):
     name: str | None = Field(default=None, max_length=200)
     # A ti.ndarray's storage (bound to kernel arguments by launches), not a field.
     ndarray: bool = False
+    # Under sparse SNodes: the levels above its cells (checked by the engine).
+    sparse: list[SparseLevel] = Field(default=[], max_length=8)
 
 
 class CompanionOp(Strict):
     op: Literal["companion"] = "companion"
     id: FieldId
     role: CompanionRole
+
+
+class ZeroOp(Strict):
+    """Zero a storage whole, active cells or not (``deactivate_all``)."""
+
+    op: Literal["zero"] = "zero"
+    id: FieldId
+    role: Role = "data"
 
 
 class FillOp(Strict):
@@ -163,7 +184,7 @@ class SeedOp(Strict):
 
 # What a sweep or grad_check repeats: ops that neither create nor read anything.
 ProgramOp = Annotated[
-    LaunchOp | FillOp | SetItemOp | SetBytesOp | ClearGradsOp | ClearDualsOp,
+    LaunchOp | FillOp | SetItemOp | SetBytesOp | ZeroOp | ClearGradsOp | ClearDualsOp,
     Field(discriminator="op"),
 ]
 Program = Annotated[list[ProgramOp], Field(max_length=100_000)]
@@ -243,7 +264,7 @@ class GraphReplayOp(Strict):
 
 BatchOp = Annotated[
     CreateFieldOp | CompanionOp | FillOp | SetItemOp | GetItemOp | GetBytesOp | SetBytesOp
-    | RegisterOp | LaunchOp | ClearGradsOp | ClearDualsOp | SeedOp | SweepOp | NewtonOp
+    | ZeroOp | RegisterOp | LaunchOp | ClearGradsOp | ClearDualsOp | SeedOp | SweepOp | NewtonOp
     | SnapshotOp | GradCheckOp | GraphCreateOp | GraphReplayOp,
     Field(discriminator="op"),
 ]
@@ -275,6 +296,8 @@ class FieldCreate(Strict):
     name: str | None = Field(default=None, max_length=200)
     # A ti.ndarray's storage (bound to kernel arguments by launches), not a field.
     ndarray: bool = False
+    # Under sparse SNodes: the levels above its cells (checked by the engine).
+    sparse: list[SparseLevel] = Field(default=[], max_length=8)
 
 
 class FieldCreated(BaseModel):

@@ -315,24 +315,54 @@ class Field(ArrayExchange):
         node = self.primal._container
         return node if node is not None and node.kind == "dynamic" else None
 
+    #: The activity levels of a field whose SNodes live elsewhere: set by the service's
+    #: engine from ``create_field``'s ``sparse`` (a client's sparse field, stored densely on
+    #: the server beside its activity fields); None for every field of a local program.
+    _wire_levels: list | None = None
+
+    @property
+    def activity_levels(self) -> list[tuple[Field, list[tuple[int, int]], bool]]:
+        """The sparse levels above this field's cells as storage: (the level's activity
+        field, the map from this field's index to the level's, dynamic?). What Python-scope
+        access (activation by writes, writes of active cells only) and the reverse-mode
+        transform need, locally (from the SNodes) and on the server (from the wire) alike."""
+        if self.role == "mark":
+            return []
+        if self.primal._wire_levels is not None:
+            return self.primal._wire_levels
+        return [(lvl.activity, imap, lvl.kind == "dynamic") for lvl, imap in self.sparse_terms]
+
     def _np_active(self) -> np.ndarray | None:
         """Which elements are active (a bool array of the field's shape); None if dense."""
-        return active_mask(self.primal._container, self.shape) if self.sparse_terms else None
+        levels = self.activity_levels
+        return active_mask(levels, self.shape) if levels else None
 
     def _np_activate(self, key: tuple) -> None:
-        for lvl, imap in self.sparse_terms:
+        """A Python-scope write of element ``key`` (a storage index) activates the cells
+        along its path, as in Taichi."""
+        for act, imap, dynamic in self.activity_levels:
             idx = tuple(int(key[q]) // d for q, d in imap)
-            if lvl.kind == "dynamic":
+            if dynamic:
                 *par, j = idx
-                act = lvl.activity.storage.write()
-                act[tuple(par)] = max(int(act[tuple(par)]), j + 1)
+                arr = act.storage.write()
+                arr[tuple(par)] = max(int(arr[tuple(par)]), j + 1)
             else:
-                lvl.activity.storage.write()[idx] = 1
+                act.storage.write()[idx] = 1
 
     def _np_activate_all(self) -> None:
-        for lvl, _ in self.sparse_terms:
-            lvl.activity.storage.write()[...] = 1 if lvl.kind != "dynamic" else \
-                lvl.sizes[0]
+        """Every cell of every level above the field active (a list at its full length: the
+        extent of its own axis, the last of the level's map)."""
+        for act, imap, dynamic in self.activity_levels:
+            act.storage.write()[...] = self.shape[imap[-1][0]] if dynamic else 1
+
+    def _zero(self) -> None:
+        """Zero the whole storage, active or not (``deactivate_all``); recorded inside
+        ``ti.graph.capture()``. The remote field queues the engine's ``zero`` op."""
+        capture = self._program.capture
+        if capture is not None:
+            capture.zero(self.storage)
+        else:
+            self.storage.zero()
 
     @property
     def storage(self) -> Storage:
@@ -1342,10 +1372,6 @@ class SNode:
             dims *= len(axes)
         if len(dims) != len(axes):
             raise ShapeError(f"{kind} over {len(axes)} axes needs {len(axes)} sizes, got {dims}")
-        if kind in _SPARSE and program.get().remote is not None:
-            raise DifftapeError(f"ti.root.{kind}(...): sparse SNodes are not supported under "
-                                "arch=ti.remote (the service stores dense fields only); use "
-                                "dense(...) or run on ti.cpu")
         return SNode(self, axes, dims, kind)
 
     def dense(self, axes, dimensions) -> SNode:
@@ -1447,7 +1473,7 @@ class SNode:
             for f in node.fields:
                 out += [c for c in (f, f._grad, f._dual,
                                     f._grad._dual if f._grad is not None else None)
-                        if c is not None and c._storage is not None]
+                        if c is not None and c._shape is not None and not c._destroyed]
         return out
 
     def place(self, *fields, offset=None) -> SNode:
@@ -1533,8 +1559,14 @@ class SNode:
     def _place_primal(self, f: Field, shape: tuple[int, ...],
                       offset: tuple[int, ...] = ()) -> None:
         f._offset = offset
-        f._allocate(shape)
+        # The container first: a remote field's creation op carries the sparse levels above
+        # it (client/runtime.py).
         f._container = self
+        try:
+            f._allocate(shape)
+        except BaseException:
+            f._container = None
+            raise
         self.fields.append(f)
         for comp in (f._grad, f._dual):  # lazy_grad()/lazy_dual() before the placement
             if comp is not None and comp._shape is None and comp._follows:
@@ -1594,15 +1626,10 @@ class SNode:
         if _b.current() is not None:
             raise _b.current().error("deactivate_all() runs in Python scope only; inside a "
                                      "kernel use ti.deactivate(snode, I)")
-        capture = program.get().capture
         for node in self._subtree():
             if node.kind in _SPARSE:
-                for storage in [node.activity.storage] + [f.storage for f in
-                                                          node.subtree_fields()]:
-                    if capture is not None:
-                        capture.zero(storage)
-                    else:
-                        storage.zero()
+                for f in [node.activity] + node.subtree_fields():
+                    f._zero()
 
     def lazy_grad(self) -> None:
         """Give every float field a ``.grad`` with the primal's layout."""

@@ -14,6 +14,11 @@ zero** (storage starts zeroed, deactivation zeroes it), so reads never consult a
 * :func:`finish_struct_fors`: a struct-for visits the cells active when it starts (Taichi lists
   them first); where the kernel itself changes that activity, the loop reads a snapshot taken
   just before it instead of the live metadata.
+
+Under ``arch=ti.remote`` the activity fields are fields of the server session, kernels over
+them are ordinary IR, and the Python-scope half works from :attr:`Field.activity_levels`,
+which the service's engine rebuilds from ``create_field``'s ``sparse``: the engine activates,
+masks and guards adjoints with the same functions as a local program.
 """
 
 from __future__ import annotations
@@ -32,16 +37,18 @@ from .values import Expr
 
 
 # ---------------------------------------------------------------------------- Python scope
-def active_mask(node: SNode, shape: tuple[int, ...]) -> np.ndarray:
-    """Which cells of ``node``'s index space (of ``shape``) are active, as a bool array."""
+def active_mask(levels: list, shape: tuple[int, ...]) -> np.ndarray:
+    """Which cells of an index space of ``shape`` are active, as a bool array, from the
+    activity ``levels`` above them (``Field.activity_levels``: activity field, index map,
+    dynamic?)."""
     out = np.ones(shape, dtype=bool)
-    for lvl, imap in node.activity_terms():
+    for activity, imap, dynamic in levels:
         idx = []
         for q, d in imap:
             ax = np.arange(shape[q]) // d
             idx.append(ax.reshape([-1 if k == q else 1 for k in range(len(shape))]))
-        act = lvl.activity.storage.read()
-        if lvl.kind == "dynamic":
+        act = activity.storage.read()
+        if dynamic:
             *par, j = idx
             cond = j < (act[tuple(par)] if par else act[()])
         else:
@@ -99,12 +106,13 @@ def active_condition(node: SNode, idx: list) -> Expr:
 def sparse_levels(prog, buf) -> list:
     """The sparse levels above a field buffer's cells, for the reverse-mode transform
     (``autodiff.reverse.ActivityLevel``: activity buffer, index map, dynamic?); empty for
-    dense storage and ndarrays."""
+    dense storage and ndarrays. The service's engine derives a client's kernels with it too
+    (its fields know their levels from ``create_field``)."""
     kind, ident, _role = buf.key
     f = prog.fields.get(ident) if kind == "field" else None
     if f is None:
         return []
-    return [(lvl.activity.buffer(), imap, lvl.kind == "dynamic") for lvl, imap in f.sparse_terms]
+    return [(act.buffer(), imap, dynamic) for act, imap, dynamic in f.activity_levels]
 
 
 def struct_for_guard(tr, node: SNode, indices: list) -> None:

@@ -177,9 +177,7 @@ class Graph:
         example value, or a type such as ``ti.f32`` or ``ti.types.vector(3, ti.f32)``)."""
         self._declare(name)
         if isinstance(value, Field):
-            if value.sparse_terms:
-                raise GraphError(f"graph input '{name}': fields under sparse SNodes cannot be "
-                                 "inputs (their activity is not part of the graph)")
+            self._dense_input(name, value)
             inp = _Input(name, "field", example=value, dtype=value.dtype,
                          element_shape=value.element_shape, shape=value.shape)
             self._add_input(inp, value)
@@ -442,6 +440,13 @@ class Graph:
             f"{what} inside ti.graph.capture() (at {user_line()}): a graph replays without "
             "Python, so a value read on the host now would be frozen into every replay. Do "
             "the computation (and any branch on it) in a kernel, or read after g.replay()")
+
+    @staticmethod
+    def _dense_input(name: str, field: Field) -> None:
+        """A field input must be dense (a local capture's and a remote one's)."""
+        if field.sparse_terms:
+            raise GraphError(f"graph input '{name}': fields under sparse SNodes cannot be "
+                             "inputs (their activity is not part of the graph)")
 
     @staticmethod
     def _dense(target, what: str) -> None:

@@ -8,7 +8,10 @@ atomic counter by compiled code (``frontend.transformer.TripletArg``), never wri
 turns the triplets into a ``scipy.sparse`` CSC (``col_major``) or CSR (``row_major``) matrix in
 one vectorised step (duplicates summed, as Taichi/Eigen do), the arithmetic is scipy.sparse's,
 the direct solvers are SuperLU (``scipy.sparse.linalg.splu``) and ``SparseCG`` is
-``scipy.sparse.linalg.cg``; no Python loop touches the entries.
+``scipy.sparse.linalg.cg``; no Python loop touches the entries. Under ``arch=ti.remote``
+the triplet ndarray lives on the server (the kernels filling it run there) and fields and
+ndarrays are read and written through the session; the SciPy part runs in the user's
+process, as locally, so results are the local ones bit for bit.
 
 Where Taichi would return a wrong answer quietly, these raise: a factorisation of a singular
 matrix, ``LLT``/``LDLT`` of a non-symmetric one (Eigen reads only its lower triangle), ``LLT``
@@ -28,7 +31,6 @@ from ..frontend.annotations import TRIPLET_HEADER
 from ..frontend.field import Field
 from ..frontend.ndarray import Ndarray, ndarray
 from ..frontend.ops import resolve_dtype
-from ..runtime import program
 
 _FORMATS = {"col_major": "csc", "row_major": "csr"}
 _INDEX_DTYPE = {"f32": T.i32, "f64": T.i64}
@@ -76,12 +78,6 @@ def _size(value, what: str) -> int:
     return int(value)
 
 
-def _local_program(what: str) -> None:
-    if program.get().remote is not None:
-        raise DifftapeError(f"{what} is not available under arch=ti.remote: sparse matrices "
-                            "live in this process (use arch=ti.cpu)")
-
-
 class SparseMatrixBuilder:
     """``ti.linalg.SparseMatrixBuilder(num_rows, num_cols, max_num_triplets, dtype,
     storage_format)``: triplets ``(i, j, v)`` appended in kernels (``A[i, j] += v``, ``-=``)
@@ -94,7 +90,6 @@ class SparseMatrixBuilder:
 
     def __init__(self, num_rows=None, num_cols=None, max_num_triplets=0, dtype=T.f32,
                  storage_format: str = "col_major") -> None:
-        _local_program("ti.linalg.SparseMatrixBuilder")
         if num_rows is None:
             raise ArgumentError("SparseMatrixBuilder needs num_rows")
         self.num_rows = _size(num_rows, "num_rows")
@@ -103,14 +98,17 @@ class SparseMatrixBuilder:
         self.dtype = _value_dtype(dtype)
         self.storage_format = storage_format
         self._format = _storage_format(storage_format)
+        # A ti.ndarray: under arch=ti.remote it lives on the server, where kernels fill it;
+        # build() reads it (one transfer) and the matrix is SciPy's, here, as locally.
         self._triplets = ndarray(_INDEX_DTYPE[self.dtype.name],
                                  TRIPLET_HEADER + 3 * self.max_num_triplets)
-        arr = self._triplets.storage.write()
-        arr[1], arr[2] = self.num_rows, self.num_cols
+        self._triplets[1] = self.num_rows
+        self._triplets[2] = self.num_cols
 
     def _entries(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Rows, columns and values of the triplets appended so far (views)."""
-        arr = self._triplets.storage.read()
+        """Rows, columns and values of the triplets appended so far (views of one read of
+        the triplet storage: a transfer under arch=ti.remote)."""
+        arr = self._triplets.to_numpy()
         count = int(arr[0])
         if count > self.max_num_triplets:
             raise SolverError(f"this SparseMatrixBuilder overflowed: {count} triplets were "
@@ -140,7 +138,7 @@ class SparseMatrixBuilder:
         mat = sp.coo_matrix((vals.astype(dt.np), (rows, cols)),
                             shape=(self.num_rows, self.num_cols)).asformat(self._format)
         mat.sum_duplicates()
-        self._triplets.storage.write()[0] = 0
+        self._triplets[0] = 0
         return SparseMatrix._wrap(mat, dt, self.storage_format)
 
 
@@ -244,9 +242,9 @@ class SparseMatrix:
                                  f"and {other.shape} in A @ B")
             return self._result(self.matrix @ other.matrix)
         if isinstance(other, Ndarray):
-            x = self._vector(other.storage.read(), other.element_shape)
+            x = self._vector(other.to_numpy(), other.element_shape)
             out = ndarray(other.dtype, self.n)
-            out.storage.write()[...] = self.matrix @ x
+            out.from_numpy(self.matrix @ x)
             return out
         if isinstance(other, Field):
             return self.matrix @ self._vector(other.to_numpy(), other.element_shape)
@@ -301,7 +299,7 @@ class SparseMatrix:
             raise ArgumentError("Sparse matrix only supports building from [ti.ndarray, "
                                 f"ti.Vector.ndarray, ti.Matrix.ndarray], got "
                                 f"{type(arr).__name__}")
-        flat = arr.storage.read().reshape(-1)
+        flat = arr.to_numpy().reshape(-1)
         if flat.size % 3:
             raise ShapeError(f"The number of ndarray elements must have a length that is "
                              f"divisible by 3, got {flat.size}")
@@ -329,8 +327,7 @@ class SparseMatrix:
 def _rhs(b, n: int, dtype: T.DType) -> np.ndarray:
     """A right-hand side (field, ndarray, NumPy array) as a vector of ``dtype``."""
     if isinstance(b, Ndarray | Field):
-        arr, esh = (b.storage.read(), b.element_shape) if isinstance(b, Ndarray) else \
-            (b.to_numpy(), b.element_shape)
+        arr, esh = b.to_numpy(), b.element_shape
     elif isinstance(b, np.ndarray):
         arr, esh = b, ()
     else:
@@ -363,7 +360,6 @@ class SparseSolver:
     """
 
     def __init__(self, dtype=T.f32, solver_type: str = "LLT", ordering: str = "AMD") -> None:
-        _local_program("ti.linalg.SparseSolver")
         if solver_type not in _SOLVERS or ordering not in _ORDERINGS:
             raise OptionError(f"The solver type {solver_type} with {ordering} is not supported "
                               f"for now. Only {list(_SOLVERS)} with {list(_ORDERINGS)} are "
@@ -434,7 +430,7 @@ class SparseSolver:
         x = self._lu.solve(_rhs(b, self.matrix.n, self.dtype))
         if isinstance(b, Ndarray):
             out = ndarray(b.dtype, self.matrix.m)
-            out.storage.write()[...] = x
+            out.from_numpy(x)
             return out
         return x
 

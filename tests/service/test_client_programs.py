@@ -600,18 +600,6 @@ def test_fill_in_a_kernel_runs_at_each_launch_remotely(remote):
     same(local, remote(_fill_in_kernel_program))
 
 
-@pytest.mark.parametrize("kind", ["pointer", "bitmasked", "dynamic"])
-def test_sparse_snodes_are_refused_remotely(kind):
-    # The service stores dense fields only: a sparse SNode is refused where it is declared.
-    ti.init(arch=ti.remote, transport=LocalTransport())
-    try:
-        with pytest.raises(ti.DifftapeError, match="sparse SNodes are not supported under "
-                                                   "arch=ti.remote"):
-            getattr(ti.root, kind)(ti.i, 8)
-    finally:
-        ti.reset()
-
-
 def _struct_program():
     vec2 = ti.types.vector(2, ti.f32)
     box = ti.types.struct(lo=vec2, hi=vec2, tag=ti.i32)
