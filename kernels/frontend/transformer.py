@@ -1994,6 +1994,11 @@ def _func_annotations(fn) -> tuple[dict[str, Any], Any]:
     ret = _resolve_annotation(fn.signature.return_annotation, fn.pyfunc)
     if isinstance(ret, list):
         ret = tuple(ret)
+    if not fn.real and not isinstance(ret, tuple) and \
+            _annotation_kind(ret, f"the return of func '{name}'") == "template":
+        # `-> ti.template()` on an inlined func: Taichi returns the value as it is (it casts
+        # only to a dtype annotation), which is what a func without an annotation does
+        ret = None
     for r in ret if isinstance(ret, tuple) else (ret,):
         if _annotation_kind(r, f"the return of func '{name}'") not in ("none", "matrix",
                                                                        "struct", "scalar"):
