@@ -60,6 +60,7 @@ from .frontend.field import (  # noqa: E402
     Layout,
     MatrixField,
     ScalarField,
+    assume_in_range,
     axes,
     block_local,
     cache_read_only,

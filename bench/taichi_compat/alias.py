@@ -84,6 +84,14 @@ def _internal(qualname: str) -> TaichiInternalsUsed:
                                "no counterpart")
 
 
+#: Taichi 1.7.4's modules under ``taichi/lang`` (reached as attributes: ``ti.lang.matrix``).
+_LANG_MODULES = frozenset((
+    "_ndarray", "_ndrange", "_texture", "_wrap_inspect", "any_array", "argpack", "ast",
+    "common_ops", "enums", "exception", "expr", "field", "impl", "kernel_arguments",
+    "kernel_impl", "matrix", "matrix_ops", "matrix_ops_utils", "mesh", "misc", "ops",
+    "runtime_ops", "shell", "simt", "snode", "source_builder", "struct", "util"))
+
+
 def _internals_module(name: str, provided: dict | None = None) -> _types.ModuleType:
     """A module under ``taichi.lang`` / ``taichi._*``: the ``provided`` names, then difftape's
     top-level names, else :class:`TaichiInternalsUsed`."""
@@ -96,6 +104,12 @@ def _internals_module(name: str, provided: dict | None = None) -> _types.ModuleT
             raise AttributeError(attr)
         if hasattr(_dt, attr):
             return getattr(_dt, attr)
+        if name == "taichi.lang" and attr in _LANG_MODULES:
+            # `ti.lang.matrix.Vector` (GeoTaichi): the submodule, as `import taichi.lang.matrix`
+            # gives it (difftape's top-level names, else TaichiInternalsUsed)
+            full = f"{name}.{attr}"
+            return _sys.modules.get(full) or _sys.modules.setdefault(full,
+                                                                     _internals_module(full))
         raise _internal(f"{name}.{attr}")
 
     mod.__getattr__ = __getattr__

@@ -29,7 +29,12 @@ def real_func(fn=None, **_options):
     return Func(fn, real=True)
 
 
-pyfunc = func
+def pyfunc(fn=None, **_options):
+    """``@ti.pyfunc``: a func (inlined into kernels) that Python scope may call too, where it
+    runs as the plain Python function it is."""
+    if fn is None:
+        return lambda f: Func(f, python=True)
+    return Func(fn, python=True)
 
 
 def data_oriented(cls: type) -> type:

@@ -974,6 +974,22 @@ def loop_unique(val, covers=None):
     return val
 
 
+def assume_in_range(val, base, low: int, high: int):
+    """``ti.assume_in_range(val, base, low, high)``: Taichi's promise that ``val`` lies in
+    ``[base + low, base + high)``, which lets it stage a field in GPU shared memory for a
+    block (``ti.block_local``). difftape reads the field itself, which is right whether or
+    not the promise holds, so ``val`` is returned as it is; ``low``/``high`` must be Python
+    integers, as Taichi requires."""
+    bld = _b.current()
+    if bld is None:
+        raise DifftapeError("ti.assume_in_range() is a hint inside kernels")
+    for name, v in (("low", low), ("high", high)):
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise bld.error(f"ti.assume_in_range({name}=...) must be a Python integer, got "
+                            f"{type(v).__name__}", KernelTypeError)
+    return val
+
+
 class Layout(enum.Enum):
     """``ti.Layout``: how Taichi lays out the entries of a vector/matrix field in memory, all
     entries of an element together (``AOS``) or each entry in an array of its own (``SOA``).

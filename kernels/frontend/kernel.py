@@ -63,7 +63,7 @@ from .annotations import (
 from .argpack import ArgPack, ArgPackType
 from .field import refuse_unplaced
 from .matrix import Matrix, MatrixType
-from .ndarray import Ndarray
+from .ndarray import Ndarray, tensor_with_grad
 from .ops import resolve_dtype
 from .sparse import finish_struct_fors, sparse_levels
 from .struct import Struct, StructType
@@ -250,6 +250,20 @@ class Kernel:
                 return call_with_device_arrays(host_arrays, self.name, names, args, device,
                                                allocator)
         return call_with_arrays(call, self.name, names, args, self._array_args)
+
+    def bind_tensor_grads(self, args: tuple) -> tuple:
+        """``args`` with each PyTorch tensor that carries a gradient (``requires_grad`` or a
+        ``.grad``) replaced by an Ndarray over its memory and its ``.grad``'s, for the adjoint
+        kernel: it adds into ``tensor.grad``, as Taichi's does (see
+        :func:`~.ndarray.tensor_with_grad`)."""
+        out = list(args)
+        for i in self._array_args:
+            p = self.params[i]
+            nd = tensor_with_grad(args[i], p.annotation,
+                                  f"kernel '{self.name}': argument '{p.name}'")
+            if nd is not None:
+                out[i] = nd
+        return tuple(out)
 
     def _call_differentiated(self, prog, args: tuple):
         """A launch inside a Tape (recorded) and/or forward mode (the tangent variant)."""
@@ -502,6 +516,7 @@ class AdjointKernel:
             if k.no_grad:  # @ti.ad.no_grad: an empty gradient, as in Taichi
                 return None
             if k._array_args and len(args) == len(k.params):
+                args = k.bind_tensor_grads(args)
                 for i in k._array_args:
                     if not isinstance(args[i], _NATIVE_ARRAYS):
                         return k.foreign_call(self.__call__, args)

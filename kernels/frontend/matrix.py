@@ -362,9 +362,11 @@ class Matrix:
     def __invert__(self):
         return ops.unary("bit_not", self)
 
-    # NumPy scalars on the left (np.float64(2) + v) defer to our reflected operators instead
-    # of turning the vector into an array.
-    __array_ufunc__ = None
+    # NumPy scalars and arrays on the left (np.float64(2) + v) defer to our reflected
+    # operators instead of turning the vector into an array, while NumPy's functions of a
+    # Python-scope vector (np.ceil(v), np.sqrt(v)) take it as the array it converts to
+    # (__array__), both as in Taichi (GeoTaichi: np.ceil(points / grid_size)).
+    __array_priority__ = 1000
 
     def __neg__(self):
         return ops.unary("neg", self)

@@ -264,6 +264,52 @@ class MatrixNdarray(Ndarray):
         super().__init__(dtype, shape, (n, m), needs_grad)
 
 
+def tensor_with_grad(a, ann, what: str) -> Ndarray | None:
+    """A PyTorch tensor passed to ``kernel.grad`` as an ndarray argument, as an Ndarray over
+    its memory whose ``.grad`` is the memory of ``a.grad``, or None when ``a`` carries no
+    gradient (not a tensor, or neither ``requires_grad`` nor a ``.grad``).
+
+    Taichi's adjoint kernels read and write a tensor's gradient in ``tensor.grad`` (zeros are
+    allocated first for a tensor that requires grad and has none); PyTorch autograd functions
+    written for Taichi (``out.grad = grad_output; kernel.grad(x, out); return x.grad``)
+    depend on it. Without this the gradient went nowhere and ``x.grad`` stayed zero."""
+    if not hasattr(a, "requires_grad") or not hasattr(a, "grad") or isinstance(a, Ndarray):
+        return None
+    if a.grad is None:
+        if not a.requires_grad:
+            return None
+        a.grad = a.detach().new_zeros(a.shape)  # as Taichi: a zeroed gradient to add into
+    prog = program.get()
+    if prog.remote is not None or shares_device_memory(prog.allocator):
+        raise DifftapeError(f"{what} is a tensor with a gradient (.grad): kernel.grad "
+                            "accumulates into tensor.grad only when the program's storage is "
+                            "host memory (ti.init(arch=ti.cpu)); pass a ti.ndarray(..., "
+                            "needs_grad=True) instead, or copy the tensors in and out")
+    primal = as_numpy(a, what)
+    grad = as_numpy(a.grad, f"the gradient (.grad) of {what}")
+    if grad.shape != primal.shape or grad.dtype != primal.dtype:
+        raise DifftapeError(f"the gradient (.grad) of {what} has shape {grad.shape} and dtype "
+                            f"{grad.dtype}, the tensor {primal.shape} and {primal.dtype}: "
+                            "they must match")
+    if not (primal.flags.c_contiguous and grad.flags.c_contiguous):
+        raise DifftapeError(f"{what} or its gradient (.grad) is not contiguous: kernel.grad "
+                            "reads and writes them in place; pass tensor.contiguous() and "
+                            "a contiguous .grad")
+    want = getattr(ann, "dtype", None)
+    edim = want.ndim if isinstance(want, MatrixType) else 0
+    if primal.ndim < edim:
+        return None  # the argument checks say what is wrong with it
+    split = primal.ndim - edim
+    dtype = dtype_of(primal.dtype)
+    out = object.__new__(Ndarray)
+    Ndarray.__init__(out, dtype, primal.shape[:split], primal.shape[split:],
+                     _storage=HostStorage(primal))
+    out.grad = object.__new__(Ndarray)
+    Ndarray.__init__(out.grad, dtype, primal.shape[:split], primal.shape[split:],
+                     _storage=HostStorage(grad))
+    return out
+
+
 def ndarray(dtype, shape, needs_grad: bool = False) -> Ndarray:
     """``ti.ndarray(dtype, shape, needs_grad=False)``: scalar, vector or matrix elements
     according to ``dtype`` (a scalar type or ``ti.types.vector/matrix``)."""

@@ -1994,6 +1994,11 @@ def _func_annotations(fn) -> tuple[dict[str, Any], Any]:
     ret = _resolve_annotation(fn.signature.return_annotation, fn.pyfunc)
     if isinstance(ret, list):
         ret = tuple(ret)
+    if not fn.real and not isinstance(ret, tuple) and \
+            _annotation_kind(ret, f"the return of func '{name}'") == "template":
+        # `-> ti.template()` on an inlined func: Taichi returns the value as it is (it casts
+        # only to a dtype annotation), which is what a func without an annotation does
+        ret = None
     for r in ret if isinstance(ret, tuple) else (ret,):
         if _annotation_kind(r, f"the return of func '{name}'") not in ("none", "matrix",
                                                                        "struct", "scalar"):
@@ -2205,8 +2210,12 @@ class Func:
     """A ``@ti.func``: inlined at every call site inside a kernel (so it may take and return
     vectors, matrices and tuples, and be specialized by its arguments for free)."""
 
-    def __init__(self, pyfunc, *, real: bool = False) -> None:
+    def __init__(self, pyfunc, *, real: bool = False, python: bool = False) -> None:
         self.pyfunc = pyfunc
+        # @ti.pyfunc: also an ordinary Python function when called outside kernels (Taichi:
+        # `wall[i].add_materialID(m)` in Python scope, a method of a @ti.dataclass, writes
+        # the field through the element's members)
+        self.python = python
         self.signature = inspect.signature(pyfunc)
         # Defined in a class body (a method of a @ti.dataclass or @ti.data_oriented class):
         # its unannotated first parameter (`self`) is the object itself, as in Taichi.
@@ -2245,8 +2254,10 @@ class Func:
     def __call__(self, *args, **kwargs):
         bld = _b.current()
         if bld is None:
+            if self.python:
+                return self.pyfunc(*args, **kwargs)
             raise TypeError(f"@ti.func '{self.__name__}' can only be called from a kernel or "
-                            "another func")
+                            "another func (a @ti.pyfunc may also be called from Python)")
         return inline_func(bld, self, list(args), kwargs)
 
     def __get__(self, obj, objtype=None):

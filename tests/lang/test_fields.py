@@ -613,6 +613,22 @@ def test_loop_unique_returns_its_value_and_updates_stay_exact(ti):
     np.testing.assert_array_equal(y.to_numpy(), want)
 
 
+def test_assume_in_range_returns_its_value(ti):
+    # taichi_elements' p2g: `base[D] = ti.assume_in_range(base[D], Im[D], 0, 1)`, a hint for
+    # GPU shared memory (ti.block_local) that changes no value (it was missing: AttributeError)
+    x = ti.field(ti.i32, shape=6)
+
+    @ti.kernel
+    def run():
+        for i in x:
+            b = ti.Vector([i * 2, 0])  # (Taichi returns a bare expression: assign it)
+            b[0] = ti.assume_in_range(b[0] + 1, i * 2, 0, 2)
+            x[i] = b[0] * 10
+
+    run()
+    np.testing.assert_array_equal(x.to_numpy(), (np.arange(6) * 2 + 1) * 10)
+
+
 def test_fields_builder_trees_hold_fields_apart_from_ti_root(ti):
     fb = ti.FieldsBuilder()
     x = ti.field(ti.f32)

@@ -550,3 +550,34 @@ def test_experimental_real_func_is_real_func_with_a_deprecation_warning(ti):
         return first_above(a)
 
     assert run(3) == 0 + 1 + 2 + 3
+
+
+def test_a_template_return_annotation_returns_the_value_as_it_is(ti):
+    # taichi-splatting's taichi_lib/generic.py: `def split_rt(rt: mat4) -> ti.template():
+    # return rt[:3, :3], rt[:3, 3]`. Taichi casts an inlined func's value only to a dtype
+    # annotation; any other is no conversion (this was refused: "unsupported return
+    # annotation").
+    mat4 = ti.types.matrix(4, 4, ti.f32)
+
+    @ti.func
+    def split_rt(rt: mat4) -> ti.template():
+        return rt[:3, :3], rt[:3, 3]
+
+    @ti.kernel
+    def run() -> ti.f32:
+        m = mat4([[i * 4 + j for j in range(4)] for i in range(4)])
+        r, t = split_rt(m)
+        return r[2, 1] * 100 + t[1] + r.sum() * 0.5
+
+    want = 9 * 100 + 7 + (0 + 1 + 2 + 4 + 5 + 6 + 8 + 9 + 10) * 0.5
+    assert run() == want
+
+
+@difftape_only
+def test_a_real_func_cannot_return_a_template(ti):
+    # a real func is compiled apart: its value needs a type (Taichi: "The return type is not
+    # supported now!")
+    with pytest.raises(ti.CompileError, match="unsupported return annotation"):
+        @ti.real_func
+        def f(x: ti.f32) -> ti.template():
+            return x

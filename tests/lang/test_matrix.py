@@ -736,3 +736,20 @@ def test_python_scope_vector_arithmetic_with_numpy_arrays(ti):
     np.testing.assert_array_equal((v - a).to_numpy(), [0.5, 1.75, 1.0])
     m = ti.Matrix([[1.0, 2.0], [3.0, 4.0]])
     np.testing.assert_array_equal((np.eye(2) * m).to_numpy(), [[1.0, 0.0], [0.0, 4.0]])
+
+
+def test_numpy_functions_and_operators_with_python_scope_vectors(ti):
+    # GeoTaichi (QuadrilateralElement4Nodes.get_boundary_nodes): np.ceil(points / grid_size)
+    # with grid_size a ti.Vector; NumPy refused it ("does not support ufuncs"). As in Taichi,
+    # NumPy's functions take the vector as the array it converts to, and NumPy scalars and
+    # arrays on the left of an operator give a vector.
+    g = ti.Vector([0.05, 0.25])
+    r = [0.049, 1.0] / g
+    assert isinstance(r, ti.Matrix)
+    c = np.ceil(r)
+    assert isinstance(c, np.ndarray)
+    np.testing.assert_array_equal(c, [1.0, 4.0])
+    np.testing.assert_allclose(np.sqrt(g), np.sqrt([0.05, 0.25]))
+    for v in (np.float64(2) * g, np.array([1.0, 2.0]) + g):
+        assert isinstance(v, ti.Matrix)
+    np.testing.assert_allclose((np.array([1.0, 2.0]) + g).to_numpy(), [1.05, 2.25])

@@ -354,3 +354,34 @@ def test_real_func_returns_an_element_of_a_struct_field(ti):
         return p.a + p.v.y
 
     assert run() == 4.5
+
+
+def test_a_pyfunc_method_runs_in_python_scope_and_in_kernels(ti):
+    # GeoTaichi's BaseStruct.py: @ti.pyfunc methods of a @ti.dataclass, called on a struct
+    # field's element in Python scope (`scene.wall[i].add_materialID(m)`), write the field
+    # through the element's members; ti.pyfunc was ti.func there, which refused the call
+    @ti.dataclass
+    class Wall:
+        materialID: ti.i32
+        norm: ti.types.vector(3, ti.f32)
+
+        @ti.pyfunc
+        def add_materialID(self, matID):
+            self.materialID = matID
+
+        @ti.pyfunc
+        def scaled(self, k):
+            return self.norm * k
+
+    walls = Wall.field(shape=3)
+    walls[1].add_materialID(7)
+    walls[2].norm = [1.0, 2.0, 3.0]
+
+    @ti.kernel
+    def run() -> ti.f32:
+        walls[0].add_materialID(walls[1].materialID + 1)
+        return walls[2].scaled(2.0).sum()
+
+    assert run() == 12.0
+    np.testing.assert_array_equal(walls.materialID.to_numpy(), [8, 7, 0])
+    np.testing.assert_array_equal(walls[2].scaled(3.0), [3.0, 6.0, 9.0])
