@@ -14,7 +14,12 @@ thread's task leave as a failed check does, and the launch raises the owner's re
 call back. Without a budget (slot 0) stacks are not counted.
 
 The budget's words (``codegen/layout.py``): the bytes held now, the limit, the address of the
-function asked.
+function asked. The callback runs on the thread that grows its stack (a pool thread, or the
+launching one), with the kernel's floating-point mode (subnormal results flushed to zero,
+``codegen/cpu.py``): an ``ask`` computes with integers only.
+
+Not counted here: a chunk's private copies of privatized scatter targets (``calloc``'d per
+chunk; bounded, at most ``ir/passes/scatter.py``'s ``MAX_ELEMENTS`` elements each).
 """
 
 from __future__ import annotations
