@@ -34,6 +34,16 @@ def say_ir(kernels):
     return kernels.ir("say")
 
 
+@pytest.fixture(scope="module")
+def quota_server(tmp_path_factory):
+    """One gateway on SQLite with the small quota, for tests that each use their own user
+    (a quota is per user)."""
+    server = start_server(tmp_path_factory.mktemp("quota"), users=("carol", "dave"),
+                          quota_field_bytes=QUOTA, spare_workers=0)
+    yield server
+    server.stop()
+
+
 def _session(client, say_ir) -> tuple[str, str]:
     """A new session with ``say`` registered: (session id, kernel id)."""
     r = client.post("/v1/sessions", json={})
@@ -184,33 +194,31 @@ def test_a_killed_gateways_scratch_is_freed_with_its_lease(tmp_path, pg_url, say
         b.stop()
 
 
-def test_a_database_error_during_an_ask_is_a_503(tmp_path, say_ir):
+def test_a_database_error_during_an_ask_is_a_503(quota_server, say_ir):
     """The gateway's database fails while it answers an engine's ask for scratch memory
     (here a trigger makes raising a session's scratch reservation fail): the request gets
     a 503 with Retry-After saying the gateway could not reserve the memory (the server's
     fault, retryable), not a 429 (the quota); nothing was taken, and the retry, with the
     database working again, runs. (Before, a 429 QuotaExceededError.)"""
-    a = start_server(tmp_path / "a", users=("bob",), quota_field_bytes=QUOTA,
-                     spare_workers=0)
-    try:
-        with a.client("bob") as c:
-            sid, kid = _session(c, say_ir)
-            with a.db() as db:
-                db.execute("CREATE TRIGGER scratch_fails BEFORE UPDATE OF scratch_bytes ON "
-                           "sessions WHEN NEW.scratch_bytes > OLD.scratch_bytes BEGIN "
-                           "SELECT RAISE(ABORT, 'the disk is on fire'); END")
+    a = quota_server
+    with a.client("carol") as c:
+        sid, kid = _session(c, say_ir)
+        with a.db() as db:
+            db.execute("CREATE TRIGGER scratch_fails BEFORE UPDATE OF scratch_bytes ON "
+                       "sessions WHEN NEW.scratch_bytes > OLD.scratch_bytes BEGIN "
+                       "SELECT RAISE(ABORT, 'the disk is on fire'); END")
+        try:
             r = _say(c, sid, kid, 1)
-            body = problem(r, 503)
-            assert "the gateway could not reserve the memory" in body["detail"], body
-            assert "retry" in body["detail"] and "on fire" not in body["detail"]  # logged
-            assert "the disk is on fire" in a.log()
-            assert r.headers["retry-after"]
-            assert _scratch(c, sid) < SINK
+        finally:
             with a.db() as db:
                 db.execute("DROP TRIGGER scratch_fails")
-            assert _printed(_say(c, sid, kid, 2)) == "k is 2\n"
-    finally:
-        a.stop()
+        body = problem(r, 503)
+        assert "the gateway could not reserve the memory" in body["detail"], body
+        assert "retry" in body["detail"] and "on fire" not in body["detail"]  # logged
+        assert "the disk is on fire" in a.log()
+        assert r.headers["retry-after"]
+        assert _scratch(c, sid) < SINK
+        assert _printed(_say(c, sid, kid, 2)) == "k is 2\n"
 
 
 DEEP = 100_000  # walk's steps: 800 KB of stack per thread (a 1 MiB allocation), past the
@@ -266,14 +274,9 @@ def stacks_in_the_quota(ca, cb, kernels) -> None:
     np.testing.assert_allclose(_data(cb, s2, kernels.x.id, "grad"), g, rtol=1e-3, atol=1e-6)
 
 
-def test_reverse_mode_stacks_are_in_the_quota(tmp_path, kernels):
+def test_reverse_mode_stacks_are_in_the_quota(quota_server, kernels):
     """:func:`stacks_in_the_quota` on local worker processes (their threads ask through the
     worker's pipe while the kernel runs). (Before, the stacks were never counted: the
     gradient ran, past the quota.)"""
-    a = start_server(tmp_path / "a", users=("bob",), quota_field_bytes=QUOTA,
-                     spare_workers=0)
-    try:
-        with a.client("bob") as c:
-            stacks_in_the_quota(c, c, kernels)
-    finally:
-        a.stop()
+    with quota_server.client("dave") as c:
+        stacks_in_the_quota(c, c, kernels)
