@@ -265,7 +265,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         responses={422: {"model": Problem, "content": {"application/problem+json": {}}}},
     )
     app.state.service = service
-    problems.install(app)
+    problems.install(app, service.db.conn.Error)
     for r in (sessions, fields, kernels, batch, jobs, health, status):
         app.include_router(r.router)
     # Outermost last: request id and access log, then Host/Origin/size, then the token, then

@@ -51,6 +51,7 @@ from difftape.ir.serialize import from_jsonable, jsonable
 from difftape.ir.validate import argument_names, decode_untrusted
 from difftape.runtime import program
 from difftape.runtime.printsink import PrintSink
+from difftape.runtime.stackbudget import StackBudget
 
 #: Storage roles of a field: ``grad_dual`` is ``x.grad.dual`` (forward-over-reverse).
 ROLES = ("primal", "grad", "dual", "grad_dual", "mark")
@@ -76,6 +77,12 @@ class QuotaExceededError(DifftapeError):
     def __init__(self, message: str, *, limit: str) -> None:
         super().__init__(message)
         self.limit = limit
+
+
+class QuotaUnavailableError(RuntimeError):
+    """The gateway could not answer an ask for more of the user's memory quota (its
+    database failed): the server's fault, not the request's, and worth a retry (the
+    gateway answers 503)."""
 
 
 def _nbytes(dtype: T.DType, shape: list[int], element_shape: list[int]) -> int:
@@ -297,6 +304,10 @@ class Engine:
         self.ask_scratch: Callable[[dict], dict] | None = None
         if self.prog.launcher is not None:
             self.prog.launcher.queue.scratch.admit = self._admit_scratch
+        elif max_memory_bytes is not None or scratch_grant is not None:
+            # The CPU threads' reverse-mode stacks, taken while a kernel runs: counted, and
+            # past the room the quota leaves them asked for (:meth:`_stack_ask`).
+            self.prog.stack_budget = StackBudget(self._stack_ask)
         self.kernels: dict[str, _Kernel] = {}
         # ti.ndarray storage, under ids of the same (client-chosen) space as the fields.
         self.ndarrays: dict[int, _Ndarray] = {}
@@ -325,28 +336,34 @@ class Engine:
         print sink (once a kernel prints), the random states and the launch contexts; on a
         grid also the stack pool, the snapshot blocks of overflow reruns, the print buffer
         and the status block (``runtime/grid.py``'s ``Scratch``); and the copies of the
-        fields ``Tape(grad_check=...)`` keeps (``snapshot``). (Not counted: the
-        reverse-mode stacks CPU threads allocate while a kernel runs, freed when it ends.)"""
+        fields ``Tape(grad_check=...)`` keeps (``snapshot``); on the CPU the reverse-mode
+        stacks its threads hold while a kernel runs (freed when it ends), where counted."""
         out = {"print sink": self.prog.print_sink.nbytes, "random states": self.prog.rng.nbytes,
                "grad_check snapshots": sum(a.nbytes for snap in self.snapshots.values()
                                            for a in snap.values())}
         launcher = self.prog.launcher
         if launcher is None:
             out["launch contexts"] = sum(k.ctx_i64.nbytes for k in self.compiled.values())
+            if self.prog.stack_budget is not None:
+                out["reverse-mode stacks"] = self.prog.stack_budget.held
         else:
             for kind, n in launcher.queue.scratch.bytes.items():
                 out[kind] = out.get(kind, 0) + n
         return out
 
-    def _check_memory(self, nbytes: int, what: str, *, scratch: bool = False) -> None:
+    def _check_memory(self, nbytes: int, what: str, *, scratch: bool = False,
+                      counted: int = 0) -> None:
         """Refuse ``nbytes`` more (``what`` needs them) past the session's memory quota,
         saying what holds the memory; ``scratch`` memory past the session's grant is asked
-        for first (:meth:`_grant`)."""
+        for first (:meth:`_grant`). ``counted``: of ``nbytes``, what :meth:`scratch` counts
+        already (a stack growth, counted before it is asked for)."""
         limit = self.max_memory_bytes
         if limit is None and (not scratch or self.scratch_grant is None):
             return
+        if self.prog.stack_budget is not None:  # its room was computed without these bytes
+            self.prog.stack_budget.invalidate()
         fields, scratch_now = self.storage_bytes(), self.scratch()
-        held = sum(scratch_now.values())
+        held = sum(scratch_now.values()) - counted
         used = fields + held
         if limit is not None and used + nbytes > limit:
             parts = ", ".join(f"{k} {n}" for k, n in sorted(scratch_now.items(),
@@ -369,8 +386,9 @@ class Engine:
         """Make sure the session's scratch grant covers ``need`` bytes of scratch in all
         (``what`` needs ``nbytes`` of them), asking the gateway for more:
         ``ask_scratch({"scratch": need, "want", "what", "bytes"})`` answers ``{"grant":
-        bytes}`` (at least ``need``, at most ``want``) or ``{"refuse": why}`` (what holds
-        the user's memory: a QuotaExceededError here)."""
+        bytes}`` (at least ``need``, at most ``want``), ``{"refuse": why}`` (what holds
+        the user's memory: a QuotaExceededError here) or ``{"unavailable": why}`` (the
+        gateway could not tell: a QuotaUnavailableError)."""
         grant = self.scratch_grant
         if grant is None or need <= grant:
             return
@@ -384,11 +402,40 @@ class Engine:
                                    "what": what, "bytes": nbytes})
         if "refuse" in answer:
             raise QuotaExceededError(str(answer["refuse"]), limit="field_bytes")
+        if "unavailable" in answer:
+            raise QuotaUnavailableError(str(answer["unavailable"]))
         granted = answer.get("grant")
         if not isinstance(granted, int) or granted < need:
             raise EngineError(f"the gateway granted {granted} bytes of scratch memory where "
                               f"{need} were asked")
         self.scratch_grant = granted
+
+    def _stack_ask(self, kernel: str, nbytes: int) -> int:
+        """``StackBudget``'s ask: a CPU thread's reverse-mode stack of ``kernel`` grows by
+        ``nbytes`` (counted in :meth:`scratch` already) past the room last computed. Checked
+        as any scratch is (asked for past the grant, refused past the quota: the
+        QuotaExceededError the launch raises); the new room: the bytes of stack the
+        session's grant and quota allow beside its other memory, so that the launches that
+        follow, whose stacks grow no deeper, ask nothing. A refusal comes while the kernel
+        runs: it says that the launch stopped partway (what it wrote before stays)."""
+        try:
+            self._check_memory(nbytes, f"the reverse-mode stacks of kernel '{kernel}'",
+                               scratch=True, counted=nbytes)
+        except (QuotaExceededError, QuotaUnavailableError) as e:
+            why = (f"{e} (kernel '{kernel}' stopped partway, at a thread's stack growth: the "
+                   "fields it writes may hold part of its results)")
+            if isinstance(e, QuotaExceededError):
+                raise QuotaExceededError(why, limit=e.limit) from None
+            raise QuotaUnavailableError(why) from None
+        scratch = self.scratch()
+        stacks = scratch["reverse-mode stacks"]
+        other = sum(scratch.values()) - stacks
+        room = 1 << 62
+        if self.scratch_grant is not None:
+            room = min(room, self.scratch_grant - other)
+        if self.max_memory_bytes is not None:
+            room = min(room, self.max_memory_bytes - self.storage_bytes() - other)
+        return max(room, stacks)
 
     def _admit_scratch(self, kind: str, nbytes: int, what: str) -> None:
         """``Scratch.admit``: a grid's scratch block, checked against the quota."""

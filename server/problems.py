@@ -36,6 +36,7 @@ MAX_VALIDATION_ERRORS = 20
 ENGINE_STATUS = {
     "SessionLostError": 410,
     "QuotaExceededError": 429,
+    "QuotaUnavailableError": 503,  # the gateway's database failed answering an engine's ask
     "KernelAssertionError": 422,
     "ShapeError": 422,
     "CompileError": 422,
@@ -106,7 +107,8 @@ def engine_problem(err: dict) -> ProblemError:
     return ProblemError(status, str(err.get("message", "")),
                         difftape_error=err.get("type") if is_difftape else None,
                         kernel=err.get("kernel"),
-                        title=err.get("type") if is_difftape else None, **extra)
+                        title=err.get("type") if is_difftape else None,
+                        headers={"Retry-After": "2"} if status == 503 else None, **extra)
 
 
 def session_lost(detail: str) -> ProblemError:
@@ -137,8 +139,16 @@ def problem_response(p: ProblemError) -> Response:
                     media_type=PROBLEM_TYPE, headers=p.headers)
 
 
-def install(app: FastAPI) -> None:
-    """Route FastAPI's and Starlette's own errors (404, 405, 422, 500...) through problems."""
+def database_failed() -> ProblemError:
+    """The gateway's database failed (unreachable, locked past its deadline, out of space):
+    the server's fault, worth a retry; what failed goes to the log, not to the user."""
+    return ProblemError(503, "the server's database failed; retry (the server's log says why)",
+                        title="Database unavailable", headers={"Retry-After": "2"})
+
+
+def install(app: FastAPI, database_error: type[Exception] | None = None) -> None:
+    """Route FastAPI's and Starlette's own errors (404, 405, 422, 500...) through problems,
+    and the database's (``database_error``, the backend's base class) as 503s."""
 
     @app.exception_handler(ProblemError)
     async def _problem(_request: Request, exc: ProblemError) -> Response:
@@ -167,6 +177,12 @@ def install(app: FastAPI) -> None:
         if len(all_errors) > len(errors):
             extra["errors_omitted"] = len(all_errors) - len(errors)
         return problem_response(ProblemError(422, detail, errors=errors, **extra))
+
+    if database_error is not None:
+        @app.exception_handler(database_error)
+        async def _database(_request: Request, exc: Exception) -> Response:
+            log.error("database error: %s: %s", type(exc).__name__, exc)
+            return problem_response(database_failed())
 
     @app.exception_handler(Exception)
     async def _internal(_request: Request, exc: Exception) -> Response:

@@ -577,17 +577,20 @@ class EngineWorker:
         return self.gone
 
     def _answer_ask(self, ask: Any) -> dict:
-        """The answer to an engine's ask (``{"grant": bytes}`` or ``{"refuse": why}``)."""
+        """The answer to an engine's ask (``{"grant": bytes}``, ``{"refuse": why}`` or
+        ``{"unavailable": why}``: ``Engine._grant``)."""
         if not isinstance(ask, dict) or self.on_ask is None:
             return {"refuse": "memory quota: no more memory for a request that is no longer "
                               "awaited"}
         try:
             return self.on_ask(ask)
-        except ProblemError as p:
-            return {"refuse": p.detail}
+        except ProblemError as p:  # the quota's (429) is a refusal, the server's a failure
+            return {"refuse" if p.status == 429 else "unavailable": p.detail}
         except Exception as e:  # noqa: BLE001 - the engine waits for an answer
+            # The gateway's fault (its database failed), not the request's: a 503, retried.
             log.exception("could not answer an engine's ask for memory")
-            return {"refuse": f"memory quota: the gateway could not reserve the memory ({e})"}
+            return {"unavailable": "memory quota: the gateway could not reserve the memory "
+                                   f"(it failed: {type(e).__name__}, in its log); retry"}
 
     @staticmethod
     def _answer(reply: dict, payload) -> tuple[dict, Any]:

@@ -13,7 +13,8 @@ The task ABI (:class:`.target.Target`): each task is ``void @<kernel>_task<k>(pt
 chunk [begin, end) of a range task's indices (once for a serial task) with the pool thread's
 id; a range task also gets ``void @<kernel>_bounds<k>(ptr %ctx, ptr %out)`` computing its
 range. Scratch memory comes from libc: a chunk's private copies from ``calloc``, the
-reverse-mode stack grows by ``realloc``; a thread's random state is ``rng[tid]``.
+reverse-mode stack grows by ``realloc`` (counted first in the program's stack budget where it
+has one: ``runtime/stackbudget.py``); a thread's random state is ``rng[tid]``.
 """
 
 from __future__ import annotations
@@ -32,7 +33,13 @@ from ..errors import CompileError
 from ..ir.nodes import Block, Stmt, Task, walk
 from ..types import DType
 from . import vecmath
-from .layout import PRINT_SINK_HEADER
+from .layout import (
+    PRINT_SINK_HEADER,
+    STACK_BUDGET_ASK,
+    STACK_BUDGET_LIMIT,
+    STACK_BUDGET_USED,
+    STACK_REFUSED,
+)
 from .llvm_lowering import TRANSCENDENTAL, FunctionText, Lowering
 from .optimize import ModuleOptions, module_options
 
@@ -345,19 +352,25 @@ entry:
         low.fn.void(f"call void @{self.free_symbol}(ptr {ptr})")
 
     def stack_init(self, low: Lowering) -> None:
-        """The stack starts empty and unallocated; the first push allocates 256 slots."""
+        """The stack starts empty and unallocated; the first push allocates 256 slots. The
+        launch context's stack budget (0 where the program does not count its stacks) is
+        read once, at the task's entry."""
         fn = low.fn
         data, top, cap = fn.alloca("ptr"), fn.alloca("i64"), fn.alloca("i64")
         fn.allocas += [f"  store ptr null, ptr {data}", f"  store i64 0, ptr {top}",
                        f"  store i64 0, ptr {cap}"]
+        slot = f"getelementptr i64, ptr %ctx, i64 {low.layout.stack_budget}"
+        budget = low._entry_load(f"load ptr, ptr {low._entry_load(slot)}")
         low.declare(f"declare ptr @{self.realloc_symbol}(ptr, i64)")
         low.declare(f"declare void @{self.free_symbol}(ptr)")
-        low.stack_state = (data, top, cap)
+        low.stack_state = (data, top, cap, budget)
 
     def stack_push(self, low: Lowering, bits: str) -> None:
-        """Push, doubling the allocation when full (the stack never overflows)."""
+        """Push, doubling the allocation when full (the stack never overflows). With a
+        stack budget, a growth is counted there first and, past its limit, asked for
+        (:meth:`_stack_budget_take`)."""
         fn: FunctionText = low.fn
-        data, top, cap = low.stack_state
+        data, top, cap, _ = low.stack_state
         n = fn.ins(f"load i64, ptr {top}")
         c = fn.ins(f"load i64, ptr {cap}")
         full = fn.ins(f"icmp eq i64 {n}, {c}")
@@ -368,6 +381,7 @@ entry:
         z = fn.ins(f"icmp eq i64 {c}, 0")
         newcap = fn.ins(f"select i1 {z}, i64 256, i64 {dbl}")
         nbytes = fn.ins(f"shl i64 {newcap}, 3")
+        self._stack_budget_take(low, fn.ins(f"sub i64 {nbytes}, {fn.ins(f'shl i64 {c}, 3')}"))
         old = fn.ins(f"load ptr, ptr {data}")
         new = fn.ins(f"call ptr @{self.realloc_symbol}(ptr {old}, i64 {nbytes})")
         fn.void(f"store ptr {new}, ptr {data}")
@@ -379,9 +393,51 @@ entry:
         n1 = fn.ins(f"add i64 {n}, 1")
         fn.void(f"store i64 {n1}, ptr {top}")
 
+    def _stack_budget_take(self, low: Lowering, delta: str) -> None:
+        """Count ``delta`` more bytes of stack in the launch's stack budget, if it has one
+        (``runtime/stackbudget.py``), before they are allocated: added at once (so threads
+        growing together cannot all pass the limit), and past the limit asked for through
+        the budget's function, which answers when the program's quota allows them. Refused,
+        the bytes are given back and the task leaves as a failed check does, with the error
+        code ``STACK_REFUSED`` (the launcher raises the budget's refusal); once the launch
+        has failed, growths past the limit are refused without asking. Only a growth (a
+        doubling) pays for this, never a push."""
+        fn: FunctionText = low.fn
+        budget = low.stack_state[3]
+        count, ask, refuse, take = (fn.label("stack_count"), fn.label("stack_ask"),
+                                    fn.label("stack_refused"), fn.label("stack_take"))
+        fn.term(f"br i1 {fn.ins(f'icmp eq ptr {budget}, null')}, label %{take}, "
+                f"label %{count}")
+        fn.start_block(count)
+        used = fn.ins(f"getelementptr i64, ptr {budget}, i64 {STACK_BUDGET_USED}")
+        held = fn.ins(f"atomicrmw add ptr {used}, i64 {delta} monotonic")
+        after = fn.ins(f"add i64 {held}, {delta}")
+        limit_p = fn.ins(f"getelementptr i64, ptr {budget}, i64 {STACK_BUDGET_LIMIT}")
+        limit = fn.ins(f"load atomic i64, ptr {limit_p} monotonic, align 8")
+        fn.term(f"br i1 {fn.ins(f'icmp sgt i64 {after}, {limit}')}, label %{ask}, "
+                f"label %{take}")
+        fn.start_block(ask)
+        # A launch that failed already (a refusal, a failed check) asks nothing more: its
+        # other chunks would each ask again for what is refused.
+        failed = fn.ins(f"load atomic i64, ptr {low.ctx_slot(low.layout.err_code)} "
+                        "monotonic, align 8")
+        asking = fn.label("stack_asking")
+        fn.term(f"br i1 {fn.ins(f'icmp ne i64 {failed}, 0')}, label %{refuse}, "
+                f"label %{asking}")
+        fn.start_block(asking)
+        ask_p = fn.ins(f"getelementptr i64, ptr {budget}, i64 {STACK_BUDGET_ASK}")
+        asked = fn.ins(f"call i32 {fn.ins(f'load ptr, ptr {ask_p}')}(ptr %ctx, i64 {delta})")
+        fn.term(f"br i1 {fn.ins(f'icmp eq i32 {asked}, 0')}, label %{refuse}, "
+                f"label %{take}")
+        fn.start_block(refuse)
+        fn.ins(f"atomicrmw sub ptr {used}, i64 {delta} monotonic")
+        low.report_error(STACK_REFUSED, ())
+        low._return()
+        fn.start_block(take)
+
     def stack_pop(self, low: Lowering) -> str:
         fn = low.fn
-        data, top, _ = low.stack_state
+        data, top, _, _ = low.stack_state
         n = fn.ins(f"load i64, ptr {top}")
         n1 = fn.ins(f"sub i64 {n}, 1")
         fn.void(f"store i64 {n1}, ptr {top}")
@@ -390,8 +446,18 @@ entry:
         return fn.ins(f"load i64, ptr {p}")
 
     def stack_release(self, low: Lowering) -> None:
-        p = low.fn.ins(f"load ptr, ptr {low.stack_state[0]}")
-        low.fn.void(f"call void @{self.free_symbol}(ptr {p})")
+        """Free the stack, and give its bytes back to the stack budget if it has one."""
+        fn = low.fn
+        data, _, cap, budget = low.stack_state
+        fn.void(f"call void @{self.free_symbol}(ptr {fn.ins(f'load ptr, ptr {data}')})")
+        back, done = fn.label("stack_back"), fn.label("stack_freed")
+        fn.term(f"br i1 {fn.ins(f'icmp eq ptr {budget}, null')}, label %{done}, "
+                f"label %{back}")
+        fn.start_block(back)
+        nbytes = fn.ins(f"shl i64 {fn.ins(f'load i64, ptr {cap}')}, 3")
+        used = fn.ins(f"getelementptr i64, ptr {budget}, i64 {STACK_BUDGET_USED}")
+        fn.ins(f"atomicrmw sub ptr {used}, i64 {nbytes} monotonic")
+        fn.start_block(done)
 
     # ------------------------------------------------------------------ lowering hooks
     def error_reported(self, low: Lowering, code: int, values: tuple) -> None:

@@ -6,6 +6,8 @@ values its message shows, one slot each: as many as the kernel's longest message
 least one), the random-state pointer, the commit ticket
 of ordered (deterministic) tasks and, for targets whose reverse-mode stacks come from a
 preallocated pool (CUDA), the pool's address, each thread's capacity and the overflow flag,
+on the CPU the stack budget (where the program counts the memory its threads' stacks take,
+``runtime/stackbudget.py``; 0: not counted),
 the print sink (where ``print`` writes when the program collects its kernels' output, and on
 grid targets always: ``runtime/printsink.py``), and for grid
 targets, whose launches are asynchronous, the address of the program's status block and the
@@ -27,6 +29,18 @@ from ..ir.nodes import KernelIR
 #: kernel's tag << 32 | the line's number, then one word per operand).
 PRINT_SINK_HEADER = 24
 
+#: A stack budget (``runtime/stackbudget.py``) is three i64 words: the bytes the reverse-mode
+#: stacks of the program's threads hold now (atomically updated), the bytes they may hold
+#: without asking, and the address of the function asked for more,
+#: ``i32 ask(ptr ctx, i64 bytes)`` (nonzero: granted).
+STACK_BUDGET_USED, STACK_BUDGET_LIMIT, STACK_BUDGET_ASK = 0, 1, 2
+STACK_BUDGET_WORDS = 3
+
+#: The error code (``CtxLayout.err_code``) of a launch whose stacks were refused memory by
+#: the stack budget: not a message number (those are positive); the launcher raises the
+#: budget's refusal (``runtime/launch.py``).
+STACK_REFUSED = -1
+
 
 @dataclass
 class CtxLayout:
@@ -43,6 +57,7 @@ class CtxLayout:
     stack_pool: int = 0  # pooled stacks: the pool's address
     stack_cap: int = 0  # pooled stacks: slots per thread
     overflow: int = 0  # set when a pooled stack or the device heap ran out: rerun larger
+    stack_budget: int = 0  # the CPU: the program's stack budget's address, or 0
     status: int = 0  # grid targets: the program's status block's address (runtime/grid.py)
     tag: int = 0  # grid targets: the kernel's tag, written there by a launch that fails
     print_sink: int = 0  # the print sink (runtime/printsink.py); on the CPU 0: C's stdout
@@ -71,8 +86,8 @@ def ctx_layout(ir: KernelIR) -> CtxLayout:
     lay.err_code, lay.rng, lay.commit = n, n + 1, n + 2
     lay.stack_pool, lay.stack_cap, lay.overflow = n + 3, n + 4, n + 5
     lay.status, lay.tag = n + 6, n + 7
-    lay.print_sink = n + 8
-    lay.err_value = n + 9
+    lay.print_sink, lay.stack_budget = n + 8, n + 9
+    lay.err_value = n + 10
     lay.err_values = max([1] + [len(m.types) for m in assert_messages(ir)])
     lay.size = lay.err_value + lay.err_values
     return lay

@@ -669,6 +669,9 @@ class CompiledKernel:
             self.ctx_i64[layout.rng] = prog.rng.address
             if prog.print_sink is not None and kernel_prints(ir):
                 self.ctx_i64[layout.print_sink] = prog.print_sink.address
+            if prog.stack_budget is not None:  # (read only by tasks that push)
+                self.ctx_i64[layout.stack_budget] = prog.stack_budget.address
+                prog.stack_budget.attach(self.ctx_addr, ir.name)
         self.ctx_f64 = self.ctx_i64.view(np.float64)
         for k, t in enumerate(ir.tasks if self.grid is None else ()):
             address = addresses[low.task_name(k)]
@@ -1046,7 +1049,8 @@ class CompiledKernel:
         code = int(self.ctx_i64[lay.err_code])
         words = self.ctx_i64[lay.err_value:lay.err_value + lay.err_values].tolist()
         self.ctx_i64[lay.err_code] = 0
-        raise_error_word(self.messages, code, words, self.ir.name)
+        raise_error_word(self.messages, code, words, self.ir.name, self.prog.stack_budget,
+                         self.ctx_addr)
 
 
 _FLOAT, _INT, _U64 = "f", "i", "u64"

@@ -269,6 +269,8 @@ class Graph:
                 f"writable (at {user_line()}); a graph launches over the array's own memory: "
                 "pass np.ascontiguousarray(a) (and keep using that array)")
         ctx = inst.ctx_i64.copy()
+        if ctx[inst.layout.stack_budget]:  # the program counts the kernel's stacks
+            inst.prog.stack_budget.attach(ctx.ctypes.data, inst.ir.name)
         scalars, arrays = inst.argument_slots()
         written = inst.written_pointer_slots() if self._grid else ()
         for slot, kind, arg_index, comp in scalars:
@@ -585,7 +587,8 @@ class Graph:
             words = ctx[lay.err_value:lay.err_value + lay.err_values].tolist()
             ctx[lay.err_code] = 0
             try:
-                raise_error_word(inst.messages, code, words, inst.ir.name)
+                raise_error_word(inst.messages, code, words, inst.ir.name,
+                                 prog.stack_budget, ctx.ctypes.data)
             except DifftapeError as e:
                 e.kernel = getattr(e, "kernel", None) or inst.ir.name  # the launch that failed
                 raise

@@ -33,6 +33,7 @@ from . import cuda as cuda_runtime  # (pycuda is imported only when a program as
 from .grid import Launcher
 from .printsink import PrintSink
 from .simgrid import SimulatedLauncher, parse_grid
+from .stackbudget import StackBudget
 from .storage import Allocator, HostAllocator, Storage
 
 
@@ -346,6 +347,10 @@ class Program:
         self.tape = None  # the ti.ad.Tape recording kernel launches, if any
         self.remote = None  # arch=ti.remote: the difftape.client runtime running it on a server
         self._print_sink: PrintSink | None = None
+        # Where the CPU threads' reverse-mode stacks are counted, set (before any kernel
+        # compiles) by a program that runs under a memory quota (the service's engine):
+        # runtime/stackbudget.py. None: not counted.
+        self.stack_budget: StackBudget | None = None
         self.fwd = None  # the ti.ad.FwdMode (or forward-mode helper) in effect, if any
         # Inside ``ti.graph.capture()``: the recorder (difftape.graph) that launches, fills and
         # copies go to instead of running; host reads refuse while it is set.

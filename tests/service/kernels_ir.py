@@ -63,8 +63,20 @@ class Kernels:
                 s += x[i]
             return s
 
+        @ti.kernel
+        def walk(steps: ti.i32) -> None:
+            for i in x:
+                s = x[i]
+                for _ in range(steps):  # a dynamic loop: its adjoint takes a stack per thread,
+                    s = ti.sin(s)       # 8 bytes per step
+                y[i] = s
+
+        @ti.kernel
+        def say(k: ti.i32) -> None:
+            print("k is", k)
+
         self.kernels = {k.name if hasattr(k, "name") else k.__name__: k
-                        for k in (double, square_sum, poke, spin, endless, total)}
+                        for k in (double, square_sum, poke, spin, endless, total, walk, say)}
         self.fields = {"x": x, "y": y, "loss": loss}
 
     def ir(self, name: str) -> dict:

@@ -14,7 +14,7 @@ import difftape as ti
 from difftape.graph import wire
 from difftape.ir import serialize
 from difftape.runtime import grid, program
-from difftape.server.engine import Engine, EngineError, QuotaExceededError
+from difftape.server.engine import Engine, EngineError, QuotaExceededError, QuotaUnavailableError
 
 pytestmark = pytest.mark.difftape_only
 
@@ -289,5 +289,97 @@ def test_grad_check_snapshots_are_scratch(tmp_path, local):
         engine.ask_scratch, asked = _asks(lambda a: {"grant": a["want"]})
         engine.execute({"op": "snapshot", "key": 1})
         assert engine.scratch()["grad_check snapshots"] == copies <= engine.scratch_grant
+    finally:
+        engine.close()
+
+
+def _walk_grad_truth(x: np.ndarray, n: int) -> np.ndarray:
+    """d/dx of sin applied ``n`` times, in f64: the product of cos over the chain."""
+    s, g = x.astype(np.float64), np.ones(len(x))
+    for _ in range(n):
+        g *= np.cos(s)
+        s = np.sin(s)
+    return g
+
+
+def test_cpu_reverse_mode_stacks_are_asked_for(tmp_path, local):
+    """The reverse-mode stacks the CPU's threads grow while a gradient runs (a thread's as
+    deep as the loop it differentiates: 8 bytes per iteration) are scratch: a growth past
+    the grant is asked for before it is allocated. Refused, the launch fails with the
+    gateway's reason naming the kernel, after one ask per thread at most (a failed launch
+    asks no more), with nothing accumulated and the stacks freed; granted, the gradient is
+    right, and launches as deep ask nothing. (Before, stacks were never counted: the
+    refused launch ran.)"""
+    x, y, irs = local
+    deep = 20_000  # 160 KB of stack per thread: past the first 64 KiB grant step
+    engine = Engine(tmp_path / "cache", scratch_grant=0, num_threads=2)
+    try:
+        ids = _setup(engine, x, y, irs)
+        engine.ask_scratch, asked = _asks(lambda a: {"grant": a["want"]})
+        x_data = np.linspace(0.1, 1.5, N, dtype=np.float32)
+        engine.execute({"op": "write", "id": x.id, "dtype": "f32"}, x_data.tobytes())
+        engine.execute({"op": "launch", "kernel_id": ids["walk"], "args": [deep]})
+        engine.execute({"op": "fill", "id": y.id, "role": "grad", "value": 1.0})
+        grad = {"op": "launch", "kernel_id": ids["walk"], "args": [deep], "variant": "grad"}
+        engine.ask_scratch, refused = _asks(lambda a: {"refuse": "no room"})
+        with pytest.raises(QuotaExceededError, match=r"^no room \(kernel 'walk_grad' stopped "
+                           "partway") as info:
+            engine.execute(grad)
+        assert info.value.kernel == "walk_grad" and info.value.limit == "field_bytes"
+        assert 1 <= len(refused) <= 2, refused
+        assert refused[0]["what"] == "the reverse-mode stacks of kernel 'walk_grad'"
+        assert refused[0]["scratch"] > engine.scratch_grant
+        assert engine.scratch()["reverse-mode stacks"] == 0
+        # A gateway that cannot answer (its database failed): the server's error, a 503.
+        engine.ask_scratch, _ = _asks(lambda a: {"unavailable": "the database failed; retry"})
+        with pytest.raises(QuotaUnavailableError, match=r"^the database failed; retry \(kernel "
+                           "'walk_grad' stopped partway"):
+            engine.execute(grad)
+        meta, data = engine.execute({"op": "read", "id": x.id, "role": "grad"})
+        assert not np.frombuffer(data, np.float32).any()
+        engine.ask_scratch, asked = _asks(lambda a: {"grant": a["want"]})
+        engine.execute(grad)
+        assert asked and all("reverse-mode stacks" in a["what"] for a in asked)
+        assert engine.scratch_grant >= 2 * deep * 8  # both threads' stacks at once, at most
+        meta, data = engine.execute({"op": "read", "id": x.id, "role": "grad"})
+        np.testing.assert_allclose(np.frombuffer(data, np.float32),
+                                   _walk_grad_truth(x_data, deep), rtol=1e-3, atol=1e-6)
+        n = len(asked)
+        for _ in range(3):
+            engine.execute(grad)
+        engine.execute({**grad, "args": [deep // 2]})
+        assert len(asked) == n
+        assert engine.scratch()["reverse-mode stacks"] == 0
+    finally:
+        engine.close()
+
+
+def test_cpu_reverse_mode_stacks_count_against_the_sessions_quota(tmp_path, local):
+    """Without a gateway's grant, the session's own memory quota bounds the stacks: a
+    gradient whose stacks would pass it is refused naming the kernel and what the session
+    holds; a shallower one runs."""
+    x, y, irs = local
+    probe = Engine(tmp_path / "cache", num_threads=2)
+    try:
+        ids = _setup(probe, x, y, irs)
+        probe.execute({"op": "launch", "kernel_id": ids["walk"], "args": [1]})
+        base = _held(probe)  # fields, a launch context, rng states
+    finally:
+        probe.close()
+    engine = Engine(tmp_path / "cache", num_threads=2, max_memory_bytes=base + 64 * 1024)
+    try:
+        ids = _setup(engine, x, y, irs)
+        engine.execute({"op": "launch", "kernel_id": ids["walk"], "args": [1]})
+        engine.execute({"op": "fill", "id": y.id, "role": "grad", "value": 1.0})
+        with pytest.raises(QuotaExceededError) as info:
+            engine.execute({"op": "launch", "kernel_id": ids["walk"], "args": [20_000],
+                            "variant": "grad"})
+        msg = str(info.value)
+        assert "memory quota exceeded: the reverse-mode stacks of kernel 'walk_grad' needs" \
+            in msg, msg
+        assert f"{2 * 2 * N * 4} bytes of fields and ndarrays" in msg
+        assert info.value.kernel == "walk_grad"
+        engine.execute({"op": "launch", "kernel_id": ids["walk"], "args": [1000],
+                        "variant": "grad"})
     finally:
         engine.close()

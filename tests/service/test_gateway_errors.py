@@ -213,3 +213,27 @@ def test_field_offsets_over_http(alice, session):
     body = problem(alice.post(base, json={"id": 74, "dtype": "f32", "shape": [4, 2],
                                           "offset": [1]}), 422, "ShapeError")
     assert "one entry per axis" in body["detail"], body
+
+
+def test_a_database_error_is_a_503(tmp_path):
+    """The gateway's database failing under a request (here a trigger makes creating a
+    session fail) is the server's fault and worth a retry: a 503 problem with Retry-After,
+    the database's message in the server's log and not in the answer; once the database
+    works again, the retry succeeds. (Before, a 500.)"""
+    from .conftest import start_server
+
+    server = start_server(tmp_path / "data", users=("alice",), spare_workers=0)
+    try:
+        with server.client() as c:
+            with server.db() as db:
+                db.execute("CREATE TRIGGER sessions_fail BEFORE INSERT ON sessions BEGIN "
+                           "SELECT RAISE(ABORT, 'the disk is on fire'); END")
+            r = c.post("/v1/sessions", json={})
+            body = problem(r, 503)
+            assert "database failed; retry" in body["detail"] and r.headers["retry-after"]
+            assert "on fire" not in r.text and "the disk is on fire" in server.log()
+            with server.db() as db:
+                db.execute("DROP TRIGGER sessions_fail")
+            assert c.post("/v1/sessions", json={}).status_code == 201
+    finally:
+        server.stop()

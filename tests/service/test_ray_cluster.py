@@ -376,6 +376,29 @@ def test_two_gateways_reach_the_same_actors(ray_cluster, pg_url, tmp_path, kerne
             b.stop()
 
 
+def test_the_actors_ask_for_scratch_memory_within_the_quota(ray_cluster, tmp_path, kernels):
+    """Scratch memory in the user's quota with engines on Ray actors: an actor's engine asks
+    within the op (the actor returns the ask, the gateway answers through ``answer``),
+    also from the threads of a running gradient whose stacks grow. One session's print
+    sink is granted; the other session's stacks are refused by the quota, naming the
+    first; granted once it is gone (:func:`stacks_in_the_quota`)."""
+    from .test_scratch_quota import QUOTA, stacks_in_the_quota
+
+    server = start_server(tmp_path, users=("bob",), cluster=ray_cluster.address,
+                          session_cpus=0.5, spare_workers=0, worker_threads=2,
+                          quota_field_bytes=QUOTA, cluster_cache_dir=tmp_path / "node-cache")
+    try:
+        with server.client("bob") as c:
+            stacks_in_the_quota(c, c, kernels)
+            with server.db() as db:
+                workers = [w for (w,) in db.execute("SELECT worker FROM sessions")]
+            assert workers and all(w.startswith("ray:") for w in workers if w), workers
+            assert 'difftape_scratch_asks_total{outcome="refused"} 1.0' in \
+                c.get("/metrics").text
+    finally:
+        server.stop()
+
+
 # ---------------------------------------------------------------------------- helpers
 
 def put(c, sid: str, fid: int, a: np.ndarray) -> None:

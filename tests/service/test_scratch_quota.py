@@ -15,12 +15,12 @@ database with the user's sessions on different gateways.
 import base64
 import time
 
+import numpy as np
 import pytest
 
-import difftape as ti  # kernel annotations (ti.i32) are evaluated in this module's globals
 from difftape.graph import wire
 
-from .conftest import problem, start_server
+from .conftest import problem, setup_session, start_server
 
 pytestmark = pytest.mark.difftape_only
 
@@ -28,19 +28,20 @@ SINK = wire.MAX_OUTPUT_BYTES  # the CPU print sink
 QUOTA = SINK + SINK // 2  # room for one session's print sink, not two
 
 
-@pytest.fixture(scope="module")
-def say_ir():
+@pytest.fixture
+def say_ir(kernels):
     """A kernel that prints (its first launch takes the print sink), as a client sends it."""
-    from difftape.ir import serialize
-    from difftape.runtime import program
+    return kernels.ir("say")
 
-    ti.init(arch=ti.cpu)
 
-    @ti.kernel
-    def say(k: ti.i32):
-        print("k is", k)
-
-    return serialize.encode(say.build_ir(program.get(), ()))
+@pytest.fixture(scope="module")
+def quota_server(tmp_path_factory):
+    """One gateway on SQLite with the small quota, for tests that each use their own user
+    (a quota is per user)."""
+    server = start_server(tmp_path_factory.mktemp("quota"), users=("carol", "dave"),
+                          quota_field_bytes=QUOTA, spare_workers=0)
+    yield server
+    server.stop()
 
 
 def _session(client, say_ir) -> tuple[str, str]:
@@ -191,3 +192,91 @@ def test_a_killed_gateways_scratch_is_freed_with_its_lease(tmp_path, pg_url, say
     finally:
         a.stop()
         b.stop()
+
+
+def test_a_database_error_during_an_ask_is_a_503(quota_server, say_ir):
+    """The gateway's database fails while it answers an engine's ask for scratch memory
+    (here a trigger makes raising a session's scratch reservation fail): the request gets
+    a 503 with Retry-After saying the gateway could not reserve the memory (the server's
+    fault, retryable), not a 429 (the quota); nothing was taken, and the retry, with the
+    database working again, runs. (Before, a 429 QuotaExceededError.)"""
+    a = quota_server
+    with a.client("carol") as c:
+        sid, kid = _session(c, say_ir)
+        with a.db() as db:
+            db.execute("CREATE TRIGGER scratch_fails BEFORE UPDATE OF scratch_bytes ON "
+                       "sessions WHEN NEW.scratch_bytes > OLD.scratch_bytes BEGIN "
+                       "SELECT RAISE(ABORT, 'the disk is on fire'); END")
+        try:
+            r = _say(c, sid, kid, 1)
+        finally:
+            with a.db() as db:
+                db.execute("DROP TRIGGER scratch_fails")
+        body = problem(r, 503)
+        assert "the gateway could not reserve the memory" in body["detail"], body
+        assert "retry" in body["detail"] and "on fire" not in body["detail"]  # logged
+        assert "the disk is on fire" in a.log()
+        assert r.headers["retry-after"]
+        assert _scratch(c, sid) < SINK
+        assert _printed(_say(c, sid, kid, 2)) == "k is 2\n"
+
+
+DEEP = 100_000  # walk's steps: 800 KB of stack per thread (a 1 MiB allocation), past the
+# half MiB the quota leaves beside one print sink
+
+
+def _data(c, sid: str, fid: int, role: str = "data") -> np.ndarray:
+    r = c.get(f"/v1/sessions/{sid}/fields/{fid}/{role}",
+              headers={"Accept": "application/octet-stream"})
+    assert r.status_code == 200, r.text
+    return np.frombuffer(r.content, dtype=r.headers["X-Dtype"])
+
+
+def stacks_in_the_quota(ca, cb, kernels) -> None:
+    """bob's first session (through ``ca``) prints: its engine asks for the print sink
+    past its grant and is granted. His second (``cb``) runs a gradient whose reverse-mode
+    stacks, grown by the engine's threads while it runs, need more than the quota leaves:
+    refused (429) naming the kernel and the first session; nothing of the gradient is
+    accumulated (each thread stopped at its first index). Once the first session is
+    deleted, the gradient runs and is right."""
+    s1, k1 = _session(ca, kernels.ir("say"))
+    assert _printed(_say(ca, s1, k1, 1)) == "k is 1\n"
+    held = _scratch(ca, s1)
+    assert SINK <= held <= QUOTA
+    r = cb.post("/v1/sessions", json={})
+    assert r.status_code == 201, r.text
+    s2 = r.json()["session_id"]
+    walk = setup_session(cb, s2, kernels, "walk")["walk"]
+    x = np.linspace(0.1, 1.5, kernels.n, dtype=np.float32)
+    r = cb.put(f"/v1/sessions/{s2}/fields/{kernels.x.id}/data", content=x.tobytes(),
+               headers={"Content-Type": "application/octet-stream", "X-Dtype": "float32",
+                        "X-Shape": str(kernels.n)})
+    assert r.status_code == 204, r.text
+    r = cb.post(f"/v1/sessions/{s2}/fields/{kernels.y.id}/grad/fill", json={"value": 1.0})
+    assert r.status_code == 204, r.text
+    grad = {"variant": "grad", "args": [DEEP]}
+    body = problem(cb.post(f"/v1/sessions/{s2}/kernels/{walk}/launch", json=grad), 429,
+                   "QuotaExceededError")
+    detail = body["detail"]
+    assert body["limit"] == "field_bytes" and body["kernel"] == "walk_grad", body
+    assert "the reverse-mode stacks of kernel 'walk_grad' needs" in detail, detail
+    assert f"session {s1}: 0 bytes of fields, {held} of scratch" in detail, detail
+    assert "stopped partway" in detail
+    assert not _data(cb, s2, kernels.x.id, "grad").any()
+    assert ca.delete(f"/v1/sessions/{s1}").status_code == 204
+    r = cb.post(f"/v1/sessions/{s2}/kernels/{walk}/launch", json=grad)
+    assert r.status_code == 200, r.text
+    assert _scratch(cb, s2) >= DEEP * 8  # a thread's stack at least
+    s, g = x.astype(np.float64), np.ones(kernels.n)
+    for _ in range(DEEP):
+        g *= np.cos(s)
+        s = np.sin(s)
+    np.testing.assert_allclose(_data(cb, s2, kernels.x.id, "grad"), g, rtol=1e-3, atol=1e-6)
+
+
+def test_reverse_mode_stacks_are_in_the_quota(quota_server, kernels):
+    """:func:`stacks_in_the_quota` on local worker processes (their threads ask through the
+    worker's pipe while the kernel runs). (Before, the stacks were never counted: the
+    gradient ran, past the quota.)"""
+    with quota_server.client("dave") as c:
+        stacks_in_the_quota(c, c, kernels)
