@@ -185,7 +185,7 @@ class RemoteRuntime:
         # Ids of the kernels that print: their launches wait for the server (see ``launch``).
         self.printing: set[str] = set()
         self.in_job = False  # inside difftape.client.as_job: launches wait for the job
-        self._grad_checked: set = set()
+        self._derived: set = set()  # (kernel id, variant, storage epoch) derived here
         self._flows: dict[tuple, Flow] = {}
         self.closed = False
         self.ops_sent = 0
@@ -420,6 +420,8 @@ class RemoteRuntime:
     def launch(self, kernel, args: tuple, variant: str = "primal", validate: bool = False):
         """Queue one launch; wait only when the kernel returns a value."""
         rk = self._kernel(kernel, args, validate)
+        if variant != "primal":
+            self._check_derivable(rk, variant)
         rec = self._recording
         if isinstance(rec, GraphRecording):
             if validate:
@@ -576,19 +578,26 @@ class RemoteRuntime:
                                                 lambda buf: has_storage(prog, spec, buf, role))
         return flow
 
-    def check_grad(self, kernel, args: tuple) -> Flow:
-        """Derive the adjoint here once per specialization, so that a kernel whose gradient
-        cannot be computed is refused when it is recorded (as locally), not at Tape exit.
-        Returns what its gradient may lose through fields without ``.grad``."""
-        rk = self._kernel(kernel, args)
-        # Under forward mode (a Tape inside FwdMode) the adjoint runs with tangents.
-        variant = "grad_fwd" if getattr(self.prog, "fwd", None) is not None else "grad"
+    def _check_derivable(self, rk: _RemoteKernel, variant: str) -> None:
+        """Derive a derivative ``variant`` here once per specialization (and storage epoch),
+        so that a kernel whose derivative cannot be computed is refused by the call that asks
+        for it (``kernel.grad()``, a launch under FwdMode, a Tape's recording), as locally,
+        not by whatever later call flushes the queue to the server."""
         key = (rk.kid, variant, getattr(self.prog, "storage_epoch", 0))
-        if key not in self._grad_checked:
+        if key not in self._derived:
             prog, spec = self.prog, rk.spec
             derive(serialize.decode(rk.data), variant,
                    lambda buf, role: has_storage(prog, spec, buf, role))
-            self._grad_checked.add(key)
+            self._derived.add(key)
+
+    def check_grad(self, kernel, args: tuple) -> Flow:
+        """Refuse, when it is recorded (as locally), not at Tape exit, a kernel whose
+        gradient cannot be computed. Returns what its gradient may lose through fields
+        without ``.grad``."""
+        rk = self._kernel(kernel, args)
+        # Under forward mode (a Tape inside FwdMode) the adjoint runs with tangents.
+        variant = "grad_fwd" if getattr(self.prog, "fwd", None) is not None else "grad"
+        self._check_derivable(rk, variant)
         return self._lost_flow(rk, variant)
 
     # ------------------------------------------------------------------ derivative loops
