@@ -821,6 +821,7 @@ class RemoteField(Field):
 
     @_b.python_scope
     def copy_from(self, other: Field) -> None:
+        self._check_copy_source(other)
         self.from_numpy(other.to_numpy())
 
 

@@ -623,14 +623,8 @@ class Field(ArrayExchange):
 
     @_b.python_scope
     def copy_from(self, other: Field) -> None:
-        if not isinstance(other, Field):
-            raise TypeError(f"{self._label()}.copy_from() takes a field, got a "
-                            f"{type(other).__name__}; use from_numpy() for an array")
+        self._check_copy_source(other)
         self._program.wait_for_passes()
-        if (other.shape, other.element_shape) != (self.shape, self.element_shape):
-            raise ShapeError(f"{self._label()}.copy_from(): shape {self.shape}, elements "
-                             f"{self.element_shape}, do not match the source field's "
-                             f"{other.shape}, {other.element_shape}")
         if self._program.capture is not None:  # inside ti.graph.capture(): recorded
             self._program.capture.copy(self, other.storage, other)
             return
@@ -640,6 +634,17 @@ class Field(ArrayExchange):
             self.storage.copy_from(other.storage, casting="unsafe")
         if self.sparse_terms:  # Taichi copies over the whole index range: all activated
             self._np_activate_all()
+
+    def _check_copy_source(self, other) -> None:
+        """What ``copy_from`` accepts: a field of the same shape and element shape (of any
+        dtype). One check for the local field and the remote one (``difftape.client``)."""
+        if not isinstance(other, Field):
+            raise TypeError(f"{self._label()}.copy_from() takes a field, got a "
+                            f"{type(other).__name__}; use from_numpy() for an array")
+        if (other.shape, other.element_shape) != (self.shape, self.element_shape):
+            raise ShapeError(f"{self._label()}.copy_from(): shape {self.shape}, elements "
+                             f"{self.element_shape}, do not match the source field's "
+                             f"{other.shape}, {other.element_shape}")
 
     def __repr__(self) -> str:
         """What the field is, without its values (a notebook shows it; reading the values of a

@@ -400,6 +400,28 @@ def test_errors_are_the_local_exception_classes(remote):
     assert remote(program)
 
 
+def test_copy_from_refuses_what_it_refuses_locally(remote):
+    """``field.copy_from`` checks its source remotely as locally: an array is a TypeError
+    (Taichi's test_field.py::test_field_copy_from_with_non_filed_object; remotely it was an
+    AttributeError from calling ``to_numpy`` on it), another shape a ShapeError (it was
+    from_numpy's message), and another dtype converts as an assignment does."""
+
+    def program():
+        x = ti.field(ti.f32, shape=(2, 3))
+        with pytest.raises(TypeError, match="takes a field"):
+            x.copy_from(np.zeros((2, 3)))
+        with pytest.raises(ti.ShapeError, match=r"copy_from\(\): shape"):
+            x.copy_from(ti.field(ti.f32, shape=(3, 2)))
+        k = ti.field(ti.i32, shape=(2, 3))
+        k.fill(-7)
+        x.copy_from(k)
+        return x.to_numpy()
+
+    local = run_local(program)
+    assert (local == -7.0).all()
+    same(remote(program), local)
+
+
 def test_long_queues_flush_on_their_own(remote, monkeypatch):
     """Past MAX_QUEUE queued ops the client sends a batch without waiting for a read."""
     from difftape.client import runtime
