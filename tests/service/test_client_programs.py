@@ -634,6 +634,27 @@ def test_sparse_snodes_are_refused_remotely(kind):
         ti.reset()
 
 
+@pytest.mark.parametrize("how", ["bitpacked", "quant_array"])
+def test_quantized_fields_are_refused_remotely_saying_why(how):
+    # The service stores fields of ordinary types only: a quantized field is refused where it
+    # is placed, naming arch=ti.remote (the message blamed differentiation before).
+    ti.init(arch=ti.remote, transport=LocalTransport())
+    try:
+        u4 = ti.types.quant.int(4, False)
+        a, b = ti.field(u4), ti.field(u4)
+        bits = ti.BitpackedFields(max_num_bits=32)
+        bits.place(a, b)
+        with pytest.raises(NotImplementedError,
+                           match=r"not supported under arch=ti.remote \(the service stores"):
+            if how == "bitpacked":
+                ti.root.dense(ti.i, 4).place(bits)
+            else:
+                ti.root.dense(ti.i, 4).quant_array(ti.j, 8, max_num_bits=32).place(
+                    ti.field(u4))
+    finally:
+        ti.reset()
+
+
 def _struct_program():
     vec2 = ti.types.vector(2, ti.f32)
     box = ti.types.struct(lo=vec2, hi=vec2, tag=ti.i32)
