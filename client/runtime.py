@@ -447,10 +447,14 @@ class RemoteRuntime:
             return self._copy_back(rk, back)
         if rk.returns:
             return rk.convert(self.flush()[-1]["result"])
-        if len(self._queue) >= MAX_QUEUE or (rk.kid in self.printing and not self.in_job):
+        if len(self._queue) >= MAX_QUEUE or (not self.in_job and (
+                rk.kid in self.printing or self.prog.config.debug)):
             # A kernel that prints is waited for, its lines written to sys.stdout before
             # the launch returns: they come before what the program prints next, as locally
-            # (in a job's block, when the job ends: difftape.client.as_job).
+            # (in a job's block, when the job ends: difftape.client.as_job). Under
+            # debug=True every launch is waited for (the server checks bounds in every
+            # kernel), so that a failed check or assert raises at its launch, as Taichi checks
+            # after every launch in debug mode and as the local runtimes do.
             self.flush()
         return None
 

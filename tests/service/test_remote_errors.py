@@ -274,6 +274,30 @@ def test_a_derivative_is_refused_by_the_call_that_asks_for_it(remote):
     assert remote(program) == local
 
 
+def test_under_debug_a_failed_check_raises_at_its_launch(remote):
+    """With ``debug=True`` a launch whose check fails raises at that launch, as locally and
+    as Taichi (which checks after every launch in debug mode; its test_matrix.py::
+    test_matrix_oob expects it there). Before, the launch was queued and its error came from
+    the next call that flushed, or from ti.reset()."""
+
+    def program():
+        x = ti.field(ti.f32, shape=4)
+
+        @ti.kernel
+        def poke(i: ti.i32):
+            x[i] = 1.0  # marker: the poke under debug
+
+        poke(1)
+        with pytest.raises(ti.IndexOutOfRangeError) as info:
+            poke(9)
+        return str(info.value), x.to_numpy().tolist()
+
+    local = run_local(program, debug=True)
+    assert_names_the_line(local[0], "poke", "the poke under debug")
+    assert local[1] == [0.0, 1.0, 0.0, 0.0]
+    assert remote(program, debug=True) == local
+
+
 def _queue_a_bad_write():
     x = ti.field(ti.f32, shape=4)
 
