@@ -788,10 +788,8 @@ class RemoteField(Field):
     def _set(self, index: list[int], value) -> None:
         if isinstance(value, Matrix):
             value = value.entries
-        conv = np.asarray(value, dtype=self.dtype.np)
-        if self.element_shape:
-            conv = conv.reshape(self.element_shape)
-        elif conv.shape != ():
+        conv = np.asarray(self._host_element(value), dtype=self.dtype.np)
+        if not self.element_shape and conv.shape != ():
             raise ValueError(f"cannot assign an array of shape {conv.shape} to an element of "
                              f"the scalar field {self._label()}")
         self._remote.queue({"op": "set_item", "id": self.id, "role": self.role,

@@ -509,15 +509,19 @@ class Field(ArrayExchange):
         if self._program.capture is not None:  # inside ti.graph.capture(): recorded
             self._program.capture.write_element(self, key, value)
             return
-        if not self.element_shape:
-            # Integers wrap around as in Taichi (0xFFFF into an i16 is -1).
-            self.storage.write()[key] = self.dtype.wrap(value) if self.dtype.is_int and \
-                isinstance(value, numbers.Integral) else value
-        else:
-            self.storage.write()[key] = np.asarray(value, dtype=self.dtype.np).reshape(
-                self.element_shape)
+        self.storage.write()[key] = self._host_element(value)
         if self.sparse_terms:  # a write activates the cells along its path, as in Taichi
             self._np_activate(key)
+
+    def _host_element(self, value):
+        """A Python-scope write's value as the field stores it: a scalar field's integers
+        wrap around as in Taichi (0xFFFF into an i16 is -1); a vector/matrix field's element
+        is an array of its element shape. One conversion for the local field and the remote
+        one (``difftape.client``)."""
+        if not self.element_shape:
+            return self.dtype.wrap(value) if self.dtype.is_int and \
+                isinstance(value, numbers.Integral) else value
+        return np.asarray(value, dtype=self.dtype.np).reshape(self.element_shape)
 
     # ``x.append(v)``, ``x.length()``, ``x.deactivate()`` of a field in a 1-D dynamic SNode
     def append(self, value):

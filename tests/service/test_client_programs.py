@@ -634,6 +634,35 @@ def test_sparse_snodes_are_refused_remotely(kind):
         ti.reset()
 
 
+def test_python_scope_integer_writes_wrap_around_remotely(remote):
+    """An integer written to an element from Python wraps around as locally and in Taichi
+    (0xFFFF into an i16 is -1), also through a struct field's member (Taichi's
+    test_struct.py::test_struct_field_with_bool; remotely it raised OverflowError: Python
+    integer 65535 out of bounds for int16), and a struct with a ``bool`` member (a u1 field)
+    lives on the server (over HTTP its create_field was refused with 422, then, with u1 in
+    the wire's dtypes, the gateway's field-size table lacked it: 500)."""
+
+    def program():
+        a = ti.field(ti.i16, shape=2)
+        u = ti.field(ti.u8, shape=2)
+        a[0], a[1], u[0], u[1] = 0xFFFF, 0x12345, -1, 257
+
+        @ti.dataclass
+        class S:
+            a: ti.i16
+            b: bool
+
+        sf = S.field(shape=(2, 1))
+        sf[0, 0].a = 0xFFFF
+        sf[0, 0].b = True
+        return a.to_numpy(), u.to_numpy(), sf[0, 0].a, sf[0, 0].b
+
+    local = run_local(program)
+    assert local[0].tolist() == [-1, 0x2345] and local[1].tolist() == [255, 1]
+    assert local[2:] == (-1, 1)
+    same(remote(program), local)
+
+
 @pytest.mark.parametrize("how", ["bitpacked", "quant_array"])
 def test_quantized_fields_are_refused_remotely_saying_why(how):
     # The service stores fields of ordinary types only: a quantized field is refused where it
