@@ -44,7 +44,7 @@ from difftape.frontend.kernel import (
     derive,
     has_storage,
     kernel_prints,
-    param_path,
+    param_arg_map,
     written_arrays,
 )
 from difftape.frontend.matrix import Matrix, Vector
@@ -114,12 +114,9 @@ class _RemoteKernel:
         self.arrays = sorted({b.key[1] for b in ir.buffers if b.key[0] == "ndarray"})
         self.writes: dict[str, frozenset[int]] = {"primal": written_arrays(ir)} \
             if self.arrays else {}
-        names = [p.name for p in kernel.params]
-        plan = []
-        for p in ir.params:
-            base, path = param_path(p.name)
-            plan.append((names.index(base), path, p.dtype.is_float))
-        self.plan = plan
+        arg_map = param_arg_map(ir, [p.name for p in kernel.params])
+        self.plan = [(index, path, p.dtype.is_float)
+                     for (index, path), p in zip(arg_map, ir.params, strict=True)]
         # How each param is packed into a launch context (CompiledKernel's writer kinds:
         # "f", "i" or an unsigned width), and the fields the kernel addresses: what a
         # captured graph's document needs (client/graph.py).
