@@ -404,6 +404,7 @@ class RemoteRuntime:
             # debug=True: the server adds the integer overflow reports, as a local compile
             # does; they are printed lines, which come back like the kernel's own.
             ir.overflow_checks = self.prog.config.debug
+            ir.fast_math = self.prog.config.fast_math  # the server compiles as told
             data = serialize.encode(ir)
             kid = serialize.fingerprint(ir)
             rk = self._kernels[(kernel, key, validate)] = _RemoteKernel(kernel, kid, data, ir,

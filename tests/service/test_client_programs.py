@@ -684,6 +684,36 @@ def test_quantized_fields_are_refused_remotely_saying_why(how):
         ti.reset()
 
 
+@pytest.mark.parametrize("fast_math", [False, True])
+def test_fast_math_reaches_the_server(remote, fast_math):
+    """``ti.init(arch=ti.remote, fast_math=False)`` compiles on the server without fused
+    multiply-adds, as locally (``a * b + c`` with a*b = 1 - 2^-60 rounded first: 0; fused,
+    the default here: -2^-60; tests/lang/test_fast_math.py). It was refused (Taichi's
+    test_matrix_solve.py and test_eig.py: 68 tests)."""
+
+    def program():
+        a, b, c, out = (ti.field(ti.f64, 8) for _ in range(4))
+
+        @ti.kernel
+        def muladd():
+            for i in a:
+                out[i] = a[i] * b[i] + c[i]
+
+        a.fill(1 + 2.0**-30)
+        b.fill(1 - 2.0**-30)
+        c.fill(-1)
+        muladd()
+        return out.to_numpy()
+
+    ti.init(arch=ti.cpu, fast_math=fast_math)
+    try:
+        local = program()
+    finally:
+        ti.reset()
+    assert (local == (-(2.0**-60) if fast_math else 0.0)).all()
+    same(remote(program, fast_math=fast_math), local)
+
+
 def test_argument_packs_remotely(remote):
     """``ti.types.argpack`` arguments (scalars, vectors, structs, an ndarray, a nested pack)
     run remotely as locally: a pack is flattened into its members' parameters before the
