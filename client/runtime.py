@@ -814,8 +814,8 @@ class RemoteField(Field):
         if _b.current() is not None:  # in a kernel: a loop in the kernel's IR
             super().fill(value)
             return
-        conv = np.asarray(value.entries if isinstance(value, Matrix) else value,
-                          dtype=self.dtype.np)
+        # (a matrix value by its shape, as the ndarray's fill takes it: .entries is flat)
+        conv = np.asarray(_element_value(value, self.element_shape), dtype=self.dtype.np)
         self._remote.queue({"op": "fill", "id": self.id, "role": self.role,
                             "value": _jsonable(conv)})
 

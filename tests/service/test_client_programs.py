@@ -684,6 +684,23 @@ def test_quantized_fields_are_refused_remotely_saying_why(how):
         ti.reset()
 
 
+def test_fill_a_matrix_field_with_a_matrix_remotely(remote):
+    """``field.fill(ti.Matrix(...))`` of a matrix field (Taichi's test_fill.py::
+    test_fill_matrix_field_with_matrix): remotely the matrix went as its flat entries, which
+    the server could not broadcast into the (n, m, 2, 3) storage."""
+
+    def program():
+        val = ti.Matrix.field(2, 3, ti.i32, shape=(4, 7))
+        val.fill(ti.Matrix([[0, 1, 2], [2, 3, 4]]))
+        vec = ti.Vector.field(3, ti.f32, shape=5)
+        vec.fill(ti.Vector([1.5, 2.5, 3.5]))
+        return val.to_numpy(), vec.to_numpy()
+
+    local = run_local(program)
+    assert (local[0] == np.array([[0, 1, 2], [2, 3, 4]])).all()
+    same(remote(program), local)
+
+
 @pytest.mark.parametrize("fast_math", [False, True])
 def test_fast_math_reaches_the_server(remote, fast_math):
     """``ti.init(arch=ti.remote, fast_math=False)`` compiles on the server without fused
