@@ -157,8 +157,9 @@ class _RemoteKernel:
     def convert(self, result: Any) -> Any:
         result = from_jsonable(result)
         rt = self.return_type
-        if rt is not None:
-            return compound_return(rt, list(result))
+        if rt is not None:  # (one value comes back as a number: a struct of one member)
+            return compound_return(rt, list(result) if isinstance(result, list | tuple)
+                                   else [result])
         return result
 
 

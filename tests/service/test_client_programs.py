@@ -684,6 +684,31 @@ def test_quantized_fields_are_refused_remotely_saying_why(how):
         ti.reset()
 
 
+def test_a_returned_struct_of_one_member_remotely(remote):
+    """A kernel returning a struct (or vector) of one value (Taichi's test_return.py::
+    test_return_struct_field): the server answers one number, which the client took for a
+    list ('int' object is not iterable)."""
+
+    def program():
+        tp = ti.types.struct(a=ti.i32)
+        f = tp.field(shape=1)
+        f[0].a = 7
+
+        @ti.kernel
+        def foo() -> tp:
+            return f[0]
+
+        @ti.kernel
+        def one() -> ti.types.vector(1, ti.f32):
+            return ti.Vector([2.5])
+
+        return foo().a, one()[0]
+
+    local = run_local(program)
+    assert local == (7, 2.5)
+    assert remote(program) == local
+
+
 def test_fill_a_matrix_field_with_a_matrix_remotely(remote):
     """``field.fill(ti.Matrix(...))`` of a matrix field (Taichi's test_fill.py::
     test_fill_matrix_field_with_matrix): remotely the matrix went as its flat entries, which
