@@ -17,6 +17,12 @@ own pytest process (``--noconftest -p suite_plugin``; see ``taichi_compat/suite_
 under ``timeout``, two at a time; a test that hangs (``--test-timeout``) or kills the process
 is recorded, and the file is run again without it, so one bad test does not hide the others.
 Results are read from pytest's junit xml. See bench/README.md.
+
+``--backends difftape,difftape-remote`` runs the same tests a second time on difftape with every
+``ti.init`` sent to a difftape server on a loopback port (``difftape serve``, started once by the
+harness with a fresh data dir and one token; the tests' processes reach it through
+``DIFFTAPE_ARCH=remote``, ``DIFFTAPE_SERVER`` and ``DIFFTAPE_TOKEN``, as any unchanged program
+would), and lists the tests that pass locally but not remotely.
 """
 
 from __future__ import annotations
@@ -28,14 +34,18 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 import xml.etree.ElementTree as ET
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -53,6 +63,9 @@ INTERNAL_FILES = {
     "test_cli.py", "test_cuda_internals.py", "test_internal_func.py", "test_offline_cache.py",
     "test_test.py",
 }
+
+#: The backends that run difftape through the ``taichi`` alias: locally, and on a server.
+DIFFTAPE_BACKENDS = ("difftape", "difftape-remote")
 
 #: Per-process attempts at one file (each hang or crash costs one).
 MAX_ATTEMPTS = 8
@@ -93,7 +106,7 @@ def make_workdir(backend: str, checkout: Path, root: Path) -> Path:
     (work / "tests").mkdir(parents=True)
     (work / "tests" / "__init__.py").write_text("")
     (work / "tests" / "python").symlink_to(checkout / "tests" / "python")
-    if backend == "difftape":
+    if backend in DIFFTAPE_BACKENDS:
         shutil.copy(COMPAT / "test_utils_difftape.py", work / "tests" / "test_utils.py")
         (work / "taichi").mkdir()
         shutil.copy(COMPAT / "alias.py", work / "taichi" / "__init__.py")
@@ -207,13 +220,14 @@ def _stop_children(*_args) -> None:
 
 
 def run_file(backend: str, python: str, work: Path, file: str, test_timeout: float,
-             file_timeout: float) -> FileRun:
-    """Run one test file on one backend, again without each test that hangs or crashes."""
+             file_timeout: float, backend_env: dict[str, str] | None = None) -> FileRun:
+    """Run one test file on one backend, again without each test that hangs or crashes;
+    ``backend_env``: variables the backend adds (the remote one's server and token)."""
     run = FileRun(file)
     if _stopping.is_set():
         run.file_error = "not run: the harness was stopped"
         return run
-    if backend == "difftape" and file in INTERNAL_FILES:
+    if backend in DIFFTAPE_BACKENDS and file in INTERNAL_FILES:
         run.skipped_internal = True
         return run
     stem = file[:-3]
@@ -225,7 +239,7 @@ def run_file(backend: str, python: str, work: Path, file: str, test_timeout: flo
         "SUITE_TEST_TIMEOUT": str(test_timeout), "SUITE_DESELECT": str(deselect),
         "TI_WANTED_ARCHS": "cpu", "DIFFTAPE_CACHE_DIR": str(work / "cache"),
         "TI_OFFLINE_CACHE_FILE_PATH": str(work / "cache"),
-        "MPLBACKEND": "Agg",
+        "MPLBACKEND": "Agg", **(backend_env or {}),
     })
     start = time.perf_counter()
     while run.attempts < MAX_ATTEMPTS and not _stopping.is_set():
@@ -272,14 +286,68 @@ def run_file(backend: str, python: str, work: Path, file: str, test_timeout: flo
     return run
 
 
+@contextmanager
+def local_server(python: str, root: Path) -> Iterator[dict[str, str]]:
+    """A difftape server on a free loopback port for the remote backend: a fresh data dir
+    under ``root``, one token, generous session quota (a crashed test's session lingers until
+    culled). Yields the variables that send every ``ti.init`` of a test process to it."""
+    data = root / "server"
+    data.mkdir()
+    token = subprocess.run([python, "-m", "difftape", "token", "create", "suite", "--data-dir",
+                            str(data)], check=True, capture_output=True, text=True,
+                           timeout=120).stdout.split()[-1]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    env = dict(os.environ, DIFFTAPE_QUOTA_SESSIONS="1000")
+    with open(data / "server.log", "wb") as log:
+        proc = subprocess.Popen([python, "-m", "difftape", "serve", "--port", str(port),
+                                 "--data-dir", str(data)], env=env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    _live.add(proc)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/readyz", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the difftape server did not start: "
+                                   + (data / "server.log").read_text(errors="replace")[-2000:])
+            time.sleep(0.2)
+        yield {"DIFFTAPE_ARCH": "remote", "DIFFTAPE_SERVER": url, "DIFFTAPE_TOKEN": token}
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        _live.discard(proc)
+
+
 def run_backend(backend: str, python: str, checkout: Path, files: list[str], root: Path,
                 jobs: int, test_timeout: float, file_timeout: float) -> dict[str, FileRun]:
+    if backend == "difftape-remote":
+        with local_server(python, root) as env:
+            return _run_files(backend, python, checkout, files, root, jobs, test_timeout,
+                              file_timeout, env)
+    return _run_files(backend, python, checkout, files, root, jobs, test_timeout, file_timeout)
+
+
+def _run_files(backend: str, python: str, checkout: Path, files: list[str], root: Path,
+               jobs: int, test_timeout: float, file_timeout: float,
+               backend_env: dict[str, str] | None = None) -> dict[str, FileRun]:
     work = make_workdir(backend, checkout, root)
     results: dict[str, FileRun] = {}
     t0 = time.perf_counter()
     with ThreadPoolExecutor(jobs) as pool:
         futures = {pool.submit(run_file, backend, python, work, f, test_timeout,
-                               file_timeout): f for f in files}
+                               file_timeout, backend_env): f for f in files}
         for i, fut in enumerate(futures, 1):
             r = fut.result()
             results[r.file] = r
@@ -425,6 +493,35 @@ def analyse(taichi: dict[str, FileRun], difftape: dict[str, FileRun]) -> dict:
     }
 
 
+def compare_remote(local: dict[str, FileRun], remote: dict[str, FileRun]) -> dict:
+    """The tests that pass on difftape locally and how each fared under ``arch=ti.remote``:
+    a program must run there unchanged, so every such test that does not pass is a finding
+    (a wrong value or a crash is a bug; an error must be a documented refusal)."""
+    counts, rows = Counter(), []
+    for file in sorted(set(local) & set(remote)):
+        loc, rem = local[file], remote[file]
+        for key, rec in sorted(loc.tests.items()):
+            if rec["outcome"] != "passed":
+                continue
+            counts["local_passed"] += 1
+            other = rem.tests.get(key) or {"outcome": "error", "message": rem.file_error or
+                                           "no result remotely (test id differs)"}
+            kind = classify(other)
+            counts[kind] += 1
+            if kind != "passed":
+                rows.append({"test": key, "file": file, "kind": kind,
+                             "message": _summ(other), "stmt": other.get("exc_stmt", "")})
+        counts["remote_only_passed"] += sum(
+            r["outcome"] == "passed" and loc.tests.get(k, {}).get("outcome") != "passed"
+            for k, r in rem.tests.items())
+    groups: dict[str, list[str]] = defaultdict(list)
+    for r in rows:
+        groups[f"{r['kind']}: {_normalise(r['message'])}"].append(r["test"])
+    return {"totals": dict(counts), "differences": rows,
+            "groups": sorted(({"cause": k, "count": len(v), "tests": v}
+                              for k, v in groups.items()), key=lambda g: -g["count"])}
+
+
 # ---------------------------------------------------------------------------------------------
 # Reporting
 
@@ -493,6 +590,24 @@ def markdown(report: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def markdown_remote(cmp: dict) -> str:
+    """The local-vs-remote section of the report."""
+    t = Counter(cmp["totals"])
+    out = ["## difftape locally vs arch=ti.remote", "",
+           f"Of {t['local_passed']} tests that pass locally, {t['passed']} pass on the server "
+           f"({_pct(t['passed'], t['local_passed'])}); wrong value {t['wrong_value']}, error "
+           f"{t['error']}, not refused {t['not_refused']}, message differs "
+           f"{t['message_differs']}, hang {t['hang']}, crash {t['crash']}, skipped "
+           f"{t['skipped']}; {t['remote_only_passed']} pass only remotely.", "",
+           "| # | cause | example |", "|---|---|---|"]
+    out += [f"| {g['count']} | {g['cause'].replace('|', chr(92) + '|')} | `{g['tests'][0]}` |"
+            for g in cmp["groups"]]
+    out += ["", "### Every difference", ""]
+    out += [f"- `{r['test']}` ({r['kind']}): {r['message']}"
+            + (f" — at `{r['stmt']}`" if r["stmt"] else "") for r in cmp["differences"]]
+    return "\n".join(out) + "\n"
+
+
 def _runs_from_json(data: dict) -> dict[str, FileRun]:
     return {f: FileRun(**r) for f, r in data.items()}
 
@@ -540,7 +655,8 @@ def main(argv: list[str] | None = None) -> int:
             earlier = json.loads(Path(path).read_text())["runs"][backend]
             runs[backend] = {f: r for f, r in _runs_from_json(earlier).items() if f in files}
             backends = [b for b in backends if b != backend]
-        pythons = {"taichi": args.taichi_python, "difftape": args.difftape_python}
+        pythons = {"taichi": args.taichi_python, "difftape": args.difftape_python,
+                   "difftape-remote": args.difftape_python}
         for backend in backends:
             runs[backend] = run_backend(backend, pythons[backend], checkout, files, root,
                                         args.jobs, args.test_timeout, args.file_timeout)
@@ -575,13 +691,16 @@ def main(argv: list[str] | None = None) -> int:
               "runs": {b: {f: asdict(r) for f, r in rs.items()} for b, rs in runs.items()}}
     if "taichi" in runs and "difftape" in runs:
         report["analysis"] = analyse(runs["taichi"], runs["difftape"])
+    if "difftape" in runs and "difftape-remote" in runs:
+        report["remote"] = compare_remote(runs["difftape"], runs["difftape-remote"])
     output.with_suffix(".json").write_text(json.dumps(report, indent=1))
-    if "analysis" in report:
-        md = markdown(report)
+    md = (markdown(report) if "analysis" in report else "") + (
+        markdown_remote(report["remote"]) if "remote" in report else "")
+    if md:
         output.with_suffix(".md").write_text(md)
-        print(md.split("\n## ")[0])
+        print(md.split("\n## ")[0] if "analysis" in report else md.split("\n### ")[0])
     print(f"wrote {output.with_suffix('.json')}"
-          + (f" and {output.with_suffix('.md')}" if "analysis" in report else ""))
+          + (f" and {output.with_suffix('.md')}" if md else ""))
     return 0
 
 

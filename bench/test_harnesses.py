@@ -379,6 +379,65 @@ def test_suite_end_to_end_detects_each_kind(tmp_path):
     assert a["totals"]["all"]["taichi_passed"] == 5 and a["totals"]["all"]["passed"] == 2
 
 
+def test_compare_remote_lists_what_passes_only_locally():
+    run = taichi_suite.FileRun
+    local = run("test_a.py", tests={"test_a.py::ok": {"outcome": "passed"},
+                                    "test_a.py::value": {"outcome": "passed"},
+                                    "test_a.py::gone": {"outcome": "passed"},
+                                    "test_a.py::both_fail": {"outcome": "failed"}})
+    remote = run("test_a.py", tests={
+        "test_a.py::ok": {"outcome": "passed"},
+        "test_a.py::value": {"outcome": "failed", "exc_type": "builtins.AssertionError",
+                             "message": "assert 0.5 == 1.0"},
+        "test_a.py::both_fail": {"outcome": "passed"}})
+    cmp = taichi_suite.compare_remote({"test_a.py": local}, {"test_a.py": remote})
+    assert cmp["totals"]["local_passed"] == 3 and cmp["totals"]["passed"] == 1
+    assert cmp["totals"]["remote_only_passed"] == 1
+    assert {(r["test"], r["kind"]) for r in cmp["differences"]} == {
+        ("test_a.py::value", "wrong_value"), ("test_a.py::gone", "error")}
+    assert "assert N == N" in taichi_suite.markdown_remote(cmp)
+
+
+@pytest.mark.bench
+def test_suite_remote_backend_runs_each_test_on_a_server(tmp_path):
+    """``--backends difftape,difftape-remote``: the second run's kernels run on the harness's
+    server (its ``ti.init`` gives a remote program), and what differs is listed."""
+    tests = tmp_path / "checkout" / "tests"
+    (tests / "python").mkdir(parents=True)
+    (tests / "__init__.py").write_text("")
+    (tests / "python" / "__init__.py").write_text("")
+    (tests / "test_utils.py").write_text("")  # the difftape backends bring their own
+    (tests / "python" / "test_fake.py").write_text(textwrap.dedent("""
+        import taichi as ti
+        from tests import test_utils
+
+        @test_utils.test()
+        def test_kernel():
+            x = ti.field(ti.f32, shape=4)
+
+            @ti.kernel
+            def fill():
+                for i in x:
+                    x[i] = i * 0.5
+
+            fill()
+            assert x.to_numpy().tolist() == [0, 0.5, 1, 1.5]
+
+        @test_utils.test()
+        def test_remote_differs():
+            assert ti.lang.impl.current_cfg().arch != ti.remote
+    """))
+    out = tmp_path / "report"
+    subprocess.run([sys.executable, str(BENCH / "taichi_suite.py"), "--checkout",
+                    str(tmp_path / "checkout"), "--output", str(out), "--backends",
+                    "difftape,difftape-remote"], check=True, capture_output=True)
+    cmp = json.loads(out.with_suffix(".json").read_text())["remote"]
+    assert cmp["totals"]["local_passed"] == 2 and cmp["totals"]["passed"] == 1
+    assert [(r["test"], r["kind"]) for r in cmp["differences"]] == [
+        ("test_fake.py::test_remote_differs[arch=x64]", "wrong_value")]
+    assert "difftape locally vs arch=ti.remote" in out.with_suffix(".md").read_text()
+
+
 def test_graph_benchmark_overhead_graph_runs_every_launch():
     # bench/graph.py's overhead graph: every captured launch runs at each replay (it checks
     # the sum itself and raises otherwise)

@@ -167,7 +167,7 @@ class RemoteGraph(Graph):
         if k is None:
             k = self._kindex[key] = len(self._kernels)
             entry = {"ir": rk.data, "variant": variant, "deterministic": False,
-                     "fast_math": True}
+                     "fast_math": rk.data.get("fast_math", True)}
             if grads:
                 entry["array_grads"] = list(grads)
             self._kernels.append(entry)

@@ -44,7 +44,7 @@ from difftape.frontend.kernel import (
     derive,
     has_storage,
     kernel_prints,
-    param_path,
+    param_arg_map,
     written_arrays,
 )
 from difftape.frontend.matrix import Matrix, Vector
@@ -116,12 +116,9 @@ class _RemoteKernel:
         self.arrays = sorted({b.key[1] for b in ir.buffers if b.key[0] == "ndarray"})
         self.writes: dict[str, frozenset[int]] = {"primal": written_arrays(ir)} \
             if self.arrays else {}
-        names = [p.name for p in kernel.params]
-        plan = []
-        for p in ir.params:
-            base, path = param_path(p.name)
-            plan.append((names.index(base), path, p.dtype.is_float))
-        self.plan = plan
+        arg_map = param_arg_map(ir, [p.name for p in kernel.params])
+        self.plan = [(index, path, p.dtype.is_float)
+                     for (index, path), p in zip(arg_map, ir.params, strict=True)]
         # How each param is packed into a launch context (CompiledKernel's writer kinds:
         # "f", "i" or an unsigned width), and the fields the kernel addresses: what a
         # captured graph's document needs (client/graph.py).
@@ -162,8 +159,9 @@ class _RemoteKernel:
     def convert(self, result: Any) -> Any:
         result = from_jsonable(result)
         rt = self.return_type
-        if rt is not None:
-            return compound_return(rt, list(result))
+        if rt is not None:  # (one value comes back as a number: a struct of one member)
+            return compound_return(rt, list(result) if isinstance(result, list | tuple)
+                                   else [result])
         return result
 
 
@@ -187,7 +185,7 @@ class RemoteRuntime:
         # Ids of the kernels that print: their launches wait for the server (see ``launch``).
         self.printing: set[str] = set()
         self.in_job = False  # inside difftape.client.as_job: launches wait for the job
-        self._grad_checked: set = set()
+        self._derived: set = set()  # (kernel id, variant, storage epoch) derived here
         self._flows: dict[tuple, Flow] = {}
         self.closed = False
         self.ops_sent = 0
@@ -409,6 +407,7 @@ class RemoteRuntime:
             # debug=True: the server adds the integer overflow reports, as a local compile
             # does; they are printed lines, which come back like the kernel's own.
             ir.overflow_checks = self.prog.config.debug
+            ir.fast_math = self.prog.config.fast_math  # the server compiles as told
             data = serialize.encode(ir)
             kid = serialize.fingerprint(ir)
             rk = self._kernels[(kernel, key, validate)] = _RemoteKernel(kernel, kid, data, ir,
@@ -422,6 +421,8 @@ class RemoteRuntime:
     def launch(self, kernel, args: tuple, variant: str = "primal", validate: bool = False):
         """Queue one launch; wait only when the kernel returns a value."""
         rk = self._kernel(kernel, args, validate)
+        if variant != "primal":
+            self._check_derivable(rk, variant)
         rec = self._recording
         if isinstance(rec, GraphRecording):
             if validate:
@@ -447,10 +448,14 @@ class RemoteRuntime:
             return self._copy_back(rk, back)
         if rk.returns:
             return rk.convert(self.flush()[-1]["result"])
-        if len(self._queue) >= MAX_QUEUE or (rk.kid in self.printing and not self.in_job):
+        if len(self._queue) >= MAX_QUEUE or (not self.in_job and (
+                rk.kid in self.printing or self.prog.config.debug)):
             # A kernel that prints is waited for, its lines written to sys.stdout before
             # the launch returns: they come before what the program prints next, as locally
-            # (in a job's block, when the job ends: difftape.client.as_job).
+            # (in a job's block, when the job ends: difftape.client.as_job). Under
+            # debug=True every launch is waited for (the server checks bounds in every
+            # kernel), so that a failed check or assert raises at its launch, as Taichi checks
+            # after every launch in debug mode and as the local runtimes do.
             self.flush()
         return None
 
@@ -580,19 +585,26 @@ class RemoteRuntime:
                                                 lambda buf: has_storage(prog, spec, buf, role))
         return flow
 
-    def check_grad(self, kernel, args: tuple) -> Flow:
-        """Derive the adjoint here once per specialization, so that a kernel whose gradient
-        cannot be computed is refused when it is recorded (as locally), not at Tape exit.
-        Returns what its gradient may lose through fields without ``.grad``."""
-        rk = self._kernel(kernel, args)
-        # Under forward mode (a Tape inside FwdMode) the adjoint runs with tangents.
-        variant = "grad_fwd" if getattr(self.prog, "fwd", None) is not None else "grad"
+    def _check_derivable(self, rk: _RemoteKernel, variant: str) -> None:
+        """Derive a derivative ``variant`` here once per specialization (and storage epoch),
+        so that a kernel whose derivative cannot be computed is refused by the call that asks
+        for it (``kernel.grad()``, a launch under FwdMode, a Tape's recording), as locally,
+        not by whatever later call flushes the queue to the server."""
         key = (rk.kid, variant, getattr(self.prog, "storage_epoch", 0))
-        if key not in self._grad_checked:
+        if key not in self._derived:
             prog, spec = self.prog, rk.spec
             derive(serialize.decode(rk.data), variant,
                    lambda buf, role: has_storage(prog, spec, buf, role))
-            self._grad_checked.add(key)
+            self._derived.add(key)
+
+    def check_grad(self, kernel, args: tuple) -> Flow:
+        """Refuse, when it is recorded (as locally), not at Tape exit, a kernel whose
+        gradient cannot be computed. Returns what its gradient may lose through fields
+        without ``.grad``."""
+        rk = self._kernel(kernel, args)
+        # Under forward mode (a Tape inside FwdMode) the adjoint runs with tangents.
+        variant = "grad_fwd" if getattr(self.prog, "fwd", None) is not None else "grad"
+        self._check_derivable(rk, variant)
         return self._lost_flow(rk, variant)
 
     # ------------------------------------------------------------------ derivative loops
@@ -783,10 +795,8 @@ class RemoteField(Field):
     def _set(self, index: list[int], value) -> None:
         if isinstance(value, Matrix):
             value = value.entries
-        conv = np.asarray(value, dtype=self.dtype.np)
-        if self.element_shape:
-            conv = conv.reshape(self.element_shape)
-        elif conv.shape != ():
+        conv = np.asarray(self._host_element(value), dtype=self.dtype.np)
+        if not self.element_shape and conv.shape != ():
             raise ValueError(f"cannot assign an array of shape {conv.shape} to an element of "
                              f"the scalar field {self._label()}")
         self._remote.queue({"op": "set_item", "id": self.id, "role": self.role,
@@ -813,13 +823,14 @@ class RemoteField(Field):
         if _b.current() is not None:  # in a kernel: a loop in the kernel's IR
             super().fill(value)
             return
-        conv = np.asarray(value.entries if isinstance(value, Matrix) else value,
-                          dtype=self.dtype.np)
+        # (a matrix value by its shape, as the ndarray's fill takes it: .entries is flat)
+        conv = np.asarray(_element_value(value, self.element_shape), dtype=self.dtype.np)
         self._remote.queue({"op": "fill", "id": self.id, "role": self.role,
                             "value": _jsonable(conv)})
 
     @_b.python_scope
     def copy_from(self, other: Field) -> None:
+        self._check_copy_source(other)
         if self.activity_levels:
             rec = self._remote._recording
             if isinstance(rec, GraphRecording):  # refused as a local capture refuses it

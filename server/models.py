@@ -12,7 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from difftape.graph import wire
 
-DTypeName = Literal["f16", "f32", "f64", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64"]
+DTypeName = Literal["f16", "f32", "f64", "i8", "i16", "i32", "i64", "u1", "u8", "u16", "u32",
+                    "u64"]
 # "data" and "primal" are the same storage; "grad_dual" is x.grad.dual (forward-over-reverse);
 # "mark" holds the read marks of Tape(validation=True) (i8).
 Role = Literal["data", "primal", "grad", "dual", "grad_dual", "mark"]

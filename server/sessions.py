@@ -35,6 +35,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from difftape import types as T
+
 from .db import Database, FieldRecord, User
 from .problems import ProblemError, quota, server_stopping, session_lost, session_moved
 from .settings import Settings
@@ -42,8 +44,9 @@ from .worker import EngineWorker, WorkerGone, WorkerMoved, WorkerPool, reachable
 
 log = logging.getLogger("difftape.server")
 
-ITEMSIZE = {"f16": 2, "f32": 4, "f64": 8, "i8": 1, "i16": 2, "i32": 4, "i64": 8,
-            "u8": 1, "u16": 2, "u32": 4, "u64": 8}
+#: Bytes per element of each dtype the wire names (models.DTypeName), from difftape's types
+#: (u1, a boolean, is one byte as NumPy stores it).
+ITEMSIZE = {name: t.np.itemsize for name, t in T.ALL.items()}
 
 
 def field_nbytes(dtype: str, shape: list[int], element_shape: list[int]) -> int:

@@ -39,14 +39,18 @@ def _emit(event: str, nodeid: str) -> None:
     _progress.flush()
 
 
-def _backend_dir() -> str:
-    import taichi
+def _backend_dirs() -> tuple[str, ...]:
+    """Where the backend's code lives: Taichi's package, or difftape's and its client's (which
+    re-raises the server's errors under ``difftape-remote``)."""
+    if _BACKEND == "taichi":
+        import taichi
 
-    if _BACKEND == "difftape":
-        import difftape
+        return (os.path.dirname(os.path.abspath(taichi.__file__)) + os.sep,)
+    import difftape
+    import difftape.client
 
-        return os.path.dirname(os.path.abspath(difftape.__file__))
-    return os.path.dirname(os.path.abspath(taichi.__file__))
+    return tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
+                 for m in (difftape, difftape.client))
 
 
 @pytest.fixture(autouse=True)
@@ -101,7 +105,7 @@ def pytest_runtest_makereport(item, call):
     etype = exc.type
     item.user_properties.append(("exc_type", f"{etype.__module__}.{etype.__qualname__}"))
     item.user_properties.append(("exc_phase", call.when))
-    backend = _backend_dir()
+    backend = _backend_dirs()
     test_file = str(item.path)
     origin, stmt = "other", ""
     for entry in exc.traceback:
@@ -112,7 +116,7 @@ def pytest_runtest_makereport(item, call):
             except Exception:  # noqa: BLE001 - the source may be unavailable
                 stmt = ""
     last = str(exc.traceback[-1].path) if len(exc.traceback) else ""
-    if last.startswith(backend + os.sep):
+    if last.startswith(backend):
         origin = "backend"
     elif last == test_file:
         origin = "test"

@@ -539,15 +539,19 @@ class Field(ArrayExchange):
         if self._program.capture is not None:  # inside ti.graph.capture(): recorded
             self._program.capture.write_element(self, key, value)
             return
-        if not self.element_shape:
-            # Integers wrap around as in Taichi (0xFFFF into an i16 is -1).
-            self.storage.write()[key] = self.dtype.wrap(value) if self.dtype.is_int and \
-                isinstance(value, numbers.Integral) else value
-        else:
-            self.storage.write()[key] = np.asarray(value, dtype=self.dtype.np).reshape(
-                self.element_shape)
+        self.storage.write()[key] = self._host_element(value)
         if self.sparse_terms:  # a write activates the cells along its path, as in Taichi
             self._np_activate(key)
+
+    def _host_element(self, value):
+        """A Python-scope write's value as the field stores it: a scalar field's integers
+        wrap around as in Taichi (0xFFFF into an i16 is -1); a vector/matrix field's element
+        is an array of its element shape. One conversion for the local field and the remote
+        one (``difftape.client``)."""
+        if not self.element_shape:
+            return self.dtype.wrap(value) if self.dtype.is_int and \
+                isinstance(value, numbers.Integral) else value
+        return np.asarray(value, dtype=self.dtype.np).reshape(self.element_shape)
 
     # ``x.append(v)``, ``x.length()``, ``x.deactivate()`` of a field in a 1-D dynamic SNode
     def append(self, value):
@@ -653,14 +657,8 @@ class Field(ArrayExchange):
 
     @_b.python_scope
     def copy_from(self, other: Field) -> None:
-        if not isinstance(other, Field):
-            raise TypeError(f"{self._label()}.copy_from() takes a field, got a "
-                            f"{type(other).__name__}; use from_numpy() for an array")
+        self._check_copy_source(other)
         self._program.wait_for_passes()
-        if (other.shape, other.element_shape) != (self.shape, self.element_shape):
-            raise ShapeError(f"{self._label()}.copy_from(): shape {self.shape}, elements "
-                             f"{self.element_shape}, do not match the source field's "
-                             f"{other.shape}, {other.element_shape}")
         if self._program.capture is not None:  # inside ti.graph.capture(): recorded
             self._program.capture.copy(self, other.storage, other)
             return
@@ -670,6 +668,17 @@ class Field(ArrayExchange):
             self.storage.copy_from(other.storage, casting="unsafe")
         if self.sparse_terms:  # Taichi copies over the whole index range: all activated
             self._np_activate_all()
+
+    def _check_copy_source(self, other) -> None:
+        """What ``copy_from`` accepts: a field of the same shape and element shape (of any
+        dtype). One check for the local field and the remote one (``difftape.client``)."""
+        if not isinstance(other, Field):
+            raise TypeError(f"{self._label()}.copy_from() takes a field, got a "
+                            f"{type(other).__name__}; use from_numpy() for an array")
+        if (other.shape, other.element_shape) != (self.shape, self.element_shape):
+            raise ShapeError(f"{self._label()}.copy_from(): shape {self.shape}, elements "
+                             f"{self.element_shape}, do not match the source field's "
+                             f"{other.shape}, {other.element_shape}")
 
     def __repr__(self) -> str:
         """What the field is, without its values (a notebook shows it; reading the values of a

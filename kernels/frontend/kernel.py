@@ -216,10 +216,6 @@ class Kernel:
             return args
         if len(args) != len(self.arg_params):
             raise self._arg_count_error(args)
-        if program.get().remote is not None:
-            raise ArgumentError(f"kernel '{self.name}': argument packs (ti.types.argpack) are "
-                                "not supported under arch=ti.remote; pass the members as "
-                                "arguments of their own", kernel=self.name)
         out: list = []
         for p, a in zip(self.arg_params, args, strict=True):
             ann = p.annotation
@@ -723,7 +719,7 @@ class CompiledKernel:
             self._writers.append((layout.params[k], kind))
         self._returns = [(slot, _FLOAT if t.is_float else _INT if t.is_signed or t.bits < 64
                           else _U64) for t, slot in zip(ir.returns, layout.returns, strict=True)]
-        self._arg_map = _param_arg_map(ir, arg_names or [p.name for p in ir.params])
+        self._arg_map = param_arg_map(ir, arg_names or [p.name for p in ir.params])
         # Vector/matrix parameter shapes by argument index (set by Kernel._compile).
         self.arg_shapes: dict[int, tuple[int, ...]] = {}
         # Struct parameter types by argument index (set by Kernel._compile).
@@ -1138,10 +1134,11 @@ def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(None)
 
 
-def _param_arg_map(ir: KernelIR, arg_names: list[str]) -> list[tuple[int, tuple | None]]:
-    """For each scalar param: (kernel argument index, path to the scalar or None). A caller
-    may also name the vector parts of a struct as arguments of their own (``s.v`` for
-    ``s.v[0]``: the service's engine groups wire arguments so)."""
+def param_arg_map(ir: KernelIR, arg_names: list[str]) -> list[tuple[int, tuple | None]]:
+    """For each scalar param: (kernel argument index, path to the scalar or None); the one
+    map from IR params to arguments, also the remote client's. A caller may also name the
+    vector parts of a struct as arguments of their own (``s.v`` for ``s.v[0]``: the
+    service's engine groups wire arguments so)."""
     out = []
     for p in ir.params:
         head, _, comp = p.name.partition("[")

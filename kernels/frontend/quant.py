@@ -204,8 +204,11 @@ class BitpackedFields:
             raise DifftapeError("BitpackedFields placed in an SNode holds no field: call "
                                 "place(x, ...) on it first")
         prog = program.get()
-        if prog.remote is not None:
-            raise refuse("ti.BitpackedFields under arch=ti.remote")
+        if prog.remote is not None:  # the remote protocol has no quantized words
+            raise QuantizedTypesUnsupported(
+                "quantized fields (ti.BitpackedFields, SNode.quant_array) are not supported "
+                "under arch=ti.remote (the service stores fields of ordinary types only); use "
+                "an ordinary type (ti.i8..i64, ti.u8..u64, ti.f16/f32/f64) or run on ti.cpu")
         self.physical = prog.allocator.storage(shape if words is None else words,
                                                np.dtype(f"u{self.max_num_bits // 8}"))
         self.snode = snode

@@ -107,7 +107,7 @@ def encode(ir: KernelIR, locations: bool = True) -> dict:
     }
     if ir.deterministic:  # only then: the service's wire format has no such key
         data["deterministic"] = True
-    if not ir.fast_math:  # likewise
+    if not ir.fast_math:  # only then (the service's wire format has it, optional)
         data["fast_math"] = False
     if ir.overflow_checks:  # debug=True's overflow reports (the service's wire format has it)
         data["overflow_checks"] = True

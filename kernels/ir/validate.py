@@ -60,7 +60,7 @@ INTERNAL_OPS = frozenset({"stack_push", "stack_pop", "temp_load", "temp_store", 
 ATTR_OPS = frozenset({"const", "arg", "buf_shape", "loop_index", "load", "store", "atomic",
                       "local_atomic", "assert", "return", "range_for", "print"})
 TOP_LEVEL_KEYS = ("name", "params", "buffers", "returns", "debug", "body")
-OPTIONAL_KEYS = ("locations", "overflow_checks")
+OPTIONAL_KEYS = ("locations", "overflow_checks", "fast_math")
 LOCATION_KEYS = ("files", "lines", "runs")
 MAX_FILES = 256  # distinct source files of one kernel's statements (its funcs' included)
 MAX_PATH = 4096  # a file name's characters
@@ -182,6 +182,9 @@ class _Decoder:
         # debug=True's integer overflow reports (ir/passes/overflow.py): printed lines
         ir.overflow_checks = self.expect(data.get("overflow_checks", False), bool,
                                          "overflow_checks", "'overflow_checks'")
+        # ti.init(fast_math=False): IEEE evaluation as written (codegen reads the flag)
+        ir.fast_math = self.expect(data.get("fast_math", True), bool, "fast_math",
+                                   "'fast_math'")
         self.ir = ir
         ir.body = self.block(data["body"], "body", 1, ())
         return ir

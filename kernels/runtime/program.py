@@ -545,10 +545,6 @@ def init(arch: Arch | None = None, default_fp=None, default_ip=None, _test_mode:
         raise OptionError(f"ti.init(deterministic=True) is not supported under {where}: the "
                           "server schedules kernels its own way; run locally (arch=ti.cpu) for "
                           "bitwise-reproducible results")
-    if arch == remote and settings.get("fast_math") is False:
-        raise OptionError("ti.init(arch=ti.remote, fast_math=False) is not supported: the "
-                          "server compiles with its default floating-point settings; run "
-                          "locally (arch=ti.cpu) for strict IEEE evaluation")
     if remote_opts and arch != remote:
         if forced is None:
             raise OptionError(f"ti.init({', '.join(remote_opts)}=...) applies to arch=ti.remote "

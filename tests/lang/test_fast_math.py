@@ -81,8 +81,3 @@ def test_transcendentals_are_libms_without_fast_math(backend):
     finally:
         ti.reset()
 
-
-@pytest.mark.difftape_only  # the service compiles with its defaults
-def test_fast_math_false_is_refused_remotely(backend):
-    with pytest.raises(backend.DifftapeError, match="fast_math=False"):
-        backend.init(arch=backend.remote, fast_math=False, server="http://127.0.0.1:9")

@@ -400,6 +400,28 @@ def test_errors_are_the_local_exception_classes(remote):
     assert remote(program)
 
 
+def test_copy_from_refuses_what_it_refuses_locally(remote):
+    """``field.copy_from`` checks its source remotely as locally: an array is a TypeError
+    (Taichi's test_field.py::test_field_copy_from_with_non_filed_object; remotely it was an
+    AttributeError from calling ``to_numpy`` on it), another shape a ShapeError (it was
+    from_numpy's message), and another dtype converts as an assignment does."""
+
+    def program():
+        x = ti.field(ti.f32, shape=(2, 3))
+        with pytest.raises(TypeError, match="takes a field"):
+            x.copy_from(np.zeros((2, 3)))
+        with pytest.raises(ti.ShapeError, match=r"copy_from\(\): shape"):
+            x.copy_from(ti.field(ti.f32, shape=(3, 2)))
+        k = ti.field(ti.i32, shape=(2, 3))
+        k.fill(-7)
+        x.copy_from(k)
+        return x.to_numpy()
+
+    local = run_local(program)
+    assert (local == -7.0).all()
+    same(remote(program), local)
+
+
 def test_long_queues_flush_on_their_own(remote, monkeypatch):
     """Past MAX_QUEUE queued ops the client sends a batch without waiting for a read."""
     from difftape.client import runtime
@@ -598,6 +620,160 @@ def test_fill_in_a_kernel_runs_at_each_launch_remotely(remote):
     local = run_local(_fill_in_kernel_program)
     np.testing.assert_array_equal(local[2][0], np.full((6, 3), 12.0) + np.arange(6)[:, None])
     same(local, remote(_fill_in_kernel_program))
+
+
+def test_python_scope_integer_writes_wrap_around_remotely(remote):
+    """An integer written to an element from Python wraps around as locally and in Taichi
+    (0xFFFF into an i16 is -1), also through a struct field's member (Taichi's
+    test_struct.py::test_struct_field_with_bool; remotely it raised OverflowError: Python
+    integer 65535 out of bounds for int16), and a struct with a ``bool`` member (a u1 field)
+    lives on the server (over HTTP its create_field was refused with 422, then, with u1 in
+    the wire's dtypes, the gateway's field-size table lacked it: 500)."""
+
+    def program():
+        a = ti.field(ti.i16, shape=2)
+        u = ti.field(ti.u8, shape=2)
+        a[0], a[1], u[0], u[1] = 0xFFFF, 0x12345, -1, 257
+
+        @ti.dataclass
+        class S:
+            a: ti.i16
+            b: bool
+
+        sf = S.field(shape=(2, 1))
+        sf[0, 0].a = 0xFFFF
+        sf[0, 0].b = True
+        return a.to_numpy(), u.to_numpy(), sf[0, 0].a, sf[0, 0].b
+
+    local = run_local(program)
+    assert local[0].tolist() == [-1, 0x2345] and local[1].tolist() == [255, 1]
+    assert local[2:] == (-1, 1)
+    same(remote(program), local)
+
+
+@pytest.mark.parametrize("how", ["bitpacked", "quant_array"])
+def test_quantized_fields_are_refused_remotely_saying_why(how):
+    # The service stores fields of ordinary types only: a quantized field is refused where it
+    # is placed, naming arch=ti.remote (the message blamed differentiation before).
+    ti.init(arch=ti.remote, transport=LocalTransport())
+    try:
+        u4 = ti.types.quant.int(4, False)
+        a, b = ti.field(u4), ti.field(u4)
+        bits = ti.BitpackedFields(max_num_bits=32)
+        bits.place(a, b)
+        with pytest.raises(NotImplementedError,
+                           match=r"not supported under arch=ti.remote \(the service stores"):
+            if how == "bitpacked":
+                ti.root.dense(ti.i, 4).place(bits)
+            else:
+                ti.root.dense(ti.i, 4).quant_array(ti.j, 8, max_num_bits=32).place(
+                    ti.field(u4))
+    finally:
+        ti.reset()
+
+
+def test_a_returned_struct_of_one_member_remotely(remote):
+    """A kernel returning a struct (or vector) of one value (Taichi's test_return.py::
+    test_return_struct_field): the server answers one number, which the client took for a
+    list ('int' object is not iterable)."""
+
+    def program():
+        tp = ti.types.struct(a=ti.i32)
+        f = tp.field(shape=1)
+        f[0].a = 7
+
+        @ti.kernel
+        def foo() -> tp:
+            return f[0]
+
+        @ti.kernel
+        def one() -> ti.types.vector(1, ti.f32):
+            return ti.Vector([2.5])
+
+        return foo().a, one()[0]
+
+    local = run_local(program)
+    assert local == (7, 2.5)
+    assert remote(program) == local
+
+
+def test_fill_a_matrix_field_with_a_matrix_remotely(remote):
+    """``field.fill(ti.Matrix(...))`` of a matrix field (Taichi's test_fill.py::
+    test_fill_matrix_field_with_matrix): remotely the matrix went as its flat entries, which
+    the server could not broadcast into the (n, m, 2, 3) storage."""
+
+    def program():
+        val = ti.Matrix.field(2, 3, ti.i32, shape=(4, 7))
+        val.fill(ti.Matrix([[0, 1, 2], [2, 3, 4]]))
+        vec = ti.Vector.field(3, ti.f32, shape=5)
+        vec.fill(ti.Vector([1.5, 2.5, 3.5]))
+        return val.to_numpy(), vec.to_numpy()
+
+    local = run_local(program)
+    assert (local[0] == np.array([[0, 1, 2], [2, 3, 4]])).all()
+    same(remote(program), local)
+
+
+@pytest.mark.parametrize("fast_math", [False, True])
+def test_fast_math_reaches_the_server(remote, fast_math):
+    """``ti.init(arch=ti.remote, fast_math=False)`` compiles on the server without fused
+    multiply-adds, as locally (``a * b + c`` with a*b = 1 - 2^-60 rounded first: 0; fused,
+    the default here: -2^-60; tests/lang/test_fast_math.py). It was refused (Taichi's
+    test_matrix_solve.py and test_eig.py: 68 tests)."""
+
+    def program():
+        a, b, c, out = (ti.field(ti.f64, 8) for _ in range(4))
+
+        @ti.kernel
+        def muladd():
+            for i in a:
+                out[i] = a[i] * b[i] + c[i]
+
+        a.fill(1 + 2.0**-30)
+        b.fill(1 - 2.0**-30)
+        c.fill(-1)
+        muladd()
+        return out.to_numpy()
+
+    ti.init(arch=ti.cpu, fast_math=fast_math)
+    try:
+        local = program()
+    finally:
+        ti.reset()
+    assert (local == (-(2.0**-60) if fast_math else 0.0)).all()
+    same(remote(program, fast_math=fast_math), local)
+
+
+def test_argument_packs_remotely(remote):
+    """``ti.types.argpack`` arguments (scalars, vectors, structs, an ndarray, a nested pack)
+    run remotely as locally: a pack is flattened into its members' parameters before the
+    launch, which the client maps to the IR's params with the local map. They were refused
+    under arch=ti.remote (Taichi's test_argpack.py: 6 tests)."""
+
+    def program():
+        vec3 = ti.types.vector(3, ti.f32)
+        inner_t = ti.types.argpack(k=ti.i32, v=vec3)
+        s_t = ti.types.struct(a=ti.f32, b=ti.i32)
+        pack_t = ti.types.argpack(x=ti.f32, s=s_t, inner=inner_t,
+                                  arr=ti.types.ndarray(ti.f32, ndim=1))
+        out = ti.field(ti.f32, shape=4)
+
+        @ti.kernel
+        def use(p: pack_t, scale: ti.f32):
+            for i in range(4):
+                out[i] = (p.x + p.s.a * p.s.b + p.inner.k * p.inner.v[i % 3]
+                          + p.arr[i]) * scale
+
+        arr = ti.ndarray(ti.f32, shape=4)
+        arr.from_numpy(np.array([0.5, 1.5, 2.5, 3.5], np.float32))
+        use(pack_t(x=1.0, s=s_t(a=0.25, b=3), inner=inner_t(k=2, v=vec3(1, 2, 3)), arr=arr),
+            2.0)
+        return out.to_numpy()
+
+    local = run_local(program)
+    assert local.tolist() == [(1 + 0.75 + 2 * v + a) * 2 for v, a in
+                              zip([1, 2, 3, 1], [0.5, 1.5, 2.5, 3.5], strict=True)]
+    same(remote(program), local)
 
 
 def _struct_program():

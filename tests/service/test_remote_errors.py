@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import difftape as ti
+from difftape.runtime import program as program_state
 
 from .conftest import init_remote
 
@@ -216,8 +217,9 @@ def test_an_error_names_the_line_of_the_func_it_comes_from(remote):
 
 def test_a_kernel_the_server_refuses_to_compile_names_the_line(remote):
     """The server's compile errors (here: reverse mode through a kernel whose gradient
-    cannot be computed, launched as a recorded Tape's adjoint) carry the location that the
-    IR carried; the exception's fields, not only its text, match the local ones."""
+    cannot be computed, its adjoint's launch queued as a client that does not derive it first
+    would) carry the location that the IR carried; the exception's fields, not only its
+    text, match the local ones."""
 
     def program():
         x = ti.field(ti.f32, shape=4, needs_grad=True)
@@ -229,8 +231,13 @@ def test_a_kernel_the_server_refuses_to_compile_names_the_line(remote):
                 y[None] += ti.sin(x[i])
                 x[i] = 0.5  # marker: refused by the compiler
 
+        rt = program_state.get().remote
         with pytest.raises(ti.GradientRuleError) as info:
-            overwrite.grad()
+            if rt is None:
+                overwrite.grad()
+            else:  # past the client's own check (below): the server refuses it
+                rt.queue({"op": "launch", "kernel_id": rt._kernel(overwrite, ()).kid,
+                          "variant": "grad", "args": []})
             ti.sync()
         e = info.value
         return str(e), e.kernel, e.file, e.line, e.source_line
@@ -238,6 +245,57 @@ def test_a_kernel_the_server_refuses_to_compile_names_the_line(remote):
     local = run_local(program)
     assert local[1:4] == ("overwrite", HERE, line_of("refused by the compiler"))
     assert remote(program) == local
+
+
+def test_a_derivative_is_refused_by_the_call_that_asks_for_it(remote):
+    """``kernel.grad()`` of a kernel whose adjoint cannot be built raises at that call, as
+    locally (Taichi's test_ad_ndarray.py::test_grad_tensor_in_kernel expects it there), and
+    the program goes on. Before, the refused launch was queued and its error came from the
+    next call that flushed the queue (here the read of ``b``), or from ti.reset()."""
+
+    def program():
+        a = ti.ndarray(ti.f32, shape=4, needs_grad=True)
+        b = ti.ndarray(ti.f32, shape=(), needs_grad=True)
+
+        @ti.kernel
+        def total(x: ti.types.ndarray(), y: ti.types.ndarray()):
+            for i in x:
+                y[None] += x.grad[i]  # marker: the read of its own gradient
+
+        a.grad.fill(2.0)
+        total(a, b)
+        with pytest.raises(ti.GradientRuleError) as info:
+            total.grad(a, b)
+        return str(info.value), b[None]
+
+    local = run_local(program)
+    assert_names_the_line(local[0], "total", "the read of its own gradient")
+    assert local[1] == 8.0
+    assert remote(program) == local
+
+
+def test_under_debug_a_failed_check_raises_at_its_launch(remote):
+    """With ``debug=True`` a launch whose check fails raises at that launch, as locally and
+    as Taichi (which checks after every launch in debug mode; its test_matrix.py::
+    test_matrix_oob expects it there). Before, the launch was queued and its error came from
+    the next call that flushed, or from ti.reset()."""
+
+    def program():
+        x = ti.field(ti.f32, shape=4)
+
+        @ti.kernel
+        def poke(i: ti.i32):
+            x[i] = 1.0  # marker: the poke under debug
+
+        poke(1)
+        with pytest.raises(ti.IndexOutOfRangeError) as info:
+            poke(9)
+        return str(info.value), x.to_numpy().tolist()
+
+    local = run_local(program, debug=True)
+    assert_names_the_line(local[0], "poke", "the poke under debug")
+    assert local[1] == [0.0, 1.0, 0.0, 0.0]
+    assert remote(program, debug=True) == local
 
 
 def _queue_a_bad_write():
