@@ -352,7 +352,8 @@ entry:
         vectorizer packs it, so fewer multiply-adds fuse), which gave particles near a
         chunk's end other last bits than the rest, so results depended on the thread count
         (MPM's p2g.grad); with the remainder run by masked vector code every index computes
-        alike. (Other loops' remainders compute as their vector bodies do.)"""
+        alike. Loops that do not gather keep LLVM's remainder loop, as before this change
+        (their code is unchanged: bench/README.md)."""
         props = []
         if group is not None:
             props.append(low.metadata(f'!{{{{!"llvm.loop.parallel_accesses", !{group}}}}}'))
