@@ -118,6 +118,7 @@ class CUDATarget:
 
     name = "cuda"
     paired_atomics = False  # f32 atomic adds are native (red.global.add.f32)
+    parallel_access_groups = False  # a thread runs one index: no loop to vectorize
     native_saturating_casts = True  # cvt.rzi.sat: NaN -> 0, out-of-range values clamp
     triple = "nvptx64-nvidia-cuda"
     #: the device heap (private copies of privatized scatter targets)
@@ -240,7 +241,7 @@ class CUDATarget:
         low.declare(f"declare {ty} @{sym}({', '.join([ty] * len(args))}) {pure}")
         return low.fn.ins(f"call {ty} @{sym}({', '.join(f'{ty} {a}' for a in args)})")
 
-    def loop_hint(self, low: Lowering, body: Block) -> str:
+    def loop_hint(self, low: Lowering, body: Block, group: int | None = None) -> str:
         return ""
 
     def private_copy(self, low: Lowering, elements: int, elem_bytes: int) -> str:

@@ -255,6 +255,14 @@ class Lowering:
         base = _ALIAS_MD + 1 + len(fields)
         return f", !alias.scope !{base + 2 * k}, !noalias !{base + 2 * k + 1}"
 
+    def group_tag(self, slot: int) -> str:
+        """The parallel loop's access group on a load or store of buffer ``slot`` (see
+        :meth:`range_body`): a field's or an ndarray's, not a chunk's private copy of a
+        scattered-into buffer, whose elements iterations accumulate into in turn."""
+        if self.access_group is None or self.ir.buffers[slot].key[0] not in ("field", "ndarray"):
+            return ""
+        return f", !llvm.access.group !{self.access_group}"
+
     def task_name(self, k: int) -> str:
         return f"{self.symbol}_task{k}"
 
@@ -277,6 +285,7 @@ class Lowering:
         self.stack_state: tuple[str, ...] = ()  # the target's allocas for it
         self.copies: list[str] = []  # per-chunk copies of privatized scatter targets
         self.turn: str | None = None  # ordered task: "waiting"/"holding" the commit ticket
+        self.access_group: int | None = None  # see range_body
         return self.fn
 
     def begin_task(self, header: str, task: Task) -> FunctionText:
@@ -302,7 +311,18 @@ class Lowering:
         self.turn = "waiting" if ordered and task.schedule == "ordered" else None
         self.block(task.prologue)
         begin, end, step, wide = indices()
-        self.counted_loop(task.loop_id, begin, end, task.body, step=step, wide=wide)
+        # The iterations of a parallel loop are independent (they run in any order, on any
+        # thread): its loads and stores of fields and ndarrays carry no dependence from one
+        # iteration to another. Said to LLVM (an access group the loop names parallel), the
+        # vectorizer needs no run-time overlap checks between them, which fail where a
+        # body reads and writes several components of one field (their address ranges
+        # interleave) whenever LLVM cannot compute the distance between two accesses of a
+        # field (rows ``f`` and ``f + 1`` of an ``[s, p]``-indexed field).
+        if not self.serial and self.turn is None and self.target.parallel_access_groups:
+            self.access_group = self.metadata("distinct !{{}}")
+        self.counted_loop(task.loop_id, begin, end, task.body, step=step, wide=wide,
+                          group=self.access_group)
+        self.access_group = None
         if self.turn:
             # Ordered: this chunk's epilogue runs after the previous chunk's, alone, so
             # its commits are plain read-modify-writes in chunk order.
@@ -888,7 +908,8 @@ class Lowering:
             return Q.decode(self.fn, place, self.fn.ins(f"load atomic i{w}, ptr {p} monotonic, "
                                                         f"align {w // 8}"), off)
         p = self.address(s.attr, s.args)
-        return self.fn.ins(f"load {ll_type(s.dtype)}, ptr {p}{self.alias_tags(s.attr)}")
+        return self.fn.ins(f"load {ll_type(s.dtype)}, ptr {p}{self.alias_tags(s.attr)}"
+                           f"{self.group_tag(s.attr)}")
 
     def op_store(self, s: Stmt) -> None:
         v = s.args[-1]
@@ -898,7 +919,7 @@ class Lowering:
             return
         p = self.address(s.attr, s.args[:-1])
         self.fn.void(f"store {ll_type(v.dtype)} {self.values[v]}, ptr {p}"
-                     f"{self.alias_tags(s.attr)}")
+                     f"{self.alias_tags(s.attr)}{self.group_tag(s.attr)}")
 
     def _quant_store(self, stores: list[Stmt]) -> None:
         """Stores of quantized fields of one word (one, or several the lowering fused): one
@@ -1159,11 +1180,13 @@ class Lowering:
         self.counted_loop(s.attr[0], begin, end, s.blocks[0])
 
     def counted_loop(self, loop_id: int, begin: str, end: str, body_block: Block,
-                     step: str | None = None, wide: bool = False) -> None:
+                     step: str | None = None, wide: bool = False,
+                     group: int | None = None) -> None:
         """``for (i = begin; i < end; i += step) body`` with an i32 index in an alloca
         (mem2reg turns it into the induction variable the vectorizer wants). ``wide``: the
         bounds and step are i64 and so is the counter (a grid-stride loop, whose last step
-        may pass 2^31); the body still sees the index as i32."""
+        may pass 2^31); the body still sees the index as i32. ``group``: the access group
+        of the body's field and ndarray accesses, which the loop declares parallel."""
         fn = self.fn
         ty = "i64" if wide else "i32"
         counter = fn.alloca(ty)
@@ -1186,7 +1209,7 @@ class Lowering:
         i2 = fn.ins(f"load {ty}, ptr {counter}")
         n = fn.ins(f"add nsw {ty} {i2}, {step or 1}")
         fn.void(f"store {ty} {n}, ptr {counter}")
-        fn.term(f"br label %{cond}{self.target.loop_hint(self, body_block)}")
+        fn.term(f"br label %{cond}{self.target.loop_hint(self, body_block, group)}")
         fn.start_block(exit_)
 
     def op_while(self, s: Stmt) -> None:

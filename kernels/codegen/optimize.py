@@ -7,7 +7,10 @@ or a target machine:
 - ``-vectorizer-maximize-bandwidth``: the loop vectorizer's width by the narrowest type a loop
   loads or stores, not the widest (:meth:`.cpu.CPUTarget.module_options` says per module);
 - ``-enable-misched``: the machine scheduler, which reorders each block's instructions before
-  register allocation (:attr:`.cpu.CPUTarget.machine_scheduler`).
+  register allocation (:attr:`.cpu.CPUTarget.machine_scheduler`);
+- ``-enable-masked-interleaved-mem-accesses``: the loop vectorizer's masked loads and stores
+  of interleaved groups (the components of a vector field) in a loop whose remainder is
+  folded into its vector body (:attr:`.cpu.CPUTarget.masked_interleaved`).
 
 Each target says per module what it wants (:class:`ModuleOptions`), and the options are set
 and the pipeline and object emission run under one lock (:func:`module_options`), so that a
@@ -37,11 +40,16 @@ class ModuleOptions:
     maximize_bandwidth: bool = False
     #: LLVM's machine scheduler before register allocation (LLVM's default: on).
     machine_scheduler: bool = True
+    #: Masked wide loads and stores of interleaved groups in predicated loops (LLVM's
+    #: default on x86: off, each member a gather or scatter).
+    masked_interleaved: bool = False
 
     def flags(self) -> list[str]:
         """The options as LLVM's command line spells them."""
         return [f"-vectorizer-maximize-bandwidth={str(self.maximize_bandwidth).lower()}",
-                f"-enable-misched={str(self.machine_scheduler).lower()}"]
+                f"-enable-misched={str(self.machine_scheduler).lower()}",
+                "-enable-masked-interleaved-mem-accesses="
+                f"{str(self.masked_interleaved).lower()}"]
 
 
 @contextmanager

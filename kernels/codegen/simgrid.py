@@ -95,8 +95,8 @@ done:
                   paired: bool = False) -> str:
         return self.host.math_call(low, name, t, args, paired)
 
-    def loop_hint(self, low: Lowering, body: Block) -> str:
-        return self.host.loop_hint(low, body)
+    def loop_hint(self, low: Lowering, body: Block, group: int | None = None) -> str:
+        return self.host.loop_hint(low, body, group)
 
     def pause(self, low: Lowering) -> None:
         self.host.pause(low)

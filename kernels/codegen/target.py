@@ -41,6 +41,10 @@ class Target(Protocol):
     #: ``llvm.fpto[su]i.sat`` is one instruction: float-to-int casts use it (else they are
     #: written out as compares and selects that vectorize).
     native_saturating_casts: bool
+    #: Declare a parallel loop's field and ndarray accesses free of dependences between its
+    #: iterations (an LLVM access group), so that the loop vectorizer needs no run-time
+    #: overlap checks between them (``Lowering.range_body``).
+    parallel_access_groups: bool
 
     @property
     def fingerprint(self) -> str:
@@ -66,7 +70,7 @@ class Target(Protocol):
                   paired: bool = False) -> str:
         """The value of transcendental ``name`` (see ``llvm_lowering.TRANSCENDENTAL``)."""
 
-    def loop_hint(self, low: Lowering, body: Block) -> str:
+    def loop_hint(self, low: Lowering, body: Block, group: int | None = None) -> str:
         """Text appended to a counted loop's back edge (``, !llvm.loop !N``) or ``""``."""
 
     def private_copy(self, low: Lowering, elements: int, elem_bytes: int) -> str:
