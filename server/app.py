@@ -273,7 +273,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # request's fast path (server/fastpath.py).
     app.add_middleware(BatchFastPath, service=service)
     app.add_middleware(ForwardMiddleware, service=service)
-    app.add_middleware(AuthMiddleware, users=service.db.user_by_token)
+    app.add_middleware(AuthMiddleware, users=service.db.user_by_token,
+                       database_error=service.db.conn.Error)
     app.add_middleware(GuardMiddleware, allowed_hosts=settings.host_names,
                        allowed_origins=settings.allowed_origins,
                        max_body_bytes=settings.max_body_bytes,

@@ -18,9 +18,10 @@ from http.cookies import CookieError, SimpleCookie
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .problems import PROBLEM_TYPE, request_id
+from .problems import PROBLEM_TYPE, database_failed, request_id
 
 access_log = logging.getLogger("difftape.access")
+log = logging.getLogger("difftape.server")
 
 SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
 ARRAY_TYPES = {"application/x-npy", "application/octet-stream"}
@@ -197,15 +198,23 @@ def _cookie(header: str | None, name: str) -> str | None:
     return morsel.value if morsel is not None else None
 
 
+class _NoError(Exception):
+    """Never raised: what ``except`` names where no database error type was given."""
+
+
 class AuthMiddleware:
     """Bearer-token authentication before the application runs: an unauthenticated request
     is answered 401 from its headers alone, its body never read or parsed (it would cost
     the event loop, and memory, for every user). The user goes into ``scope["state"]``,
     where ``auth.current_user`` finds it."""
 
-    def __init__(self, app: ASGIApp, *, users) -> None:
+    def __init__(self, app: ASGIApp, *, users,
+                 database_error: type[Exception] | None = None) -> None:
         self.app = app
         self.users = users  # token -> User or None (Database.user_by_token)
+        # The database's base error: its failure under the lookup is a 503, as under a route
+        # (problems.install), not the bare 500 of an error escaping a middleware.
+        self.database_error = database_error or _NoError
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS:
@@ -215,22 +224,30 @@ class AuthMiddleware:
         auth = headers.get("authorization", "")
         scheme, _, token = auth.partition(" ")
         token = token.strip()
-        if scope["path"] in PAGE_PATHS:
-            if scheme.lower() != "bearer" or not token:
-                token = _cookie(headers.get("cookie"), TOKEN_COOKIE) or ""
+        page = scope["path"] in PAGE_PATHS
+        if page and (scheme.lower() != "bearer" or not token):
+            token = _cookie(headers.get("cookie"), TOKEN_COOKIE) or ""
+        elif not page and scheme.lower() != "bearer":
+            token = ""
+        try:
+            user = self.users(token) if token else None
+        except self.database_error as e:
+            log.error("database error: %s: %s", type(e).__name__, e)
+            p = database_failed()
+            await _problem(send, p.status, p.title, p.detail,
+                           [(k.lower().encode(), v.encode()) for k, v in p.headers.items()],
+                           close="transfer-encoding" in headers)
+            return
+        if page:
             state = scope.setdefault("state", {})
-            state["user"] = self.users(token) if token else None
+            state["user"] = user
             state["token_given"] = bool(token)
             await self.app(scope, receive, send)
             return
-        if scheme.lower() != "bearer" or not token:
-            user, detail = None, MISSING_TOKEN
-        else:
-            user, detail = self.users(token), INVALID_TOKEN
         if user is None:
             # A declared length was checked against the body limit already: the rest of such
             # a body may be read past. A chunked one could go on for ever: close.
-            await _problem(send, 401, "Unauthorized", detail,
+            await _problem(send, 401, "Unauthorized", INVALID_TOKEN if token else MISSING_TOKEN,
                            [(b"www-authenticate", b"Bearer")],
                            close="transfer-encoding" in headers)
             return

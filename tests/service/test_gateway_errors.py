@@ -237,3 +237,28 @@ def test_a_database_error_is_a_503(tmp_path):
             assert c.post("/v1/sessions", json={}).status_code == 201
     finally:
         server.stop()
+
+
+def test_a_database_error_under_the_token_lookup_is_a_503(tmp_path):
+    """The token lookup runs in a middleware, before the routes: a database failing there
+    is the same 503 with Retry-After as under a route, the reason in the log only (before:
+    an error escaping the middleware, a bare 500). Here the tokens table is renamed away, so
+    looking up a token not yet remembered fails."""
+    from .conftest import start_server
+
+    server = start_server(tmp_path / "data", users=("alice", "bob"), spare_workers=0)
+    try:
+        with server.client("alice") as alice, server.client("bob") as bob:
+            assert alice.get("/v1/sessions").status_code == 200  # alice's token remembered
+            with server.db() as db:
+                db.execute("ALTER TABLE tokens RENAME TO tokens_away")
+            r = bob.get("/v1/sessions")
+            body = problem(r, 503)
+            assert "database failed; retry" in body["detail"] and r.headers["retry-after"]
+            assert "tokens_away" not in r.text and "no such table: tokens" in server.log()
+            assert alice.get("/v1/sessions").status_code == 200
+            with server.db() as db:
+                db.execute("ALTER TABLE tokens_away RENAME TO tokens")
+            assert bob.get("/v1/sessions").status_code == 200
+    finally:
+        server.stop()
