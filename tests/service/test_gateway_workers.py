@@ -385,5 +385,5 @@ def test_an_engine_lost_while_starting_is_replaced():
     t0 = time.monotonic()
     with pytest.raises(ProblemError, match="could not start a worker: engine"):
         asyncio.run(pool.get())
-    assert time.monotonic() - t0 < 2.0 and 2 <= pool.spawned <= 4
+    assert time.monotonic() - t0 < 5.0 and 2 <= pool.spawned <= 4  # stops near its 1 s
     assert "died while starting" in pool.start_error
