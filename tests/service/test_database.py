@@ -32,6 +32,24 @@ def test_migrations_run_once_and_record_versions(db_target):
     db.close()
 
 
+def _all_at_once(n: int, fn) -> list[int]:
+    """Run ``fn(i)`` for i < n on n threads released together by one barrier; the ``i`` for
+    which it returned true."""
+    won, barrier = [], threading.Barrier(n)
+
+    def run(i: int) -> None:
+        barrier.wait()
+        if fn(i):
+            won.append(i)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return won
+
+
 def _start_together(target, n: int = 4) -> tuple[list[Database], list[Exception]]:
     """``n`` gateways opening ``target`` at once, each on its own thread: (the databases
     that opened, the errors the others raised)."""
@@ -130,18 +148,8 @@ def test_session_quota_holds_across_gateways(db_target):
     check and the insert are one exclusive transaction, so exactly ``limit`` are made."""
     gateways = [Database(db_target) for _ in range(2)]
     (uid,) = _users(gateways[0], "dee")
-    made, barrier = [], threading.Barrier(8)
-
-    def create(i: int) -> None:
-        barrier.wait()
-        if gateways[i % 2].insert_session(f"s_{i}", uid, "cpu", f"g_{i % 2}", limit=3) is None:
-            made.append(i)
-
-    threads = [threading.Thread(target=create, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    made = _all_at_once(8, lambda i: gateways[i % 2].insert_session(
+        f"s_{i}", uid, "cpu", f"g_{i % 2}", limit=3) is None)
     assert len(made) == 3 and gateways[0].count_live_sessions(uid) == 3
     for g in gateways:
         g.close()
@@ -150,19 +158,13 @@ def test_session_quota_holds_across_gateways(db_target):
 def test_field_reservations_hold_across_gateways(db_target):
     gateways = [Database(db_target) for _ in range(2)]
     (uid,) = _users(gateways[0], "eve")
-    got, barrier = [], threading.Barrier(6)
+    rids = {}
 
-    def reserve(i: int) -> None:
-        barrier.wait()
-        rid, _used = gateways[i % 2].reserve_bytes(uid, f"g_{i % 2}", 400, limit=1000)
-        if rid is not None:
-            got.append(rid)
+    def reserve(i: int) -> bool:
+        rids[i], _used = gateways[i % 2].reserve_bytes(uid, f"g_{i % 2}", 400, limit=1000)
+        return rids[i] is not None
 
-    threads = [threading.Thread(target=reserve, args=(i,)) for i in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    got = [rids[i] for i in _all_at_once(6, reserve)]
     assert len(got) == 2 and gateways[0].reserved_bytes_of(uid) == 800
     gateways[1].release_bytes(got[0])
     assert gateways[0].reserved_bytes_of(uid) == 400
@@ -180,19 +182,8 @@ def test_scratch_grants_hold_across_gateways(db_target):
     for i in range(6):
         gateways[0].insert_session(f"s_{i}", uid, "cpu", f"g_{i % 2}", limit=10)
     gateways[0].put_fields("s_0", {1: FieldRecord(100, [100], ["data"])}, 100)
-    got, barrier = [], threading.Barrier(6)
-
-    def grow(i: int) -> None:
-        barrier.wait()
-        grant, _rows, _reserved = gateways[i % 2].grow_scratch(f"s_{i}", uid, 300, 300, 1000)
-        if grant is not None:
-            got.append(i)
-
-    threads = [threading.Thread(target=grow, args=(i,)) for i in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    got = _all_at_once(6, lambda i: gateways[i % 2].grow_scratch(
+        f"s_{i}", uid, 300, 300, 1000)[0] is not None)
     assert len(got) == 3 and gateways[0].held_bytes_of(uid) == 100 + 3 * 300
     rid, used = gateways[1].reserve_bytes(uid, "g_1", 1, limit=1000)
     assert rid is None and used == 1000
@@ -228,18 +219,7 @@ def test_claiming_a_saved_session_is_one_gateways(db_target):
     (uid,) = _users(gateways[0], "gus")
     gateways[0].insert_session("s_c", uid, "cpu", "g_0", limit=4)
     gateways[0].update_session("s_c", holder="g_0", state="culled", gateway=None)
-    wins, barrier = [], threading.Barrier(2)
-
-    def claim(i: int) -> None:
-        barrier.wait()
-        if gateways[i].claim_session("s_c", f"g_{i}"):
-            wins.append(i)
-
-    threads = [threading.Thread(target=claim, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    wins = _all_at_once(2, lambda i: gateways[i].claim_session("s_c", f"g_{i}"))
     assert len(wins) == 1
     assert gateways[0].session("s_c")["gateway"] == f"g_{wins[0]}"
     # The holder's word only: the other gateway cannot change it.
